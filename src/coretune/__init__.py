@@ -1,0 +1,18 @@
+"""coretune: fine-tune contrastive self-supervised vision models with Core-tuning and its baselines."""
+
+from . import objectives
+from .losses import contrastive_loss, core_positive_mask, soft_cross_entropy, supcon_positive_mask
+from .mining import HardPairs, mine_hard_pairs
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HardPairs",
+    "__version__",
+    "contrastive_loss",
+    "core_positive_mask",
+    "mine_hard_pairs",
+    "objectives",
+    "soft_cross_entropy",
+    "supcon_positive_mask",
+]

@@ -1,0 +1,226 @@
+"""The ``coretune`` command line. Thin: it parses, builds and hands over; Python can do all of it by the same names.
+
+``coretune fit`` is a LightningCLI (YAML configs, ``--help`` with every default); ``--objective NAME`` takes a
+registered objective name (``coretune objectives`` lists them) and ``--objective.<param>`` its hyper-parameters.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import ArgumentParser
+from lightning.pytorch.cli import LightningCLI
+
+from . import objectives
+from .data import ImageClassificationData
+from .engine import FineTuner, default_callbacks, default_precision
+from .engine.checkpoint_io import AtomicCheckpointIO
+
+__all__ = ["main"]
+
+_USAGE = """usage: coretune COMMAND [options]
+
+commands:
+  fit         fine-tune a backbone on an image folder (coretune fit --help)
+  test        evaluate a fine-tuned checkpoint on a data split
+  predict     predict the classes of an image folder into a CSV
+  export      export a fine-tuned checkpoint to safetensors + JSON config and TorchScript
+  objectives  list the fine-tuning methods (objectives)
+  demo        run the embedded demo end to end
+"""
+
+
+def _objective_class_path(name: str) -> tuple[str, list[str]]:
+    """Class path and preset arguments of a registered objective name (class paths pass through)."""
+    if name in objectives.available():
+        cls, preset = objectives.get(name)
+        args = [f"--objective.{k}={_cli_value(v)}" for k, v in preset.items()]
+        return f"{cls.__module__}.{cls.__qualname__}", args
+    return name, []
+
+
+def _cli_value(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def translate_args(args: list[str]) -> list[str]:
+    """Rewrite the friendly aliases: ``--objective NAME`` (registry names and Table 2 presets), ``--seed N``,
+    ``--run_dir DIR``."""
+    out: list[str] = []
+    it = iter(args)
+    for arg in it:
+        key, eq, value = arg.partition("=")
+        if key in ("--objective", "--objective.help"):
+            value = value if eq else next(it, "")
+            class_path, preset = _objective_class_path(value)
+            out.append(f"{key}={class_path}")
+            if key == "--objective":
+                out.extend(preset)
+        elif key == "--seed":
+            out.append(f"--seed_everything={value if eq else next(it, '')}")
+        else:
+            out.append(arg)
+    return out
+
+
+class FitCLI(LightningCLI):
+    """``coretune fit``: a LightningCLI over :class:`FineTuner` and :class:`ImageClassificationData`."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.add_subclass_arguments(
+            objectives.Objective, "objective", default={"class_path": "coretune.objectives.CETuning"},
+            help="Fine-tuning method: a registered name (" + ", ".join(objectives.available()) + ") or class path.",
+        )
+        parser.link_arguments("objective", "model.objective", apply_on="instantiate")
+        parser.link_arguments("seed_everything", "data.seed")
+        parser.add_argument("--run_dir", type=str | None, default=None,
+                            help="Run directory (default: runs/<objective>-<date>-<time>). Reuse it to resume.")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        if config.get("run_dir") is None:
+            name = str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower()
+            config["run_dir"] = str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        config["trainer"]["default_root_dir"] = config["run_dir"]
+
+    def after_fit(self) -> None:
+        if self.trainer.interrupted:
+            return
+        self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
+        if self.trainer.is_global_zero:
+            _print_run_summary(Path(self.trainer.default_root_dir))
+
+
+def _print_run_summary(run_dir: Path) -> None:
+    import json
+
+    from rich.console import Console
+
+    results = json.loads((run_dir / "results.json").read_text())
+    test = results.get("test", {})
+    console = Console()
+    console.print(f"[bold]run directory[/bold]: {run_dir}")
+    if test:
+        console.print(f"top-1 {100 * test['top1']:.2f}%  top-5 {100 * test['top5']:.2f}%  "
+                      f"({results.get('train_images_per_s')} train images/s, {results.get('wall_time_s')} s)")
+    console.print(f"metrics: {run_dir / 'metrics.csv'}   curves: {run_dir / 'learning_curve.png'}")
+
+
+def fit(args: list[str]) -> None:
+    FitCLI(
+        FineTuner,
+        ImageClassificationData,
+        args=["fit", *translate_args(args)],
+        seed_everything_default=0,
+        trainer_defaults={
+            "precision": default_precision(),
+            "logger": False,
+            "plugins": [AtomicCheckpointIO()],
+            "callbacks": default_callbacks(None),
+        },
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"fit": {"default_env": False}},
+        auto_configure_optimizers=False,
+    )
+
+
+def _test_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="coretune test", description="Evaluate a fine-tuned checkpoint; writes results.json.")
+    parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
+    parser.add_class_arguments(ImageClassificationData, "data")
+    parser.add_argument("--run_dir", type=str | None, default=None,
+                        help="Where results.json goes (default: the checkpoint's run directory).")
+    parser.add_argument("--precision", type=str, default=default_precision())
+    return parser
+
+
+def test(args: list[str]) -> None:
+    import lightning as L
+
+    from .engine import RunArtifacts
+
+    cfg = _test_parser().parse_args(args)
+    model = FineTuner.from_checkpoint(cfg.ckpt_path)
+    data = ImageClassificationData(**cfg.data.as_dict())
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else Path(cfg.ckpt_path).resolve().parent.parent
+    trainer = L.Trainer(default_root_dir=str(run_dir), precision=cfg.precision, logger=False,
+                        callbacks=[RunArtifacts(run_dir)], enable_checkpointing=False)
+    trainer.test(model, datamodule=data)
+    print(f"results: {run_dir / 'results.json'}")
+
+
+def _predict_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="coretune predict",
+                            description="Predict every image under a folder; write a CSV of classes and probabilities.")
+    parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
+    parser.add_argument("--input", type=str, required=True, help="Folder of images (searched recursively).")
+    parser.add_argument("--output", type=str, default="predictions.csv", help="CSV file to write.")
+    parser.add_argument("--image_size", type=int | None, default=None, help="Default: the training image size.")
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--num_workers", type=int, default=0)
+    return parser
+
+
+def predict(args: list[str]) -> None:
+    from .predict import predict_folder
+
+    cfg = _predict_parser().parse_args(args)
+    out = predict_folder(cfg.ckpt_path, cfg.input, cfg.output, image_size=cfg.image_size,
+                         batch_size=cfg.batch_size, num_workers=cfg.num_workers)
+    print(f"predictions: {out}")
+
+
+def export(args: list[str]) -> None:
+    from .export import export_checkpoint
+
+    parser = ArgumentParser(prog="coretune export",
+                            description="Export a fine-tuned model: model.safetensors + config.json, and TorchScript.")
+    parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
+    parser.add_argument("--output", type=str, required=True, help="Folder to write the exported files into.")
+    parser.add_argument("--torchscript", type=bool, default=True, help="Also write model.torchscript.pt.")
+    cfg = parser.parse_args(args)
+    for path in export_checkpoint(cfg.ckpt_path, cfg.output, torchscript=cfg.torchscript):
+        print(path)
+
+
+def list_objectives(args: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "method")
+    for name, doc in objectives.available().items():
+        table.add_row(name, doc)
+    Console().print(table)
+
+
+def demo(args: list[str]) -> None:
+    from .demo import main as demo_main
+
+    demo_main(args)
+
+
+COMMANDS = {"fit": fit, "test": test, "predict": predict, "export": export, "objectives": list_objectives,
+            "demo": demo}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_USAGE)
+        return
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        sys.exit(f"coretune: unknown command {command!r}\n\n{_USAGE}")
+    try:
+        COMMANDS[command](rest)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        if command == "fit" and not isinstance(err, ValueError | FileNotFoundError):
+            raise
+        sys.exit(f"coretune {command}: error: {err}")
+
+
+if __name__ == "__main__":
+    main()

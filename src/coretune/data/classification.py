@@ -1,0 +1,343 @@
+"""The image-classification LightningDataModule: folders or CIFAR on disk → seeded, stratified loaders."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, get_args
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from .datasets import ImageFileDataset, LabeledImageDataset, OnBadImage, load_cifar
+from .errors import DataError
+from .images import require_folder, warn_skipped
+from .splits import stratified_split, stratified_subset
+from .transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    eval_draft_size,
+    eval_transform,
+    train_draft_size,
+    train_transform,
+)
+
+__all__ = ["DatasetName", "ImageClassificationData", "Split"]
+
+DatasetName = Literal["imagefolder", "cifar10", "cifar100"]
+Split = Literal["train", "val", "test"]
+
+
+class ImageClassificationData(L.LightningDataModule):
+    """Image-classification data for fine-tuning: an ImageFolder tree, or CIFAR-10/100 on disk.
+
+    Folders (``dataset="imagefolder"``): ``root/train/<class>/<images>`` plus ``root/val/`` and/or
+    ``root/test/`` with the same class folders (``train_dir``/``val_dir``/``test_dir`` override each). Classes
+    are the sorted sub-folder names. Images of any mode (grey, RGBA, palette, 16-bit) are read as 8-bit RGB.
+
+    Splits: with ``val_fraction = 0`` the validation loader reads ``val/`` (else ``test/``) and the test
+    loader reads ``test/`` (else ``val/``) — the usual protocol when a data set has one held-out split. With
+    ``val_fraction > 0`` a stratified part of the (label-fraction) training set is held out for validation,
+    so hyper-parameter selection never sees the held-out folder, which becomes the test loader. The
+    ``label_fraction`` subset is drawn first: validation then comes from the labels one really has.
+
+    Loaders: training shuffles with a generator seeded by ``seed`` (the same order every run) and drops the
+    last incomplete batch when the training set is larger than one batch, since contrastive terms over a tiny
+    trailing batch have almost no pairs; evaluation loaders keep every image, in file order.
+
+    After :meth:`setup`: ``num_classes``, ``class_names``, ``train_dataset``, ``val_dataset``,
+    ``test_dataset`` (:class:`LabeledImageDataset`; ``test_dataset`` may be None) and :meth:`class_counts`.
+    ``num_classes`` and ``class_names`` run :meth:`setup` when read before it (to size a classifier).
+
+    Args:
+        root: Data folder with train/ and val/ or test/ ImageFolder sub-trees; for CIFAR, the folder
+            holding cifar-10-batches-py/ or cifar-100-python/.
+        train_dir: Training ImageFolder tree, instead of root/train.
+        val_dir: Validation ImageFolder tree, instead of root/val.
+        test_dir: Test ImageFolder tree, instead of root/test.
+        dataset: Source format: imagefolder, or torchvision's CIFAR-10/100 python files (never downloaded).
+        image_size: Side of the square network input in pixels (train random-resized crop, eval centre crop).
+        batch_size: Training batch size.
+        eval_batch_size: Validation/test batch size (default: batch_size).
+        num_workers: DataLoader worker processes (0 loads in the main process).
+        label_fraction: Fraction of training labels to use, drawn per class with seed (semi-supervised
+            settings); in (0, 1].
+        val_fraction: Fraction of the training set held out, per class, as the validation split; the val/test
+            folder then becomes the test split. In [0, 1).
+        seed: Seed of the label-fraction subset, the validation hold-out and the training shuffle order.
+        mean: Per-channel normalisation mean (RGB, in [0, 1]) of the pre-trained model.
+        std: Per-channel normalisation standard deviation (RGB) of the pre-trained model.
+        rotation: Maximum random rotation in degrees added to training augmentation (0: none).
+        on_bad_image: Unreadable image files: "error" stops at the first with its path; "skip" decodes every
+            file at setup, leaves the bad ones out and warns once.
+        pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies).
+    """
+
+    def __init__(
+        self,
+        root: str | None = None,
+        train_dir: str | None = None,
+        val_dir: str | None = None,
+        test_dir: str | None = None,
+        dataset: DatasetName = "imagefolder",
+        image_size: int = 224,
+        batch_size: int = 64,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        label_fraction: float = 1.0,
+        val_fraction: float = 0.0,
+        seed: int = 0,
+        mean: tuple[float, float, float] = IMAGENET_MEAN,
+        std: tuple[float, float, float] = IMAGENET_STD,
+        rotation: float = 0.0,
+        on_bad_image: OnBadImage = "error",
+        pin_memory: bool = False,
+    ) -> None:
+        super().__init__()
+        _check_options(
+            dataset=dataset, on_bad_image=on_bad_image, image_size=image_size, batch_size=batch_size,
+            eval_batch_size=eval_batch_size, num_workers=num_workers, label_fraction=label_fraction,
+            val_fraction=val_fraction, rotation=rotation, mean=mean, std=std,
+        )  # fmt: skip
+        self.save_hyperparameters()
+        self.root, self.train_dir, self.val_dir, self.test_dir = root, train_dir, val_dir, test_dir
+        self.dataset = dataset
+        self.image_size, self.batch_size, self.num_workers = image_size, batch_size, num_workers
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.label_fraction, self.val_fraction, self.seed = label_fraction, val_fraction, seed
+        self.mean, self.std, self.rotation = tuple(mean), tuple(std), rotation
+        self.on_bad_image, self.pin_memory = on_bad_image, pin_memory
+        self.train_transform = train_transform(image_size, self.mean, self.std, rotation)
+        self.eval_transform = eval_transform(image_size, self.mean, self.std)
+        self.train_dataset: LabeledImageDataset | None = None
+        self.val_dataset: LabeledImageDataset | None = None
+        self.test_dataset: LabeledImageDataset | None = None
+        self._class_names: list[str] | None = None
+
+    # -- set-up ---------------------------------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        """Read the splits, subsample and split them (once: later calls, for any stage, do nothing)."""
+        if self._class_names is not None:
+            return
+        train, held_val, held_test = self._read_splits()
+        names = train.classes
+        if self.label_fraction < 1:
+            keep = stratified_subset(
+                train.targets, self.label_fraction, self.seed, class_names=names, name="label_fraction"
+            )
+            train = train.subset(keep)
+        if self.val_fraction > 0:
+            fit_idx, val_idx = stratified_split(
+                train.targets, self.val_fraction, self.seed, class_names=names, name="val_fraction"
+            )
+            val: LabeledImageDataset | None = train.subset(val_idx)
+            train, test = train.subset(fit_idx), _first(held_test, held_val)
+        else:
+            val, test = _first(held_val, held_test), _first(held_test, held_val)
+        self.train_dataset = train.with_transform(self.train_transform, train_draft_size(self.image_size))
+        eval_draft = eval_draft_size(self.image_size)
+        self.val_dataset = val.with_transform(self.eval_transform, eval_draft) if val is not None else None
+        self.test_dataset = test.with_transform(self.eval_transform, eval_draft) if test is not None else None
+        self._class_names = list(names)
+
+    def _read_splits(
+        self,
+    ) -> tuple[LabeledImageDataset, LabeledImageDataset | None, LabeledImageDataset | None]:
+        """``(train, val or None, test or None)`` before subsetting, checked for matching classes."""
+        if self.dataset != "imagefolder":
+            if self.root is None:
+                raise DataError(
+                    f"dataset={self.dataset} needs --data.root: the folder holding its python files"
+                )
+            if self.train_dir or self.val_dir or self.test_dir:
+                raise DataError(
+                    "train_dir/val_dir/test_dir apply to dataset=imagefolder only; for "
+                    f"{self.dataset} pass --data.root alone"
+                )
+            return (
+                load_cifar(self.root, self.dataset, train=True),
+                None,
+                load_cifar(self.root, self.dataset, False),
+            )
+        train_dir, val_dir, test_dir = self._folders()
+        splits = {
+            split: LabeledImageDataset.from_folder(folder, on_bad_image=self.on_bad_image)
+            for split, folder in (("train", train_dir), ("val", val_dir), ("test", test_dir))
+            if folder is not None
+        }
+        warn_skipped(
+            [bad for ds in splits.values() for bad in ds.skipped],
+            sum(len(ds) + len(ds.skipped) for ds in splits.values()),
+        )
+        train = splits["train"]
+        for split, folder in (("val", val_dir), ("test", test_dir)):
+            if split in splits and splits[split].classes != train.classes:
+                raise DataError(
+                    _class_mismatch(train.classes, splits[split].classes, train_dir, folder, split)
+                )
+        return train, splits.get("val"), splits.get("test")
+
+    def _folders(self) -> tuple[str, str | None, str | None]:
+        """Resolve ``(train_dir, val_dir, test_dir)`` from ``root`` and the explicit overrides."""
+        if self.root is None and self.train_dir is None:
+            raise DataError(
+                "no training data given: pass --data.root (a folder with train/ and val/ or test/) "
+                "or --data.train_dir"
+            )
+        if self.root is not None:
+            require_folder(self.root, "data root")
+
+        def pick(explicit: str | None, sub: str) -> str | None:
+            if explicit is not None:
+                require_folder(explicit, f"{sub}_dir")
+                return explicit
+            candidate = os.path.join(self.root, sub) if self.root is not None else None
+            return candidate if candidate is not None and os.path.isdir(candidate) else None
+
+        train_dir = pick(self.train_dir, "train")
+        if train_dir is None:
+            raise DataError(
+                f"data root {self.root} has no train/ folder: expected {self.root}/train/<class>/<images> "
+                f"and {self.root}/val/ or {self.root}/test/ alike (or pass --data.train_dir)"
+            )
+        val_dir, test_dir = pick(self.val_dir, "val"), pick(self.test_dir, "test")
+        if val_dir is None and test_dir is None and self.val_fraction == 0:
+            where = (
+                f"data root {self.root} has neither val/ nor test/" if self.root else "no val_dir or test_dir"
+            )
+            raise DataError(
+                f"{where}: add one (same class folders as train/), pass --data.val_dir or --data.test_dir, "
+                "or set --data.val_fraction to hold out part of the training set for validation"
+            )
+        return train_dir, val_dir, test_dir
+
+    # -- what the data is -----------------------------------------------------------------------------------
+    @property
+    def class_names(self) -> list[str]:
+        """Class names in label order (sorted folder names; CIFAR's meta order)."""
+        if self._class_names is None:
+            self.setup()
+        assert self._class_names is not None
+        return self._class_names
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes."""
+        return len(self.class_names)
+
+    def class_counts(self, split: Split = "train") -> dict[str, int]:
+        """Images per class in ``split`` after subsetting (empty dict when there is no such split)."""
+        self.setup()
+        ds = {"train": self.train_dataset, "val": self.val_dataset, "test": self.test_dataset}[split]
+        return ds.class_counts() if ds is not None else {}
+
+    # -- loaders --------------------------------------------------------------------------------------------
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled by a generator seeded with ``seed``; drops the last incomplete batch if there are 2+."""
+        self.setup()
+        assert self.train_dataset is not None
+        return DataLoader(
+            self.train_dataset,
+            batch_size=self.batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(self.seed),
+            drop_last=len(self.train_dataset) > self.batch_size,
+            **self._loader_options(),
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        """The validation split in order (see the class docstring for which split that is)."""
+        self.setup()
+        assert self.val_dataset is not None
+        return self._eval_loader(self.val_dataset)
+
+    def test_dataloader(self) -> DataLoader:
+        """The test split in order: the val/test folder or CIFAR's test set."""
+        self.setup()
+        if self.test_dataset is None:
+            raise DataError(
+                "no test split: with val_fraction > 0 the test loader reads the val/ or test/ folder, and "
+                "there is none — add one or pass --data.test_dir"
+            )
+        return self._eval_loader(self.test_dataset)
+
+    def predict_loader(self, folder: str) -> DataLoader:
+        """Unlabelled images under ``folder``, evaluation transform; batches are ``(images, indices)``.
+
+        The dataset (``loader.dataset``, an :class:`ImageFileDataset`) lists the files in ``.paths``.
+        """
+        ds = ImageFileDataset(
+            folder,
+            self.eval_transform,
+            draft_size=eval_draft_size(self.image_size),
+            on_bad_image=self.on_bad_image,
+        )
+        return self._eval_loader(ds)
+
+    def _eval_loader(self, dataset: Dataset) -> DataLoader:
+        return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False, **self._loader_options())
+
+    def _loader_options(self) -> dict[str, object]:
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.num_workers > 0,
+        }
+
+
+def _check_options(
+    *,
+    dataset: str,
+    on_bad_image: str,
+    image_size: int,
+    batch_size: int,
+    eval_batch_size: int | None,
+    num_workers: int,
+    label_fraction: float,
+    val_fraction: float,
+    rotation: float,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+) -> None:
+    """Reject values the type hints allow but the data cannot use, naming every bad option at once."""
+    checks = [
+        (dataset in get_args(DatasetName),
+         f"dataset must be one of {list(get_args(DatasetName))}, got {dataset!r}"),
+        (on_bad_image in get_args(OnBadImage),
+         f"on_bad_image must be 'error' or 'skip', got {on_bad_image!r}"),
+        (image_size >= 1, f"image_size must be >= 1 pixel, got {image_size}"),
+        (batch_size >= 1, f"batch_size must be >= 1, got {batch_size}"),
+        (eval_batch_size is None or eval_batch_size >= 1,
+         f"eval_batch_size must be >= 1 (or unset to use batch_size), got {eval_batch_size}"),
+        (num_workers >= 0, f"num_workers must be >= 0, got {num_workers}"),
+        (0 < label_fraction <= 1,
+         f"label_fraction must be in (0, 1] (1 uses every label), got {label_fraction}"),
+        (0 <= val_fraction < 1,
+         f"val_fraction must be in [0, 1) (0 validates on the val/ or test/ folder), got {val_fraction}"),
+        (0 <= rotation <= 180, f"rotation must be in [0, 180] degrees (0: none), got {rotation}"),
+        (len(mean) == 3 and len(std) == 3, f"mean and std need 3 values (R, G, B), got {mean} and {std}"),
+        (all(v > 0 for v in std), f"std values must be > 0, got {std}"),
+    ]  # fmt: skip
+    problems = [message for ok, message in checks if not ok]
+    if problems:
+        raise DataError(f"invalid data option(s): {'; '.join(problems)} — set valid values (--data.<option>)")
+
+
+def _class_mismatch(
+    train: list[str], other: list[str], train_dir: str, folder: str | None, split: str
+) -> str:
+    only_train = sorted(set(train) - set(other))
+    only_other = sorted(set(other) - set(train))
+    parts = []
+    if only_train:
+        parts.append(f"missing from {split}: {only_train}")
+    if only_other:
+        parts.append(f"only in {split}: {only_other}")
+    return (
+        f"class folders of {split} ({folder}) differ from train ({train_dir}): {'; '.join(parts)} — both "
+        "need the same class sub-folders (rename, add or remove folders)"
+    )
+
+
+def _first(*datasets: LabeledImageDataset | None) -> LabeledImageDataset | None:
+    return next((d for d in datasets if d is not None), None)

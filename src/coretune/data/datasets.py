@@ -1,0 +1,225 @@
+"""Map-style datasets: labelled images (ImageFolder trees, on-disk CIFAR) and unlabelled image files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import Dataset
+from torchvision.datasets import CIFAR10, CIFAR100
+
+from .errors import DataError
+from .images import (
+    IMAGE_EXTENSIONS,
+    find_bad_images,
+    list_image_files,
+    load_rgb,
+    require_folder,
+    warn_skipped,
+)
+from .transforms import eval_draft_size, eval_transform
+
+__all__ = ["ImageFileDataset", "LabeledImageDataset", "load_cifar"]
+
+Transform = Callable[[Image.Image], Any]
+OnBadImage = Literal["error", "skip"]
+
+_CIFAR_FILES = {
+    "cifar10": (CIFAR10, "cifar-10-batches-py", "data_batch_1 … data_batch_5, test_batch, batches.meta",
+                "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"),
+    "cifar100": (CIFAR100, "cifar-100-python", "train, test, meta",
+                 "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
+}  # fmt: skip
+
+
+class LabeledImageDataset(Dataset[tuple[Tensor, int]]):
+    """Images with integer labels, decoded and transformed on access: ``ds[i] -> (transform(image), label)``.
+
+    Args:
+        images: image file paths, or an ``(N, H, W, 3)`` uint8 array (CIFAR's in-memory pixels).
+        targets: the class index of each image.
+        classes: class names; index ``k`` names label ``k``.
+        transform: applied to the RGB PIL image (none: the PIL image itself is returned).
+        draft_size: JPEG draft size passed to :func:`~coretune.data.images.load_rgb` (file paths only).
+    """
+
+    def __init__(
+        self,
+        images: Sequence[str] | np.ndarray,
+        targets: Sequence[int],
+        classes: Sequence[str],
+        transform: Transform | None = None,
+        draft_size: int | None = None,
+    ) -> None:
+        if len(images) != len(targets):
+            raise ValueError(f"{len(images)} images but {len(targets)} targets")
+        self.images = images
+        self.targets = [int(t) for t in targets]
+        self.classes = list(classes)
+        self.transform = transform
+        self.draft_size = draft_size
+        self.skipped: list[
+            tuple[str, str]
+        ] = []  # unreadable files left out by from_folder(on_bad_image="skip")
+
+    @classmethod
+    def from_folder(cls, folder: str, *, on_bad_image: OnBadImage = "error") -> LabeledImageDataset:
+        """Scan an ImageFolder tree ``folder/<class>/**/<image>``; classes are the sorted sub-folder names.
+
+        With ``on_bad_image="skip"`` every file is decoded once (:func:`~.images.find_bad_images`) and the
+        unreadable ones are left out, listed in ``.skipped`` as ``(path, reason)`` (the caller warns). Hidden
+        files and folders are ignored.
+
+        Raises:
+            DataError: the folder is missing, has no class sub-folders, no image at all, or an empty class.
+        """
+        require_folder(folder, "image folder")
+        classes = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+        if not classes:
+            raise DataError(
+                f"{folder} has no class sub-folders: expected the ImageFolder layout "
+                f"{folder}/<class name>/<image files>"
+            )
+        paths: list[str] = []
+        targets: list[int] = []
+        for k, name in enumerate(classes):
+            files = list_image_files(os.path.join(folder, name))
+            paths += files
+            targets += [k] * len(files)
+        skipped = find_bad_images(paths) if on_bad_image == "skip" and paths else []
+        if skipped:
+            bad = {p for p, _ in skipped}
+            keep = [i for i, p in enumerate(paths) if p not in bad]
+            paths, targets = [paths[i] for i in keep], [targets[i] for i in keep]
+        exts = ", ".join(IMAGE_EXTENSIONS)
+        if not paths:
+            raise DataError(
+                f"{folder} contains no {'readable ' if skipped else ''}image files ({exts}) in its class "
+                f"folders {_preview(classes)}: put the images in {folder}/<class name>/"
+            )
+        counts = np.bincount(targets, minlength=len(classes))
+        empty = [c for c, n in zip(classes, counts, strict=True) if n == 0]
+        if empty:
+            raise DataError(
+                f"class folder(s) {_preview(empty)} in {folder} contain no "
+                f"{'readable ' if skipped else ''}image files ({exts}): add images or remove the folder(s)"
+            )
+        ds = cls(paths, targets, classes)
+        ds.skipped = skipped
+        return ds
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        item = self.images[index]
+        if isinstance(item, str):
+            img = load_rgb(item, self.draft_size)
+        else:
+            img = Image.fromarray(np.asarray(item, dtype=np.uint8))
+        return (self.transform(img) if self.transform else img), self.targets[index]
+
+    def subset(self, indices: Sequence[int]) -> LabeledImageDataset:
+        """A dataset of the items at ``indices`` (same classes, transform and draft size)."""
+        if isinstance(self.images, np.ndarray):
+            images: Sequence[str] | np.ndarray = self.images[np.asarray(indices, dtype=np.int64)]
+        else:
+            images = [self.images[i] for i in indices]
+        return LabeledImageDataset(
+            images, [self.targets[i] for i in indices], self.classes, self.transform, self.draft_size
+        )
+
+    def with_transform(
+        self, transform: Transform | None, draft_size: int | None = None
+    ) -> LabeledImageDataset:
+        """The same items with another transform (shares the image list; no copy)."""
+        return LabeledImageDataset(self.images, self.targets, self.classes, transform, draft_size)
+
+    def class_counts(self) -> dict[str, int]:
+        """Number of images of each class, in class-index order (for logging and class-imbalance handling)."""
+        counts = np.bincount(self.targets, minlength=len(self.classes))
+        return dict(zip(self.classes, counts.tolist(), strict=True))
+
+    @property
+    def paths(self) -> list[str] | None:
+        """The image file paths, or None for in-memory images."""
+        return None if isinstance(self.images, np.ndarray) else list(self.images)
+
+
+def load_cifar(root: str, name: Literal["cifar10", "cifar100"], train: bool) -> LabeledImageDataset:
+    """CIFAR-10/100 from torchvision's on-disk ``python`` version under ``root``; never downloads.
+
+    Raises:
+        DataError: the files are missing or fail torchvision's checksum, saying where to put them.
+    """
+    cifar_cls, subdir, files, url = _CIFAR_FILES[name]
+    try:
+        ds = cifar_cls(root, train=train, download=False)
+    except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted. You can use download=True …"
+        raise DataError(
+            f"{name} data not found or corrupted under {root}: expected {os.path.join(root, subdir)}/ "
+            f"holding {files} — extract {url} into {root} (coretune never downloads), or point --data.root "
+            "at the folder that contains it"
+        ) from exc
+    return LabeledImageDataset(ds.data, ds.targets, ds.classes)
+
+
+class ImageFileDataset(Dataset[tuple[Any, int]]):
+    """Every image file under ``folder`` (recursively, sorted, no labels): ``ds[i] -> (transform(image), i)``.
+
+    ``ds.paths[i]`` is the file of item ``i``, so predictions can be written next to their file names.
+
+    Args:
+        folder: the folder to list.
+        transform: applied to the RGB PIL image; default: the evaluation transform at 224 px, ImageNet
+            mean/std.
+        draft_size: JPEG draft size (see :func:`~coretune.data.images.load_rgb`); with the default transform,
+            default: the one matching it.
+        on_bad_image: ``"error"`` raises on the first unreadable file; ``"skip"`` decodes every file now,
+            leaves the unreadable ones out and warns once.
+
+    Raises:
+        DataError: the folder is missing or holds no image file.
+    """
+
+    def __init__(
+        self,
+        folder: str,
+        transform: Transform | None = None,
+        *,
+        draft_size: int | None = None,
+        on_bad_image: OnBadImage = "error",
+    ) -> None:
+        require_folder(folder, "image folder")
+        paths = list_image_files(folder)
+        self.skipped = find_bad_images(paths) if on_bad_image == "skip" and paths else []
+        if self.skipped:
+            warn_skipped(self.skipped, len(paths))
+            bad = {p for p, _ in self.skipped}
+            paths = [p for p in paths if p not in bad]
+        if not paths:
+            raise DataError(
+                f"{folder} contains no {'readable ' if self.skipped else ''}image files "
+                f"({', '.join(IMAGE_EXTENSIONS)}): point it at a folder of images"
+            )
+        self.paths = paths
+        if transform is None:
+            transform, draft_size = eval_transform(224), draft_size or eval_draft_size(224)
+        self.transform = transform
+        self.draft_size = draft_size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        return self.transform(load_rgb(self.paths[index], self.draft_size)), index
+
+
+def _preview(names: Sequence[str], show: int = 10) -> str:
+    """``['a', 'b', …] (+N more)`` for messages."""
+    head = ", ".join(repr(n) for n in names[:show])
+    return f"[{head}{f', … (+{len(names) - show} more)' if len(names) > show else ''}]"

@@ -1,0 +1,135 @@
+"""Reading image files of any common pixel mode as 8-bit RGB, listing them, and finding unreadable ones."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from PIL import Image
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from .errors import DataError, ImageDecodeError
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "SkippedImagesWarning",
+    "find_bad_images",
+    "is_image_file",
+    "list_image_files",
+    "load_rgb",
+    "require_folder",
+    "to_rgb",
+    "warn_skipped",
+]
+
+#: File extensions read as images (torchvision's ImageFolder list), matched case-insensitively.
+IMAGE_EXTENSIONS: tuple[str, ...] = IMG_EXTENSIONS
+
+# Integer modes holding more than 8 bits per pixel: 16-bit PNG/TIFF open as "I;16*", some readers give "I".
+_WIDE_INT_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N"})
+
+
+class SkippedImagesWarning(UserWarning):
+    """Unreadable image files were left out (``on_bad_image="skip"``)."""
+
+
+def is_image_file(path: str) -> bool:
+    """Whether ``path`` names an image by its extension; hidden files (``.x``, macOS ``._x.jpg``) are not."""
+    name = os.path.basename(path)
+    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def list_image_files(folder: str) -> list[str]:
+    """Every image file under ``folder``, recursively, sorted; hidden files and folders are ignored."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if is_image_file(f))
+    return found
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Convert a decoded image of any mode to 8-bit RGB.
+
+    16-bit (and 32-bit integer) grey levels are scaled by 255/65535 rather than clipped (PIL's ``convert``
+    would turn every value above 255 white); float images (mode ``F``) are taken to lie in [0, 1]. Alpha is
+    dropped, as torchvision's ImageFolder loader does, so pixels match the pipelines models were trained with.
+    """
+    if img.mode in _WIDE_INT_MODES:
+        grey = np.clip(np.asarray(img, dtype=np.float64), 0, 65535) / 257.0
+        img = Image.fromarray(np.rint(grey).astype(np.uint8))
+    elif img.mode == "F":
+        grey = np.clip(np.asarray(img, dtype=np.float64), 0.0, 1.0) * 255.0
+        img = Image.fromarray(np.rint(grey).astype(np.uint8))
+    elif img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")  # the palette's transparency entry needs RGBA first (avoids PIL's warning)
+    return img.convert("RGB")
+
+
+def load_rgb(path: str, draft_size: int | None = None) -> Image.Image:
+    """Decode the image file ``path`` fully and return it as 8-bit RGB (see :func:`to_rgb`).
+
+    ``draft_size`` lets libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale, choosing the smallest scale whose
+    width and height both stay >= ``draft_size`` (PIL draft mode): large photos decode several times faster,
+    and a caller that picks ``draft_size`` no smaller than what its transform needs gets the same pixels, up
+    to resampling. Other formats ignore it.
+
+    Raises:
+        ImageDecodeError: the file is missing, not an image, truncated or otherwise undecodable.
+    """
+    try:
+        with Image.open(path) as img:
+            if draft_size is not None and img.format == "JPEG":
+                img.draft(None, (draft_size, draft_size))
+            img.load()
+            return to_rgb(img)
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError … depending on the codec
+        raise ImageDecodeError(
+            f"cannot decode image {path}: {exc}; fix or remove it, or pass --data.on_bad_image skip", path
+        ) from exc
+
+
+def _decode_problem(path: str) -> str | None:
+    try:
+        load_rgb(path, draft_size=1)
+    except ImageDecodeError as err:
+        return str(err.__cause__)
+    return None
+
+
+def find_bad_images(paths: Sequence[str], num_threads: int | None = None) -> list[tuple[str, str]]:
+    """The files among ``paths`` that cannot be decoded, as ``(path, reason)`` pairs in input order.
+
+    Every file is fully decoded through :func:`load_rgb` — ``Image.verify()`` is cheaper but checks only PNG
+    checksums and passes truncated JPEGs, which then fail mid-epoch. JPEGs are decoded at 1/8 scale (draft
+    mode), which still reads every byte, so a scan costs roughly a tenth of an epoch's decoding; PIL releases
+    the GIL while decoding, so ``num_threads`` threads (default: CPU count, at most 8) run in parallel.
+    """
+    threads = num_threads or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        problems = list(pool.map(_decode_problem, paths, chunksize=64))
+    return [(p, why) for p, why in zip(paths, problems, strict=True) if why is not None]
+
+
+def warn_skipped(bad: Iterable[tuple[str, str]], total: int, show: int = 5) -> None:
+    """Issue ONE :class:`SkippedImagesWarning` with the number of skipped files and the first ``show``."""
+    bad = list(bad)
+    if not bad:
+        return
+    listed = "; ".join(f"{path} ({why})" for path, why in bad[:show])
+    more = f"; … and {len(bad) - show} more" if len(bad) > show else ""
+    warnings.warn(
+        f"skipped {len(bad)} unreadable image file(s) of {total} (on_bad_image='skip'): {listed}{more}",
+        SkippedImagesWarning,
+        stacklevel=3,
+    )
+
+
+def require_folder(folder: str, what: str) -> None:
+    """Raise :class:`DataError` unless ``folder`` is an existing directory (``what`` names it)."""
+    if not os.path.isdir(folder):
+        kind = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+        raise DataError(f"{what} {folder} {kind}: pass an existing folder")

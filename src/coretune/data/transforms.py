@@ -1,0 +1,89 @@
+"""The paper's pre-processing (Appendix C, after SimCLR and Kornblith et al. 2019), with torchvision v2.
+
+Training: random resized crop to ``image_size`` and horizontal flip (plus an optional random rotation, which
+the paper adds for some data sets such as CIFAR-10). Evaluation: resize the shorter side to
+``image_size·256/224`` and take the central ``image_size`` crop (256 → 224 at the paper's resolution). Both
+upsample small images.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torchvision.transforms import v2
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "eval_draft_size",
+    "eval_resize_size",
+    "eval_transform",
+    "train_draft_size",
+    "train_transform",
+]
+
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+# torchvision's RandomResizedCrop defaults, spelled out because train_draft_size depends on them.
+_CROP_SCALE = (0.08, 1.0)
+_CROP_RATIO = (3 / 4, 4 / 3)
+
+
+def _to_normalized_tensor(mean: tuple[float, ...], std: tuple[float, ...]) -> list[v2.Transform]:
+    return [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+
+
+def train_transform(
+    image_size: int,
+    mean: tuple[float, float, float] = IMAGENET_MEAN,
+    std: tuple[float, float, float] = IMAGENET_STD,
+    rotation: float = 0.0,
+) -> v2.Compose:
+    """PIL RGB image → normalised float tensor (3, image_size, image_size) with training augmentation.
+
+    ``rotation`` > 0 adds a rotation by a uniform angle in [-rotation, rotation] degrees after the crop; the
+    corners it uncovers are filled with the mean colour, i.e. zero after normalisation.
+    """
+    steps: list[v2.Transform] = [
+        v2.RandomResizedCrop(image_size, scale=_CROP_SCALE, ratio=_CROP_RATIO, antialias=True),
+        v2.RandomHorizontalFlip(),
+    ]
+    if rotation > 0:
+        steps.append(v2.RandomRotation(rotation, fill=tuple(round(255 * m) for m in mean)))
+    return v2.Compose(steps + _to_normalized_tensor(mean, std))
+
+
+def eval_resize_size(image_size: int) -> int:
+    """Shorter side of the resize before the evaluation centre crop: ``round(image_size·256/224)``."""
+    return round(image_size * 256 / 224)
+
+
+def eval_transform(
+    image_size: int,
+    mean: tuple[float, float, float] = IMAGENET_MEAN,
+    std: tuple[float, float, float] = IMAGENET_STD,
+) -> v2.Compose:
+    """PIL RGB image → normalised float tensor (3, image_size, image_size): resize, then centre crop."""
+    return v2.Compose(
+        [
+            v2.Resize(eval_resize_size(image_size), antialias=True),
+            v2.CenterCrop(image_size),
+            *_to_normalized_tensor(mean, std),
+        ]
+    )
+
+
+def train_draft_size(image_size: int) -> int:
+    """JPEG draft size for :func:`train_transform`: the narrowest random crop keeps >= ``image_size`` pixels.
+
+    The narrowest crop is ``sqrt(scale_min · ratio_min) ≈ 0.245`` of the shorter side, so the image's shorter
+    side must stay >= ``image_size / 0.245`` (915 px at 224): only larger photos are decoded at reduced scale.
+    """
+    return math.ceil(image_size / math.sqrt(_CROP_SCALE[0] * _CROP_RATIO[0]))
+
+
+def eval_draft_size(image_size: int) -> int:
+    """JPEG draft size for :func:`eval_transform`: the shorter side stays >= the resize target."""
+    return eval_resize_size(image_size)

@@ -1,0 +1,23 @@
+"""The training engine: Lightning module, trainer set-up, run outputs, optimisers and schedules."""
+
+from .callbacks import RunArtifacts, plot_learning_curves, read_metrics, update_results
+from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save
+from .module import FineTuner, NonFiniteLossError
+from .optim import build_optimizer, lr_factor
+from .trainer import default_callbacks, default_precision, make_trainer
+
+__all__ = [
+    "AtomicCheckpointIO",
+    "FineTuner",
+    "NonFiniteLossError",
+    "RunArtifacts",
+    "atomic_torch_save",
+    "build_optimizer",
+    "default_callbacks",
+    "default_precision",
+    "lr_factor",
+    "make_trainer",
+    "plot_learning_curves",
+    "read_metrics",
+    "update_results",
+]

@@ -1,0 +1,147 @@
+"""What every run writes into its run directory: per-epoch ``metrics.csv``, ``results.json`` and a learning curve."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.trainer.states import TrainerFn
+
+__all__ = ["RunArtifacts", "plot_learning_curves", "read_metrics", "update_results"]
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, str]]:
+    """The rows of a run's ``metrics.csv`` (empty when absent)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def update_results(run_dir: str | Path, **entries: Any) -> dict[str, Any]:
+    """Merge ``entries`` into ``run_dir/results.json`` (atomic write) and return the merged content."""
+    path = Path(run_dir) / "results.json"
+    results = json.loads(path.read_text()) if path.is_file() else {}
+    results.update(entries)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write_text(path, json.dumps(results, indent=2, sort_keys=True) + "\n")
+    return results
+
+
+def plot_learning_curves(metrics_csv: str | Path, out_png: str | Path) -> None:
+    """Loss terms and top-1 accuracy against epoch, as a two-panel PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_csv)
+    if not rows:
+        return
+    epochs = [int(r["epoch"]) for r in rows]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    for key in rows[0]:
+        values = [float(r[key]) if r.get(key) not in (None, "") else float("nan") for r in rows]
+        if key.startswith("train/") and not key.endswith(("top1", "top5")) or key == "val/loss":
+            ax_loss.plot(epochs, values, marker=".", label=key)
+        elif key.endswith("top1"):
+            ax_acc.plot(epochs, [100 * v for v in values], marker=".", label=key)
+    ax_loss.set(xlabel="epoch", ylabel="loss", title="losses")
+    ax_acc.set(xlabel="epoch", ylabel="top-1 (%)", title="accuracy")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+
+
+class RunArtifacts(L.Callback):
+    """Writes ``metrics.csv`` (one row per epoch), ``results.json`` and ``learning_curve.png`` into ``run_dir``.
+
+    ``metrics.csv`` holds every logged epoch-level value (each loss term, lr, train and val top-1/top-5); a resumed
+    run rewrites the rows from its restart epoch on, so the file always describes one uninterrupted history.
+    """
+
+    def __init__(self, run_dir: str | Path | None = None) -> None:
+        self._run_dir = Path(run_dir) if run_dir is not None else None
+        self._train_time = 0.0
+        self._images = 0
+        self._epoch_start = 0.0
+        self._val_start = 0.0
+        self._fit_start = 0.0
+
+    def run_dir(self, trainer: L.Trainer) -> Path:
+        return self._run_dir if self._run_dir is not None else Path(trainer.default_root_dir)
+
+    # -- timing ---------------------------------------------------------------------------------------------
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fit_start = time.perf_counter()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._images += int(batch[0].shape[0])
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
+            self._epoch_start += time.perf_counter() - self._val_start
+
+    # -- outputs --------------------------------------------------------------------------------------------
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._train_time += time.perf_counter() - self._epoch_start
+        if not trainer.is_global_zero:
+            return
+        row: dict[str, Any] = {"epoch": trainer.current_epoch, "step": trainer.global_step}
+        row["lr"] = trainer.optimizers[0].param_groups[-1]["lr"] if trainer.optimizers else float("nan")
+        for key, value in sorted(trainer.callback_metrics.items()):
+            if key.startswith(("train/", "val/")):
+                row[key] = float(value)
+        path = self.run_dir(trainer) / "metrics.csv"
+        rows = [r for r in read_metrics(path) if int(r["epoch"]) < trainer.current_epoch] + [row]
+        fields = list(dict.fromkeys(k for r in rows for k in r))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(".metrics.csv.tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, path)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        run_dir = self.run_dir(trainer)
+        plot_learning_curves(run_dir / "metrics.csv", run_dir / "learning_curve.png")
+        best = trainer.checkpoint_callback
+        update_results(
+            run_dir,
+            wall_time_s=round(time.perf_counter() - self._fit_start, 2),
+            train_time_s=round(self._train_time, 2),
+            train_images_per_s=round(self._images / self._train_time, 1) if self._train_time > 0 else None,
+            epochs=trainer.current_epoch,
+            best_val_top1=float(best.best_model_score) if best and best.best_model_score is not None else None,
+            best_checkpoint=str(best.best_model_path) if best and best.best_model_path else None,
+        )
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        results = getattr(pl_module, "test_results", None)
+        if trainer.is_global_zero and results is not None:
+            update_results(self.run_dir(trainer), test=results)

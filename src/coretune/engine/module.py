@@ -1,0 +1,239 @@
+"""The LightningModule that fine-tunes a backbone with any registered objective (paper Algorithm 1's loop)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from ..models import create_backbone
+from ..objectives import CETuning, Objective
+from ..objectives import get as get_objective
+from ..tasks import ClassificationTask
+from .optim import OptimizerName, Schedule, build_optimizer, lr_factor
+
+__all__ = ["FineTuner", "NonFiniteLossError"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite."""
+
+
+class FineTuner(L.LightningModule):
+    """A backbone ``G_e`` and an objective (its heads and loss), trained with the paper's optimiser (Appendix C).
+
+    Exactly one backbone forward per training step: ``z = G_e(x)`` goes to the objective, which returns the loss.
+
+    Args:
+        objective: the fine-tuning method (default: CE-tuning); built here once the number of classes is known.
+        backbone: backbone name (``resnet18`` … ``resnet152``, ``resnext50_32x4d``, ``wide_resnet50_2``,
+            ``small_cnn``, or ``timm/<model>``).
+        weights: a local pre-trained checkpoint to load into the backbone (``None``: random initialisation).
+        weights_format: checkpoint layout (``auto`` detects it).
+        optimizer: ``sgd`` (Nesterov momentum, the paper's), ``adam`` (domain generalisation) or ``adamw``.
+        lr: learning rate of the new heads, and of the backbone unless ``backbone_lr`` is given.
+        backbone_lr: separate learning rate of the pre-trained backbone.
+        momentum: SGD momentum.
+        nesterov: Nesterov momentum for SGD.
+        weight_decay: weight decay of every parameter group.
+        schedule: per-step learning-rate decay: ``cosine`` (paper default), ``linear`` (ImageNet20) or ``constant``.
+        warmup_epochs: linear warm-up length in epochs (may be fractional).
+        channels_last: use the channels-last memory format for the backbone and the images (fast for CNNs).
+        freeze_backbone: train the heads only (linear probing).
+    """
+
+    def __init__(
+        self,
+        objective: Objective | None = None,
+        backbone: str = "resnet50",
+        weights: str | None = None,
+        weights_format: str = "auto",
+        optimizer: OptimizerName = "sgd",
+        lr: float = 0.01,
+        backbone_lr: float | None = None,
+        momentum: float = 0.9,
+        nesterov: bool = True,
+        weight_decay: float = 1e-4,
+        schedule: Schedule = "cosine",
+        warmup_epochs: float = 0.0,
+        channels_last: bool = True,
+        freeze_backbone: bool = False,
+    ) -> None:
+        super().__init__()
+        problems = []
+        if lr <= 0:
+            problems.append(f"lr must be > 0 (got {lr})")
+        if backbone_lr is not None and backbone_lr < 0:
+            problems.append(f"backbone_lr must be >= 0 (got {backbone_lr})")
+        if weight_decay < 0:
+            problems.append(f"weight_decay must be >= 0 (got {weight_decay})")
+        if not 0 <= momentum < 1:
+            problems.append(f"momentum must lie in [0, 1) (got {momentum})")
+        if warmup_epochs < 0:
+            problems.append(f"warmup_epochs must be >= 0 (got {warmup_epochs})")
+        if problems:
+            raise ValueError("invalid model settings: " + "; ".join(problems))
+        self.save_hyperparameters(ignore=["objective"])
+        self.backbone = create_backbone(backbone, weights=weights, weights_format=weights_format)
+        self.objective = objective if objective is not None else CETuning()
+        self.task = ClassificationTask()
+        self.class_names: list[str] | None = None
+        if channels_last:
+            self.backbone.to(memory_format=torch.channels_last)
+        if freeze_backbone:
+            self.backbone.requires_grad_(False)
+
+    # -- set-up ---------------------------------------------------------------------------------------------
+    def build(self, num_classes: int, class_names: list[str] | None = None) -> None:
+        """Create the objective's heads for ``num_classes`` classes and the metrics."""
+        if num_classes < 2:
+            raise ValueError(f"classification needs at least 2 classes, the data has {num_classes}")
+        if not self.objective.is_built:
+            self.objective.build(self.backbone.feature_dim, num_classes)
+        elif self.objective.num_classes != num_classes:
+            raise ValueError(
+                f"the model was built for {self.objective.num_classes} classes but the data has {num_classes}: "
+                "use data with the same classes, or fine-tune a new model"
+            )
+        self.class_names = list(class_names) if class_names is not None else [str(i) for i in range(num_classes)]
+        self.train_metrics = self.task.train_metrics(num_classes)
+        self.val_metrics = self.task.train_metrics(num_classes)
+        self.test_metrics = self.task.eval_metrics(num_classes)
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if not hasattr(self, "train_metrics"):
+            if datamodule is None or getattr(datamodule, "num_classes", None) is None:
+                raise RuntimeError("FineTuner needs a datamodule with num_classes (or call .build(num_classes))")
+            self.build(datamodule.num_classes, getattr(datamodule, "class_names", None))
+        elif datamodule is not None and getattr(datamodule, "num_classes", None) not in (None, self.num_classes):
+            self.build(datamodule.num_classes, getattr(datamodule, "class_names", None))
+        if stage == "fit":
+            self.objective.attach_backbone(self.backbone)
+
+    @property
+    def num_classes(self) -> int | None:
+        return self.objective.num_classes
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        checkpoint["coretune"] = {
+            "data": {k: getattr(datamodule, k) for k in ("image_size", "mean", "std") if hasattr(datamodule, k)},
+            "objective": getattr(self.objective, "registered_name", self.objective.name),
+            "objective_class": f"{type(self.objective).__module__}.{type(self.objective).__qualname__}",
+            "objective_hparams": self.objective.hparams(),
+            "num_classes": self.num_classes,
+            "class_names": self.class_names,
+            "feature_dim": self.backbone.feature_dim,
+        }
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, map_location: str = "cpu") -> FineTuner:
+        """Rebuild a fine-tuned model from a coretune checkpoint (safe: ``weights_only=True``)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint {path} not found: pass a .ckpt written by `coretune fit`")
+        try:
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as err:
+            raise ValueError(f"cannot read checkpoint {path}: {err.__class__.__name__}: {err}") from None
+        meta = ckpt.get("coretune") if isinstance(ckpt, dict) else None
+        if meta is None:
+            raise ValueError(f"{path} is not a coretune fine-tuning checkpoint (no 'coretune' entry)")
+        objective_cls, _ = get_objective(meta["objective"])
+        objective = objective_cls(**meta["objective_hparams"])
+        objective.registered_name = meta["objective"]
+        hparams = dict(ckpt.get("hyper_parameters", {}))
+        hparams.update(weights=None)
+        model = cls(objective=objective, **hparams)
+        model.build(meta["num_classes"], meta["class_names"])
+        model.load_state_dict(ckpt["state_dict"])
+        return model
+
+    # -- steps ----------------------------------------------------------------------------------------------
+    def _images(self, x: Tensor) -> Tensor:
+        if self.hparams.channels_last and x.dim() == 4:
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Class logits of a batch of images."""
+        return self.objective.predict(self.backbone(self._images(x)))
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = self.task.unpack(batch)
+        x = self._images(x)
+        out = self.objective(self.backbone(x), y, inputs=x)
+        if not torch.isfinite(out.loss):
+            terms = ", ".join(f"{k}={float(v):.4g}" for k, v in out.terms.items())
+            raise NonFiniteLossError(
+                f"the training loss is {float(out.loss)} at epoch {self.current_epoch}, step {self.global_step} "
+                f"(batch {batch_idx}; {terms}). Check the images for NaN/Inf, lower the learning rate "
+                "(--model.lr), or train in float32 (--trainer.precision 32-true)."
+            )
+        bs = y.shape[0]
+        self.log_dict({f"train/{k}": v for k, v in out.terms.items()}, on_step=False, on_epoch=True,
+                      batch_size=bs)
+        self.train_metrics.update(out.logits.detach(), y)
+        return out.loss
+
+    def on_train_epoch_end(self) -> None:
+        self.log_dict({f"train/{k}": v for k, v in self.train_metrics.compute().items()})
+        self.train_metrics.reset()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = self.task.unpack(batch)
+        logits = self(x)
+        loss = torch.nn.functional.cross_entropy(logits.float(), y)
+        self.log("val/loss", loss, on_step=False, on_epoch=True, batch_size=y.shape[0])
+        self.val_metrics.update(logits, y)
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_dict({f"val/{k}": v for k, v in self.val_metrics.compute().items()}, prog_bar=True)
+        self.val_metrics.reset()
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = self.task.unpack(batch)
+        self.test_metrics.update(self(x), y)
+
+    def on_test_epoch_end(self) -> None:
+        values = self.test_metrics.compute()
+        self.test_results = {
+            "top1": float(values["top1"]),
+            "top5": float(values["top5"]),
+            "per_class_accuracy": dict(zip(self.class_names, values["per_class"].tolist(), strict=True)),
+            "confusion_matrix": values["confusion"].tolist(),
+        }
+        self.log_dict({"test/top1": values["top1"], "test/top5": values["top5"]})
+        self.test_metrics.reset()
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x = batch[0] if isinstance(batch, list | tuple) else batch
+        return torch.softmax(self(x).float(), dim=1)
+
+    # -- optimisation ---------------------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        backbone_lr = hp.lr if hp.backbone_lr is None else hp.backbone_lr
+        backbone_params = [p for p in self.backbone.parameters() if p.requires_grad]
+        head_params = [p for p in self.objective.parameters() if p.requires_grad]
+        optimizer = build_optimizer(
+            [(backbone_params, backbone_lr), (head_params, hp.lr)], hp.optimizer, hp.momentum, hp.nesterov,
+            hp.weight_decay,
+        )
+        total = int(self.trainer.estimated_stepping_batches)
+        steps_per_epoch = total / max(1, self.trainer.max_epochs or 1)
+        warmup = round(hp.warmup_epochs * steps_per_epoch)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(step, total, hp.schedule, warmup)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_train_epoch_start(self) -> None:
+        self.objective.on_train_epoch_start(self.current_epoch, self.trainer.max_epochs or 1)
+
+    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        self.objective.on_after_optimizer_step()

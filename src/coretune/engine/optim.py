@@ -1,0 +1,48 @@
+"""Optimisers and learning-rate schedules of the paper (Appendix C): SGD + Nesterov, cosine or linear decay; Adam."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Literal
+
+import torch
+from torch import nn
+
+__all__ = ["Schedule", "build_optimizer", "lr_factor"]
+
+OptimizerName = Literal["sgd", "adam", "adamw"]
+Schedule = Literal["cosine", "linear", "constant"]
+
+
+def build_optimizer(
+    groups: Iterable[tuple[list[nn.Parameter], float]],
+    name: OptimizerName = "sgd",
+    momentum: float = 0.9,
+    nesterov: bool = True,
+    weight_decay: float = 1e-4,
+) -> torch.optim.Optimizer:
+    """An optimiser over ``(params, lr)`` groups; empty groups are dropped."""
+    param_groups = [{"params": params, "lr": lr} for params, lr in groups if params]
+    if name == "sgd":
+        return torch.optim.SGD(param_groups, momentum=momentum, nesterov=nesterov and momentum > 0,
+                               weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(param_groups, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(param_groups, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}; choose 'sgd', 'adam' or 'adamw'")
+
+
+def lr_factor(step: int, total_steps: int, schedule: Schedule = "cosine", warmup_steps: int = 0) -> float:
+    """Multiplier of the base lr at ``step``: linear warm-up, then cosine (default) or linear decay to 0."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 - progress
+    raise ValueError(f"unknown schedule {schedule!r}; choose 'cosine', 'linear' or 'constant'")

@@ -1,0 +1,45 @@
+"""A Lightning ``Trainer`` set up as coretune runs expect: precision, progress bar, checkpoints, run outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
+
+from .callbacks import RunArtifacts
+from .checkpoint_io import AtomicCheckpointIO
+
+__all__ = ["default_callbacks", "default_precision", "make_trainer"]
+
+
+def default_precision() -> str:
+    """``bf16-mixed`` where the hardware runs it natively (CUDA with bf16, or a CPU with AVX-512-BF16/AMX), else 32."""
+    if torch.cuda.is_available():
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    cpu = torch.backends.cpu.get_cpu_capability()
+    return "bf16-mixed" if torch.cpu._is_avx512_bf16_supported() or "AMX" in cpu else "32-true"
+
+
+def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) -> list[Callback]:
+    """Best and last checkpoints (by ``val/top1``), run outputs, and a rich progress bar with ETA."""
+    checkpoint_dir = Path(run_dir) / "checkpoints" if run_dir is not None else None
+    callbacks: list[Callback] = [
+        ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor="val/top1", mode="max", save_last=True,
+                        auto_insert_metric_name=False),
+        RunArtifacts(run_dir),
+    ]
+    if progress:
+        callbacks.append(RichProgressBar())
+    return callbacks
+
+
+def make_trainer(run_dir: str | Path, progress: bool = True, **kwargs: Any) -> L.Trainer:
+    """A ``Trainer`` writing into ``run_dir`` (``kwargs`` are passed on to ``lightning.Trainer``)."""
+    kwargs.setdefault("precision", default_precision())
+    kwargs.setdefault("logger", False)
+    kwargs.setdefault("plugins", [AtomicCheckpointIO()])
+    kwargs["callbacks"] = default_callbacks(run_dir, progress) + list(kwargs.get("callbacks") or [])
+    return L.Trainer(default_root_dir=str(run_dir), **kwargs)

@@ -1,0 +1,77 @@
+"""Export a fine-tuned model as ``model.safetensors`` + ``config.json`` (and TorchScript), and load it back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from .engine import FineTuner
+from .models import create_backbone
+
+__all__ = ["ExportedClassifier", "export_checkpoint", "load_exported"]
+
+EXPORT_FORMAT = "coretune-export-1"
+
+
+class ExportedClassifier(nn.Module):
+    """A fine-tuned backbone and its classifier ``G_y``: images → class logits."""
+
+    def __init__(self, backbone: nn.Module, classifier: nn.Linear) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.classifier = classifier
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.backbone(x))
+
+
+def export_checkpoint(ckpt_path: str | Path, output: str | Path, torchscript: bool = True) -> list[Path]:
+    """Write ``model.safetensors``, ``config.json`` and optionally ``model.torchscript.pt`` into ``output``."""
+    model = FineTuner.from_checkpoint(ckpt_path).eval()
+    net = ExportedClassifier(model.backbone, model.objective.classifier).eval()
+    net.to(memory_format=torch.contiguous_format)
+    meta = torch.load(ckpt_path, map_location="cpu", weights_only=True)["coretune"]
+    data = meta.get("data", {})
+    config = {
+        "format": EXPORT_FORMAT,
+        "backbone": model.hparams.backbone,
+        "feature_dim": model.backbone.feature_dim,
+        "num_classes": model.num_classes,
+        "class_names": model.class_names,
+        "objective": meta.get("objective"),
+        "image_size": data.get("image_size"),
+        "mean": data.get("mean"),
+        "std": data.get("std"),
+    }
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    written = [output / "model.safetensors", output / "config.json"]
+    save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()}, str(written[0]))
+    written[1].write_text(json.dumps(config, indent=2) + "\n")
+    if torchscript:
+        size = config["image_size"] or 224
+        example = torch.zeros(1, 3, size, size)
+        with torch.no_grad():
+            scripted = torch.jit.trace(net, example)
+        written.append(output / "model.torchscript.pt")
+        scripted.save(str(written[-1]))
+    return written
+
+
+def load_exported(folder: str | Path) -> tuple[ExportedClassifier, dict]:
+    """The model and config written by :func:`export_checkpoint` (strict load of every tensor)."""
+    folder = Path(folder)
+    config_path, weights_path = folder / "config.json", folder / "model.safetensors"
+    if not config_path.is_file() or not weights_path.is_file():
+        raise FileNotFoundError(f"{folder} holds no coretune export (config.json + model.safetensors)")
+    config = json.loads(config_path.read_text())
+    if config.get("format") != EXPORT_FORMAT:
+        raise ValueError(f"{config_path} has format {config.get('format')!r}, expected {EXPORT_FORMAT!r}")
+    backbone = create_backbone(config["backbone"])
+    net = ExportedClassifier(backbone, nn.Linear(config["feature_dim"], config["num_classes"]))
+    net.load_state_dict(load_file(str(weights_path)))
+    return net.eval(), config

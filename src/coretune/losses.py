@@ -1,0 +1,96 @@
+"""Contrastive losses of Core-tuning (Zhang et al., NeurIPS 2021, §3 Eq. 1 and §4.1 "Hard pair reweighting").
+
+Pure tensor functions: no state, no framework. Computed in float32 (float64 stays float64) even under autocast.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["contrastive_loss", "core_positive_mask", "soft_cross_entropy", "supcon_positive_mask"]
+
+
+def _loss_dtype(t: Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def contrastive_loss(
+    features: Tensor, pos_mask: Tensor, temperature: float = 0.07, focal: bool = False
+) -> Tensor:
+    r"""Supervised contrastive loss, optionally focal-reweighted (paper Eq. 1 and :math:`\mathcal{L}^f_{con}`).
+
+    ``features`` ``v`` is ``(N, d)`` with L2-normalised rows; ``pos_mask`` is ``(M, N)`` and the anchors are rows
+    ``0..M-1`` of ``v``. For anchor ``i``, ``A_i`` is every row but ``i`` and ``P_i = {j : pos_mask[i, j], j != i}``
+    (a self-pair is never a positive, since ``i`` is not in ``A_i``)::
+
+        p_ij   = exp(v_i·v_j / τ) / Σ_{k ∈ A_i} exp(v_i·v_k / τ)
+        loss_i = -(1/|P_i|) Σ_{j ∈ P_i} w_ij · log p_ij,   w_ij = 1 - p_ij if focal else 1
+
+    The result is the mean of ``loss_i`` over anchors with ``|P_i| > 0``, and ``0`` (still in the graph, never
+    NaN) when there is none. With ``focal=False`` and a same-class mask this is SupCon (Khosla et al., 2020).
+
+    Args:
+        features: ``(N, d)`` L2-normalised embeddings.
+        pos_mask: ``(M, N)`` boolean mask of positives, ``M <= N``.
+        temperature: ``τ > 0``.
+        focal: weight each positive term by ``1 - p_ij`` (the focal contrastive loss of Core-tuning, §4.1).
+
+    Returns:
+        A scalar tensor (float32, or float64 for float64 input).
+    """
+    if features.dim() != 2:
+        raise ValueError(f"features must be (N, d), got shape {tuple(features.shape)}")
+    n = features.shape[0]
+    if pos_mask.dim() != 2 or pos_mask.shape[1] != n or pos_mask.shape[0] > n:
+        raise ValueError(f"pos_mask must be (M, N) with M <= N = {n}, got shape {tuple(pos_mask.shape)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    m = pos_mask.shape[0]
+    dtype = _loss_dtype(features)
+    with torch.autocast(device_type=features.device.type, enabled=False):
+        v = features.to(dtype)
+        logits = v[:m] @ v.T / temperature  # (M, N)
+        self_mask = torch.eye(m, n, dtype=torch.bool, device=v.device)
+        # A finite fill keeps rows whose A_i is empty (N = 1) and their gradients free of NaN.
+        logits = logits.masked_fill(self_mask, torch.finfo(dtype).min)
+        log_prob = (logits - torch.logsumexp(logits, dim=1, keepdim=True)).masked_fill(self_mask, 0.0)
+        positives = pos_mask.to(torch.bool) & ~self_mask
+        terms = -log_prob
+        if focal:
+            terms = terms * (1.0 - log_prob.exp())
+        terms = torch.where(positives, terms, torch.zeros((), dtype=dtype, device=v.device))
+        counts = positives.sum(dim=1)
+        per_anchor = terms.sum(dim=1) / counts.clamp(min=1).to(dtype)
+        has_pos = (counts > 0).to(dtype)
+        return (per_anchor * has_pos).sum() / has_pos.sum().clamp(min=1.0)
+
+
+def supcon_positive_mask(labels: Tensor) -> Tensor:
+    """Same-class mask without the diagonal, ``(B, B)``: the positives of SupCon (paper Eq. 1)."""
+    labels = labels.reshape(-1)
+    same = labels[:, None] == labels[None, :]
+    return same & ~torch.eye(labels.numel(), dtype=torch.bool, device=labels.device)
+
+
+def core_positive_mask(labels: Tensor, original_positives: bool = True) -> Tensor:
+    """Positives of Core-tuning for the row layout ``v = [originals (B); hard positives (B); hard negatives (B)]``.
+
+    ``P_i = {j < B : j != i, y_j = y_i} ∪ {B + i}`` (§4.1, Algorithm 1 lines 5-7). The generated hard negative
+    ``2B + i`` is in ``A_i`` only. With ``original_positives=False`` only the generated hard positive is a
+    positive (Appendix E, "only the generated hard positive pairs").
+
+    Returns:
+        A boolean mask of shape ``(B, 3B)``.
+    """
+    b = labels.numel()
+    eye = torch.eye(b, dtype=torch.bool, device=labels.device)
+    originals = supcon_positive_mask(labels) if original_positives else torch.zeros_like(eye)
+    return torch.cat([originals, eye, torch.zeros_like(eye)], dim=1)
+
+
+def soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean over rows of ``-Σ_k t_k · log softmax(logits)_k``: CE against soft labels (paper §4.2), in float32."""
+    dtype = _loss_dtype(logits)
+    log_p = torch.log_softmax(logits.to(dtype), dim=1)
+    return -(targets.to(dtype) * log_p).sum(dim=1).mean()

@@ -1,0 +1,144 @@
+"""Hardness-directed mixup: hard positive and hard negative pair generation (paper §4.1, Algorithm 1).
+
+Index choices carry no gradient; the mixing is differentiable in the features. Every random draw comes from
+``generator`` when one is given (else from torch's global RNG, so ``torch.manual_seed`` controls it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["HardPairs", "beta_draws", "mine_hard_pairs"]
+
+
+@dataclass
+class HardPairs:
+    """The hard pairs generated for a batch of ``B`` anchors with ``K`` classes.
+
+    Attributes:
+        hardest_positive: ``(B,)`` index of the least similar same-class sample (``i`` if none).
+        hardest_negative: ``(B,)`` index of the most similar other-class sample (``i`` if none).
+        random_negative: ``(B,)`` index of a uniformly drawn other-class sample (``i`` if none).
+        lam_pos: ``(B,)`` mixing weight of the hardest positive in ``z⁺``.
+        lam_neg: ``(B,)`` mixing weight of the random negative in ``z⁻``.
+        pos_features: ``(B, d)`` generated hard positives ``z⁺``.
+        neg_features: ``(B, d)`` generated hard negatives ``z⁻``.
+        pos_targets: ``(B, K)`` soft labels ``y⁺``.
+        neg_targets: ``(B, K)`` soft labels ``y⁻``.
+    """
+
+    hardest_positive: Tensor
+    hardest_negative: Tensor
+    random_negative: Tensor
+    lam_pos: Tensor
+    lam_neg: Tensor
+    pos_features: Tensor
+    neg_features: Tensor
+    pos_targets: Tensor
+    neg_targets: Tensor
+
+
+def beta_draws(
+    n: int, alpha: float, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
+) -> Tensor:
+    """``n`` draws of ``Beta(alpha, alpha)`` (mixup, Zhang et al. 2018), seeded from ``generator``.
+
+    torch's Beta sampler takes no generator, so a 63-bit seed is drawn from ``generator`` (or torch's global RNG)
+    and NumPy's exact Beta sampler uses it: the draws are reproducible under either seeding.
+    """
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0 for Beta(alpha, alpha), got {alpha}")
+    seed_device = generator.device if generator is not None else "cpu"
+    seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator, device=seed_device))
+    draws = np.random.default_rng(seed).beta(alpha, alpha, size=n)
+    return torch.from_numpy(draws).to(device=device, dtype=torch.float32)
+
+
+@torch.no_grad()
+def _pair_indices(
+    features: Tensor, labels: Tensor, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    b = labels.numel()
+    with torch.autocast(device_type=features.device.type, enabled=False):  # bf16 similarities would tie
+        z = F.normalize(features.detach().float(), dim=1)
+        # GEMM rounding differs between output columns, so duplicated rows are given one shared column:
+        # exact ties then stay ties and resolve to the lowest index.
+        unique, inverse = torch.unique(z, dim=0, return_inverse=True)
+        sim = (z @ unique.T)[:, inverse]
+    same = labels[:, None] == labels[None, :]
+    eye = torch.eye(b, dtype=torch.bool, device=labels.device)
+    anchor = torch.arange(b, device=labels.device)
+    pos_cand = same & ~eye
+    neg_cand = ~same
+    # torch.argmin / argmax return the first (lowest) index among ties.
+    hardest_pos = sim.masked_fill(~pos_cand, float("inf")).argmin(dim=1)
+    hardest_pos = torch.where(pos_cand.any(dim=1), hardest_pos, anchor)
+    hardest_neg = sim.masked_fill(~neg_cand, float("-inf")).argmax(dim=1)
+    has_neg = neg_cand.any(dim=1)
+    hardest_neg = torch.where(has_neg, hardest_neg, anchor)
+    # Uniform over the other classes' samples; rows without any fall back to the anchor itself.
+    weights = torch.where(has_neg[:, None], neg_cand, eye).float()
+    draw_device = generator.device if generator is not None else weights.device
+    random_neg = torch.multinomial(weights.to(draw_device), 1, generator=generator).squeeze(1).to(labels.device)
+    return hardest_pos, hardest_neg, random_neg
+
+
+def mine_hard_pairs(
+    features: Tensor,
+    labels: Tensor,
+    num_classes: int,
+    alpha: float = 1.0,
+    lambda_n: float = 0.8,
+    lambda_p: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> HardPairs:
+    """Generate a hard positive and a hard negative for every anchor (paper §4.1, Appendix E thresholds).
+
+    With ``s_ij`` the cosine similarity of ``z_i`` and ``z_j`` and ``e(k)`` the one-hot of class ``k``:
+
+    - hardest positive ``hp(i) = argmin_{j != i, y_j = y_i} s_ij``; hardest negative
+      ``hn(i) = argmax_{y_j != y_i} s_ij`` (ties: lowest index; no candidate: ``i``);
+    - hard positive: ``λ ~ Beta(α, α)``, ``λ ← max(λ, λ_p)``, ``z⁺ = λ z_hp + (1-λ) z_hn`` and
+      ``y⁺ = λ e(y_hp) + (1-λ) e(y_hn)``;
+    - hard negative: ``n(i)`` uniform among other-class samples (``i`` if none), ``λ' ~ Beta(α, α)``,
+      ``λ' ← max(λ', λ_n)``, ``z⁻ = (1-λ') z_i + λ' z_n`` and ``y⁻ = (1-λ') e(y_i) + λ' e(y_n)``.
+
+    Args:
+        features: ``(B, d)`` encoder outputs ``z`` (any float dtype; mixing keeps it).
+        labels: ``(B,)`` integer class labels in ``[0, num_classes)``.
+        num_classes: ``K``, the width of the soft labels.
+        alpha: Beta concentration ``α > 0``.
+        lambda_n: lower clip ``λ_n ∈ [0, 1]`` of the negative's weight in ``z⁻``.
+        lambda_p: lower clip ``λ_p ∈ [0, 1]`` of the hardest positive's weight in ``z⁺``.
+        generator: source of every random draw.
+    """
+    if features.dim() != 2:
+        raise ValueError(f"features must be (B, d), got shape {tuple(features.shape)}")
+    labels = labels.reshape(-1).long()
+    if labels.numel() != features.shape[0]:
+        raise ValueError(f"{labels.numel()} labels for {features.shape[0]} feature rows")
+    if not (0.0 <= lambda_n <= 1.0 and 0.0 <= lambda_p <= 1.0):
+        raise ValueError(f"lambda_n and lambda_p must lie in [0, 1], got {lambda_n} and {lambda_p}")
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(f"labels must lie in [0, {num_classes}), got [{int(labels.min())}, {int(labels.max())}]")
+
+    b = labels.numel()
+    hp, hn, rn = _pair_indices(features, labels, generator)
+    lam = beta_draws(2 * b, alpha, generator, features.device)
+    lam_pos = lam[:b].clamp(min=lambda_p)
+    lam_neg = lam[b:].clamp(min=lambda_n)
+
+    lp = lam_pos.to(features.dtype)[:, None]
+    ln = lam_neg.to(features.dtype)[:, None]
+    pos_features = lp * features[hp] + (1 - lp) * features[hn]
+    neg_features = (1 - ln) * features + ln * features[rn]
+
+    onehot = F.one_hot(labels, num_classes).float()
+    pos_targets = lam_pos[:, None] * onehot[hp] + (1 - lam_pos[:, None]) * onehot[hn]
+    neg_targets = (1 - lam_neg[:, None]) * onehot + lam_neg[:, None] * onehot[rn]
+    return HardPairs(hp, hn, rn, lam_pos, lam_neg, pos_features, neg_features, pos_targets, neg_targets)

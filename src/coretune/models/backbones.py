@@ -1,0 +1,218 @@
+"""Encoders: a name → backbone factory and registry in the spirit of ``timm.create_model``.
+
+Every backbone is wrapped in :class:`Encoder`, which maps images ``(B, 3, H, W)`` to pooled features
+``(B, d)``: the encoder ``F`` of the paper (§3), whose output ``z`` feeds the objective's heads. The wrapped
+network is kept as ``.body`` with its classifier removed, so its ``state_dict`` keys are exactly
+torchvision's / timm's keys minus the classifier and pre-trained checkpoints load into it (see
+:mod:`coretune.models.checkpoints`).
+
+Nothing here downloads: torchvision models are built with ``weights=None`` and timm models with
+``pretrained=False``; pre-trained weights come from a local file passed as ``weights``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import timm
+import torchvision
+from torch import Tensor, nn
+
+__all__ = ["TIMM_PREFIX", "Encoder", "SmallCNN", "create_backbone", "list_backbones", "register_backbone"]
+
+TIMM_PREFIX = "timm/"
+"""Names of the form ``timm/<model>`` build any timm model, e.g. ``timm/deit_small_patch16_224``."""
+
+_REGISTRY: dict[str, Callable[..., Encoder]] = {}
+
+_TORCHVISION_RESNETS = (
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "resnext50_32x4d",
+    "resnext101_32x8d",
+    "wide_resnet50_2",
+)
+
+
+class Encoder(nn.Module):
+    """A backbone producing pooled features: ``forward(x (B, 3, H, W)) -> (B, feature_dim)``.
+
+    Attributes:
+        body: the wrapped torchvision / timm / coretune network with its classifier removed; its
+            ``state_dict`` keys are the library's own keys, so checkpoints load into it.
+        feature_dim: width ``d`` of the pooled features.
+        name: the name the encoder was created with (``resnet18``, ``timm/vit_tiny_patch16_224`` …).
+        classifier_names: names of the classifier module(s) that were removed from ``body`` (``("fc",)`` for
+            ResNets); checkpoint tensors under these names are dropped when loading.
+        stage_names: qualified names (in ``body``) of the intermediate stages returned by :meth:`stages`.
+    """
+
+    def __init__(
+        self,
+        body: nn.Module,
+        feature_dim: int,
+        name: str,
+        classifier_names: tuple[str, ...] = (),
+        stage_names: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__()
+        self.body = body
+        self.feature_dim = feature_dim
+        self.name = name
+        self.classifier_names = classifier_names
+        self.stage_names = stage_names
+
+    @property
+    def is_timm(self) -> bool:
+        """Whether ``body`` is a timm model (checkpoint layouts differ between libraries)."""
+        return self.name.startswith(TIMM_PREFIX)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.body(x)
+
+    def stages(self) -> list[nn.Module]:
+        """The intermediate stage modules (ResNet ``layer1``..``layer4``; timm ``feature_info`` modules).
+
+        Feature-map regularisers such as DELTA (Li et al., ICLR 2019) register forward hooks on them.
+        """
+        return [self.body.get_submodule(n) for n in self.stage_names]
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, feature_dim={self.feature_dim}"
+
+
+def register_backbone(name: str) -> Callable[[Callable[..., Encoder]], Callable[..., Encoder]]:
+    """Register ``factory(**kwargs) -> Encoder`` as ``name`` (a decorator, like timm's ``register_model``)."""
+    if name.startswith(TIMM_PREFIX):
+        raise ValueError(f"backbone names starting with {TIMM_PREFIX!r} are reserved for timm models")
+
+    def decorator(factory: Callable[..., Encoder]) -> Callable[..., Encoder]:
+        if name in _REGISTRY:
+            raise ValueError(f"backbone {name!r} is already registered")
+        _REGISTRY[name] = factory
+        return factory
+
+    return decorator
+
+
+def list_backbones() -> list[str]:
+    """Names accepted by :func:`create_backbone`, besides ``timm/<name>`` for any timm model."""
+    return sorted(_REGISTRY)
+
+
+def create_backbone(
+    name: str,
+    weights: str | Path | None = None,
+    weights_format: str = "auto",
+    verbose: bool = True,
+    *,
+    allow_missing: bool = False,
+    allow_unexpected: bool = False,
+    **kwargs: Any,
+) -> Encoder:
+    """Build the encoder ``name`` (randomly initialised) and optionally load pre-trained ``weights``.
+
+    Args:
+        name: a registered name (:func:`list_backbones`) or ``timm/<model>`` for any timm model.
+        weights: a local checkpoint (``.pth``/``.pth.tar``/``.ckpt``/``.safetensors``) to load into the body.
+        weights_format: checkpoint layout (``"auto"`` detects it; see :func:`~coretune.models.list_layouts`).
+        verbose: print the one-line load summary.
+        allow_missing / allow_unexpected: accept a checkpoint that lacks backbone tensors / has extra ones
+            (they are reported either way).
+        **kwargs: passed to the model constructor, e.g. ``img_size=32`` for a timm ViT.
+    """
+    if name.startswith(TIMM_PREFIX):
+        encoder = _timm_encoder(name[len(TIMM_PREFIX) :], **kwargs)
+    elif name in _REGISTRY:
+        try:
+            encoder = _REGISTRY[name](**kwargs)
+        except TypeError as err:
+            raise ValueError(f"backbone {name!r} does not accept options {sorted(kwargs)}: {err}") from err
+    else:
+        raise ValueError(
+            f"unknown backbone {name!r}: choose one of {', '.join(list_backbones())}, "
+            f"or '{TIMM_PREFIX}<name>' for any timm model (e.g. '{TIMM_PREFIX}vit_tiny_patch16_224'; "
+            "timm.list_models() lists them)"
+        )
+    if weights is not None:
+        from .checkpoints import load_pretrained
+
+        report = load_pretrained(
+            encoder, weights, weights_format, allow_missing=allow_missing, allow_unexpected=allow_unexpected
+        )
+        if verbose:
+            from rich.console import Console
+
+            Console(stderr=True).print(
+                f"{name} ← {weights}: {report.summary()}", highlight=False, markup=False, soft_wrap=True
+            )
+    return encoder
+
+
+def _timm_encoder(model_name: str, **kwargs: Any) -> Encoder:
+    """Any timm model without its classifier (``num_classes=0`` keeps the pooling), never pre-trained."""
+    if not timm.is_model(model_name):
+        close = timm.list_models(f"*{model_name}*")[:8]
+        hint = f" (similar: {', '.join(close)})" if close else ""
+        raise ValueError(f"unknown timm model {model_name!r}{hint}: timm.list_models() lists the valid names")
+    try:
+        body = timm.create_model(model_name, pretrained=False, num_classes=0, **kwargs)
+    except TypeError as err:
+        raise ValueError(
+            f"timm model {model_name!r} does not accept options {sorted(kwargs)}: {err}"
+        ) from err
+    classifier = body.pretrained_cfg.get("classifier") or ()
+    classifier_names = (classifier,) if isinstance(classifier, str) else tuple(classifier)
+    stage_names = tuple(info["module"] for info in getattr(body, "feature_info", None) or ())
+    return Encoder(body, int(body.num_features), TIMM_PREFIX + model_name, classifier_names, stage_names)
+
+
+def _torchvision_resnet(arch: str, **kwargs: Any) -> Encoder:
+    """A torchvision ResNet/ResNeXt/Wide-ResNet with ``fc`` replaced by identity (``d = fc.in_features``)."""
+    body = getattr(torchvision.models, arch)(weights=None, **kwargs)
+    feature_dim = body.fc.in_features
+    body.fc = nn.Identity()
+    return Encoder(body, feature_dim, arch, ("fc",), ("layer1", "layer2", "layer3", "layer4"))
+
+
+for _arch in _TORCHVISION_RESNETS:
+    register_backbone(_arch)(partial(_torchvision_resnet, _arch))
+
+
+class SmallCNN(nn.Module):
+    """Four conv–BN–ReLU blocks (widths ``32-64-128-256``, stride 2 after the first), global average pool.
+
+    A fast stand-in for a ResNet in tests and CPU demos on 8–32 px images; its BatchNorm buffers make it
+    behave like a real backbone when checkpoints are saved and loaded.
+    """
+
+    def __init__(self, widths: tuple[int, int, int, int] = (32, 64, 128, 256), in_chans: int = 3) -> None:
+        super().__init__()
+        channels = (in_chans, *widths)
+        for i in range(4):
+            block = nn.Sequential(
+                nn.Conv2d(channels[i], channels[i + 1], 3, stride=1 if i == 0 else 2, padding=1, bias=False),
+                nn.BatchNorm2d(channels[i + 1]),
+                nn.ReLU(inplace=True),
+            )
+            self.add_module(f"layer{i + 1}", block)
+        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.num_features = widths[-1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        for i in range(1, 5):
+            x = getattr(self, f"layer{i}")(x)
+        return self.pool(x)
+
+
+@register_backbone("small_cnn")
+def small_cnn(**kwargs: Any) -> Encoder:
+    """:class:`SmallCNN` (``d = 256`` by default) for tests and CPU demos."""
+    body = SmallCNN(**kwargs)
+    return Encoder(body, body.num_features, "small_cnn", ("fc",), ("layer1", "layer2", "layer3", "layer4"))

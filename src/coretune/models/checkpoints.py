@@ -1,0 +1,470 @@
+"""Reading pre-trained checkpoints safely and mapping their keys onto an :class:`~.backbones.Encoder`.
+
+All checkpoint key handling lives here (like timm's ``_builder``/``_helpers``): self-supervised trainers
+save the encoder under their own nested entry and prefix, next to heads, momentum copies and queues. A
+*layout* knows one such convention and extracts the backbone state dict from the loaded object;
+:func:`load_pretrained` detects the layout (or takes the one forced by ``weights_format``), checks names and
+shapes against the encoder, and reports exactly what was loaded, missing, unexpected and dropped. Files are
+read with ``torch.load(weights_only=True)`` or safetensors, so no code stored in a checkpoint ever runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import re
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import Tensor
+
+from .backbones import Encoder
+
+__all__ = [
+    "CheckpointError",
+    "Extraction",
+    "Layout",
+    "LoadReport",
+    "extract_backbone_state",
+    "list_layouts",
+    "load_checkpoint_file",
+    "load_pretrained",
+    "register_layout",
+]
+
+_SAFE_GLOBALS = [argparse.Namespace]
+"""Allow-listed for ``weights_only`` loading: DINO, timm and many trainers store their ``args`` Namespace,
+which only holds attributes and cannot run code."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the encoder; the message names cause and fix."""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# reading files
+# ------------------------------------------------------------------------------------------------------------
+def load_checkpoint_file(path: str | Path) -> Any:
+    """Read a checkpoint without executing code: safetensors, else ``torch.load(..., weights_only=True)``.
+
+    Raises:
+        CheckpointError: the path is missing or a directory, the file is truncated/corrupt, or it is a pickle
+            that needs code execution (refused by ``weights_only``).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist: check the path given as --model.weights")
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a directory: pass the checkpoint file inside it")
+    if path.suffix == ".safetensors":
+        try:
+            return load_file(path)
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(
+                f"cannot read safetensors checkpoint {path} ({err}): the file is truncated or corrupt; "
+                "copy or download it again"
+            ) from err
+    try:
+        with torch.serialization.safe_globals(_SAFE_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights only" not in str(err).lower():
+            raise _corrupt(path, err) from err
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        what = f" (it stores {found.group(1)})" if found else ""
+        raise CheckpointError(
+            f"checkpoint {path} holds Python objects that torch.load(weights_only=True) refuses to unpickle"
+            f"{what}, because unpickling them could run arbitrary code. If you trust its source, re-save "
+            "just the tensors: torch.save(torch.load(path, weights_only=False)['state_dict'], new_path) (or "
+            "torch.save(model.state_dict(), new_path)), or convert it to .safetensors"
+        ) from err
+    except PermissionError as err:
+        raise CheckpointError(f"checkpoint {path} is not readable ({err}): fix its permissions") from err
+    except (RuntimeError, OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as err:
+        raise _corrupt(path, err) from err
+
+
+def _corrupt(path: Path, err: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"cannot read checkpoint {path} ({type(err).__name__}: {err or 'unexpected end of file'}): the file "
+        "is truncated or corrupt, or not a PyTorch checkpoint; copy or download it again"
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# layouts
+# ------------------------------------------------------------------------------------------------------------
+@dataclass
+class Extraction:
+    """The backbone tensors a layout found in a checkpoint.
+
+    Attributes:
+        state: backbone state dict with keys as in ``Encoder.body`` (prefix stripped, heads removed).
+        dropped: original keys of tensors the layout set aside (heads, projectors, momentum copies, queues).
+        entry: where the backbone was found, e.g. ``state_dict['module.encoder_q.*']``.
+        prefix: the stripped prefix (used to group dropped keys in messages).
+    """
+
+    state: dict[str, Tensor]
+    dropped: list[str]
+    entry: str
+    prefix: str = ""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A checkpoint convention: ``extract(raw, encoder)`` gives the backbone tensors, or None if n/a."""
+
+    name: str
+    extract: Callable[[Mapping[str, Any], Encoder], Extraction | None]
+    doc: str
+
+
+_LAYOUTS: dict[str, Layout] = {}
+
+
+def register_layout(name: str, doc: str) -> Callable[[Callable[..., Extraction | None]], Layout]:
+    """Register ``extract(raw, encoder) -> Extraction | None`` as layout ``name``; order = detection order."""
+
+    def decorator(extract: Callable[..., Extraction | None]) -> Layout:
+        if name in _LAYOUTS:
+            raise ValueError(f"checkpoint layout {name!r} is already registered")
+        _LAYOUTS[name] = layout = Layout(name, extract, doc)
+        return layout
+
+    return decorator
+
+
+def list_layouts() -> list[str]:
+    """Layout names in auto-detection order (``weights_format`` accepts these and ``"auto"``)."""
+    return list(_LAYOUTS)
+
+
+def _tensors(obj: Any) -> dict[str, Tensor] | None:
+    """``obj`` as a flat ``{name: tensor}`` dict (non-tensor entries such as ``epoch`` ignored), or None."""
+    if not isinstance(obj, Mapping):
+        return None
+    found = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, Tensor)}
+    return found or None
+
+
+def _prefixed(
+    raw: Mapping[str, Any],
+    entries: tuple[str | None, ...],
+    prefixes: tuple[str, ...],
+    heads: tuple[str, ...],
+) -> Extraction | None:
+    """The common extraction: the first present entry (``None`` = ``raw`` itself), the first prefix any key
+    has (``""`` only as a listed fallback); backbone = prefixed keys not under a head, the rest is dropped."""
+    for entry in entries:
+        sd = _tensors(raw if entry is None else raw.get(entry))
+        if sd is None:
+            continue
+        prefix = next((p for p in prefixes if p and any(k.startswith(p) for k in sd)), None)
+        if prefix is None:
+            if "" not in prefixes:
+                continue
+            prefix = ""
+        state, dropped = {}, []
+        for key, value in sd.items():
+            rest = key[len(prefix) :]
+            if key.startswith(prefix) and not any(rest == h or rest.startswith(h + ".") for h in heads):
+                state[rest] = value
+            else:
+                dropped.append(key)
+        where = "checkpoint" if entry is None else entry
+        return Extraction(state, dropped, f"{where}['{prefix}*']", prefix)
+    return None
+
+
+def _add_prefixed(
+    name: str, doc: str, entries: tuple[str | None, ...], prefixes: tuple[str, ...], heads: tuple[str, ...]
+) -> None:
+    register_layout(name, doc)(lambda raw, encoder: _prefixed(raw, entries, prefixes, heads))
+
+
+@register_layout(
+    "torchvision", "a plain state dict of a torchvision-style model (torch.save(model.state_dict()))"
+)
+def _torchvision(raw: Mapping[str, Any], encoder: Encoder) -> Extraction | None:
+    if encoder.is_timm:
+        return None
+    return _prefixed(raw, (None,), ("",), encoder.classifier_names)
+
+
+@register_layout(
+    "timm",
+    "a timm state dict: flat (pytorch_model.bin / model.safetensors) or timm train.py's checkpoint "
+    "(state_dict, else model, state_dict_ema, model_ema; 'module.' stripped as timm's clean_state_dict does)",
+)
+def _timm(raw: Mapping[str, Any], encoder: Encoder) -> Extraction | None:
+    if not encoder.is_timm:
+        return None
+    entries = ("state_dict", "model", "state_dict_ema", "model_ema", None)
+    return _prefixed(raw, entries, ("module.", ""), encoder.classifier_names)
+
+
+_add_prefixed(
+    "backbone",
+    "state_dict (or flat) with 'backbone.' + torchvision/timm keys and a 'projector.' head (solo-style "
+    "trainers, the shared simclr_resnet18_in20_64px checkpoint)",
+    ("state_dict", "model", None),
+    ("module.backbone.", "backbone."),
+    ("fc",),
+)
+_add_prefixed(
+    "moco",
+    "MoCo v1/v2 (facebookresearch/moco): state_dict with 'module.encoder_q.'; fc MLP head, encoder_k and "
+    "queue dropped",
+    ("state_dict",),
+    ("module.encoder_q.", "encoder_q."),
+    ("fc",),
+)
+_add_prefixed(
+    "moco_v3",
+    "MoCo v3 (facebookresearch/moco-v3): state_dict with 'module.base_encoder.'; fc/head projector, "
+    "predictor and momentum_encoder dropped",
+    ("state_dict",),
+    ("module.base_encoder.", "base_encoder."),
+    ("fc", "head"),
+)
+_add_prefixed(
+    "pycontrast",
+    "PyContrast (InsDis/PIRL/CMC/InfoMin): 'model' (else 'model_ema') with 'module.encoder.'; head, fc and "
+    "memory banks dropped",
+    ("model", "model_ema"),
+    ("module.encoder.", "encoder."),
+    ("fc",),
+)
+_add_prefixed(
+    "simclr",
+    "SimCLR v1/v2 converted to PyTorch (tonylins/simclr-converter): state_dict with torchvision keys; fc "
+    "dropped",
+    ("state_dict",),
+    ("",),
+    ("fc",),
+)
+_add_prefixed(
+    "byol",
+    "BYOL: 'online_network.encoder.' / 'online_encoder.net.' / 'online_backbone.' / 'encoder.' prefixes "
+    "(in state_dict, online_network_state_dict or flat); projector, predictor and target network dropped",
+    ("state_dict", "online_network_state_dict", None),
+    (
+        "module.online_network.encoder.",
+        "online_network.encoder.",
+        "online_encoder.net.",
+        "online_backbone.",
+        "encoder.",
+    ),
+    ("fc", "projector", "projection", "predictor"),
+)
+_add_prefixed(
+    "swav",
+    "SwAV / DeepCluster-v2 / SeLa-v2 (facebookresearch/swav): flat or state_dict, 'module.' prefix; "
+    "projection_head and prototypes dropped",
+    ("state_dict", None),
+    ("module.", ""),
+    ("projection_head", "prototypes", "fc"),
+)
+_add_prefixed(
+    "dino",
+    "DINO (facebookresearch/dino): 'teacher' (else 'student') with 'backbone.' / 'module.backbone.', head "
+    "dropped; or a bare backbone file",
+    ("teacher", "student", None),
+    ("module.backbone.", "backbone.", ""),
+    ("head", "fc"),
+)
+
+
+@register_layout(
+    "lightning",
+    "a Lightning .ckpt: state_dict with 'backbone.body.' (coretune), 'model.backbone.', 'backbone.', "
+    "'encoder.' or 'model.' prefixes; other modules dropped",
+)
+def _lightning(raw: Mapping[str, Any], encoder: Encoder) -> Extraction | None:
+    if "pytorch-lightning_version" not in raw:
+        return None
+    prefixes = ("backbone.body.", "model.backbone.", "backbone.", "encoder.", "model.")
+    return _prefixed(raw, ("state_dict",), prefixes, ("fc", "head", *encoder.classifier_names))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# matching and loading
+# ------------------------------------------------------------------------------------------------------------
+@dataclass
+class LoadReport:
+    """What :func:`load_pretrained` did; every backbone tensor is in exactly one of ``loaded`` / ``missing``.
+
+    Attributes:
+        layout: name of the layout used.
+        entry: where in the checkpoint the backbone was found.
+        loaded: backbone keys copied from the checkpoint (parameters and BN buffers).
+        missing: backbone keys the checkpoint lacks (left at their initial values).
+        unexpected: extracted checkpoint keys that the backbone does not have (not loaded).
+        dropped: checkpoint keys the layout set aside (heads, projectors, momentum encoders, queues).
+        total: number of tensors in the backbone's state dict.
+        prefix: the prefix the layout stripped (groups ``dropped`` in :meth:`summary`).
+    """
+
+    layout: str
+    entry: str
+    loaded: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    total: int = 0
+    prefix: str = ""
+
+    def summary(self) -> str:
+        """One line, e.g. ``layout 'moco' (state_dict['module.encoder_q.*']) — 120/120 tensors loaded, …``."""
+        text = (
+            f"layout '{self.layout}' ({self.entry}) — {len(self.loaded)}/{self.total} tensors loaded, "
+            f"{len(self.missing)} missing, {len(self.unexpected)} unexpected"
+        )
+        if self.dropped:
+            groups = _groups(self.dropped, self.prefix)
+            shown = ", ".join(groups[:4]) + (", …" if len(groups) > 4 else "")
+            text += f"; dropped {len(self.dropped)} non-backbone tensors ({shown})"
+        return text
+
+
+def _groups(keys: list[str], prefix: str) -> list[str]:
+    """Readable groups of dropped keys: ``prefix + next part`` under the backbone prefix, else top module."""
+    groups: dict[str, None] = {}
+    for key in keys:
+        if prefix and key.startswith(prefix):
+            head, rest = prefix, key[len(prefix) :]
+        else:
+            head, rest = ("module.", key[7:]) if key.startswith("module.") else ("", key)
+        part = rest.split(".", 1)[0]
+        groups[head + part + (".*" if "." in rest else "")] = None
+    return list(groups)
+
+
+def _match_count(extraction: Extraction | None, model_keys: set[str]) -> tuple[int, int]:
+    if extraction is None:
+        return 0, 0
+    matched = sum(k in model_keys for k in extraction.state)
+    return matched, len(extraction.state) - matched
+
+
+def extract_backbone_state(
+    raw: Any, encoder: Encoder, weights_format: str = "auto", path: str | Path = "checkpoint"
+) -> tuple[Layout, Extraction]:
+    """Pick the layout: the forced one, else most backbone keys matched, fewest unexpected, first in order.
+
+    Raises:
+        CheckpointError: unknown ``weights_format``, ``raw`` is not a dict, or no layout matches any key.
+    """
+    if weights_format != "auto" and weights_format not in _LAYOUTS:
+        raise CheckpointError(
+            f"unknown weights_format {weights_format!r}: choose 'auto' or one of {', '.join(_LAYOUTS)}"
+        )
+    if not isinstance(raw, Mapping):
+        raise CheckpointError(
+            f"checkpoint {path} holds a {type(raw).__name__}, not a dict of tensors: save "
+            "model.state_dict() (a dict), not the model or a single tensor"
+        )
+    model_keys = set(encoder.body.state_dict())
+    candidates = [_LAYOUTS[weights_format]] if weights_format != "auto" else list(_LAYOUTS.values())
+    tried: list[str] = []
+    best: tuple[tuple[int, int], Layout, Extraction] | None = None
+    for layout in candidates:
+        extraction = layout.extract(raw, encoder)
+        matched, unexpected = _match_count(extraction, model_keys)
+        if extraction is None:
+            tried.append(f"{layout.name} (not applicable: its entries/prefixes are absent)")
+        else:
+            tried.append(f"{layout.name} ({matched}/{len(model_keys)} keys matched via {extraction.entry})")
+        if matched and (best is None or (matched, -unexpected) > best[0]):
+            best = ((matched, -unexpected), layout, extraction)
+    if best is None:
+        raise CheckpointError(
+            f"no tensor of checkpoint {path} matches backbone {encoder.name!r}. Layouts tried: "
+            f"{'; '.join(tried)}. Checkpoint starts with {_describe_keys(raw)}. If the layout is known, "
+            f"force it with --model.weights_format (one of {', '.join(_LAYOUTS)}); otherwise re-save the "
+            "backbone's state_dict with torchvision/timm key names"
+        )
+    return best[1], best[2]
+
+
+def _describe_keys(raw: Mapping[str, Any], limit: int = 6) -> str:
+    parts = []
+    for key, value in list(raw.items())[:limit]:
+        if isinstance(value, Mapping):
+            inner = [str(k) for k in list(value)[:3]]
+            parts.append(f"{key!s}: {{{', '.join(inner)}{', …' if len(value) > 3 else ''}}}")
+        else:
+            parts.append(str(key))
+    return "[" + "; ".join(parts) + (", …" if len(raw) > limit else "") + "]"
+
+
+def _is_required(key: str) -> bool:
+    """Missing tensors that matter: all but ``num_batches_tracked`` (absent from old checkpoints)."""
+    return not key.endswith("num_batches_tracked")
+
+
+def load_pretrained(
+    encoder: Encoder,
+    path: str | Path,
+    weights_format: str = "auto",
+    *,
+    allow_missing: bool = False,
+    allow_unexpected: bool = False,
+) -> LoadReport:
+    """Load the backbone tensors of checkpoint ``path`` into ``encoder.body`` and report what happened.
+
+    Names and shapes are checked first; only then is ``load_state_dict(strict=False)`` called with the matched
+    tensors (BN running statistics included).
+
+    Raises:
+        CheckpointError: unreadable file, no layout matches, a shape differs (wrong architecture), the
+            checkpoint lacks backbone tensors (unless ``allow_missing``) or has extra ones (unless
+            ``allow_unexpected``).
+    """
+    raw = load_checkpoint_file(path)
+    layout, extraction = extract_backbone_state(raw, encoder, weights_format, path)
+    model_state = encoder.body.state_dict()
+    loaded = [k for k in model_state if k in extraction.state]
+    missing = [k for k in model_state if k not in extraction.state]
+    unexpected = [k for k in extraction.state if k not in model_state]
+    mismatched = [k for k in loaded if extraction.state[k].shape != model_state[k].shape]
+    if mismatched:
+        key = mismatched[0]
+        more = f" (and {len(mismatched) - 1} more mismatched tensors)" if len(mismatched) > 1 else ""
+        raise CheckpointError(
+            f"checkpoint {path} (layout '{layout.name}') does not fit backbone {encoder.name!r}: checkpoint "
+            f"{key} {tuple(extraction.state[key].shape)} vs model {tuple(model_state[key].shape)}{more}: "
+            "wrong architecture? pass the matching --model.backbone"
+        )
+    report = LoadReport(
+        layout.name,
+        extraction.entry,
+        loaded,
+        missing,
+        unexpected,
+        extraction.dropped,
+        len(model_state),
+        extraction.prefix,
+    )
+    required = [k for k in missing if _is_required(k)]
+    if required and not allow_missing:
+        raise CheckpointError(
+            f"checkpoint {path} lacks {len(required)} tensors of backbone {encoder.name!r} "
+            f"(e.g. {', '.join(required[:5])}); {report.summary()}. Pass the matching --model.backbone, or "
+            "allow_missing=True to keep those tensors randomly initialised"
+        )
+    if unexpected and not allow_unexpected:
+        raise CheckpointError(
+            f"checkpoint {path} has {len(unexpected)} tensors that backbone {encoder.name!r} lacks "
+            f"(e.g. {', '.join(unexpected[:5])}); {report.summary()}. Pass the matching --model.backbone, or "
+            "allow_unexpected=True to ignore them"
+        )
+    encoder.body.load_state_dict({k: extraction.state[k] for k in loaded}, strict=False)
+    return report

@@ -1,0 +1,95 @@
+"""Backbone plumbing shared by the objectives that look past the features (L2-SP, DELTA, Bi-tuning).
+
+Frozen and momentum copies of the backbone are kept *out of* the objective's module registration (inside a
+plain Python list), so they never reach ``objective.parameters()`` (the optimiser), ``state_dict()`` (the
+checkpoints) or ``objective.to(device)``; :func:`move_to` places them lazily on the device of the data.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+__all__ = ["capture_outputs", "frozen_copy", "l2_penalty", "mirror_modes", "move_to", "stage_names"]
+
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def stage_names(backbone: nn.Module) -> list[str]:
+    """Qualified names (in ``backbone``) of its intermediate stages.
+
+    The stages are ``backbone.stages()`` when the backbone has that method (:class:`coretune.models.Encoder`:
+    ResNet ``layer1``..``layer4``), else its direct children that are ``nn.Sequential`` (a bare torchvision
+    ResNet's ``layer1``..``layer4``).
+    """
+    stages_fn = getattr(backbone, "stages", None)
+    if callable(stages_fn):
+        stages = list(stages_fn())
+    else:
+        stages = [m for m in backbone.children() if isinstance(m, nn.Sequential)]
+    if not stages:
+        raise ValueError(
+            f"cannot find the stages of backbone {type(backbone).__name__}: give it a stages() method returning "
+            "its intermediate stage modules (coretune.models.Encoder has one), or nn.Sequential children"
+        )
+    names = {id(module): name for name, module in backbone.named_modules()}
+    missing = [type(s).__name__ for s in stages if id(s) not in names]
+    if missing:
+        raise ValueError(f"backbone.stages() returned modules that are not submodules of the backbone: {missing}")
+    return [names[id(s)] for s in stages]
+
+
+def frozen_copy(backbone: nn.Module) -> nn.Module:
+    """A deep copy with ``requires_grad=False`` whose BatchNorm layers never update their running statistics.
+
+    In training mode the copy's BatchNorm layers normalise with batch statistics (like the trainable backbone,
+    so a copy and an unchanged original give identical outputs) without touching their running estimates; in
+    evaluation mode they use the running estimates copied from the original.
+    """
+    frozen = copy.deepcopy(backbone).requires_grad_(False)
+    for module in frozen.modules():
+        if isinstance(module, _BATCH_NORMS):
+            module.track_running_stats = False
+    return frozen
+
+
+def mirror_modes(source: nn.Module, target: nn.Module) -> None:
+    """Give every submodule of ``target`` the train/eval mode of its counterpart in ``source`` (same structure)."""
+    for src, dst in zip(source.modules(), target.modules(), strict=True):
+        dst.training = src.training
+
+
+def move_to(module: nn.Module, device: torch.device) -> nn.Module:
+    """Move ``module`` to ``device`` if its first parameter or buffer lives elsewhere (no-op otherwise)."""
+    first = next(iter(module.parameters()), None)
+    if first is None:
+        first = next(iter(module.buffers()), None)
+    if first is not None and first.device != device:
+        module.to(device)
+    return module
+
+
+def capture_outputs(modules: Iterable[nn.Module], sink: list[Tensor | None]) -> list[RemovableHandle]:
+    """Register forward hooks storing the output of the ``i``-th module in ``sink[i]``.
+
+    Each hook checks the identity of the module it fires on, so a deep copy of the hooked network (which copies
+    the hooks too) does not write into ``sink``.
+    """
+
+    def make_hook(target: nn.Module, index: int) -> Callable[[nn.Module, object, Tensor], None]:
+        def hook(module: nn.Module, args: object, output: Tensor) -> None:
+            if module is target:
+                sink[index] = output
+
+        return hook
+
+    return [module.register_forward_hook(make_hook(module, i)) for i, module in enumerate(modules)]
+
+
+def l2_penalty(parameters: Iterable[Tensor]) -> Tensor:
+    """``½ Σ ‖w‖²`` over ``parameters`` in float32 (the ``β`` term of L2-SP and DELTA on the new heads)."""
+    return 0.5 * torch.stack([p.float().pow(2).sum() for p in parameters]).sum()

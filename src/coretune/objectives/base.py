@@ -1,0 +1,151 @@
+"""The interface every fine-tuning method implements, and the registry that names them.
+
+An objective owns its new heads (classifier, projection head …), receives the encoder's features ``z`` (B, d)
+and the labels of a batch, and returns the total loss with named terms for logging (DomainBed's ``update``
+returning a dict of losses; pytorch-metric-learning's one-signature losses). The encoder stays outside, so any
+backbone plugs in; methods that need more (the pre-trained weights, the images, an epoch counter) get it through
+the optional hooks below instead of reaching into the training engine.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+__all__ = ["Objective", "ObjectiveOutput", "available", "create", "get", "register"]
+
+
+@dataclass
+class ObjectiveOutput:
+    """What an objective returns for a training batch.
+
+    Attributes:
+        loss: the scalar to back-propagate.
+        logits: ``(B, K)`` classifier outputs on the original rows (for training metrics).
+        terms: named scalar loss terms, detached, for logging (always includes ``"loss"``).
+    """
+
+    loss: Tensor
+    logits: Tensor
+    terms: dict[str, Tensor] = field(default_factory=dict)
+
+
+class Objective(nn.Module):
+    """Base class of a fine-tuning method.
+
+    Life cycle: construct with hyper-parameters only, then :meth:`build` with the feature dimension and number of
+    classes (the engine does it once it knows the backbone and data; :func:`create` does it when given both).
+
+    Hooks (all optional, no-ops by default):
+        :meth:`attach_backbone` — called once with the backbone before training (L2-SP/DELTA keep a frozen copy);
+        :meth:`on_train_epoch_start` — called at each epoch start (RIFLE re-initialises on a schedule);
+        :meth:`on_after_optimizer_step` — called after each optimiser step (momentum encoders).
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.feature_dim: int | None = None
+        self.num_classes: int | None = None
+
+    # -- set-up ---------------------------------------------------------------------------------------------
+    def build(self, feature_dim: int, num_classes: int) -> None:
+        """Create the heads for features of width ``feature_dim`` and ``num_classes`` classes."""
+        if feature_dim < 1 or num_classes < 1:
+            raise ValueError(f"feature_dim and num_classes must be >= 1, got {feature_dim} and {num_classes}")
+        self.feature_dim, self.num_classes = feature_dim, num_classes
+        self.classifier = nn.Linear(feature_dim, num_classes)
+        self.build_heads(feature_dim, num_classes)
+
+    def build_heads(self, feature_dim: int, num_classes: int) -> None:
+        """Create heads beyond the classifier ``G_y`` (override in subclasses)."""
+
+    @property
+    def is_built(self) -> bool:
+        return self.num_classes is not None
+
+    def attach_backbone(self, backbone: nn.Module) -> None:
+        """Receive the (pre-trained, not yet fine-tuned) backbone before training starts."""
+
+    def on_train_epoch_start(self, epoch: int, max_epochs: int) -> None:
+        """Called at the start of every training epoch (0-based)."""
+
+    def on_after_optimizer_step(self) -> None:
+        """Called after every optimiser step."""
+
+    # -- computation ----------------------------------------------------------------------------------------
+    def predict(self, features: Tensor) -> Tensor:
+        """Class logits ``G_y(z)`` for evaluation."""
+        return self.classifier(features)
+
+    def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
+        """The training loss of a batch: ``features`` (B, d), ``labels`` (B,), optionally the input images."""
+        raise NotImplementedError
+
+    def _check_built(self) -> None:
+        if not self.is_built:
+            raise RuntimeError(
+                f"objective {self.name!r} has no heads yet: call .build(feature_dim, num_classes) first"
+            )
+
+    def hparams(self) -> dict[str, Any]:
+        """The constructor's hyper-parameters (stored as attributes of the same names), for configs and logs."""
+        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
+        return {n: getattr(self, n) for n in names if hasattr(self, n)}
+
+
+_REGISTRY: dict[str, tuple[type[Objective], dict[str, Any], str]] = {}
+
+
+def register(name: str, defaults: dict[str, Any] | None = None, doc: str = "") -> Callable[[type], type]:
+    """Class decorator registering an objective under ``name`` (``defaults`` make named presets)."""
+
+    def wrap(cls: type[Objective]) -> type[Objective]:
+        add(name, cls, defaults, doc)
+        if not cls.name:
+            cls.name = name
+        return cls
+
+    return wrap
+
+
+def add(name: str, cls: type[Objective], defaults: dict[str, Any] | None = None, doc: str = "") -> None:
+    """Register ``cls`` under ``name`` with preset hyper-parameters ``defaults``."""
+    if name in _REGISTRY:
+        raise ValueError(f"objective {name!r} is already registered")
+    _REGISTRY[name] = (cls, dict(defaults or {}), doc or (cls.__doc__ or "").strip().splitlines()[0])
+
+
+def available() -> dict[str, str]:
+    """Registered objective names with a one-line description."""
+    return {name: doc for name, (_, _, doc) in sorted(_REGISTRY.items())}
+
+
+def get(name: str) -> tuple[type[Objective], dict[str, Any]]:
+    """The class and preset hyper-parameters registered under ``name``."""
+    try:
+        cls, defaults = _REGISTRY[name][:2]
+    except KeyError:
+        raise ValueError(
+            f"unknown objective {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+    return cls, dict(defaults)
+
+
+def create(
+    name: str, feature_dim: int | None = None, num_classes: int | None = None, **hparams: Any
+) -> Objective:
+    """Instantiate the objective ``name`` (``hparams`` override its preset); build it if both dims are given."""
+    cls, defaults = get(name)
+    defaults.update(hparams)
+    objective = cls(**defaults)
+    objective.registered_name = name
+    if feature_dim is not None and num_classes is not None:
+        objective.build(feature_dim, num_classes)
+    return objective
+

@@ -1,0 +1,24 @@
+"""CE-tuning: fine-tune the encoder and a new linear classifier with cross-entropy (the paper's baseline).
+
+SL-CE-tuning (Table 1) is this objective started from supervised pre-trained weights.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from .base import Objective, ObjectiveOutput, register
+
+__all__ = ["CETuning"]
+
+
+@register("ce", doc="CE-tuning: cross-entropy on a new linear classifier (SL-CE-tuning with supervised weights).")
+class CETuning(Objective):
+    """CE-tuning: ``L = CE(G_y(z), y)``."""
+
+    def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
+        self._check_built()
+        logits = self.classifier(features)
+        loss = F.cross_entropy(logits.float(), labels)
+        return ObjectiveOutput(loss, logits, {"ce": loss.detach(), "loss": loss.detach()})

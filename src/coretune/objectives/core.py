@@ -1,0 +1,161 @@
+"""Core-tuning: contrast-regularised fine-tuning (Zhang et al., NeurIPS 2021, §4, Algorithm 1)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..heads import ProjectionHead
+from ..losses import contrastive_loss, core_positive_mask, soft_cross_entropy, supcon_positive_mask
+from ..mining import beta_draws, mine_hard_pairs
+from .base import Objective, ObjectiveOutput, add
+
+__all__ = ["TABLE2_ROWS", "CoreTuning"]
+
+Mixing = Literal["hard", "manifold", "none"]
+ClassifierPairs = Literal["both", "negatives"]
+
+
+class CoreTuning(Objective):
+    r"""Core-tuning: :math:`\mathcal{L} = \mathcal{L}^m_{ce} + \eta\,\mathcal{L}^f_{con}` (paper §4.2).
+
+    For a batch ``z = G_e(x)`` with labels ``y``:
+
+    - hardness-directed mixup (§4.1) generates a hard positive ``z⁺`` and a hard negative ``z⁻`` per anchor
+      (:func:`coretune.mine_hard_pairs`);
+    - ``L^f_con = contrastive_loss(normalize(G_c([z; z⁺; z⁻])), core_positive_mask(y), τ, focal=True)``;
+    - smooth classifier learning: ``L^m_ce = CE(G_y(z), y) + soft-CE(G_y(B), y_B)`` over the generated rows ``B``.
+
+    Ablation switches (Table 2, Appendix E): ``focal`` (``L^f_con`` vs ``L_con``); ``mixing`` = ``"hard"``
+    (mix-H), ``"manifold"`` (manifold mixup of random pairs, classifier only; the contrast then uses SupCon on
+    the originals) or ``"none"``; ``smooth_classifier`` (CE on the generated rows); ``classifier_pairs``
+    (``"both"`` generated rows or only ``"negatives"``); ``original_positives`` (off: only ``z⁺`` is a
+    positive). ``eta = 0`` drops the contrastive term and its projection head.
+
+    Args:
+        eta: trade-off ``η >= 0`` of the contrastive term.
+        temperature: ``τ > 0``.
+        alpha: Beta concentration ``α > 0`` of the mixup weights.
+        lambda_n: clip ``λ_n ∈ [0, 1]`` of hard negatives.
+        lambda_p: clip ``λ_p ∈ [0, 1]`` of hard positives.
+        proj_dim: output width of ``G_c``.
+        proj_depth: number of linear layers of ``G_c`` (1–3).
+    """
+
+    def __init__(
+        self,
+        eta: float = 0.1,
+        temperature: float = 0.07,
+        alpha: float = 1.0,
+        lambda_n: float = 0.8,
+        lambda_p: float = 0.0,
+        proj_dim: int = 256,
+        proj_depth: int = 2,
+        focal: bool = True,
+        mixing: Mixing = "hard",
+        smooth_classifier: bool = True,
+        classifier_pairs: ClassifierPairs = "both",
+        original_positives: bool = True,
+    ) -> None:
+        super().__init__()
+        problems = []
+        if eta < 0:
+            problems.append(f"eta must be >= 0 (got {eta})")
+        if temperature <= 0:
+            problems.append(f"temperature must be > 0 (got {temperature})")
+        if alpha <= 0:
+            problems.append(f"alpha must be > 0 (got {alpha})")
+        for name, value in (("lambda_n", lambda_n), ("lambda_p", lambda_p)):
+            if not 0.0 <= value <= 1.0:
+                problems.append(f"{name} must lie in [0, 1] (got {value})")
+        if proj_dim < 1:
+            problems.append(f"proj_dim must be >= 1 (got {proj_dim})")
+        if not 1 <= proj_depth <= 3:
+            problems.append(f"proj_depth must be 1, 2 or 3 (got {proj_depth})")
+        if mixing not in ("hard", "manifold", "none"):
+            problems.append(f"mixing must be 'hard', 'manifold' or 'none' (got {mixing!r})")
+        if classifier_pairs not in ("both", "negatives"):
+            problems.append(f"classifier_pairs must be 'both' or 'negatives' (got {classifier_pairs!r})")
+        if mixing == "manifold" and not smooth_classifier:
+            problems.append("mixing='manifold' only feeds the classifier: it needs smooth_classifier=True")
+        if mixing != "hard" and not original_positives:
+            problems.append("original_positives=False needs mixing='hard' (no generated positives otherwise)")
+        if problems:
+            raise ValueError("invalid Core-tuning settings: " + "; ".join(problems))
+        self.eta, self.temperature, self.alpha = eta, temperature, alpha
+        self.lambda_n, self.lambda_p = lambda_n, lambda_p
+        self.proj_dim, self.proj_depth = proj_dim, proj_depth
+        self.focal, self.mixing, self.smooth_classifier = focal, mixing, smooth_classifier
+        self.classifier_pairs, self.original_positives = classifier_pairs, original_positives
+        self.generator: torch.Generator | None = None
+
+    def build_heads(self, feature_dim: int, num_classes: int) -> None:
+        if self.eta > 0:
+            self.projector = ProjectionHead(feature_dim, self.proj_dim, self.proj_depth)
+
+    def _manifold_mix(self, z: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """Manifold mixup of random pairs (Verma et al., 2019) on the encoder features."""
+        b = z.shape[0]
+        perm = torch.randperm(b, generator=self.generator, device="cpu").to(z.device)
+        lam = beta_draws(b, self.alpha, self.generator, z.device)
+        onehot = F.one_hot(labels, self.num_classes).float()
+        mixed = lam.to(z.dtype)[:, None] * z + (1 - lam.to(z.dtype))[:, None] * z[perm]
+        return mixed, lam[:, None] * onehot + (1 - lam[:, None]) * onehot[perm]
+
+    def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
+        self._check_built()
+        b = features.shape[0]
+        generated: list[Tensor] = []
+        targets: list[Tensor] = []
+        contrast_rows, pos_mask = features, supcon_positive_mask(labels)
+        if self.mixing == "hard":
+            pairs = mine_hard_pairs(
+                features, labels, self.num_classes, self.alpha, self.lambda_n, self.lambda_p, self.generator
+            )
+            if self.classifier_pairs == "both":
+                generated, targets = [pairs.pos_features], [pairs.pos_targets]
+            generated.append(pairs.neg_features)
+            targets.append(pairs.neg_targets)
+            contrast_rows = torch.cat([features, pairs.pos_features, pairs.neg_features])
+            pos_mask = core_positive_mask(labels, self.original_positives)
+        elif self.mixing == "manifold":
+            mixed, mixed_targets = self._manifold_mix(features, labels)
+            generated, targets = [mixed], [mixed_targets]
+        if not self.smooth_classifier:
+            generated, targets = [], []
+
+        all_logits = self.classifier(torch.cat([features, *generated]))
+        logits = all_logits[:b]
+        ce = F.cross_entropy(logits.float(), labels)
+        loss = ce
+        terms = {"ce": ce.detach()}
+        if generated:
+            ce_mix = soft_cross_entropy(all_logits[b:], torch.cat(targets))
+            loss = loss + ce_mix
+            terms["ce_mix"] = ce_mix.detach()
+        if self.eta > 0:
+            v = F.normalize(self.projector(contrast_rows).float(), dim=1)
+            con = contrastive_loss(v, pos_mask, self.temperature, focal=self.focal)
+            loss = loss + self.eta * con
+            terms["con"] = con.detach()
+        terms["loss"] = loss.detach()
+        return ObjectiveOutput(loss, logits, terms)
+
+
+#: Table 2's rows, in the paper's order: (row label, registered objective name).
+TABLE2_ROWS: tuple[tuple[str, str], ...] = (
+    ("CE", "ce"),
+    ("CE + L_con", "ce_con"),
+    ("CE + mix", "ce_mix"),
+    ("CE + L_con + mix-H", "ce_con_mixh"),
+    ("CE + L^f_con + mix-H (Core-tuning)", "core"),
+)
+
+add("core", CoreTuning, doc="Core-tuning: focal contrastive loss + hardness-directed mixup + smooth classifier.")
+add("ce_con", CoreTuning, {"focal": False, "mixing": "none"}, "Table 2 row 2: CE + L_con (SupCon).")
+add("ce_mix", CoreTuning, {"eta": 0.0, "mixing": "manifold"}, "Table 2 row 3: CE + manifold mixup.")
+add("ce_con_mixh", CoreTuning, {"focal": False}, "Table 2 row 4: CE + L_con + hardness-directed mixup.")
+CoreTuning.name = "core"

@@ -1,0 +1,69 @@
+"""Contrastive pre-training losses: SimCLR's NT-Xent and MoCo's InfoNCE against a FIFO queue of keys."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["KeyQueue", "moco_infonce", "nt_xent"]
+
+
+def nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
+    r"""NT-Xent (SimCLR, Chen et al. 2020, Eq. 1), averaged over all ``2N`` anchors.
+
+    ``z1[i]`` and ``z2[i]`` are two views of image ``i``; with ``v = normalize([z1; z2])`` and ``j(i)`` the other
+    view of anchor ``i``: ``ℓ_i = -log exp(v_i·v_{j(i)}/τ) / Σ_{k≠i} exp(v_i·v_k/τ)``. Computed in float32.
+    """
+    if z1.shape != z2.shape or z1.dim() != 2:
+        raise ValueError(f"z1 and z2 must both be (N, d), got {tuple(z1.shape)} and {tuple(z2.shape)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    n = z1.shape[0]
+    v = F.normalize(torch.cat([z1, z2]).float(), dim=1)
+    logits = v @ v.T / temperature
+    self_mask = torch.eye(2 * n, dtype=torch.bool, device=v.device)
+    logits = logits.masked_fill(self_mask, float("-inf"))
+    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(v.device)
+    return F.cross_entropy(logits, targets)
+
+
+def moco_infonce(q: Tensor, k: Tensor, queue: Tensor, temperature: float = 0.2) -> Tensor:
+    """MoCo's InfoNCE (He et al. 2020, Eq. 1): the key ``k[i]`` is the positive of query ``q[i]``, the queued keys
+    ``queue`` (``(d, K)``, L2-normalised columns) are its negatives. ``q`` and ``k`` are normalised here."""
+    q, k = F.normalize(q.float(), dim=1), F.normalize(k.float(), dim=1)
+    positive = (q * k).sum(dim=1, keepdim=True)
+    negatives = q @ queue.float()
+    logits = torch.cat([positive, negatives], dim=1) / temperature
+    return F.cross_entropy(logits, torch.zeros(q.shape[0], dtype=torch.long, device=q.device))
+
+
+class KeyQueue(nn.Module):
+    """A FIFO queue of ``size`` keys stored as columns of ``queue`` ``(dim, size)``, as in facebookresearch/moco.
+
+    :meth:`enqueue` overwrites the oldest columns (wrapping around), so any batch size works, not only divisors of
+    ``size``. The buffers ``queue`` and ``queue_ptr`` are saved with the model.
+    """
+
+    queue: Tensor
+    queue_ptr: Tensor
+
+    def __init__(self, dim: int, size: int) -> None:
+        super().__init__()
+        if dim < 1 or size < 1:
+            raise ValueError(f"queue dim and size must be >= 1, got {dim} and {size}")
+        self.register_buffer("queue", F.normalize(torch.randn(dim, size), dim=0))
+        self.register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))
+
+    @property
+    def size(self) -> int:
+        return self.queue.shape[1]
+
+    @torch.no_grad()
+    def enqueue(self, keys: Tensor) -> None:
+        """Replace the ``B`` oldest keys by ``keys`` ``(B, dim)`` (the newest ``size`` if ``B > size``)."""
+        keys = keys.detach()[-self.size :].to(self.queue.dtype)
+        ptr = int(self.queue_ptr)
+        index = (ptr + torch.arange(keys.shape[0], device=self.queue.device)) % self.size
+        self.queue[:, index] = keys.T
+        self.queue_ptr[0] = (ptr + keys.shape[0]) % self.size

@@ -1,0 +1,41 @@
+"""Optimisers and schedules (paper Appendix C): SGD + Nesterov, cosine / linear decay, warm-up."""
+
+import math
+
+import pytest
+import torch
+
+from coretune.engine import build_optimizer, lr_factor
+
+
+def test_cosine_schedule_matches_formula() -> None:
+    total = 100
+    for step in (0, 10, 50, 99, 100):
+        assert lr_factor(step, total, "cosine") == pytest.approx(0.5 * (1 + math.cos(math.pi * step / total)))
+
+
+def test_linear_schedule_and_warmup() -> None:
+    assert lr_factor(0, 100, "linear") == 1.0
+    assert lr_factor(50, 100, "linear") == pytest.approx(0.5)
+    assert lr_factor(100, 100, "linear") == 0.0
+    # warm-up rises linearly to 1, then decay starts from 1
+    assert [lr_factor(s, 110, "linear", warmup_steps=10) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+    assert lr_factor(10, 110, "linear", warmup_steps=10) == 1.0
+    assert lr_factor(60, 110, "linear", warmup_steps=10) == pytest.approx(0.5)
+    assert lr_factor(7, 100, "constant") == 1.0
+
+
+def test_unknown_schedule_and_optimizer() -> None:
+    with pytest.raises(ValueError, match="unknown schedule 'step'"):
+        lr_factor(0, 10, "step")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown optimizer 'lbfgs'"):
+        build_optimizer([([torch.nn.Parameter(torch.zeros(1))], 0.1)], "lbfgs")  # type: ignore[arg-type]
+
+
+def test_sgd_groups_have_their_own_lr_and_paper_settings() -> None:
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))
+    opt = build_optimizer([([a], 0.001), ([b], 0.01), ([], 0.5)], "sgd")
+    assert isinstance(opt, torch.optim.SGD)
+    assert [g["lr"] for g in opt.param_groups] == [0.001, 0.01]
+    assert all(g["nesterov"] and g["momentum"] == 0.9 and g["weight_decay"] == 1e-4 for g in opt.param_groups)
+    assert isinstance(build_optimizer([([a], 0.1)], "adam"), torch.optim.Adam)

@@ -1,0 +1,134 @@
+"""coretune.models.backbones: the factory, the registry and the Encoder contract (pooled (B, d) features)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from coretune.models import Encoder, backbones, create_backbone, list_backbones, register_backbone
+
+TORCHVISION_DIMS = {
+    "resnet18": 512,
+    "resnet34": 512,
+    "resnet50": 2048,
+    "resnet101": 2048,
+    "resnet152": 2048,
+    "resnext50_32x4d": 2048,
+    "resnext101_32x8d": 2048,
+    "wide_resnet50_2": 2048,
+}
+
+
+def test_list_backbones_names_every_torchvision_resnet_and_small_cnn() -> None:
+    assert list_backbones() == sorted([*TORCHVISION_DIMS, "small_cnn"])
+
+
+@pytest.mark.parametrize("name", list(TORCHVISION_DIMS))
+def test_torchvision_body_has_the_torchvision_keys_minus_fc(name: str) -> None:
+    with torch.device("meta"):  # shapes and names only: no memory, no init cost for the big ones
+        encoder = create_backbone(name)
+        reference = getattr(torchvision.models, name)()
+    assert encoder.feature_dim == TORCHVISION_DIMS[name] == reference.fc.in_features
+    assert encoder.name == name and encoder.classifier_names == ("fc",)
+    expected = {k: v.shape for k, v in reference.state_dict().items() if not k.startswith("fc.")}
+    assert {k: v.shape for k, v in encoder.body.state_dict().items()} == expected
+    assert isinstance(encoder.body.fc, nn.Identity)
+
+
+def test_resnet18_at_32px_gives_pooled_512_features_equal_to_torchvision_penultimate() -> None:
+    torch.manual_seed(0)
+    encoder = create_backbone("resnet18").eval()
+    reference = torchvision.models.resnet18().eval()
+    reference.load_state_dict(encoder.body.state_dict(), strict=False)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        z = encoder(x)
+        body = nn.Sequential(*list(reference.children())[:-1])  # everything up to avgpool
+        expected = torch.flatten(body(x), 1)
+    assert z.shape == (2, 512) and encoder.feature_dim == 512
+    torch.testing.assert_close(z, expected)
+
+
+def test_resnet_stages_are_layer1_to_layer4() -> None:
+    encoder = create_backbone("resnet18")
+    stages = encoder.stages()
+    assert [id(s) for s in stages] == [id(getattr(encoder.body, f"layer{i}")) for i in range(1, 5)]
+    shapes: list[tuple[int, ...]] = []
+    handles = [s.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape))) for s in stages]
+    encoder.eval()(torch.randn(1, 3, 32, 32))
+    for handle in handles:
+        handle.remove()
+    assert shapes == [(1, 64, 8, 8), (1, 128, 4, 4), (1, 256, 2, 2), (1, 512, 1, 1)]
+
+
+@pytest.mark.parametrize("size", [8, 32])
+def test_small_cnn_gives_256_features_and_has_batchnorm(size: int) -> None:
+    encoder = create_backbone("small_cnn")
+    z = encoder(torch.randn(3, 3, size, size))
+    assert z.shape == (3, 256) and encoder.feature_dim == 256
+    keys = set(encoder.body.state_dict())
+    assert {"layer1.1.running_mean", "layer1.1.running_var", "layer4.1.num_batches_tracked"} <= keys
+    widths = [m.weight.shape[0] for m in encoder.body.modules() if isinstance(m, nn.Conv2d)]
+    assert widths == [32, 64, 128, 256]
+    stage_shapes = []
+    x = torch.randn(2, 3, size, size)
+    for stage in encoder.stages():
+        x = stage(x)
+        stage_shapes.append(tuple(x.shape[1:]))
+    side = [size, size // 2, size // 4, size // 8]
+    assert stage_shapes == [(c, s, s) for c, s in zip((32, 64, 128, 256), side, strict=True)]
+
+
+def test_timm_resnet_by_name_and_stages_from_feature_info() -> None:
+    encoder = create_backbone("timm/resnet10t")
+    assert encoder.name == "timm/resnet10t" and encoder.is_timm
+    assert encoder.feature_dim == 512 and encoder.classifier_names == ("fc",)
+    assert encoder(torch.randn(2, 3, 32, 32)).shape == (2, 512)
+    assert not any(k.startswith("fc.") for k in encoder.body.state_dict())
+    names = ("act1", "layer1", "layer2", "layer3", "layer4")
+    assert encoder.stages() == [encoder.body.get_submodule(n) for n in names]
+
+
+def test_timm_vit_tiny_at_32px_through_img_size() -> None:
+    encoder = create_backbone("timm/vit_tiny_patch16_224", img_size=32)
+    assert encoder.feature_dim == 192 and encoder.classifier_names == ("head",)
+    assert encoder(torch.randn(2, 3, 32, 32)).shape == (2, 192)
+    assert encoder.body.pos_embed.shape == (1, 1 + (32 // 16) ** 2, 192)
+    assert len(encoder.stages()) == 12 and encoder.stages()[0] is encoder.body.blocks[0]
+
+
+def test_unknown_backbone_lists_names_and_the_timm_form() -> None:
+    with pytest.raises(ValueError, match=r"unknown backbone 'resnet19'") as info:
+        create_backbone("resnet19")
+    message = str(info.value)
+    assert all(name in message for name in list_backbones())
+    assert "'timm/<name>'" in message
+
+
+def test_unknown_timm_model_suggests_similar_names() -> None:
+    with pytest.raises(ValueError, match=r"unknown timm model 'vit_tiny_patch16'.*vit_tiny_patch16_224"):
+        create_backbone("timm/vit_tiny_patch16")
+
+
+@pytest.mark.parametrize("name", ["resnet18", "timm/resnet10t"])
+def test_unsupported_option_is_one_clear_value_error(name: str) -> None:
+    with pytest.raises(ValueError, match=r"does not accept options \['img_size'\]"):
+        create_backbone(name, img_size=32)
+
+
+def test_register_backbone_adds_a_factory_and_refuses_duplicates(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backbones, "_REGISTRY", dict(backbones._REGISTRY))
+
+    @register_backbone("tiny_linear")
+    def tiny_linear(width: int = 4) -> Encoder:
+        return Encoder(nn.Sequential(nn.Flatten(), nn.LazyLinear(width)), width, "tiny_linear")
+
+    assert "tiny_linear" in list_backbones()
+    encoder = create_backbone("tiny_linear", width=6)
+    assert encoder(torch.randn(2, 3, 4, 4)).shape == (2, 6) and encoder.stages() == []
+    with pytest.raises(ValueError, match="already registered"):
+        register_backbone("tiny_linear")(tiny_linear)
+    with pytest.raises(ValueError, match="reserved for timm"):
+        register_backbone("timm/mine")

@@ -12,14 +12,15 @@ from hypothesis import strategies as st
 
 import coretune as ct
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # References, straight from the specification
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 
 def reference_contrastive_loss(v: torch.Tensor, pos_mask: torch.Tensor, tau: float, focal: bool) -> torch.Tensor:
-    """One anchor at a time: A_i = rows != i, P_i = {j != i : mask[i, j]}, p_ij = exp(s_ij/τ) / Σ_{A_i} exp(s_ik/τ),
-    loss_i = -(1/|P_i|) Σ_{P_i} w_ij log p_ij (w = 1 - p if focal else 1); mean over anchors with |P_i| > 0."""
+    """One anchor at a time: A_i = rows != i, P_i = {j != i : mask[i, j]},
+    p_ij = exp(s_ij/τ) / Σ_{A_i} exp(s_ik/τ), loss_i = -(1/|P_i|) Σ_{P_i} w_ij log p_ij (w = 1 - p if focal
+    else 1); the mean over anchors with |P_i| > 0."""
     n, m = v.shape[0], pos_mask.shape[0]
     per_anchor = []
     for i in range(m):
@@ -66,9 +67,9 @@ def assert_matches_reference(v: torch.Tensor, mask: torch.Tensor, tau: float, fo
     torch.testing.assert_close(g1, g2)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # contrastive_loss: property tests against the reference
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 taus = st.sampled_from([0.05, 0.07, 0.2, 1.0])
 
@@ -140,9 +141,9 @@ def test_true_diagonal_changes_nothing(n: int, focal: bool, seed: int) -> None:
     assert torch.equal(torch.autograd.grad(la, va)[0], torch.autograd.grad(lb, vb)[0])
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # contrastive_loss: hand-computed values and edge cases
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 
 def test_hand_computed_supcon_and_focal_values() -> None:
@@ -225,8 +226,18 @@ def test_float64_stays_float64_under_autocast() -> None:
     ("features", "mask", "tau", "message"),
     [
         (torch.zeros(4), torch.zeros(4, 4, dtype=torch.bool), 0.1, r"features must be \(N, d\)"),
-        (torch.zeros(4, 2), torch.zeros(4, 5, dtype=torch.bool), 0.1, r"pos_mask must be \(M, N\) with M <= N = 4"),
-        (torch.zeros(4, 2), torch.zeros(5, 4, dtype=torch.bool), 0.1, r"pos_mask must be \(M, N\) with M <= N = 4"),
+        (
+            torch.zeros(4, 2),
+            torch.zeros(4, 5, dtype=torch.bool),
+            0.1,
+            r"pos_mask must be \(M, N\) with M <= N = 4",
+        ),
+        (
+            torch.zeros(4, 2),
+            torch.zeros(5, 4, dtype=torch.bool),
+            0.1,
+            r"pos_mask must be \(M, N\) with M <= N = 4",
+        ),
         (torch.zeros(4, 2), torch.zeros(4, 4, dtype=torch.bool), 0.0, "temperature must be > 0"),
     ],
 )
@@ -235,9 +246,9 @@ def test_bad_arguments_raise(features: torch.Tensor, mask: torch.Tensor, tau: fl
         ct.contrastive_loss(features, mask, tau)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # masks and soft cross-entropy
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 
 def test_core_mask_small_example() -> None:

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 import coretune as ct
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Reference
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 
 def cosine_matrix(z: torch.Tensor) -> list[list[float]]:
@@ -40,10 +40,17 @@ def reference_hardest(z: torch.Tensor, labels: list[int]) -> tuple[list[int], li
 
 
 def reference_mix(
-    z: torch.Tensor, labels: list[int], k: int, hp: list[int], hn: list[int], rn: list[int], lam: list[float],
+    z: torch.Tensor,
+    labels: list[int],
+    k: int,
+    hp: list[int],
+    hn: list[int],
+    rn: list[int],
+    lam: list[float],
     lam_n: list[float],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """z⁺_i = λ z_hp + (1-λ) z_hn, y⁺_i = λ e(y_hp) + (1-λ) e(y_hn); z⁻_i = (1-λ') z_i + λ' z_n, y⁻ likewise."""
+    """z⁺_i = λ z_hp + (1-λ) z_hn, y⁺_i = λ e(y_hp) + (1-λ) e(y_hn);
+    z⁻_i = (1-λ') z_i + λ' z_n, y⁻_i = (1-λ') e(y_i) + λ' e(y_n)."""
     e = torch.eye(k, dtype=torch.float64)
     pos = torch.stack([lam[i] * z[hp[i]] + (1 - lam[i]) * z[hn[i]] for i in range(len(labels))])
     neg = torch.stack([(1 - lam_n[i]) * z[i] + lam_n[i] * z[rn[i]] for i in range(len(labels))])
@@ -53,7 +60,7 @@ def reference_mix(
 
 
 def batch(labels: list[int], d: int, seed: int, duplicates: int = 0) -> torch.Tensor:
-    """Random float64 features; the first ``duplicates`` rows are copied onto later rows to create exact ties."""
+    """Random float64 features; the first ``duplicates`` rows are copied onto the last ones (exact ties)."""
     g = torch.Generator().manual_seed(seed)
     z = torch.randn(len(labels), d, generator=g, dtype=torch.float64)
     for r in range(min(duplicates, len(labels) // 2)):
@@ -65,12 +72,14 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-label_lists = st.integers(1, 20).flatmap(lambda k: st.tuples(st.just(k), st.lists(st.integers(0, k - 1), min_size=1, max_size=64)))
+label_lists = st.integers(1, 20).flatmap(
+    lambda k: st.tuples(st.just(k), st.lists(st.integers(0, k - 1), min_size=1, max_size=64))
+)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Property tests
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 
 @settings(max_examples=60, deadline=None)
@@ -87,7 +96,13 @@ label_lists = st.integers(1, 20).flatmap(lambda k: st.tuples(st.just(k), st.list
 @example(kl=(20, [i % 20 for i in range(64)]), d=2, duplicates=5, alpha=1.0, lambda_n=0.8, lambda_p=0.0, seed=1)
 @example(kl=(3, [2]), d=4, duplicates=0, alpha=1.0, lambda_n=0.8, lambda_p=0.3, seed=2)  # B = 1
 def test_pairs_match_reference(
-    kl: tuple[int, list[int]], d: int, duplicates: int, alpha: float, lambda_n: float, lambda_p: float, seed: int
+    kl: tuple[int, list[int]],
+    d: int,
+    duplicates: int,
+    alpha: float,
+    lambda_n: float,
+    lambda_p: float,
+    seed: int,
 ) -> None:
     k, labels = kl
     b = len(labels)
@@ -100,7 +115,11 @@ def test_pairs_match_reference(
     # only checked for near-optimality; exact ties (duplicated rows) must resolve to the lowest index.
     s = cosine_matrix(z)
     hp_ref, hn_ref = reference_hardest(z, labels)
-    hp, hn, rn = pairs.hardest_positive.tolist(), pairs.hardest_negative.tolist(), pairs.random_negative.tolist()
+    hp, hn, rn = (
+        pairs.hardest_positive.tolist(),
+        pairs.hardest_negative.tolist(),
+        pairs.random_negative.tolist(),
+    )
     for i in range(b):
         for got, want, same_class in ((hp[i], hp_ref[i], True), (hn[i], hn_ref[i], False)):
             if got == want:
@@ -148,9 +167,9 @@ def test_pairs_match_reference(
     assert not (pairs.lam_pos.requires_grad or pairs.pos_targets.requires_grad or pairs.neg_targets.requires_grad)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Ties and missing candidates
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 
 def test_ties_resolve_to_lowest_index() -> None:
@@ -218,9 +237,9 @@ def test_no_candidate_falls_back_to_anchor() -> None:
     torch.testing.assert_close(pairs.neg_features, z)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # The random draws
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 
 @settings(max_examples=30, deadline=None)
@@ -274,7 +293,7 @@ def test_global_seed_controls_draws_without_generator() -> None:
 
 
 def test_random_negatives_are_uniform_over_other_class_samples() -> None:
-    """Anchor 0 (class 0) has 7 other-class candidates of unequal class sizes: each is drawn ~1/7 of the time."""
+    """Anchor 0 (class 0) has 7 other-class candidates in classes of unequal size: each is drawn ~1/7."""
     y = torch.tensor([0, 1, 1, 1, 1, 2, 2, 0, 3])
     candidates = [1, 2, 3, 4, 5, 6, 8]
     z = torch.randn(len(y), 4, generator=gen(0))
@@ -304,9 +323,9 @@ def test_lambda_draws_are_clipped_beta(alpha: float, lambda_n: float, lambda_p: 
             assert float(lam.mean()) == pytest.approx(0.5, abs=0.02)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Precision, dtypes and errors
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 
 def test_autocast_does_not_change_the_hardest_choices() -> None:

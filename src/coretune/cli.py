@@ -29,6 +29,8 @@ commands:
   predict     predict the classes of an image folder into a CSV
   export      export a fine-tuned checkpoint to safetensors + JSON config and TorchScript
   objectives  list the fine-tuning methods (objectives)
+  pretrain    contrastive pre-training (SimCLR, MoCo v2) on an unlabelled image folder
+  eval        kNN or linear-probe accuracy of a backbone and checkpoint (coretune eval knn|linear --help)
   demo        run the embedded demo end to end
 """
 
@@ -71,13 +73,19 @@ class FitCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_subclass_arguments(
-            objectives.Objective, "objective", default={"class_path": "coretune.objectives.CETuning"},
+            objectives.Objective,
+            "objective",
+            default={"class_path": "coretune.objectives.CETuning"},
             help="Fine-tuning method: a registered name (" + ", ".join(objectives.available()) + ") or class path.",
         )
         parser.link_arguments("objective", "model.objective", apply_on="instantiate")
         parser.link_arguments("seed_everything", "data.seed")
-        parser.add_argument("--run_dir", type=str | None, default=None,
-                            help="Run directory (default: runs/<objective>-<date>-<time>). Reuse it to resume.")
+        parser.add_argument(
+            "--run_dir",
+            type=str | None,
+            default=None,
+            help="Run directory (default: runs/<objective>-<date>-<time>). Reuse it to resume.",
+        )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -85,6 +93,14 @@ class FitCLI(LightningCLI):
             name = str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower()
             config["run_dir"] = str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
         config["trainer"]["default_root_dir"] = config["run_dir"]
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        trainer = self._get(self.config_init, "trainer", default={})
+        show_progress = trainer.get("enable_progress_bar") is not False
+        self.trainer_defaults["callbacks"] = default_callbacks(None, progress=show_progress)
+        plugins = trainer.get("plugins") or []
+        kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO()]
+        return super().instantiate_trainer(**kwargs)
 
     def after_fit(self) -> None:
         if self.trainer.interrupted:
@@ -104,8 +120,10 @@ def _print_run_summary(run_dir: Path) -> None:
     console = Console()
     console.print(f"[bold]run directory[/bold]: {run_dir}")
     if test:
-        console.print(f"top-1 {100 * test['top1']:.2f}%  top-5 {100 * test['top5']:.2f}%  "
-                      f"({results.get('train_images_per_s')} train images/s, {results.get('wall_time_s')} s)")
+        console.print(
+            f"top-1 {100 * test['top1']:.2f}%  top-5 {100 * test['top5']:.2f}%  "
+            f"({results.get('train_images_per_s')} train images/s, {results.get('wall_time_s')} s)"
+        )
     console.print(f"metrics: {run_dir / 'metrics.csv'}   curves: {run_dir / 'learning_curve.png'}")
 
 
@@ -115,12 +133,7 @@ def fit(args: list[str]) -> None:
         ImageClassificationData,
         args=["fit", *translate_args(args)],
         seed_everything_default=0,
-        trainer_defaults={
-            "precision": default_precision(),
-            "logger": False,
-            "plugins": [AtomicCheckpointIO()],
-            "callbacks": default_callbacks(None),
-        },
+        trainer_defaults={"precision": default_precision(), "logger": False},
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"fit": {"default_env": False}},
         auto_configure_optimizers=False,
@@ -131,8 +144,12 @@ def _test_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="coretune test", description="Evaluate a fine-tuned checkpoint; writes results.json.")
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_class_arguments(ImageClassificationData, "data")
-    parser.add_argument("--run_dir", type=str | None, default=None,
-                        help="Where results.json goes (default: the checkpoint's run directory).")
+    parser.add_argument(
+        "--run_dir",
+        type=str | None,
+        default=None,
+        help="Where results.json goes (default: the checkpoint's run directory).",
+    )
     parser.add_argument("--precision", type=str, default=default_precision())
     return parser
 
@@ -146,15 +163,22 @@ def test(args: list[str]) -> None:
     model = FineTuner.from_checkpoint(cfg.ckpt_path)
     data = ImageClassificationData(**cfg.data.as_dict())
     run_dir = Path(cfg.run_dir) if cfg.run_dir else Path(cfg.ckpt_path).resolve().parent.parent
-    trainer = L.Trainer(default_root_dir=str(run_dir), precision=cfg.precision, logger=False,
-                        callbacks=[RunArtifacts(run_dir)], enable_checkpointing=False)
+    trainer = L.Trainer(
+        default_root_dir=str(run_dir),
+        precision=cfg.precision,
+        logger=False,
+        callbacks=[RunArtifacts(run_dir)],
+        enable_checkpointing=False,
+    )
     trainer.test(model, datamodule=data)
     print(f"results: {run_dir / 'results.json'}")
 
 
 def _predict_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="coretune predict",
-                            description="Predict every image under a folder; write a CSV of classes and probabilities.")
+    parser = ArgumentParser(
+        prog="coretune predict",
+        description="Predict every image under a folder; write a CSV of classes and probabilities.",
+    )
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_argument("--input", type=str, required=True, help="Folder of images (searched recursively).")
     parser.add_argument("--output", type=str, default="predictions.csv", help="CSV file to write.")
@@ -168,16 +192,24 @@ def predict(args: list[str]) -> None:
     from .predict import predict_folder
 
     cfg = _predict_parser().parse_args(args)
-    out = predict_folder(cfg.ckpt_path, cfg.input, cfg.output, image_size=cfg.image_size,
-                         batch_size=cfg.batch_size, num_workers=cfg.num_workers)
+    out = predict_folder(
+        cfg.ckpt_path,
+        cfg.input,
+        cfg.output,
+        image_size=cfg.image_size,
+        batch_size=cfg.batch_size,
+        num_workers=cfg.num_workers,
+    )
     print(f"predictions: {out}")
 
 
 def export(args: list[str]) -> None:
     from .export import export_checkpoint
 
-    parser = ArgumentParser(prog="coretune export",
-                            description="Export a fine-tuned model: model.safetensors + config.json, and TorchScript.")
+    parser = ArgumentParser(
+        prog="coretune export",
+        description="Export a fine-tuned model: model.safetensors + config.json, and TorchScript.",
+    )
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_argument("--output", type=str, required=True, help="Folder to write the exported files into.")
     parser.add_argument("--torchscript", type=bool, default=True, help="Also write model.torchscript.pt.")
@@ -196,14 +228,120 @@ def list_objectives(args: list[str]) -> None:
     Console().print(table)
 
 
+def pretrain(args: list[str]) -> None:
+    from .pretrain.cli import run
+
+    run(args)
+
+
+def _eval_parser() -> ArgumentParser:
+    from typing import Literal
+
+    from .evaluation import DEFAULT_WEIGHT_DECAYS
+
+    parser = ArgumentParser(
+        prog="coretune eval",
+        description="Frozen-feature evaluation of a backbone and checkpoint (paper Appendix D): weighted kNN "
+        "(InstDisc: cosine similarity, votes exp(s/τ)) or a linear probe (L2-regularised logistic regression "
+        "on standardised features, λ chosen on a 20% hold-out of the training features). Features of the "
+        "training split (evaluation transform) are the memory bank / probe data; the test split is scored.",
+    )
+    parser.add_argument("protocol", type=Literal["knn", "linear"], help="knn or linear.")
+    parser.add_argument(
+        "--backbone",
+        type=str | None,
+        default=None,
+        help="Backbone name (default: the 'arch' or backbone stored in --weights).",
+    )
+    parser.add_argument(
+        "--weights",
+        type=str | None,
+        default=None,
+        help="Checkpoint: pre-trained (coretune pretrain, MoCo, SimCLR …) or fine-tuned.",
+    )
+    parser.add_argument("--weights_format", type=str, default="auto", help="Checkpoint layout (auto).")
+    parser.add_class_arguments(ImageClassificationData, "data")
+    parser.add_argument("--k", type=int, default=20, help="kNN: number of neighbours.")
+    parser.add_argument("--temperature", type=float, default=0.07, help="kNN: temperature τ of the votes.")
+    parser.add_argument(
+        "--weight_decay",
+        type=list[float],
+        default=list(DEFAULT_WEIGHT_DECAYS),
+        help="Linear probe: L2 strength λ, or a grid to choose from on a hold-out.",
+    )
+    parser.add_argument("--device", type=str | None, default=None, help="Default: cuda if available, or cpu.")
+    parser.add_argument("--output", type=str | None, default=None, help="Also write the result to this JSON.")
+    return parser
+
+
+def _stored_backbone(weights: str) -> str:
+    """The backbone name a checkpoint records: MoCo/SimCLR ``arch``, or a coretune run's hyper-parameters."""
+    from .models import load_checkpoint_file
+
+    raw = load_checkpoint_file(weights)
+    name = None
+    if isinstance(raw, dict):
+        name = raw.get("arch") or raw.get("hyper_parameters", {}).get("backbone")
+    if not isinstance(name, str):
+        raise ValueError(f"{weights} does not record its backbone: pass --backbone (e.g. resnet50)")
+    return name
+
+
+def evaluate(args: list[str]) -> None:
+    import json
+
+    import torch
+    from rich.console import Console
+
+    from .evaluation import evaluate_encoder
+    from .models import create_backbone
+
+    cfg = _eval_parser().parse_args(args)
+    if cfg.backbone is None and cfg.weights is None:
+        raise ValueError("pass --backbone (and --weights for a pre-trained checkpoint)")
+    backbone = cfg.backbone or _stored_backbone(cfg.weights)
+    encoder = create_backbone(backbone, weights=cfg.weights, weights_format=cfg.weights_format)
+    data = ImageClassificationData(**cfg.data.as_dict())
+    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    result = evaluate_encoder(
+        encoder,
+        data,
+        cfg.protocol,
+        k=cfg.k,
+        temperature=cfg.temperature,
+        weight_decay=cfg.weight_decay,
+        device=device,
+    )
+    top5 = f", top-5 {100 * result.top5:.2f}%" if result.top5 is not None else ""
+    Console().print(
+        f"[bold]{cfg.protocol}[/bold] {backbone} ({cfg.weights or 'random init'}): top-1 "
+        f"{100 * result.top1:.2f}%{top5} on {result.num_test} test images "
+        f"({result.num_train} training images; {result.settings})",
+        highlight=False,
+    )
+    if cfg.output:
+        Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.output).write_text(
+            json.dumps({"backbone": backbone, "weights": cfg.weights, **result.__dict__}, indent=2) + "\n"
+        )
+
+
 def demo(args: list[str]) -> None:
     from .demo import main as demo_main
 
     demo_main(args)
 
 
-COMMANDS = {"fit": fit, "test": test, "predict": predict, "export": export, "objectives": list_objectives,
-            "demo": demo}
+COMMANDS = {
+    "fit": fit,
+    "test": test,
+    "predict": predict,
+    "export": export,
+    "objectives": list_objectives,
+    "pretrain": pretrain,
+    "eval": evaluate,
+    "demo": demo,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -217,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         COMMANDS[command](rest)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
-        if command == "fit" and not isinstance(err, ValueError | FileNotFoundError):
+        if command in ("fit", "pretrain") and not isinstance(err, ValueError | FileNotFoundError):
             raise
         sys.exit(f"coretune {command}: error: {err}")
 

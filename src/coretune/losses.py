@@ -15,9 +15,7 @@ def _loss_dtype(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def contrastive_loss(
-    features: Tensor, pos_mask: Tensor, temperature: float = 0.07, focal: bool = False
-) -> Tensor:
+def contrastive_loss(features: Tensor, pos_mask: Tensor, temperature: float = 0.07, focal: bool = False) -> Tensor:
     r"""Supervised contrastive loss, optionally focal-reweighted (paper Eq. 1 and :math:`\mathcal{L}^f_{con}`).
 
     ``features`` ``v`` is ``(N, d)`` with L2-normalised rows; ``pos_mask`` is ``(M, N)`` and the anchors are rows

@@ -60,9 +60,7 @@ def beta_draws(
 
 
 @torch.no_grad()
-def _pair_indices(
-    features: Tensor, labels: Tensor, generator: torch.Generator | None
-) -> tuple[Tensor, Tensor, Tensor]:
+def _pair_indices(features: Tensor, labels: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
     b = labels.numel()
     with torch.autocast(device_type=features.device.type, enabled=False):  # bf16 similarities would tie
         z = F.normalize(features.detach().float(), dim=1)

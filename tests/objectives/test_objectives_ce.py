@@ -36,7 +36,9 @@ def test_ce_under_bf16_autocast_is_float32() -> None:
 def test_create_builds_only_when_both_dims_are_given() -> None:
     obj = objectives.create("ce")
     assert not obj.is_built and obj.registered_name == "ce"
-    with pytest.raises(RuntimeError, match=r"objective 'ce' has no heads yet: call \.build\(feature_dim, num_classes\)"):
+    with pytest.raises(
+        RuntimeError, match=r"objective 'ce' has no heads yet: call \.build\(feature_dim, num_classes\)"
+    ):
         obj(torch.randn(2, 3), torch.tensor([0, 1]))
     obj.build(3, 2)
     assert obj.is_built and obj.classifier.in_features == 3 and obj.classifier.out_features == 2

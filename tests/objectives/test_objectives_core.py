@@ -31,7 +31,7 @@ def valid(s: dict[str, Any]) -> bool:
     )
 
 
-COMBINATIONS = [dict(zip(SWITCHES, values)) for values in itertools.product(*SWITCHES.values())]
+COMBINATIONS = [dict(zip(SWITCHES, values, strict=True)) for values in itertools.product(*SWITCHES.values())]
 
 
 def positive_mask(labels: list[int], layout: str, original_positives: bool = True) -> torch.Tensor:
@@ -51,7 +51,7 @@ def soft_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def recompute(obj: CoreTuning, z: torch.Tensor, y: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
-    """The objective's terms from the specification, drawing the pairs from a fresh generator of the same seed."""
+    """The objective's terms from the specification, pairs drawn from a fresh generator of the same seed."""
     g = torch.Generator().manual_seed(seed)
     b, k = len(y), obj.num_classes
     generated: list[torch.Tensor] = []
@@ -66,7 +66,7 @@ def recompute(obj: CoreTuning, z: torch.Tensor, y: torch.Tensor, seed: int) -> d
         rows = torch.cat([z, p.pos_features, p.neg_features])
         mask = positive_mask(y.tolist(), "core", obj.original_positives)
     elif obj.mixing == "manifold":
-        # The specification fixes no draw order for manifold mixup: this follows the objective's (perm, then λ).
+        # The specification fixes no draw order for manifold mixup: use the objective's (perm, then λ).
         perm = torch.randperm(b, generator=g)
         lam = beta_draws(b, obj.alpha, g)[:, None]
         generated = [lam * z + (1 - lam) * z[perm]]
@@ -135,9 +135,9 @@ def test_seeded_generator_makes_the_loss_reproducible() -> None:
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Presets, heads, settings
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 PAPER_DEFAULTS = {
     "eta": 0.1,
@@ -229,9 +229,9 @@ def test_all_problems_are_reported_at_once() -> None:
         objectives.create("core", eta=-1, temperature=-2)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # Precision and end to end
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["core", "ce_con", "ce_mix", "ce_con_mixh"])
@@ -256,8 +256,12 @@ class TinyCNN(nn.Module):
     def __init__(self, width: int = 16, dim: int = 32) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Conv2d(1, width, 3, padding=1), nn.ReLU(), nn.Conv2d(width, 2 * width, 3, padding=1, stride=2),
-            nn.ReLU(), nn.Flatten(), nn.Linear(2 * width * 16, dim),
+            nn.Conv2d(1, width, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, padding=1, stride=2),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(2 * width * 16, dim),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -6,12 +6,12 @@ import os
 from typing import Literal, get_args
 
 import lightning as L
-import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .datasets import ImageFileDataset, LabeledImageDataset, OnBadImage, load_cifar
 from .errors import DataError
 from .images import require_folder, warn_skipped
+from .samplers import EpochShuffleSampler, SeededItems
 from .splits import stratified_split, stratified_subset
 from .transforms import (
     IMAGENET_MEAN,
@@ -41,9 +41,10 @@ class ImageClassificationData(L.LightningDataModule):
     so hyper-parameter selection never sees the held-out folder, which becomes the test loader. The
     ``label_fraction`` subset is drawn first: validation then comes from the labels one really has.
 
-    Loaders: training shuffles with a generator seeded by ``seed`` (the same order every run) and drops the
-    last incomplete batch when the training set is larger than one batch, since contrastive terms over a tiny
-    trailing batch have almost no pairs; evaluation loaders keep every image, in file order.
+    Loaders: training shuffles in an order fixed by ``(seed, epoch)`` and augments each image with draws fixed
+    by ``(seed, epoch, index)`` (the same batches every run, resumed or not); it drops the last incomplete
+    batch when the training set is larger than one batch, since contrastive terms over a tiny trailing batch
+    have almost no pairs; evaluation loaders keep every image, in file order.
 
     After :meth:`setup`: ``num_classes``, ``class_names``, ``train_dataset``, ``val_dataset``,
     ``test_dataset`` (:class:`LabeledImageDataset`; ``test_dataset`` may be None) and :meth:`class_counts`.
@@ -146,9 +147,7 @@ class ImageClassificationData(L.LightningDataModule):
         """``(train, val or None, test or None)`` before subsetting, checked for matching classes."""
         if self.dataset != "imagefolder":
             if self.root is None:
-                raise DataError(
-                    f"dataset={self.dataset} needs --data.root: the folder holding its python files"
-                )
+                raise DataError(f"dataset={self.dataset} needs --data.root: the folder holding its python files")
             if self.train_dir or self.val_dir or self.test_dir:
                 raise DataError(
                     "train_dir/val_dir/test_dir apply to dataset=imagefolder only; for "
@@ -157,7 +156,7 @@ class ImageClassificationData(L.LightningDataModule):
             return (
                 load_cifar(self.root, self.dataset, train=True),
                 None,
-                load_cifar(self.root, self.dataset, False),
+                load_cifar(self.root, self.dataset, train=False),
             )
         train_dir, val_dir, test_dir = self._folders()
         splits = {
@@ -172,17 +171,14 @@ class ImageClassificationData(L.LightningDataModule):
         train = splits["train"]
         for split, folder in (("val", val_dir), ("test", test_dir)):
             if split in splits and splits[split].classes != train.classes:
-                raise DataError(
-                    _class_mismatch(train.classes, splits[split].classes, train_dir, folder, split)
-                )
+                raise DataError(_class_mismatch(train.classes, splits[split].classes, train_dir, folder, split))
         return train, splits.get("val"), splits.get("test")
 
     def _folders(self) -> tuple[str, str | None, str | None]:
         """Resolve ``(train_dir, val_dir, test_dir)`` from ``root`` and the explicit overrides."""
         if self.root is None and self.train_dir is None:
             raise DataError(
-                "no training data given: pass --data.root (a folder with train/ and val/ or test/) "
-                "or --data.train_dir"
+                "no training data given: pass --data.root (a folder with train/ and val/ or test/) or --data.train_dir"
             )
         if self.root is not None:
             require_folder(self.root, "data root")
@@ -202,9 +198,7 @@ class ImageClassificationData(L.LightningDataModule):
             )
         val_dir, test_dir = pick(self.val_dir, "val"), pick(self.test_dir, "test")
         if val_dir is None and test_dir is None and self.val_fraction == 0:
-            where = (
-                f"data root {self.root} has neither val/ nor test/" if self.root else "no val_dir or test_dir"
-            )
+            where = f"data root {self.root} has neither val/ nor test/" if self.root else "no val_dir or test_dir"
             raise DataError(
                 f"{where}: add one (same class folders as train/), pass --data.val_dir or --data.test_dir, "
                 "or set --data.val_fraction to hold out part of the training set for validation"
@@ -233,14 +227,13 @@ class ImageClassificationData(L.LightningDataModule):
 
     # -- loaders --------------------------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
-        """Shuffled by a generator seeded with ``seed``; drops the last incomplete batch if there are 2+."""
+        """Shuffled in an order fixed by ``(seed, epoch)``; drops the last incomplete batch (2+ batches)."""
         self.setup()
         assert self.train_dataset is not None
         return DataLoader(
-            self.train_dataset,
+            SeededItems(self.train_dataset),
             batch_size=self.batch_size,
-            shuffle=True,
-            generator=torch.Generator().manual_seed(self.seed),
+            sampler=EpochShuffleSampler(len(self.train_dataset), self.seed),
             drop_last=len(self.train_dataset) > self.batch_size,
             **self._loader_options(),
         )
@@ -323,9 +316,7 @@ def _check_options(
         raise DataError(f"invalid data option(s): {'; '.join(problems)} — set valid values (--data.<option>)")
 
 
-def _class_mismatch(
-    train: list[str], other: list[str], train_dir: str, folder: str | None, split: str
-) -> str:
+def _class_mismatch(train: list[str], other: list[str], train_dir: str, folder: str | None, split: str) -> str:
     only_train = sorted(set(train) - set(other))
     only_other = sorted(set(other) - set(train))
     parts = []

@@ -62,9 +62,7 @@ class LabeledImageDataset(Dataset[tuple[Tensor, int]]):
         self.classes = list(classes)
         self.transform = transform
         self.draft_size = draft_size
-        self.skipped: list[
-            tuple[str, str]
-        ] = []  # unreadable files left out by from_folder(on_bad_image="skip")
+        self.skipped: list[tuple[str, str]] = []  # unreadable files left out by from_folder(on_bad_image="skip")
 
     @classmethod
     def from_folder(cls, folder: str, *, on_bad_image: OnBadImage = "error") -> LabeledImageDataset:
@@ -96,17 +94,18 @@ class LabeledImageDataset(Dataset[tuple[Tensor, int]]):
             keep = [i for i, p in enumerate(paths) if p not in bad]
             paths, targets = [paths[i] for i in keep], [targets[i] for i in keep]
         exts = ", ".join(IMAGE_EXTENSIONS)
+        readable = f"readable (skipped {len(skipped)} unreadable, e.g. {skipped[0][0]}) " if skipped else ""
         if not paths:
             raise DataError(
-                f"{folder} contains no {'readable ' if skipped else ''}image files ({exts}) in its class "
-                f"folders {_preview(classes)}: put the images in {folder}/<class name>/"
+                f"{folder} contains no {readable}image files ({exts}) in its class folders "
+                f"{_preview(classes)}: put the images in {folder}/<class name>/"
             )
         counts = np.bincount(targets, minlength=len(classes))
         empty = [c for c, n in zip(classes, counts, strict=True) if n == 0]
         if empty:
             raise DataError(
-                f"class folder(s) {_preview(empty)} in {folder} contain no "
-                f"{'readable ' if skipped else ''}image files ({exts}): add images or remove the folder(s)"
+                f"class folder(s) {_preview(empty)} in {folder} contain no {readable}image files ({exts}): "
+                "add images or remove the folder(s)"
             )
         ds = cls(paths, targets, classes)
         ds.skipped = skipped
@@ -117,7 +116,7 @@ class LabeledImageDataset(Dataset[tuple[Tensor, int]]):
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         item = self.images[index]
-        if isinstance(item, str):
+        if isinstance(item, (str, os.PathLike)):
             img = load_rgb(item, self.draft_size)
         else:
             img = Image.fromarray(np.asarray(item, dtype=np.uint8))
@@ -133,9 +132,7 @@ class LabeledImageDataset(Dataset[tuple[Tensor, int]]):
             images, [self.targets[i] for i in indices], self.classes, self.transform, self.draft_size
         )
 
-    def with_transform(
-        self, transform: Transform | None, draft_size: int | None = None
-    ) -> LabeledImageDataset:
+    def with_transform(self, transform: Transform | None, draft_size: int | None = None) -> LabeledImageDataset:
         """The same items with another transform (shares the image list; no copy)."""
         return LabeledImageDataset(self.images, self.targets, self.classes, transform, draft_size)
 

@@ -54,7 +54,7 @@ def plot_learning_curves(metrics_csv: str | Path, out_png: str | Path) -> None:
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     for key in rows[0]:
         values = [float(r[key]) if r.get(key) not in (None, "") else float("nan") for r in rows]
-        if key.startswith("train/") and not key.endswith(("top1", "top5")) or key == "val/loss":
+        if (key.startswith("train/") and not key.endswith(("top1", "top5"))) or key == "val/loss":
             ax_loss.plot(epochs, values, marker=".", label=key)
         elif key.endswith("top1"):
             ax_acc.plot(epochs, [100 * v for v in values], marker=".", label=key)
@@ -82,6 +82,7 @@ class RunArtifacts(L.Callback):
         self._epoch_start = 0.0
         self._val_start = 0.0
         self._fit_start = 0.0
+        self._epoch_lr = float("nan")
 
     def run_dir(self, trainer: L.Trainer) -> Path:
         return self._run_dir if self._run_dir is not None else Path(trainer.default_root_dir)
@@ -92,9 +93,11 @@ class RunArtifacts(L.Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = time.perf_counter()
+        self._epoch_lr = trainer.optimizers[-1].param_groups[-1]["lr"] if trainer.optimizers else float("nan")
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._images += int(batch[0].shape[0])
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -110,7 +113,7 @@ class RunArtifacts(L.Callback):
         if not trainer.is_global_zero:
             return
         row: dict[str, Any] = {"epoch": trainer.current_epoch, "step": trainer.global_step}
-        row["lr"] = trainer.optimizers[0].param_groups[-1]["lr"] if trainer.optimizers else float("nan")
+        row["lr"] = self._epoch_lr  # the heads' learning rate at the epoch's first step
         for key, value in sorted(trainer.callback_metrics.items()):
             if key.startswith(("train/", "val/")):
                 row[key] = float(value)

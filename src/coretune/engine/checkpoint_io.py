@@ -32,6 +32,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning checkpoint IO whose saves are atomic (temporary file + rename)."""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
-                        storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
+    ) -> None:
         atomic_torch_save(checkpoint, path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,12 @@ from ..objectives import get as get_objective
 from ..tasks import ClassificationTask
 from .optim import OptimizerName, Schedule, build_optimizer, lr_factor
 
-__all__ = ["FineTuner", "NonFiniteLossError"]
+__all__ = ["FineTuner", "NonFiniteLossError", "step_seed"]
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The RNG seed of training step ``step`` of a run seeded with ``seed``."""
+    return (seed * 1_000_003 + step + 1) % 2**63
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -109,7 +116,10 @@ class FineTuner(L.LightningModule):
             if datamodule is None or getattr(datamodule, "num_classes", None) is None:
                 raise RuntimeError("FineTuner needs a datamodule with num_classes (or call .build(num_classes))")
             self.build(datamodule.num_classes, getattr(datamodule, "class_names", None))
-        elif datamodule is not None and getattr(datamodule, "num_classes", None) not in (None, self.num_classes):
+        elif datamodule is not None and getattr(datamodule, "num_classes", None) not in (
+            None,
+            self.num_classes,
+        ):
             self.build(datamodule.num_classes, getattr(datamodule, "class_names", None))
         if stage == "fit":
             self.objective.attach_backbone(self.backbone)
@@ -146,8 +156,9 @@ class FineTuner(L.LightningModule):
         objective_cls, _ = get_objective(meta["objective"])
         objective = objective_cls(**meta["objective_hparams"])
         objective.registered_name = meta["objective"]
-        hparams = dict(ckpt.get("hyper_parameters", {}))
-        hparams.update(weights=None)
+        accepted = inspect.signature(cls.__init__).parameters
+        hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if k in accepted}
+        hparams.update(weights=None)  # the fine-tuned weights come from the checkpoint itself
         model = cls(objective=objective, **hparams)
         model.build(meta["num_classes"], meta["class_names"])
         model.load_state_dict(ckpt["state_dict"])
@@ -164,6 +175,9 @@ class FineTuner(L.LightningModule):
         return self.objective.predict(self.backbone(self._images(x)))
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        # The objective's draws (mixup weights, random negatives) depend on (seed, step) only, so a run resumed
+        # from a checkpoint repeats the uninterrupted run exactly (the data module does the same per image).
+        torch.manual_seed(step_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)), self.global_step))
         x, y = self.task.unpack(batch)
         x = self._images(x)
         out = self.objective(self.backbone(x), y, inputs=x)
@@ -175,14 +189,16 @@ class FineTuner(L.LightningModule):
                 "(--model.lr), or train in float32 (--trainer.precision 32-true)."
             )
         bs = y.shape[0]
-        self.log_dict({f"train/{k}": v for k, v in out.terms.items()}, on_step=False, on_epoch=True,
-                      batch_size=bs)
+        self.log_dict({f"train/{k}": v for k, v in out.terms.items()}, on_step=False, on_epoch=True, batch_size=bs)
         self.train_metrics.update(out.logits.detach(), y)
+        # Metric objects are reduced by Lightning before any epoch-end hook, so callbacks see them.
+        self.log_dict(
+            {f"train/{k}": m for k, m in self.train_metrics.items()},
+            on_step=False,
+            on_epoch=True,
+            batch_size=bs,
+        )
         return out.loss
-
-    def on_train_epoch_end(self) -> None:
-        self.log_dict({f"train/{k}": v for k, v in self.train_metrics.compute().items()})
-        self.train_metrics.reset()
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = self.task.unpack(batch)
@@ -221,7 +237,10 @@ class FineTuner(L.LightningModule):
         backbone_params = [p for p in self.backbone.parameters() if p.requires_grad]
         head_params = [p for p in self.objective.parameters() if p.requires_grad]
         optimizer = build_optimizer(
-            [(backbone_params, backbone_lr), (head_params, hp.lr)], hp.optimizer, hp.momentum, hp.nesterov,
+            [(backbone_params, backbone_lr), (head_params, hp.lr)],
+            hp.optimizer,
+            hp.momentum,
+            hp.nesterov,
             hp.weight_decay,
         )
         total = int(self.trainer.estimated_stepping_batches)
@@ -234,6 +253,9 @@ class FineTuner(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self.objective.on_train_epoch_start(self.current_epoch, self.trainer.max_epochs or 1)
+        if self.objective.needs_optimizer_reset:  # e.g. RIFLE re-initialised the classifier
+            optimizer = self.optimizers()
+            self.objective.reset_optimizer_state(getattr(optimizer, "optimizer", optimizer))
 
     def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         self.objective.on_after_optimizer_step()

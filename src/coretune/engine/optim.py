@@ -25,8 +25,9 @@ def build_optimizer(
     """An optimiser over ``(params, lr)`` groups; empty groups are dropped."""
     param_groups = [{"params": params, "lr": lr} for params, lr in groups if params]
     if name == "sgd":
-        return torch.optim.SGD(param_groups, momentum=momentum, nesterov=nesterov and momentum > 0,
-                               weight_decay=weight_decay)
+        return torch.optim.SGD(
+            param_groups, momentum=momentum, nesterov=nesterov and momentum > 0, weight_decay=weight_decay
+        )
     if name == "adam":
         return torch.optim.Adam(param_groups, weight_decay=weight_decay)
     if name == "adamw":

@@ -27,8 +27,14 @@ def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) 
     """Best and last checkpoints (by ``val/top1``), run outputs, and a rich progress bar with ETA."""
     checkpoint_dir = Path(run_dir) / "checkpoints" if run_dir is not None else None
     callbacks: list[Callback] = [
-        ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor="val/top1", mode="max", save_last=True,
-                        auto_insert_metric_name=False),
+        ModelCheckpoint(
+            dirpath=checkpoint_dir,
+            filename="best",
+            monitor="val/top1",
+            mode="max",
+            save_last=True,
+            auto_insert_metric_name=False,
+        ),
         RunArtifacts(run_dir),
     ]
     if progress:
@@ -41,5 +47,6 @@ def make_trainer(run_dir: str | Path, progress: bool = True, **kwargs: Any) -> L
     kwargs.setdefault("precision", default_precision())
     kwargs.setdefault("logger", False)
     kwargs.setdefault("plugins", [AtomicCheckpointIO()])
+    progress = progress and kwargs.get("enable_progress_bar", True)
     kwargs["callbacks"] = default_callbacks(run_dir, progress) + list(kwargs.get("callbacks") or [])
     return L.Trainer(default_root_dir=str(run_dir), **kwargs)

@@ -164,9 +164,7 @@ def _timm_encoder(model_name: str, **kwargs: Any) -> Encoder:
     try:
         body = timm.create_model(model_name, pretrained=False, num_classes=0, **kwargs)
     except TypeError as err:
-        raise ValueError(
-            f"timm model {model_name!r} does not accept options {sorted(kwargs)}: {err}"
-        ) from err
+        raise ValueError(f"timm model {model_name!r} does not accept options {sorted(kwargs)}: {err}") from err
     classifier = body.pretrained_cfg.get("classifier") or ()
     classifier_names = (classifier,) if isinstance(classifier, str) else tuple(classifier)
     stage_names = tuple(info["module"] for info in getattr(body, "feature_info", None) or ())

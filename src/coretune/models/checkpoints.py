@@ -107,7 +107,7 @@ class Extraction:
     Attributes:
         state: backbone state dict with keys as in ``Encoder.body`` (prefix stripped, heads removed).
         dropped: original keys of tensors the layout set aside (heads, projectors, momentum copies, queues).
-        entry: where the backbone was found, e.g. ``state_dict['module.encoder_q.*']``.
+        entry: where the backbone was found, e.g. ``state_dict['module.encoder_q.*']`` or ``checkpoint``.
         prefix: the stripped prefix (used to group dropped keys in messages).
     """
 
@@ -179,7 +179,7 @@ def _prefixed(
             else:
                 dropped.append(key)
         where = "checkpoint" if entry is None else entry
-        return Extraction(state, dropped, f"{where}['{prefix}*']", prefix)
+        return Extraction(state, dropped, f"{where}['{prefix}*']" if prefix else where, prefix)
     return None
 
 
@@ -189,9 +189,7 @@ def _add_prefixed(
     register_layout(name, doc)(lambda raw, encoder: _prefixed(raw, entries, prefixes, heads))
 
 
-@register_layout(
-    "torchvision", "a plain state dict of a torchvision-style model (torch.save(model.state_dict()))"
-)
+@register_layout("torchvision", "a plain state dict of a torchvision-style model (torch.save(model.state_dict()))")
 def _torchvision(raw: Mapping[str, Any], encoder: Encoder) -> Extraction | None:
     if encoder.is_timm:
         return None
@@ -220,8 +218,7 @@ _add_prefixed(
 )
 _add_prefixed(
     "moco",
-    "MoCo v1/v2 (facebookresearch/moco): state_dict with 'module.encoder_q.'; fc MLP head, encoder_k and "
-    "queue dropped",
+    "MoCo v1/v2 (facebookresearch/moco): state_dict with 'module.encoder_q.'; fc MLP head, encoder_k and queue dropped",
     ("state_dict",),
     ("module.encoder_q.", "encoder_q."),
     ("fc",),
@@ -244,8 +241,7 @@ _add_prefixed(
 )
 _add_prefixed(
     "simclr",
-    "SimCLR v1/v2 converted to PyTorch (tonylins/simclr-converter): state_dict with torchvision keys; fc "
-    "dropped",
+    "SimCLR v1/v2 converted to PyTorch (tonylins/simclr-converter): state_dict with torchvision keys; fc dropped",
     ("state_dict",),
     ("",),
     ("fc",),

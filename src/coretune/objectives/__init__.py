@@ -1,20 +1,46 @@
 """Fine-tuning objectives: one class per method against :class:`Objective`, named in a registry."""
 
-from . import ce, core
+from . import bi_tuning, bss, ce, core, delta, l2sp, manifold_mixup, mm, rifle, scl
 from .base import Objective, ObjectiveOutput, available, create, get, register
+from .bi_tuning import BiTuning
+from .bss import BSS
 from .ce import CETuning
 from .core import TABLE2_ROWS, CoreTuning
+from .delta import DELTA, channel_attention
+from .l2sp import L2SP
+from .manifold_mixup import ManifoldMixup
+from .mm import MixAndMatch, batch_hard_triplet_loss
+from .rifle import RIFLE
+from .scl import SCL
 
 __all__ = [
+    "BSS",
+    "DELTA",
+    "L2SP",
+    "RIFLE",
+    "SCL",
     "TABLE2_ROWS",
+    "BiTuning",
     "CETuning",
     "CoreTuning",
+    "ManifoldMixup",
+    "MixAndMatch",
     "Objective",
     "ObjectiveOutput",
     "available",
+    "batch_hard_triplet_loss",
+    "bi_tuning",
+    "bss",
     "ce",
+    "channel_attention",
     "core",
     "create",
+    "delta",
     "get",
+    "l2sp",
+    "manifold_mixup",
+    "mm",
     "register",
+    "rifle",
+    "scl",
 ]

@@ -8,7 +8,7 @@ checkpoints) or ``objective.to(device)``; :func:`move_to` places them lazily on 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
@@ -33,8 +33,9 @@ def stage_names(backbone: nn.Module) -> list[str]:
         stages = [m for m in backbone.children() if isinstance(m, nn.Sequential)]
     if not stages:
         raise ValueError(
-            f"cannot find the stages of backbone {type(backbone).__name__}: give it a stages() method returning "
-            "its intermediate stage modules (coretune.models.Encoder has one), or nn.Sequential children"
+            f"cannot find the stages of backbone {type(backbone).__name__}: give it a stages() method "
+            "returning its intermediate stage modules (coretune.models.Encoder has one), or nn.Sequential "
+            "children"
         )
     names = {id(module): name for name, module in backbone.named_modules()}
     missing = [type(s).__name__ for s in stages if id(s) not in names]
@@ -58,7 +59,7 @@ def frozen_copy(backbone: nn.Module) -> nn.Module:
 
 
 def mirror_modes(source: nn.Module, target: nn.Module) -> None:
-    """Give every submodule of ``target`` the train/eval mode of its counterpart in ``source`` (same structure)."""
+    """Give each submodule of ``target`` the train/eval mode of its counterpart in ``source``."""
     for src, dst in zip(source.modules(), target.modules(), strict=True):
         dst.training = src.training
 
@@ -73,21 +74,27 @@ def move_to(module: nn.Module, device: torch.device) -> nn.Module:
     return module
 
 
-def capture_outputs(modules: Iterable[nn.Module], sink: list[Tensor | None]) -> list[RemovableHandle]:
-    """Register forward hooks storing the output of the ``i``-th module in ``sink[i]``.
+class _Capture:
+    """Forward hook storing the output of ``target`` in ``sink[index]`` (a class: backbones stay picklable).
 
-    Each hook checks the identity of the module it fires on, so a deep copy of the hooked network (which copies
-    the hooks too) does not write into ``sink``.
+    Deep copies and pickles of a hooked network carry an inert hook (no target, an empty sink): they neither
+    copy the captured activations nor write into the original ``sink``.
     """
 
-    def make_hook(target: nn.Module, index: int) -> Callable[[nn.Module, object, Tensor], None]:
-        def hook(module: nn.Module, args: object, output: Tensor) -> None:
-            if module is target:
-                sink[index] = output
+    def __init__(self, target: nn.Module | None, sink: list[Tensor | None], index: int) -> None:
+        self.target, self.sink, self.index = target, sink, index
 
-        return hook
+    def __reduce__(self) -> tuple[type[_Capture], tuple[None, list[Tensor | None], int]]:
+        return _Capture, (None, [None], 0)
 
-    return [module.register_forward_hook(make_hook(module, i)) for i, module in enumerate(modules)]
+    def __call__(self, module: nn.Module, args: object, output: Tensor) -> None:
+        if module is self.target:
+            self.sink[self.index] = output
+
+
+def capture_outputs(modules: Iterable[nn.Module], sink: list[Tensor | None]) -> list[RemovableHandle]:
+    """Hook the ``i``-th module so that its output is stored in ``sink[i]``; returns the hook handles."""
+    return [module.register_forward_hook(_Capture(module, sink, i)) for i, module in enumerate(modules)]
 
 
 def l2_penalty(parameters: Iterable[Tensor]) -> Tensor:

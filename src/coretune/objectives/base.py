@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
 __all__ = ["Objective", "ObjectiveOutput", "available", "create", "get", "register"]
@@ -78,6 +79,12 @@ class Objective(nn.Module):
     def on_after_optimizer_step(self) -> None:
         """Called after every optimiser step."""
 
+    #: Set by an objective that re-initialised heads, so the engine calls :meth:`reset_optimizer_state`.
+    needs_optimizer_reset: bool = False
+
+    def reset_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        """Drop ``optimizer``'s state (momentum buffers …) of re-initialised parameters."""
+
     # -- computation ----------------------------------------------------------------------------------------
     def predict(self, features: Tensor) -> Tensor:
         """Class logits ``G_y(z)`` for evaluation."""
@@ -89,9 +96,7 @@ class Objective(nn.Module):
 
     def _check_built(self) -> None:
         if not self.is_built:
-            raise RuntimeError(
-                f"objective {self.name!r} has no heads yet: call .build(feature_dim, num_classes) first"
-            )
+            raise RuntimeError(f"objective {self.name!r} has no heads yet: call .build(feature_dim, num_classes)")
 
     def hparams(self) -> dict[str, Any]:
         """The constructor's hyper-parameters (stored as attributes of the same names), for configs and logs."""
@@ -131,15 +136,11 @@ def get(name: str) -> tuple[type[Objective], dict[str, Any]]:
     try:
         cls, defaults = _REGISTRY[name][:2]
     except KeyError:
-        raise ValueError(
-            f"unknown objective {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}"
-        ) from None
+        raise ValueError(f"unknown objective {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}") from None
     return cls, dict(defaults)
 
 
-def create(
-    name: str, feature_dim: int | None = None, num_classes: int | None = None, **hparams: Any
-) -> Objective:
+def create(name: str, feature_dim: int | None = None, num_classes: int | None = None, **hparams: Any) -> Objective:
     """Instantiate the objective ``name`` (``hparams`` override its preset); build it if both dims are given."""
     cls, defaults = get(name)
     defaults.update(hparams)
@@ -148,4 +149,3 @@ def create(
     if feature_dim is not None and num_classes is not None:
         objective.build(feature_dim, num_classes)
     return objective
-

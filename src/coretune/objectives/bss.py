@@ -11,9 +11,9 @@ from .base import Objective, ObjectiveOutput, register
 __all__ = ["BSS"]
 
 
-@register("bss", doc="BSS (Chen et al., 2019): CE + η Σ of the k smallest squared singular values of the batch.")
+@register("bss", doc="BSS (Chen et al., 2019): CE + η × the k smallest squared singular values of the batch.")
 class BSS(Objective):
-    r"""Batch Spectral Shrinkage, "Catastrophic forgetting meets negative transfer" (Chen et al., NeurIPS 2019).
+    r"""Batch Spectral Shrinkage, "Catastrophic forgetting meets negative transfer" (Chen et al., NeurIPS'19).
 
     .. math:: \mathcal{L} = CE(G_y(z), y) + \eta \sum_{i=1}^{k} \sigma_{-i}^2
 

@@ -154,7 +154,11 @@ TABLE2_ROWS: tuple[tuple[str, str], ...] = (
     ("CE + L^f_con + mix-H (Core-tuning)", "core"),
 )
 
-add("core", CoreTuning, doc="Core-tuning: focal contrastive loss + hardness-directed mixup + smooth classifier.")
+add(
+    "core",
+    CoreTuning,
+    doc="Core-tuning: focal contrastive loss + hardness-directed mixup + smooth classifier.",
+)
 add("ce_con", CoreTuning, {"focal": False, "mixing": "none"}, "Table 2 row 2: CE + L_con (SupCon).")
 add("ce_mix", CoreTuning, {"eta": 0.0, "mixing": "manifold"}, "Table 2 row 3: CE + manifold mixup.")
 add("ce_con_mixh", CoreTuning, {"focal": False}, "Table 2 row 4: CE + L_con + hardness-directed mixup.")

@@ -35,13 +35,14 @@ def channel_attention(
 ) -> list[Tensor]:
     r"""DELTA's supervised channel attention of every stage output, computed once from the pre-trained model.
 
-    For stage ``j`` and channel ``c``, ``Δ_jc`` is the cross-entropy increase of ``classifier(backbone(x))`` when
-    channel ``c`` of the stage output is zeroed, averaged over ``batches``; the weights are
+    For stage ``j`` and channel ``c``, ``Δ_jc`` is the cross-entropy increase of ``classifier(backbone(x))``
+    when channel ``c`` of the stage output is zeroed, averaged over ``batches``; the weights are
     ``softmax_c(standardise(Δ_j) / temperature)`` — the paper's softmax over channels of the loss increase,
     standardised and tempered by 5 as in the authors' code (``channel_eval.py`` / ``train.py``). A stage whose
     channels all give the same increase gets uniform weights.
 
-    The backbone runs in evaluation mode (restored afterwards). It costs one forward pass per channel and batch.
+    The backbone runs in evaluation mode (restored afterwards); this costs one forward pass per channel and
+    batch.
 
     Args:
         backbone: the pre-trained network mapping images to ``(B, d)`` features.
@@ -95,38 +96,44 @@ def channel_attention(
     return weights
 
 
-@register("delta", doc="DELTA (Li et al., 2019): CE + attention-weighted stage feature-map distance + L2 on heads.")
+@register("delta", doc="DELTA (Li et al., 2019): CE + attention-weighted feature-map distance + L2 on heads.")
 class DELTA(Objective):
-    r"""DELTA, "DEep Learning Transfer using Feature Map with Attention for Convolutional Networks" (ICLR 2019).
+    r"""DELTA: keep the stage feature maps near the pre-trained ones, weighted by channel attention.
 
-    .. math:: \mathcal{L} = CE(G_y(z), y) + \alpha\,\Omega_{FM} + \frac{\beta}{2}\lVert w_{\bar S}\rVert_2^2,\quad
+    "DELTA: DEep Learning Transfer using Feature Map with Attention for Convolutional Networks" (Li et al.,
+    ICLR 2019).
+
+    .. math:: \mathcal{L} = CE(G_y(z), y) + \alpha\,\Omega_{FM} + \frac{\beta}{2}\lVert w_{\bar S}\rVert_2^2,
               \Omega_{FM} = \sum_j \sum_{b=1}^{B} \frac{1}{2} \sum_{c=1}^{C_j}
               \frac{C_j\, a_{jc}}{H_j W_j} \lVert FM_{jc}(w, x_b) - FM_{jc}(w^0, x_b)\rVert_2^2
 
-    ``FM_j(w, x)`` is the output of backbone stage ``j`` (``(C_j, H_j, W_j)``; ResNet ``layer1``..``layer4``, see
-    :func:`coretune.objectives._backbone.stage_names`) of the backbone being fine-tuned and ``FM_j(w⁰, x)`` that of
-    a frozen copy of the pre-trained backbone on the same images; ``a_j`` are the channel attention weights
-    (:func:`channel_attention`, summing to 1 over a stage's channels); ``w_S̄`` are the new heads. The per-channel
-    normalisation ``C_j/(H_j W_j)``, the factor ½ and the *sum* over the batch follow the authors' ``train.py``
-    (so the effective strength grows with the batch size, as in the reference code); defaults
-    ``α = β = 0.01`` are the authors' (``train.py``, ``run.sh``).
+    ``FM_j(w, x)`` is the output of backbone stage ``j`` (``(C_j, H_j, W_j)``; ResNet ``layer1``..``layer4``,
+    see :func:`coretune.objectives._backbone.stage_names`) of the backbone being fine-tuned and
+    ``FM_j(w⁰, x)`` that of a frozen copy of the pre-trained backbone on the same images; ``a_j`` are the
+    channel attention weights (:func:`channel_attention`, summing to 1 over a stage's channels); ``w_S̄`` are
+    the new heads. The per-channel normalisation ``C_j/(H_j W_j)``, the factor ½ and the *sum* over the batch
+    follow the authors' ``train.py`` (so the effective strength grows with the batch size, as in their code);
+    defaults ``α = β = 0.01`` are the authors' (``train.py``, ``run.sh``).
 
     Differences from the reference code: features are taken at the stage outputs rather than at the last
     convolution of each stage, and the attention ablates a channel of the stage output. Until
-    :meth:`compute_channel_attention` (or :meth:`set_channel_attention`) is called the attention is **uniform**
-    (``a_jc = 1/C_j``: the unweighted feature-map distance, "DELTA w/o attention").
+    :meth:`compute_channel_attention` (or :meth:`set_channel_attention`) is called the attention is
+    **uniform** (``a_jc = 1/C_j``: the unweighted feature-map distance, "DELTA w/o attention"). Stage outputs
+    are read as channel-first maps ``(B, C, *spatial)``, as CNNs produce (a transformer block's ``(B, N, C)``
+    tokens would be taken for ``N`` channels).
 
     Wiring: :meth:`attach_backbone` keeps a frozen copy of the pre-trained backbone (outside the module
-    registration: not trainable, not in ``parameters()`` or ``state_dict()``, moved lazily to the data's device)
-    and registers forward hooks on the trainable backbone's stages, so the engine still runs the trainable
-    backbone once per step; :meth:`forward` needs ``inputs`` (the images of the batch, for the frozen copy's own
-    no-grad forward). The frozen copy runs in the same train/eval mode as the trainable backbone, with
-    BatchNorm using batch statistics in training mode without updating its running estimates: the penalty is
-    exactly 0 before the first update. The attention weights are buffers ``attention_0``, ``attention_1`` …
-    (created at the first forward or when set, saved in checkpoints and re-created when a checkpoint is loaded);
-    the buffer ``attention_ready`` tells whether they were computed or set (else they are uniform).
+    registration: not trainable, not in ``parameters()`` or ``state_dict()``, moved lazily to the data's
+    device) and registers forward hooks on the trainable backbone's stages, so the engine still runs the
+    trainable backbone once per step; :meth:`forward` needs ``inputs`` (the images of the batch, for the
+    frozen copy's own no-grad forward). The frozen copy runs in the same train/eval mode as the trainable
+    backbone, with BatchNorm using batch statistics in training mode without updating its running estimates:
+    the penalty is exactly 0 before the first update. The attention weights are buffers ``attention_0``,
+    ``attention_1`` … (created at the first forward or when set, saved in checkpoints and re-created when a
+    checkpoint is loaded); the buffer ``attention_ready`` tells whether they were computed or set (else they
+    are uniform).
 
-    Terms: ``ce``, ``delta`` (``Ω_FM``), ``l2_new`` (``½‖w_S̄‖²``), ``loss`` — the penalties unweighted.
+    Terms (penalties unweighted): ``ce``, ``delta`` (``Ω_FM``), ``l2_new`` (``½‖w_S̄‖²``), ``loss``.
 
     Args:
         alpha: weight ``α >= 0`` of the feature-map term.
@@ -165,16 +172,16 @@ class DELTA(Objective):
         self._handles += capture_outputs([reference.get_submodule(n) for n in names], self._frozen)
 
     def _load_from_state_dict(self, state_dict: dict[str, Tensor], prefix: str, *args: object) -> None:
-        # The attention buffers appear lazily (their sizes come from the backbone): create them before loading.
+        # The attention buffers appear lazily (their sizes come from the backbone): create them first.
         for key, value in state_dict.items():
             name = key[len(prefix) :]
-            if key.startswith(prefix) and name.startswith("attention_") and name[10:].isdigit():
-                if name not in self._buffers:
-                    self.register_buffer(name, torch.empty_like(value))
+            lazy = key.startswith(prefix) and name.startswith("attention_") and name[10:].isdigit()
+            if lazy and name not in self._buffers:
+                self.register_buffer(name, torch.empty_like(value))
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     def attention(self, stage: int, channels: int, device: torch.device) -> Tensor:
-        """Channel weights ``a_j`` of stage ``j`` (a buffer ``attention_j``, uniform until computed or set)."""
+        """Channel weights ``a_j`` of stage ``j``: buffer ``attention_j``, uniform until computed or set."""
         name = f"attention_{stage}"
         weights = self._buffers.get(name)
         if weights is None:
@@ -182,19 +189,19 @@ class DELTA(Objective):
             self.register_buffer(name, weights)
         elif weights.numel() != channels:
             raise ValueError(
-                f"delta has {weights.numel()} attention weights for stage {stage}, whose output has {channels} "
-                "channels: the attention was computed for another backbone"
+                f"delta has {weights.numel()} attention weights for stage {stage}, whose output has "
+                f"{channels} channels: the attention was computed for another backbone"
             )
         return weights
 
     def set_channel_attention(self, weights: Sequence[Tensor]) -> None:
-        """Use precomputed channel weights, one ``(C_j,)`` tensor per stage (e.g. from :func:`channel_attention`)."""
+        """Use precomputed channel weights: one ``(C_j,)`` tensor per stage (:func:`channel_attention`)."""
         self._require_backbone()
         if len(weights) != len(self._stage_names):
             raise ValueError(f"expected channel weights for {len(self._stage_names)} stages, got {len(weights)}")
         for j, w in enumerate(weights):
             if w.dim() != 1 or bool((w < 0).any()):
-                raise ValueError(f"channel weights must be 1-D and >= 0, stage {j} has shape {tuple(w.shape)}")
+                raise ValueError(f"channel weights must be 1-D and >= 0; stage {j} has shape {tuple(w.shape)}")
             self.attention(j, w.numel(), w.device).copy_(w.detach())
         self.attention_ready.fill_(True)
 
@@ -204,8 +211,9 @@ class DELTA(Objective):
         """Compute the attention once from the frozen pre-trained copy (:func:`channel_attention`) and use it.
 
         ``classifier`` should be a head trained on the pre-trained features (the authors first train the new
-        fully-connected layer for 10 epochs on the frozen backbone); it defaults to this objective's classifier,
-        which is only meaningful once trained. ``batches`` are ``(images, labels)`` pairs (a few suffice).
+        fully-connected layer for 10 epochs on the frozen backbone); it defaults to this objective's
+        classifier, which is only meaningful once trained. ``batches`` are ``(images, labels)`` pairs (a few
+        suffice).
         """
         reference = self._require_backbone()
         head = self.classifier if classifier is None else classifier
@@ -221,6 +229,11 @@ class DELTA(Objective):
         self.set_channel_attention(weights)
         return weights
 
+    @property
+    def reference_backbone(self) -> nn.Module:
+        """The frozen copy of the pre-trained backbone (``FM_j(w⁰, ·)``)."""
+        return self._require_backbone()
+
     def _require_backbone(self) -> nn.Module:
         if not self._reference:
             raise RuntimeError("delta needs the pre-trained backbone: call objective.attach_backbone(backbone) first")
@@ -228,14 +241,14 @@ class DELTA(Objective):
 
     # -- computation ----------------------------------------------------------------------------------------
     def feature_map_penalty(self, inputs: Tensor) -> Tensor:
-        """``Ω_FM`` between the trainable backbone's last captured stage outputs and the frozen copy's on ``inputs``."""
+        """``Ω_FM`` between the trainable backbone's last captured stage outputs and the frozen copy's."""
         reference = self._require_backbone()
         current = list(self._current)
         self._current[:] = [None] * len(current)  # release the activations once used
         if any(fm is None or fm.shape[0] != inputs.shape[0] for fm in current):
             raise RuntimeError(
-                "delta found no stage outputs of this batch: run the attached backbone on the batch's images "
-                "just before calling the objective"
+                "delta found no stage outputs of this batch: run the attached backbone on the batch's "
+                "images just before calling the objective"
             )
         mirror_modes(self._backbone[0], reference)
         with torch.no_grad():

@@ -1,4 +1,4 @@
-"""L2-SP: cross-entropy plus an L2 pull towards the pre-trained weights (Li, Grandvalet & Davoine, ICML 2018)."""
+"""L2-SP: cross-entropy plus an L2 pull towards the pre-trained weights (Li et al., ICML 2018)."""
 
 from __future__ import annotations
 
@@ -12,26 +12,26 @@ from .base import Objective, ObjectiveOutput, register
 __all__ = ["L2SP"]
 
 
-@register("l2sp", doc="L2-SP (Li et al., 2018): CE + α/2‖w_S − w_S⁰‖² on the backbone + β/2‖w_new‖² on the heads.")
+@register("l2sp", doc="L2-SP (Li et al., 2018): CE + α/2‖w − w⁰‖² on the backbone + β/2‖w‖² on new heads.")
 class L2SP(Objective):
-    r"""L2-SP, "Explicit inductive bias for transfer learning with convolutional networks" (Li et al., ICML 2018).
+    r"""L2-SP, "Explicit inductive bias for transfer learning with convolutional networks" (Li et al., 2018).
 
     .. math:: \mathcal{L} = CE(G_y(z), y) + \frac{\alpha}{2}\lVert w_S - w_S^0\rVert_2^2
               + \frac{\beta}{2}\lVert w_{\bar S}\rVert_2^2
 
-    ``w_S`` are the backbone's parameters and ``w_S⁰`` their values when :meth:`attach_backbone` is called (the
-    pre-trained starting point, SP); ``w_S̄`` are the objective's new heads (the classifier, weight and bias).
-    The penalty is a loss term, not optimiser weight decay. It covers *every* backbone parameter — convolution and
-    linear weights and biases and the BatchNorm affine parameters — as the reference implementations (the DELTA
-    authors' ``reg_l2sp`` and tllib's ``SPRegularization``) do; BatchNorm running statistics are buffers, not
-    weights, and are not penalised. Defaults ``α = β = 0.01`` are those of the reference implementations (the
-    paper selects them by cross-validation).
+    ``w_S`` are the backbone's parameters and ``w_S⁰`` their values when :meth:`attach_backbone` is called
+    (the pre-trained starting point, SP); ``w_S̄`` are the objective's new heads (the classifier, weight and
+    bias). The penalty is a loss term, not optimiser weight decay. It covers *every* backbone parameter —
+    convolution and linear weights and biases and the BatchNorm affine parameters — as the reference
+    implementations (the DELTA authors' ``reg_l2sp`` and tllib's ``SPRegularization``) do; BatchNorm running
+    statistics are buffers, not weights, and are not penalised. Defaults ``α = β = 0.01`` are those of the
+    reference implementations (the paper selects them by cross-validation).
 
-    The starting point is a detached snapshot held outside the module registration: it is not a parameter (never
-    seen by the optimiser), not in ``state_dict()`` (re-attach the pre-trained backbone when resuming) and is moved
-    lazily to the device of the backbone's parameters.
+    The starting point is a detached snapshot held outside the module registration: it is not a parameter
+    (never seen by the optimiser), not in ``state_dict()`` (re-attach the pre-trained backbone when resuming)
+    and is moved lazily to the device of the backbone's parameters.
 
-    Terms: ``ce``, ``l2sp`` (``½‖w_S − w_S⁰‖²``), ``l2_new`` (``½‖w_S̄‖²``), ``loss`` — the penalties unweighted.
+    Terms (penalties unweighted): ``ce``, ``l2sp`` (``½‖w_S − w_S⁰‖²``), ``l2_new`` (``½‖w_S̄‖²``), ``loss``.
 
     Args:
         alpha: weight ``α >= 0`` of the starting-point penalty on the backbone.

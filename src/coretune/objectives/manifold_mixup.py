@@ -13,20 +13,21 @@ from .base import Objective, ObjectiveOutput, register
 __all__ = ["ManifoldMixup"]
 
 
-@register("manifold_mixup", doc="Manifold mixup (Verma et al., 2019): soft-label CE on mixed encoder features.")
+@register("manifold_mixup", doc="Manifold mixup (Verma et al., 2019): soft-label CE on mixed features.")
 class ManifoldMixup(Objective):
-    r"""Manifold mixup, "Manifold Mixup: Better Representations by Interpolating Hidden States" (Verma et al.,
-    ICML 2019), at the encoder output.
+    r"""Manifold mixup at the encoder output: soft-label CE on mixed features (Verma et al., 2019).
+
+    "Manifold Mixup: Better Representations by Interpolating Hidden States" (Verma et al., ICML 2019).
 
     .. math:: \lambda \sim \mathrm{Beta}(\alpha, \alpha),\quad \pi = \text{random permutation},\quad
               \mathcal{L} = \text{soft-CE}\bigl(G_y(\lambda z + (1-\lambda) z_\pi),\
               \lambda e(y) + (1-\lambda) e(y_\pi)\bigr)
 
-    One ``λ`` per batch and a random pairing of the batch, as in the paper's code. The loss is on the mixed rows
-    only (the paper replaces the standard loss by the mixed one); mixing happens at the layer feeding the
-    classifier rather than at a random layer, since the encoder is outside the objective. For CE on the originals
-    plus mixup, use ``ce_mix`` (Core-tuning's Table 2 row 3). ``α = 2.0`` is the paper's setting for manifold
-    mixup. Draws come from :attr:`generator` when set (else torch's global RNG).
+    One ``λ`` per batch and a random pairing of the batch, as in the paper's code. The loss is on the mixed
+    rows only (the paper replaces the standard loss by the mixed one); mixing happens at the layer feeding the
+    classifier rather than at a random layer, since the encoder is outside the objective. For CE on the
+    originals plus mixup, use ``ce_mix`` (Core-tuning's Table 2 row 3). ``α = 2.0`` is the paper's setting for
+    manifold mixup. Draws come from :attr:`generator` when set (else torch's global RNG).
 
     Terms: ``ce_mix``, ``loss``.
 

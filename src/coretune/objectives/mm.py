@@ -1,4 +1,4 @@
-"""M&M: cross-entropy plus a batch-hard triplet loss (Zhan et al., AAAI 2018), as a classification baseline."""
+"""M&M: cross-entropy plus a batch-hard triplet loss (Zhan et al., AAAI 2018) as a classification baseline."""
 
 from __future__ import annotations
 
@@ -32,18 +32,20 @@ def batch_hard_triplet_loss(features: Tensor, labels: Tensor, margin: float = 0.
     return F.relu(hardest_pos[valid] - hardest_neg[valid] + margin).mean()
 
 
-@register("mm", doc="M&M (Zhan et al., 2018): CE + batch-hard triplet loss (margin 0.3) on normalised features.")
+@register("mm", doc="M&M (Zhan et al., 2018): CE + batch-hard triplet loss (margin 0.3) on unit features.")
 class MixAndMatch(Objective):
-    r"""M&M, "Mix-and-Match Tuning for Self-Supervised Semantic Segmentation" (Zhan et al., AAAI 2018), used as a
-    classification baseline by Core-tuning (Table 1).
+    r"""M&M: cross-entropy plus a batch-hard triplet loss (Zhan et al., 2018), as a classification baseline.
+
+    "Mix-and-Match Tuning for Self-Supervised Semantic Segmentation" (Zhan et al., AAAI 2018), a baseline of
+    Core-tuning's Table 1.
 
     .. math:: \mathcal{L} = CE(G_y(z), y) + \gamma\, \operatorname{mean}_i
               \max\bigl(0,\ \max_{p: y_p = y_i} d_{ip} - \min_{n: y_n \neq y_i} d_{in} + m\bigr)
 
     M&M's "match" stage trains the features with a triplet loss over class-consistent pairs; here the triplets
-    are mined in the batch (hardest positive and hardest negative of each anchor by Euclidean distance ``d`` of the
-    L2-normalised encoder features, :func:`batch_hard_triplet_loss`); anchors without a positive or a negative
-    are skipped. Margin ``m = 0.3``, weight ``γ = 1``.
+    are mined in the batch (hardest positive and hardest negative of each anchor by Euclidean distance ``d``
+    of the L2-normalised encoder features, :func:`batch_hard_triplet_loss`); anchors without a positive or a
+    negative are skipped. Margin ``m = 0.3``, weight ``γ = 1``.
 
     Terms: ``ce``, ``triplet``, ``loss``.
 
@@ -54,9 +56,8 @@ class MixAndMatch(Objective):
 
     def __init__(self, margin: float = 0.3, triplet_weight: float = 1.0) -> None:
         super().__init__()
-        problems = [
-            f"{n} must be >= 0 (got {v})" for n, v in (("margin", margin), ("triplet_weight", triplet_weight)) if v < 0
-        ]
+        settings = (("margin", margin), ("triplet_weight", triplet_weight))
+        problems = [f"{n} must be >= 0 (got {v})" for n, v in settings if v < 0]
         if problems:
             raise ValueError("invalid M&M settings: " + "; ".join(problems))
         self.margin, self.triplet_weight = margin, triplet_weight

@@ -13,25 +13,27 @@ __all__ = ["RIFLE"]
 
 @register("rifle", doc="RIFLE (Li et al., 2020): CE, re-initialising the classifier at evenly spaced epochs.")
 class RIFLE(Objective):
-    r"""RIFLE, "Backpropagation in depth for deep transfer learning through Re-Initializing the Fully-connected
+    r"""RIFLE: cross-entropy, re-initialising the classifier a few times during training (Li et al., 2020).
+
+    "RIFLE: Backpropagation in depth for deep transfer learning through Re-Initializing the Fully-connected
     LayEr" (Li et al., ICML 2020).
 
-    The loss is plain cross-entropy; the new classifier is re-initialised (``nn.Linear.reset_parameters``) at the
-    start of the epochs
+    The loss is plain cross-entropy; the new classifier is re-initialised (``nn.Linear.reset_parameters``) at
+    the start of the epochs
 
     .. math:: e_k = \left\lfloor \frac{k\, p\, T}{n + 1} \right\rfloor, \quad k = 1, \dots, n
 
-    for ``T`` training epochs, ``n = reinit_times`` and ``p = reinit_fraction`` (epoch 0 and duplicates dropped,
-    see :meth:`schedule`). With ``p = 1`` this splits training into ``n + 1`` periods of equal length, as the
-    authors' ``train.py`` does (``fc_layer.reset_parameters()`` every ``T/(n+1)`` epochs; e.g. epochs 10, 20, 30
-    of 40 for ``n = 3``); ``p < 1`` confines the re-initialisations to the first ``p`` of training. The default
-    ``n = 3`` gives 4 periods, the largest number the authors' Paddle implementation tries (2–4 periods, best
-    reported per dataset); the optional cyclic learning rate of the classifier in the authors' code is left to
-    the engine's scheduler.
+    for ``T`` training epochs, ``n = reinit_times`` and ``p = reinit_fraction`` (epoch 0 and duplicates
+    dropped, see :meth:`schedule`). With ``p = 1`` this splits training into ``n + 1`` periods of equal
+    length, as the authors' ``train.py`` does (``fc_layer.reset_parameters()`` every ``T/(n+1)`` epochs; e.g.
+    epochs 10, 20, 30 of 40 for ``n = 3``); ``p < 1`` confines the re-initialisations to the first ``p`` of
+    training. The default ``n = 3`` gives 4 periods, the largest number the authors' Paddle implementation
+    tries (2–4 periods, best reported per dataset); the optional cyclic learning rate of the classifier in the
+    authors' code is left to the engine's scheduler.
 
     After a re-initialisation the optimiser's state for the classifier (momentum, Adam moments) is stale:
-    :attr:`needs_optimizer_reset` becomes ``True``, and the engine should call :meth:`reset_optimizer_state` with
-    its optimiser (which clears the flag). :attr:`reinitialized_at` lists the epochs at which it happened.
+    :attr:`needs_optimizer_reset` becomes ``True``, and the engine should call :meth:`reset_optimizer_state`
+    with its optimiser (which clears the flag); :attr:`reinitialized_at` lists the epochs when it happened.
 
     Terms: ``ce``, ``loss``.
 

@@ -1,4 +1,4 @@
-"""SCL: cross-entropy plus supervised contrastive learning on the encoder features (Gunel et al., ICLR 2021)."""
+"""SCL: cross-entropy plus supervised contrastive learning on encoder features (Gunel et al., ICLR 2021)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,19 @@ __all__ = ["SCL"]
 
 @register("scl", doc="SCL (Gunel et al., 2021): (1−λ)·CE + λ·SupCon on the L2-normalised encoder features.")
 class SCL(Objective):
-    r"""SCL, "Supervised contrastive learning for pre-trained language model fine-tuning" (Gunel et al., ICLR 2021).
+    r"""SCL: cross-entropy plus supervised contrastive loss on the normalised features (Gunel et al., 2021).
+
+    "Supervised contrastive learning for pre-trained language model fine-tuning" (Gunel et al., ICLR 2021).
 
     .. math:: \mathcal{L} = (1 - \lambda)\, CE(G_y(z), y) + \lambda\, \mathcal{L}_{SCL},\quad
               \mathcal{L}_{SCL} = \operatorname{mean}_i \frac{-1}{|P_i|} \sum_{j \in P_i}
               \log \frac{\exp(\Phi_i \cdot \Phi_j / \tau)}{\sum_{k \neq i} \exp(\Phi_i \cdot \Phi_k / \tau)}
 
-    with ``Φ = z/‖z‖`` the L2-normalised encoder features (no projection head, as in the paper) and ``P_i`` the
-    other samples of the batch with label ``y_i`` (:func:`coretune.losses.contrastive_loss` with
-    :func:`~coretune.losses.supcon_positive_mask`). The paper sums the per-anchor terms over the batch; they are
-    averaged here over anchors with at least one positive, as in :func:`~coretune.losses.contrastive_loss`.
-    Defaults ``λ = 0.9``, ``τ = 0.3`` are the paper's best setting.
+    with ``Φ = z/‖z‖`` the L2-normalised encoder features (no projection head, as in the paper) and ``P_i``
+    the other samples of the batch with label ``y_i`` (:func:`coretune.losses.contrastive_loss` with
+    :func:`~coretune.losses.supcon_positive_mask`). The paper sums the per-anchor terms over the batch; they
+    are averaged here over anchors with at least one positive, as in
+    :func:`~coretune.losses.contrastive_loss`. Defaults ``λ = 0.9``, ``τ = 0.3`` are the paper's best setting.
 
     Terms: ``ce``, ``scl``, ``loss``.
 
@@ -47,6 +49,7 @@ class SCL(Objective):
         self._check_built()
         logits = self.classifier(features)
         ce = F.cross_entropy(logits.float(), labels)
-        scl = contrastive_loss(F.normalize(features.float(), dim=1), supcon_positive_mask(labels), self.temperature)
+        unit = F.normalize(features.float(), dim=1)
+        scl = contrastive_loss(unit, supcon_positive_mask(labels), self.temperature)
         loss = (1 - self.lam) * ce + self.lam * scl
         return ObjectiveOutput(loss, logits, {"ce": ce.detach(), "scl": scl.detach(), "loss": loss.detach()})

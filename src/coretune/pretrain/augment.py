@@ -2,12 +2,12 @@
 
 Every image of the batch draws its own crop, flip, colour jitter and grayscale, as torchvision's
 ``RandomResizedCrop → RandomHorizontalFlip → RandomApply(ColorJitter, p) → RandomGrayscale`` would per image
-(SimCLR, Chen et al. 2020, Appendix A; MoCo v2 "aug+", Chen et al. 2020), but vectorised over the batch so that a
-CPU keeps up at 32–64 px. Differences from torchvision, by design: the crop box is continuous (not rounded to
-pixels) and resampled with :func:`torchvision.ops.roi_align` (bilinear, 2×2 samples per output pixel); the jitter
-operations run in a fixed order (brightness, contrast, saturation, hue) and the hue shift is a rotation of the
-chroma plane in YIQ space, a close linear approximation of HSV hue rotation. Gaussian blur is omitted (SimCLR
-drops it for CIFAR-sized images).
+(SimCLR, Chen et al. 2020, Appendix A; MoCo v2 "aug+", Chen et al. 2020), but vectorised over the batch so
+that a CPU keeps up at 32–64 px. Differences from torchvision, by design: the crop box is continuous (not
+rounded to pixels) and resampled with :func:`torchvision.ops.roi_align` (bilinear, 2×2 samples per output
+pixel); the jitter operations run in a fixed order (brightness, contrast, saturation, hue) and the hue shift
+is a rotation of the chroma plane in YIQ space, a close linear approximation of HSV hue rotation. Gaussian
+blur is omitted (SimCLR drops it for CIFAR-sized images).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ _RGB_TO_YIQ = ((0.299, 0.587, 0.114), (0.596, -0.274, -0.322), (0.211, -0.523, 0
 
 
 class BatchAugment(nn.Module):
-    """Random views of a batch: ``forward(x (B, 3, H, W) uint8 or float in [0, 1]) -> (B, 3, S, S)`` normalised.
+    """Random views of a batch: ``forward(x (B, 3, H, W), uint8 or float in [0, 1]) -> (B, 3, S, S)``.
 
     Args:
         image_size: output side ``S``.
-        crop_scale: range of the crop area as a fraction of the image (torchvision ``RandomResizedCrop.scale``).
+        crop_scale: range of the crop area, a fraction of the image (torchvision ``RandomResizedCrop.scale``).
         crop_ratio: range of the crop aspect ratio.
         flip_p: probability of a horizontal flip.
         jitter_p: probability of applying colour jitter to an image.
@@ -81,8 +81,8 @@ class BatchAugment(nn.Module):
         self.crop_ratio = tuple(crop_ratio)
         self.flip_p, self.jitter_p, self.grayscale_p = flip_p, jitter_p, grayscale_p
         self.brightness, self.contrast, self.saturation, self.hue = brightness, contrast, saturation, hue
-        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("gray", torch.tensor(_GRAY).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("rgb_to_yiq", torch.tensor(_RGB_TO_YIQ), persistent=False)
 
@@ -110,7 +110,7 @@ class BatchAugment(nn.Module):
         return (x * self.gray).sum(dim=1, keepdim=True)
 
     def color_jitter(self, x: Tensor) -> Tensor:
-        """Per-image brightness, contrast, saturation and hue (YIQ rotation), each result clamped to [0, 1]."""
+        """Per-image brightness, contrast, saturation and hue (YIQ rotation), each clamped to [0, 1]."""
         b, device = x.shape[0], x.device
         if self.brightness > 0:
             x = (x * self._factors(b, self.brightness, device)).clamp(0, 1)
@@ -138,8 +138,7 @@ class BatchAugment(nn.Module):
         device = x.device
         boxes = self.crop_boxes(b, height, width, device)
         rois = torch.cat([torch.arange(b, device=device, dtype=x.dtype)[:, None], boxes], dim=1)
-        x = roi_align(x, rois, (self.image_size, self.image_size), spatial_scale=1.0, sampling_ratio=2,
-                      aligned=True)
+        x = roi_align(x, rois, (self.image_size, self.image_size), spatial_scale=1.0, sampling_ratio=2, aligned=True)
         flip = torch.rand(b, 1, 1, 1, device=device) < self.flip_p
         x = torch.where(flip, x.flip(3), x)
         jitter = torch.rand(b, 1, 1, 1, device=device) < self.jitter_p

@@ -12,8 +12,8 @@ __all__ = ["KeyQueue", "moco_infonce", "nt_xent"]
 def nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
     r"""NT-Xent (SimCLR, Chen et al. 2020, Eq. 1), averaged over all ``2N`` anchors.
 
-    ``z1[i]`` and ``z2[i]`` are two views of image ``i``; with ``v = normalize([z1; z2])`` and ``j(i)`` the other
-    view of anchor ``i``: ``ℓ_i = -log exp(v_i·v_{j(i)}/τ) / Σ_{k≠i} exp(v_i·v_k/τ)``. Computed in float32.
+    ``z1[i]`` and ``z2[i]`` are two views of image ``i``; with ``v = normalize([z1; z2])`` and ``j(i)`` the
+    other view of anchor ``i``: ``ℓ_i = -log exp(v_i·v_{j(i)}/τ) / Σ_{k≠i} exp(v_i·v_k/τ)``, in float32.
     """
     if z1.shape != z2.shape or z1.dim() != 2:
         raise ValueError(f"z1 and z2 must both be (N, d), got {tuple(z1.shape)} and {tuple(z2.shape)}")
@@ -29,8 +29,8 @@ def nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
 
 
 def moco_infonce(q: Tensor, k: Tensor, queue: Tensor, temperature: float = 0.2) -> Tensor:
-    """MoCo's InfoNCE (He et al. 2020, Eq. 1): the key ``k[i]`` is the positive of query ``q[i]``, the queued keys
-    ``queue`` (``(d, K)``, L2-normalised columns) are its negatives. ``q`` and ``k`` are normalised here."""
+    """MoCo's InfoNCE (He et al. 2020, Eq. 1): key ``k[i]`` is the positive of query ``q[i]``, the queued
+    keys ``queue`` (``(d, K)``, L2-normalised columns) are its negatives; ``q`` and ``k`` get normalised."""
     q, k = F.normalize(q.float(), dim=1), F.normalize(k.float(), dim=1)
     positive = (q * k).sum(dim=1, keepdim=True)
     negatives = q @ queue.float()
@@ -39,10 +39,10 @@ def moco_infonce(q: Tensor, k: Tensor, queue: Tensor, temperature: float = 0.2) 
 
 
 class KeyQueue(nn.Module):
-    """A FIFO queue of ``size`` keys stored as columns of ``queue`` ``(dim, size)``, as in facebookresearch/moco.
+    """A FIFO queue of ``size`` keys, the columns of ``queue`` ``(dim, size)``, as in facebookresearch/moco.
 
-    :meth:`enqueue` overwrites the oldest columns (wrapping around), so any batch size works, not only divisors of
-    ``size``. The buffers ``queue`` and ``queue_ptr`` are saved with the model.
+    :meth:`enqueue` overwrites the oldest columns (wrapping around), so any batch size works, not only
+    divisors of ``size``. The buffers ``queue`` and ``queue_ptr`` are saved with the model.
     """
 
     queue: Tensor

@@ -23,16 +23,22 @@ class ClassificationTask:
 
     @staticmethod
     def train_metrics(num_classes: int) -> MetricCollection:
-        return MetricCollection({
-            "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
-            "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
-        })
+        return MetricCollection(
+            compute_groups=False,
+            metrics={
+                "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
+                "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
+            },
+        )
 
     @staticmethod
     def eval_metrics(num_classes: int) -> MetricCollection:
-        return MetricCollection({
-            "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
-            "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
-            "per_class": MulticlassAccuracy(num_classes, top_k=1, average="none"),
-            "confusion": MulticlassConfusionMatrix(num_classes),
-        })
+        return MetricCollection(
+            compute_groups=False,
+            metrics={
+                "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
+                "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
+                "per_class": MulticlassAccuracy(num_classes, top_k=1, average="none"),
+                "confusion": MulticlassConfusionMatrix(num_classes),
+            },
+        )

@@ -1,0 +1,206 @@
+"""Bi-tuning: classifier and projector heads contrasted against per-class key queues (Zhong et al., 2020)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..losses import soft_cross_entropy
+from ._backbone import frozen_copy, mirror_modes, move_to
+from .base import Objective, ObjectiveOutput, register
+
+__all__ = ["BiTuning"]
+
+
+@torch.no_grad()
+def _momentum_update(online: nn.Module, key: nn.Module, momentum: float) -> None:
+    """``θ_k ← m θ_k + (1 − m) θ_q`` over matching parameters (MoCo's key-encoder update)."""
+    for p_q, p_k in zip(online.parameters(), key.parameters(), strict=True):
+        p_k.mul_(momentum).add_(p_q.detach().to(p_k.device), alpha=1 - momentum)
+
+
+@register("bi_tuning", doc="Bi-tuning (Zhong et al., 2020): CE + contrastive CE to prototypes + categorical CL.")
+class BiTuning(Objective):
+    r"""Bi-tuning, "Bi-tuning of pre-trained representations" (Zhong et al., 2020; arXiv:2011.06182).
+
+    .. math:: \mathcal{L} = CE(G_y(h), y) + \gamma\,(\mathcal{L}_{CCE} + \mathcal{L}_{CCL})
+
+    Per class ``c`` two FIFO queues hold the last ``K`` keys of that class: ``Q^h_c`` (``ĥ = normalize([h;
+    1])``, the features augmented with a 1 for the bias) and ``Q^z_c`` (``ẑ = normalize(G_z(h))``, the
+    projector output). For a sample ``i`` of class ``c = y_i``, with uniform targets ``1/(K+1)`` on the ``K +
+    1`` positives:
+
+    - contrastive cross-entropy (classifier head): the prototype ``w_c = normalize([W_c; b_c])`` (the
+      classifier's row, detached as in the authors' code) is contrasted against ``ĥ_i`` and ``Q^h_c``
+      (positives) and the other classes' queues (negatives):
+      ``L_CCE = −(1/(K+1)) Σ_{k ∈ {ĥ_i} ∪ Q^h_c} log softmax(w_c·k/τ)`` over the ``1 + C·K`` candidates;
+    - categorical contrastive learning (projector head): the query ``ẑ_i`` against its own key ``ẑ^k_i`` and
+      ``Q^z_c`` (positives) and the other classes' queues (negatives), same form.
+
+    The keys ``ĥ^k``, ``ẑ^k`` come from a momentum key encoder (``θ_k ← m θ_k + (1−m) θ_q`` after every
+    optimiser step, :meth:`on_after_optimizer_step`) and are enqueued in their class's queue after the losses
+    are computed. With ``momentum_backbone=True`` (default) the key encoder is a momentum copy of the backbone
+    and projector, run without gradient on ``inputs``: the engine gives one augmented view per step, so the
+    key is computed on the same view as the query (the authors' tllib code feeds a second augmented view),
+    which keeps MoCo's slowly-evolving, consistent keys at the cost of one extra no-grad forward and a
+    backbone copy in memory. With ``momentum_backbone=False`` the key is a momentum copy of the projector over
+    the detached current features (``ĥ^k = ĥ`` detached): no extra forward, but the queued features come from
+    the live backbone. The losses are soft-label cross-entropies; the authors' KL divergence differs by the
+    constant ``log(K+1)`` and has the same gradients. Defaults ``K = 40`` per class, ``m = 0.999``, ``τ =
+    0.07``, projector ``Linear(d, 128)``, ``γ = 1`` are the authors' (tllib).
+
+    The queues are buffers (``queue_h`` ``(C, K, d+1)``, ``queue_z`` ``(C, K, proj_dim)``, initialised with
+    random unit vectors, and ``queue_ptr`` ``(C,)``), saved in checkpoints. The momentum copies are held
+    outside the module registration (not in ``parameters()`` nor ``state_dict()``, moved lazily to the data's
+    device) and are re-synchronised with the backbone and projector by :meth:`attach_backbone`.
+
+    Terms: ``ce``, ``cce``, ``ccl``, ``loss``.
+
+    Args:
+        queue_size: keys per class ``K >= 1``.
+        momentum: key-encoder momentum ``m ∈ [0, 1]``.
+        temperature: ``τ > 0``.
+        proj_dim: output width of the projector ``G_z``.
+        contrast_weight: weight ``γ >= 0`` of ``L_CCE + L_CCL``.
+        momentum_backbone: run a momentum copy of the backbone on ``inputs`` for the keys (see above).
+    """
+
+    def __init__(
+        self,
+        queue_size: int = 40,
+        momentum: float = 0.999,
+        temperature: float = 0.07,
+        proj_dim: int = 128,
+        contrast_weight: float = 1.0,
+        momentum_backbone: bool = True,
+    ) -> None:
+        super().__init__()
+        problems = []
+        if queue_size < 1:
+            problems.append(f"queue_size must be >= 1 (got {queue_size})")
+        if not 0.0 <= momentum <= 1.0:
+            problems.append(f"momentum must lie in [0, 1] (got {momentum})")
+        if temperature <= 0:
+            problems.append(f"temperature must be > 0 (got {temperature})")
+        if proj_dim < 1:
+            problems.append(f"proj_dim must be >= 1 (got {proj_dim})")
+        if contrast_weight < 0:
+            problems.append(f"contrast_weight must be >= 0 (got {contrast_weight})")
+        if problems:
+            raise ValueError("invalid Bi-tuning settings: " + "; ".join(problems))
+        self.queue_size, self.momentum, self.temperature = queue_size, momentum, temperature
+        self.proj_dim, self.contrast_weight = proj_dim, contrast_weight
+        self.momentum_backbone = momentum_backbone
+        # Lists keep these out of the module registration (see the class docstring).
+        self._backbone: list[nn.Module] = []
+        self._key_backbone: list[nn.Module] = []
+        self._key_projector: list[nn.Module] = []
+
+    def build_heads(self, feature_dim: int, num_classes: int) -> None:
+        self.projector = nn.Linear(feature_dim, self.proj_dim)
+        self._key_projector = [frozen_copy(self.projector)]
+        k = self.queue_size
+        self.register_buffer("queue_h", F.normalize(torch.randn(num_classes, k, feature_dim + 1), dim=2))
+        self.register_buffer("queue_z", F.normalize(torch.randn(num_classes, k, self.proj_dim), dim=2))
+        self.register_buffer("queue_ptr", torch.zeros(num_classes, dtype=torch.long))
+
+    def attach_backbone(self, backbone: nn.Module) -> None:
+        """Start the momentum key encoder from ``backbone`` (and the current projector)."""
+        self._backbone = [backbone]
+        self._key_backbone = [frozen_copy(backbone)] if self.momentum_backbone else []
+        if self.is_built:
+            self._key_projector = [frozen_copy(self.projector)]
+
+    @property
+    def key_projector(self) -> nn.Module:
+        """The momentum copy of the projector."""
+        self._check_built()
+        return self._key_projector[0]
+
+    @property
+    def key_backbone(self) -> nn.Module | None:
+        """The momentum copy of the backbone (``None`` if not attached or ``momentum_backbone=False``)."""
+        return self._key_backbone[0] if self._key_backbone else None
+
+    def on_after_optimizer_step(self) -> None:
+        """Momentum update of the key projector (and key backbone)."""
+        self._check_built()
+        _momentum_update(self.projector, self._key_projector[0], self.momentum)
+        if self._key_backbone:
+            _momentum_update(self._backbone[0], self._key_backbone[0], self.momentum)
+
+    @torch.no_grad()
+    def keys(self, features: Tensor, inputs: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The key embeddings ``(ĥ^k (B, d+1), ẑ^k (B, proj_dim))`` of the batch, without gradient."""
+        if self.momentum_backbone:
+            if not self._key_backbone:
+                raise RuntimeError(
+                    "bi_tuning with momentum_backbone=True needs objective.attach_backbone(backbone) before "
+                    "training (or set momentum_backbone=False)"
+                )
+            if inputs is None:
+                raise ValueError(
+                    "bi_tuning with momentum_backbone=True needs the batch's images: call "
+                    "objective(features, labels, inputs=images) (or set momentum_backbone=False)"
+                )
+            key_backbone = move_to(self._key_backbone[0], inputs.device)
+            mirror_modes(self._backbone[0], key_backbone)
+            h = key_backbone(inputs).float()
+        else:
+            h = features.detach().float()
+        key_projector = move_to(self._key_projector[0], features.device)
+        z = F.normalize(key_projector(h.to(key_projector.weight.dtype)).float(), dim=1)
+        return _augment(h), z
+
+    @torch.no_grad()
+    def enqueue(self, h_keys: Tensor, z_keys: Tensor, labels: Tensor) -> None:
+        """Write each key into its class's queue, FIFO (oldest overwritten first), in batch order."""
+        k = self.queue_size
+        onehot = F.one_hot(labels, self.num_classes)
+        rank = (onehot.cumsum(0) - onehot).gather(1, labels[:, None]).squeeze(1)  # index within its class
+        count = onehot.sum(0)
+        keep = rank >= count[labels] - k  # only a class's last K keys of the batch survive
+        slot = (self.queue_ptr[labels] + rank) % k
+        self.queue_h[labels[keep], slot[keep]] = h_keys[keep].to(self.queue_h.dtype)
+        self.queue_z[labels[keep], slot[keep]] = z_keys[keep].to(self.queue_z.dtype)
+        self.queue_ptr.copy_((self.queue_ptr + count) % k)
+
+    def _contrast(self, cur: Tensor, against_queue: Tensor, labels: Tensor) -> Tensor:
+        """Soft-CE of ``[cur (B,), queue logits (B, C·K)] / τ``; uniform targets on the K + 1 positives."""
+        queue_class = torch.arange(self.num_classes, device=labels.device).repeat_interleave(self.queue_size)
+        positives = torch.cat(
+            [torch.ones_like(labels, dtype=torch.bool)[:, None], queue_class[None, :] == labels[:, None]],
+            dim=1,
+        )
+        logits = torch.cat([cur[:, None], against_queue], dim=1) / self.temperature
+        return soft_cross_entropy(logits, positives.float() / (self.queue_size + 1))
+
+    def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
+        self._check_built()
+        h_keys, z_keys = self.keys(features, inputs)
+        # Snapshots: the queues change in place below, after autograd saved them for the backward pass.
+        queue_h = self.queue_h.flatten(0, 1).clone()
+        queue_z = self.queue_z.flatten(0, 1).clone()
+
+        logits = self.classifier(features)
+        ce = F.cross_entropy(logits.float(), labels)
+
+        z = F.normalize(self.projector(features).float(), dim=1)
+        ccl = self._contrast((z * z_keys).sum(1), z @ queue_z.float().T, labels)
+
+        h = _augment(features.float())
+        weight, bias = self.classifier.weight.detach(), self.classifier.bias.detach()
+        prototypes = F.normalize(torch.cat([weight, bias[:, None]], dim=1).float(), dim=1)
+        w = prototypes[labels]  # (B, d+1): the prototype of each sample's class
+        cce = self._contrast((w * h).sum(1), w @ queue_h.float().T, labels)
+
+        self.enqueue(h_keys, z_keys, labels)
+        loss = ce + self.contrast_weight * (cce + ccl)
+        terms = {"ce": ce.detach(), "cce": cce.detach(), "ccl": ccl.detach(), "loss": loss.detach()}
+        return ObjectiveOutput(loss, logits, terms)
+
+
+def _augment(h: Tensor) -> Tensor:
+    """``normalize([h; 1])``: the features with a constant 1 for the classifier's bias, L2-normalised."""
+    return F.normalize(torch.cat([h, h.new_ones(h.shape[0], 1)], dim=1), dim=1)

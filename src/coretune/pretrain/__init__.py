@@ -1,0 +1,27 @@
+"""Contrastive self-supervised pre-training (SimCLR, MoCo v2) of any coretune backbone on unlabelled data."""
+
+from .augment import BatchAugment
+from .data import PretrainData
+from .losses import KeyQueue, moco_infonce, nt_xent
+from .module import (
+    PRETRAINED_FILENAME,
+    ContrastivePretrainer,
+    ExportPretrained,
+    MoCoV2,
+    SimCLR,
+    pretrain_callbacks,
+)
+
+__all__ = [
+    "PRETRAINED_FILENAME",
+    "BatchAugment",
+    "ContrastivePretrainer",
+    "ExportPretrained",
+    "KeyQueue",
+    "MoCoV2",
+    "PretrainData",
+    "SimCLR",
+    "moco_infonce",
+    "nt_xent",
+    "pretrain_callbacks",
+]

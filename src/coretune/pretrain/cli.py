@@ -1,0 +1,112 @@
+"""``coretune pretrain``: a LightningCLI over the contrastive methods and :class:`PretrainData`.
+
+``--method simclr|moco_v2`` picks the method (default SimCLR), ``--model.<param>`` its hyper-parameters,
+``--data.<param>`` the images and augmentations, ``--trainer.<param>`` the loop. Re-running with the same
+``--run_dir`` resumes from its ``checkpoints/last.ckpt``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.cli import LightningCLI
+
+from ..engine import default_precision
+from ..engine.checkpoint_io import AtomicCheckpointIO
+from .data import PretrainData
+from .module import PRETRAINED_FILENAME, ContrastivePretrainer, MoCoV2, SimCLR, pretrain_callbacks
+
+__all__ = ["METHODS", "PretrainCLI", "run", "translate_args"]
+
+METHODS: dict[str, type[ContrastivePretrainer]] = {"simclr": SimCLR, "moco_v2": MoCoV2}
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def translate_args(args: list[str]) -> list[str]:
+    """Rewrite ``--method NAME`` to ``--model=<class path>`` (first, so ``--model.*`` options apply to it),
+    ``--seed N`` to ``--seed_everything=N``; without ``--method``/``--model`` the method is SimCLR."""
+    out: list[str] = []
+    model: str | None = None
+    it = iter(args)
+    for arg in it:
+        key, eq, value = arg.partition("=")
+        if key in ("--method", "--model"):
+            value = value if eq else next(it, "")
+            if key == "--method" and value not in METHODS:
+                raise ValueError(f"unknown pre-training method {value!r}: choose one of {', '.join(METHODS)}")
+            model = _class_path(METHODS[value]) if key == "--method" else value
+        elif key == "--seed":
+            out.append(f"--seed_everything={value if eq else next(it, '')}")
+        else:
+            out.append(arg)
+    return [f"--model={model or _class_path(SimCLR)}", *out]
+
+
+class PretrainCLI(LightningCLI):
+    """Pre-training runs write into ``--run_dir`` (default ``runs/pretrain-<method>-<date>-<time>``)."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.link_arguments("seed_everything", "data.seed")
+        parser.add_argument(
+            "--run_dir",
+            type=str | None,
+            default=None,
+            help="Run directory (default: runs/pretrain-<method>-<date>-<time>). Reuse it to "
+            "resume from its checkpoints/last.ckpt.",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        if config.get("run_dir") is None:
+            name = str(config["model"]["class_path"]).rsplit(".", 1)[-1].lower()
+            config["run_dir"] = str(Path("runs") / f"pretrain-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        config["trainer"]["default_root_dir"] = config["run_dir"]
+        last = Path(config["run_dir"]) / "checkpoints" / "last.ckpt"
+        if config.get("ckpt_path") is None and last.is_file():
+            config["ckpt_path"] = str(last)
+
+    def after_fit(self) -> None:
+        if self.trainer.interrupted or not self.trainer.is_global_zero:
+            return
+        from rich.console import Console
+
+        run_dir = Path(self.trainer.default_root_dir)
+        weights = run_dir / PRETRAINED_FILENAME
+        backbone = self.model.backbone.name
+        console = Console()
+        console.print(f"[bold]run directory[/bold]: {run_dir} (metrics.csv, learning curve, checkpoints/)")
+        console.print(f"[bold]pre-trained encoder[/bold]: {weights}")
+        console.print(
+            f"fine-tune it:  coretune fit --model.backbone {backbone} --model.weights {weights} "
+            "--data.root <image folder>",
+            highlight=False,
+        )
+        console.print(
+            f"evaluate it:   coretune eval knn --backbone {backbone} --weights {weights} --data.root <image folder>",
+            highlight=False,
+        )
+
+
+def run(args: list[str]) -> None:
+    """Entry point of ``coretune pretrain``."""
+    PretrainCLI(
+        ContrastivePretrainer,
+        PretrainData,
+        args=["fit", *translate_args(args)],
+        subclass_mode_model=True,
+        seed_everything_default=0,
+        trainer_defaults={
+            "precision": default_precision(),
+            "logger": False,
+            "plugins": [AtomicCheckpointIO()],
+            "callbacks": pretrain_callbacks(None),
+        },
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"fit": {"default_env": False}},
+        auto_configure_optimizers=False,
+    )

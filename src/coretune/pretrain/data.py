@@ -1,0 +1,114 @@
+"""Unlabelled images for contrastive pre-training, delivered as two augmented views per image."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+
+from ..data import IMAGENET_MEAN, IMAGENET_STD, DataError, ImageFileDataset
+from ..data.datasets import OnBadImage
+from .augment import BatchAugment
+
+__all__ = ["PretrainData"]
+
+
+class PretrainData(L.LightningDataModule):
+    """Every image under ``root`` (recursively; class sub-folders are ignored) as pairs of random views.
+
+    Images are decoded, resized (shorter side) and centre-cropped to ``image_size`` in the loader and batched
+    as uint8; after the batch reaches the device, :class:`BatchAugment` draws two independent views of the
+    whole batch (SimCLR / MoCo-v2 augmentations), so a training batch is ``(view1, view2)``, both normalised.
+
+    Args:
+        root: Folder of training images (an ImageFolder tree works; labels are not used).
+        image_size: Side of the square views in pixels.
+        batch_size: Images per batch (each yields two views).
+        num_workers: DataLoader worker processes (0 decodes in the main process).
+        seed: Seed of the shuffle order.
+        on_bad_image: Unreadable files: "error" stops at the first; "skip" leaves them out and warns once.
+        crop_scale: Area range of the random resized crop.
+        flip_p: Probability of a horizontal flip.
+        jitter_p: Probability of colour jitter.
+        brightness: Brightness jitter strength.
+        contrast: Contrast jitter strength.
+        saturation: Saturation jitter strength.
+        hue: Hue jitter range (turns, <= 0.5).
+        grayscale_p: Probability of a grayscale view.
+        mean: Normalisation mean (RGB); use the same values when fine-tuning.
+        std: Normalisation standard deviation (RGB).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        image_size: int = 64,
+        batch_size: int = 256,
+        num_workers: int = 0,
+        seed: int = 0,
+        on_bad_image: OnBadImage = "error",
+        crop_scale: tuple[float, float] = (0.2, 1.0),
+        flip_p: float = 0.5,
+        jitter_p: float = 0.8,
+        brightness: float = 0.4,
+        contrast: float = 0.4,
+        saturation: float = 0.4,
+        hue: float = 0.1,
+        grayscale_p: float = 0.2,
+        mean: tuple[float, float, float] = IMAGENET_MEAN,
+        std: tuple[float, float, float] = IMAGENET_STD,
+    ) -> None:
+        super().__init__()
+        if batch_size < 2:
+            raise DataError(f"batch_size must be >= 2 for contrastive pre-training (got {batch_size})")
+        if num_workers < 0:
+            raise DataError(f"num_workers must be >= 0 (got {num_workers})")
+        try:
+            self.augment = BatchAugment(
+                image_size, crop_scale, flip_p=flip_p, jitter_p=jitter_p, brightness=brightness,
+                contrast=contrast, saturation=saturation, hue=hue, grayscale_p=grayscale_p, mean=mean,
+                std=std,
+            )  # fmt: skip
+        except ValueError as err:
+            raise DataError(f"{err} — set valid values (--data.<option>)") from None
+        self.save_hyperparameters()
+        self.root, self.image_size, self.batch_size = root, image_size, batch_size
+        self.num_workers, self.seed, self.on_bad_image = num_workers, seed, on_bad_image
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.train_dataset: ImageFileDataset | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_dataset is not None:
+            return
+        load = v2.Compose(
+            [v2.Resize(self.image_size, antialias=True), v2.CenterCrop(self.image_size), v2.PILToTensor()]
+        )
+        self.train_dataset = ImageFileDataset(
+            self.root, load, draft_size=self.image_size, on_bad_image=self.on_bad_image
+        )
+        if len(self.train_dataset) < 2:
+            raise DataError(f"{self.root} holds a single image: contrastive pre-training needs at least 2")
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled (seeded); the last incomplete batch is dropped when there are two or more batches."""
+        self.setup()
+        assert self.train_dataset is not None
+        return DataLoader(
+            self.train_dataset,
+            batch_size=self.batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(self.seed),
+            drop_last=len(self.train_dataset) > self.batch_size,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> tuple[Tensor, Tensor]:
+        """``(images uint8, indices)`` → ``(view1, view2)``, augmented on the batch's device."""
+        images = batch[0]
+        self.augment.to(images.device)
+        return self.augment(images), self.augment(images)

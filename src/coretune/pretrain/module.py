@@ -1,0 +1,332 @@
+"""Contrastive pre-training as Lightning modules: SimCLR (Chen et al. 2020) and MoCo v2 (Chen et al. 2020).
+
+Both train any coretune backbone (:func:`coretune.models.create_backbone`) on batches of two views
+``(view1, view2)`` (:class:`~coretune.pretrain.data.PretrainData`), with the optimiser and schedules of the
+fine-tuning engine. Besides Lightning's ``.ckpt`` (for resuming), :class:`ExportPretrained` writes the encoder
+in the layout of the method's reference code after every epoch, which ``coretune fit --model.weights`` and
+other tools read:
+
+- SimCLR: ``{'epoch', 'arch', 'method': 'simclr', 'state_dict': {'backbone.<encoder keys>',
+  'projector.<…>'}}``;
+- MoCo v2 (facebookresearch/moco): ``{'epoch', 'arch', 'state_dict': {'module.encoder_q.<encoder keys>',
+  'module.encoder_q.fc.{0,2}.*', 'module.encoder_k.…', 'module.queue', 'module.queue_ptr'}, 'optimizer'}``.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
+from torch import Tensor
+
+from ..engine import NonFiniteLossError, RunArtifacts, atomic_torch_save, build_optimizer, lr_factor
+from ..engine.optim import OptimizerName, Schedule
+from ..heads import ProjectionHead
+from ..models import create_backbone
+from .losses import KeyQueue, moco_infonce, nt_xent
+
+__all__ = [
+    "PRETRAINED_FILENAME",
+    "ContrastivePretrainer",
+    "ExportPretrained",
+    "MoCoV2",
+    "SimCLR",
+    "pretrain_callbacks",
+]
+
+PRETRAINED_FILENAME = "pretrained.pth.tar"
+"""Name of the exported encoder checkpoint in a pre-training run directory."""
+
+
+class ContrastivePretrainer(L.LightningModule):
+    """Shared parts of the contrastive methods: encoder ``f``, projection head ``g`` (``d → d → proj_dim``),
+    optimiser and schedule; subclasses define :meth:`contrastive_loss` and :meth:`pretrained_checkpoint`.
+
+    Args:
+        backbone: backbone name (``resnet18`` … , ``small_cnn``, ``timm/<model>``).
+        weights: optional local checkpoint to start from (continued pre-training).
+        proj_dim: output width of the projection head.
+        temperature: softmax temperature ``τ`` of the contrastive loss.
+        optimizer: ``sgd`` (momentum), ``adam`` or ``adamw``.
+        lr: learning rate.
+        momentum: SGD momentum.
+        weight_decay: weight decay.
+        schedule: per-step learning-rate decay (``cosine``, ``linear``, ``constant``).
+        warmup_epochs: linear warm-up length in epochs.
+        channels_last: channels-last memory format for the encoders and views (fast for CNNs).
+    """
+
+    method = ""
+
+    def __init__(
+        self,
+        backbone: str,
+        weights: str | None,
+        proj_dim: int,
+        temperature: float,
+        optimizer: OptimizerName,
+        lr: float,
+        momentum: float,
+        weight_decay: float,
+        schedule: Schedule,
+        warmup_epochs: float,
+        channels_last: bool,
+    ) -> None:
+        super().__init__()
+        problems = []
+        if proj_dim < 1:
+            problems.append(f"proj_dim must be >= 1 (got {proj_dim})")
+        if temperature <= 0:
+            problems.append(f"temperature must be > 0 (got {temperature})")
+        if lr <= 0:
+            problems.append(f"lr must be > 0 (got {lr})")
+        if weight_decay < 0:
+            problems.append(f"weight_decay must be >= 0 (got {weight_decay})")
+        if not 0 <= momentum < 1:
+            problems.append(f"momentum must lie in [0, 1) (got {momentum})")
+        if warmup_epochs < 0:
+            problems.append(f"warmup_epochs must be >= 0 (got {warmup_epochs})")
+        if problems:
+            raise ValueError(f"invalid {self.method} settings: " + "; ".join(problems))
+        self.save_hyperparameters()
+        self.backbone = create_backbone(backbone, weights=weights)
+        self.projector = ProjectionHead(self.backbone.feature_dim, proj_dim, depth=2)
+        if channels_last:
+            self.backbone.to(memory_format=torch.channels_last)
+
+    def _views(self, x: Tensor) -> Tensor:
+        return x.contiguous(memory_format=torch.channels_last) if self.hparams.channels_last else x
+
+    def embed(self, x: Tensor) -> Tensor:
+        """Projections ``g(f(x))`` of a batch of views."""
+        return self.projector(self.backbone(self._views(x)))
+
+    def contrastive_loss(self, view1: Tensor, view2: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        view1, view2 = batch
+        loss = self.contrastive_loss(view1, view2)
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(
+                f"the {self.method} loss is {float(loss)} at epoch {self.current_epoch}, "
+                f"step {self.global_step}: lower the learning rate (--model.lr) or train in float32 "
+                "(--trainer.precision 32-true)"
+            )
+        self.log("train/loss", loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=view1.shape[0])
+        return loss
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        params = [p for p in self.parameters() if p.requires_grad]
+        optimizer = build_optimizer([(params, hp.lr)], hp.optimizer, hp.momentum, False, hp.weight_decay)
+        total = int(self.trainer.estimated_stepping_batches)
+        warmup = round(hp.warmup_epochs * total / max(1, self.trainer.max_epochs or 1))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(step, total, hp.schedule, warmup)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def pretrained_checkpoint(self) -> dict[str, Any]:
+        """The encoder (and heads) in the method's reference layout, as :func:`torch.save` should write it."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _prefixed(module: torch.nn.Module, prefix: str) -> dict[str, Tensor]:
+        return {prefix + k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+
+
+class SimCLR(ContrastivePretrainer):
+    """SimCLR: NT-Xent over the ``2N`` projections of both views of a batch (Chen et al., ICML 2020, Alg. 1).
+
+    Both views go through the encoder in one batch. Defaults follow the small-image recipe of the shared
+    ``simclr_resnet18_in20_64px`` checkpoint (τ = 0.2, Adam lr 1e-3, weight decay 1e-6, cosine decay).
+    """
+
+    method = "simclr"
+
+    def __init__(
+        self,
+        backbone: str = "resnet18",
+        weights: str | None = None,
+        proj_dim: int = 128,
+        temperature: float = 0.2,
+        optimizer: OptimizerName = "adam",
+        lr: float = 1e-3,
+        momentum: float = 0.9,
+        weight_decay: float = 1e-6,
+        schedule: Schedule = "cosine",
+        warmup_epochs: float = 0.0,
+        channels_last: bool = True,
+    ) -> None:
+        super().__init__(
+            backbone,
+            weights,
+            proj_dim,
+            temperature,
+            optimizer,
+            lr,
+            momentum,
+            weight_decay,
+            schedule,
+            warmup_epochs,
+            channels_last,
+        )
+
+    def contrastive_loss(self, view1: Tensor, view2: Tensor) -> Tensor:
+        z1, z2 = self.embed(torch.cat([view1, view2])).chunk(2)
+        return nt_xent(z1, z2, self.hparams.temperature)
+
+    def pretrained_checkpoint(self) -> dict[str, Any]:
+        state = self._prefixed(self.backbone.body, "backbone.") | self._prefixed(self.projector, "projector.")
+        return {
+            "epoch": self.current_epoch + 1,
+            "arch": self.backbone.name,
+            "method": self.method,
+            "state_dict": state,
+        }
+
+
+class MoCoV2(ContrastivePretrainer):
+    """MoCo v2: a query encoder trained with InfoNCE against a momentum key encoder and a queue of keys
+    (He et al., CVPR 2020, Algorithm 1; Chen et al. 2020: MLP head, τ = 0.2, aug+, cosine schedule).
+
+    Batch-norm shuffling (Shuffle BN) is simulated on one device as in MoCo's CIFAR demo: the keys are
+    computed in ``bn_splits`` sub-batches of a random permutation, so a query and its key never share batch
+    statistics.
+
+    Args:
+        queue_size: number of queued negative keys ``K`` (65536 in the paper for ImageNet; keep it below the
+            number of training images).
+        key_momentum: momentum ``m`` of the key encoder update ``θ_k ← m θ_k + (1 - m) θ_q``.
+        bn_splits: number of sub-batches of the key forward pass (1: no Shuffle BN).
+    """
+
+    method = "moco_v2"
+
+    def __init__(
+        self,
+        backbone: str = "resnet18",
+        weights: str | None = None,
+        proj_dim: int = 128,
+        temperature: float = 0.2,
+        optimizer: OptimizerName = "sgd",
+        lr: float = 0.06,
+        momentum: float = 0.9,
+        weight_decay: float = 5e-4,
+        schedule: Schedule = "cosine",
+        warmup_epochs: float = 0.0,
+        channels_last: bool = True,
+        queue_size: int = 4096,
+        key_momentum: float = 0.99,
+        bn_splits: int = 8,
+    ) -> None:
+        problems = []
+        if queue_size < 1:
+            problems.append(f"queue_size must be >= 1 (got {queue_size})")
+        if not 0 <= key_momentum < 1:
+            problems.append(f"key_momentum must lie in [0, 1) (got {key_momentum})")
+        if bn_splits < 1:
+            problems.append(f"bn_splits must be >= 1 (got {bn_splits})")
+        if problems:
+            raise ValueError(f"invalid {self.method} settings: " + "; ".join(problems))
+        super().__init__(
+            backbone,
+            weights,
+            proj_dim,
+            temperature,
+            optimizer,
+            lr,
+            momentum,
+            weight_decay,
+            schedule,
+            warmup_epochs,
+            channels_last,
+        )
+        self.momentum_backbone = copy.deepcopy(self.backbone).requires_grad_(False)
+        self.momentum_projector = copy.deepcopy(self.projector).requires_grad_(False)
+        self.queue = KeyQueue(proj_dim, queue_size)
+
+    def setup(self, stage: str) -> None:
+        dataset = getattr(getattr(self.trainer, "datamodule", None), "train_dataset", None)
+        if dataset is not None and self.queue.size > len(dataset):
+            raise ValueError(
+                f"MoCo's queue_size {self.queue.size} exceeds the {len(dataset)} training images, so the "
+                "queue would hold keys of the query's own image as negatives: lower --model.queue_size"
+            )
+
+    @torch.no_grad()
+    def _momentum_update(self) -> None:
+        m = self.hparams.key_momentum
+        pairs = ((self.backbone, self.momentum_backbone), (self.projector, self.momentum_projector))
+        for online, target in pairs:
+            for p_q, p_k in zip(online.parameters(), target.parameters(), strict=True):
+                p_k.mul_(m).add_(p_q.detach(), alpha=1 - m)
+
+    @torch.no_grad()
+    def keys(self, x: Tensor) -> Tensor:
+        """Normalised keys of the momentum encoder, computed on ``bn_splits`` shuffled sub-batches."""
+        perm = torch.randperm(x.shape[0], device=x.device)
+        chunks = self._views(x[perm]).chunk(self.hparams.bn_splits)
+        k = torch.cat([self.momentum_projector(self.momentum_backbone(c)) for c in chunks])
+        return torch.nn.functional.normalize(k.float(), dim=1)[torch.argsort(perm)]
+
+    def contrastive_loss(self, view1: Tensor, view2: Tensor) -> Tensor:
+        self._momentum_update()
+        q = self.embed(view1)
+        k = self.keys(view2)
+        loss = moco_infonce(q, k, self.queue.queue.clone(), self.hparams.temperature)
+        self.queue.enqueue(k)
+        return loss
+
+    def pretrained_checkpoint(self) -> dict[str, Any]:
+        state = (
+            self._prefixed(self.backbone.body, "module.encoder_q.")
+            | self._prefixed(self.projector, "module.encoder_q.fc.")
+            | self._prefixed(self.momentum_backbone.body, "module.encoder_k.")
+            | self._prefixed(self.momentum_projector, "module.encoder_k.fc.")
+            | {
+                "module.queue": self.queue.queue.detach().cpu().clone(),
+                "module.queue_ptr": self.queue.queue_ptr.detach().cpu().clone(),
+            }
+        )
+        optimizer = self.optimizers(use_pl_optimizer=False) if self._trainer is not None else None
+        return {
+            "epoch": self.current_epoch + 1,
+            "arch": self.backbone.name,
+            "state_dict": state,
+            "optimizer": optimizer.state_dict() if optimizer is not None else {},
+        }
+
+
+class ExportPretrained(Callback):
+    """Atomically write :meth:`ContrastivePretrainer.pretrained_checkpoint` to ``path`` after every epoch
+    (default ``<run dir>/pretrained.pth.tar``)."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+
+    def target(self, trainer: L.Trainer) -> Path:
+        return self.path if self.path is not None else Path(trainer.default_root_dir) / PRETRAINED_FILENAME
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero and isinstance(pl_module, ContrastivePretrainer):
+            atomic_torch_save(pl_module.pretrained_checkpoint(), self.target(trainer))
+
+
+def pretrain_callbacks(run_dir: str | Path | None = None, progress: bool = True) -> list[Callback]:
+    """Last Lightning checkpoint (to resume), the exported encoder, ``metrics.csv``/``results.json`` and a
+    rich progress bar; ``run_dir`` None means the trainer's ``default_root_dir``."""
+    root = Path(run_dir) if run_dir is not None else None
+    callbacks: list[Callback] = [
+        ModelCheckpoint(dirpath=root / "checkpoints" if root else None, save_last=True, save_top_k=0),
+        ExportPretrained(root / PRETRAINED_FILENAME if root else None),
+        RunArtifacts(run_dir),
+    ]
+    if progress:
+        callbacks.append(RichProgressBar())
+    return callbacks

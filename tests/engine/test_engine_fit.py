@@ -1,0 +1,162 @@
+"""`coretune fit` → test → predict → export round trip, and resume/seed reproducibility, on a tiny tree."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import yaml
+
+from coretune.cli import main
+from coretune.data import ImageClassificationData, ImageFileDataset, eval_transform
+from coretune.engine import FineTuner, make_trainer, read_metrics
+from coretune.export import load_exported
+from coretune.objectives import create
+
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def fit_args(tree: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        "fit",
+        f"--data.root={tree}",
+        "--data.image_size=32",
+        "--data.batch_size=8",
+        "--model.backbone=small_cnn",
+        "--trainer.max_epochs=2",
+        f"--run_dir={run_dir}",
+        *QUIET,
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from conftest import make_image_tree
+
+    base = tmp_path_factory.mktemp("fit")
+    tree = make_image_tree(base / "data")
+    run_dir = base / "run"
+    main(fit_args(tree, run_dir, "--objective", "core", "--objective.eta", "0.5"))
+    return tree, run_dir
+
+
+def test_fit_writes_a_complete_run_directory(fitted: tuple[Path, Path]) -> None:
+    _, run_dir = fitted
+    for name in (
+        "config.yaml",
+        "metrics.csv",
+        "results.json",
+        "learning_curve.png",
+        "checkpoints/best.ckpt",
+        "checkpoints/last.ckpt",
+    ):
+        assert (run_dir / name).is_file(), name
+    rows = read_metrics(run_dir / "metrics.csv")
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    for key in (
+        "lr",
+        "train/ce",
+        "train/ce_mix",
+        "train/con",
+        "train/loss",
+        "train/top1",
+        "train/top5",
+        "val/top1",
+        "val/top5",
+        "val/loss",
+    ):
+        assert all(r[key] != "" for r in rows), key
+    assert float(rows[0]["lr"]) == pytest.approx(0.01)  # cosine schedule starts at the base lr
+    results = json.loads((run_dir / "results.json").read_text())
+    test = results["test"]
+    assert set(test["per_class_accuracy"]) == {"cat", "dog", "eel"}
+    assert sum(map(sum, test["confusion_matrix"])) == 12  # every val image counted once
+    correct = sum(test["confusion_matrix"][i][i] for i in range(3))
+    assert test["top1"] == pytest.approx(correct / 12)
+    assert test["top5"] == 1.0  # top-5 with 3 classes is always right
+    assert results["train_images_per_s"] > 0 and results["wall_time_s"] > 0
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["objective"]["class_path"] == "coretune.objectives.core.CoreTuning"
+    assert config["objective"]["init_args"]["eta"] == 0.5
+
+
+def test_checkpoint_rebuilds_the_model(fitted: tuple[Path, Path]) -> None:
+    _, run_dir = fitted
+    model = FineTuner.from_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    assert model.class_names == ["cat", "dog", "eel"]
+    assert model.objective.hparams()["eta"] == 0.5
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, ckpt["state_dict"][key]), key
+
+
+def test_test_predict_export_round_trip(fitted: tuple[Path, Path], tmp_path: Path) -> None:
+    tree, run_dir = fitted
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    main(
+        [
+            "test",
+            f"--ckpt_path={ckpt}",
+            f"--data.root={tree}",
+            "--data.image_size=32",
+            f"--run_dir={tmp_path}",
+        ]
+    )
+    assert "top1" in json.loads((tmp_path / "results.json").read_text())["test"]
+
+    model = FineTuner.from_checkpoint(ckpt).eval()
+    files = ImageFileDataset(str(tree / "val"), eval_transform(32))
+    images = torch.stack([files[i][0] for i in range(len(files))])
+    with torch.no_grad():
+        logits = model(images)
+    probs = torch.softmax(logits, dim=1)
+
+    out = tmp_path / "preds.csv"
+    main(["predict", f"--ckpt_path={ckpt}", f"--input={tree / 'val'}", f"--output={out}"])
+    rows = list(csv.DictReader(out.open()))
+    assert [r["path"] for r in rows] == files.paths
+    assert [r["prediction"] for r in rows] == [model.class_names[i] for i in probs.argmax(1).tolist()]
+    assert torch.allclose(
+        torch.tensor([[float(r[f"p_{n}"]) for n in model.class_names] for r in rows]), probs, atol=1e-5
+    )
+
+    main(["export", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'export'}"])
+    net, config = load_exported(tmp_path / "export")
+    assert config["class_names"] == ["cat", "dog", "eel"] and config["image_size"] == 32
+    with torch.no_grad():
+        assert torch.allclose(net(images), logits, atol=1e-5)
+        scripted = torch.jit.load(str(tmp_path / "export" / "model.torchscript.pt"))
+        assert torch.allclose(scripted(images), logits, atol=1e-5)
+
+
+class _StopAfterFirstEpoch(L.Callback):
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.should_stop = True
+
+
+def _run(tree: Path, run_dir: Path, callbacks: list[L.Callback], ckpt_path: str | None = None) -> FineTuner:
+    L.seed_everything(3)
+    data = ImageClassificationData(root=str(tree), image_size=32, batch_size=8, seed=3)
+    model = FineTuner(create("core"), backbone="small_cnn")
+    trainer = make_trainer(run_dir, progress=False, max_epochs=3, callbacks=callbacks, enable_model_summary=False)
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    return model
+
+
+def test_resume_repeats_the_uninterrupted_run(image_tree: Path, tmp_path: Path) -> None:
+    whole = _run(image_tree, tmp_path / "whole", [])
+    _run(image_tree, tmp_path / "cut", [_StopAfterFirstEpoch()])
+    assert [r["epoch"] for r in read_metrics(tmp_path / "cut" / "metrics.csv")] == ["0"]
+    resumed = _run(image_tree, tmp_path / "cut", [], ckpt_path="last")
+    for key, value in whole.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[key]), key
+    a = read_metrics(tmp_path / "whole" / "metrics.csv")
+    b = read_metrics(tmp_path / "cut" / "metrics.csv")
+    assert [r["epoch"] for r in b] == ["0", "1", "2"]
+    assert [r["train/loss"] for r in a] == [r["train/loss"] for r in b]
+    assert [r["val/top1"] for r in a] == [r["val/top1"] for r in b]

@@ -1,0 +1,475 @@
+"""coretune.models.checkpoints: every layout with its real key names, detection, and each user error.
+
+Each fake checkpoint holds the backbone (random values, BN buffers included) under the layout's real entry
+and prefix, plus the tensors the layout must drop: heads/projectors and *decoys* with the same backbone keys
+(MoCo's encoder_k, BYOL's target network, DINO's student …) filled with other values, so loading the wrong
+copy fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from coretune.models import (
+    CheckpointError,
+    Encoder,
+    create_backbone,
+    list_layouts,
+    load_checkpoint_file,
+    load_pretrained,
+)
+
+State = dict[str, Tensor]
+
+
+def randomised(encoder: Encoder, seed: int) -> State:
+    """The encoder's state dict with every tensor (parameters and BN buffers) set to seeded random values."""
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for key, value in encoder.body.state_dict().items():
+        if value.is_floating_point():
+            state[key] = torch.rand(value.shape, generator=g) + 0.5
+        else:
+            state[key] = torch.randint(1, 10_000, value.shape, generator=g)
+    return state
+
+
+def prefixed(prefix: str, state: State) -> State:
+    return {prefix + k: v for k, v in state.items()}
+
+
+def head(*keys: str) -> State:
+    return {k: torch.randn(4, 3) for k in keys}
+
+
+def mlp_head(prefix: str) -> State:
+    """A 2-layer MLP projector as torch writes it: Linear (0), BatchNorm (1, buffers included), Linear (3)."""
+    return {
+        f"{prefix}0.weight": torch.randn(8, 4),
+        f"{prefix}0.bias": torch.randn(8),
+        f"{prefix}1.weight": torch.randn(8),
+        f"{prefix}1.bias": torch.randn(8),
+        f"{prefix}1.running_mean": torch.randn(8),
+        f"{prefix}1.running_var": torch.rand(8),
+        f"{prefix}1.num_batches_tracked": torch.tensor(7),
+        f"{prefix}3.weight": torch.randn(4, 8),
+    }
+
+
+def sgd_state() -> dict[str, Any]:
+    return {"state": {0: {"momentum_buffer": torch.randn(3)}}, "param_groups": [{"lr": 0.03, "params": [0]}]}
+
+
+@dataclass
+class Case:
+    """A checkpoint in one layout: ``build(backbone, decoy)`` returns the object to save."""
+
+    layout: str
+    build: Callable[[State, State], dict[str, Any]]
+    n_dropped: Callable[[int], int]  # number of dropped tensors given the backbone size
+    backbone: str = "resnet18"
+    safetensors: bool = False
+
+
+CASES = {
+    "moco": Case(
+        "moco",
+        lambda sd, decoy: {
+            "epoch": 200,
+            "arch": "resnet18",
+            "state_dict": {
+                **prefixed("module.encoder_q.", sd),
+                **head(
+                    "module.encoder_q.fc.0.weight",
+                    "module.encoder_q.fc.0.bias",
+                    "module.encoder_q.fc.2.weight",
+                    "module.encoder_q.fc.2.bias",
+                ),
+                **prefixed("module.encoder_k.", decoy),
+                "module.queue": torch.randn(128, 16),
+                "module.queue_ptr": torch.zeros(1, dtype=torch.long),
+            },
+            "optimizer": sgd_state(),
+        },
+        lambda n: 4 + n + 2,
+    ),
+    "moco_v3": Case(
+        "moco_v3",
+        lambda sd, decoy: {
+            "epoch": 100,
+            "arch": "resnet18",
+            "state_dict": {
+                **prefixed("module.base_encoder.", sd),
+                **mlp_head("module.base_encoder.fc."),
+                **prefixed("module.momentum_encoder.", decoy),
+                **mlp_head("module.momentum_encoder.fc."),
+                **mlp_head("module.predictor."),
+            },
+            "optimizer": sgd_state(),
+            "scaler": {"scale": 65536.0, "growth_factor": 2.0, "_growth_tracker": 10},
+        },
+        lambda n: 8 + n + 8 + 8,
+    ),
+    "pycontrast": Case(
+        "pycontrast",
+        lambda sd, decoy: {
+            "opt": argparse.Namespace(method="InfoMin", arch="resnet18", nce_k=16384),
+            "model": {**prefixed("module.encoder.", sd), **mlp_head("module.head.")},
+            "contrast": {"memory": torch.randn(32, 16), "params": torch.tensor([-1.0, 0.2])},
+            "model_ema": {**prefixed("module.encoder.", decoy), **mlp_head("module.head.")},
+            "optimizer": sgd_state(),
+            "epoch": 800,
+        },
+        lambda n: 8,
+    ),
+    "simclr": Case(
+        "simclr",
+        lambda sd, decoy: {"state_dict": {**sd, "fc.weight": torch.randn(1000, 512), "fc.bias": torch.randn(1000)}},
+        lambda n: 2,
+    ),
+    "byol": Case(
+        "byol",
+        lambda sd, decoy: {
+            "state_dict": {
+                **prefixed("online_network.encoder.", sd),
+                **mlp_head("online_network.projector.net."),
+                **mlp_head("predictor.net."),
+                **prefixed("target_network.encoder.", decoy),
+                **mlp_head("target_network.projector.net."),
+            },
+            "epoch": 300,
+        },
+        lambda n: 8 + 8 + n + 8,
+    ),
+    "byol_online_network_state_dict": Case(
+        "byol",
+        lambda sd, decoy: {
+            "online_network_state_dict": {**prefixed("encoder.", sd), **mlp_head("projection.net.")},
+            "target_network_state_dict": {**prefixed("encoder.", decoy), **mlp_head("projection.net.")},
+            "optimizer_state_dict": sgd_state(),
+        },
+        lambda n: 8,
+    ),
+    "byol_lucidrains": Case(
+        "byol",
+        lambda sd, decoy: {
+            **prefixed("online_encoder.net.", sd),
+            **head("online_encoder.net.fc.weight", "online_encoder.net.fc.bias"),
+            **mlp_head("online_encoder.projector.net."),
+            **mlp_head("online_predictor.net."),
+            **prefixed("target_encoder.net.", decoy),
+        },
+        lambda n: 2 + 8 + 8 + n,
+    ),
+    "swav": Case(
+        "swav",
+        lambda sd, decoy: {
+            **prefixed("module.", sd),
+            **mlp_head("module.projection_head."),
+            "module.prototypes.weight": torch.randn(30, 4),
+        },
+        lambda n: 9,
+    ),
+    "swav_safetensors": Case(
+        "swav",
+        lambda sd, decoy: {
+            **prefixed("module.", sd),
+            **mlp_head("module.projection_head."),
+            "module.prototypes.weight": torch.randn(30, 4),
+        },
+        lambda n: 9,
+        safetensors=True,
+    ),
+    "dino": Case(
+        "dino",
+        lambda sd, decoy: {
+            "student": {**prefixed("module.backbone.", decoy), **mlp_head("module.head.mlp.")},
+            "teacher": {
+                **prefixed("backbone.", sd),
+                **mlp_head("head.mlp."),
+                **head("head.last_layer.weight_g", "head.last_layer.weight_v"),
+            },
+            "optimizer": sgd_state(),
+            "epoch": 100,
+            "args": argparse.Namespace(arch="resnet18", out_dim=65536),
+            "dino_loss": {"center": torch.randn(1, 16)},
+        },
+        lambda n: 10,
+    ),
+    "backbone": Case(
+        "backbone",
+        lambda sd, decoy: {
+            "epoch": 34,
+            "arch": "resnet18",
+            "method": "simclr",
+            "state_dict": {
+                **prefixed("backbone.", sd),
+                **head("projector.0.weight", "projector.0.bias", "projector.2.weight", "projector.2.bias"),
+            },
+        },
+        lambda n: 4,
+    ),
+    "lightning": Case(
+        "lightning",
+        lambda sd, decoy: {
+            "epoch": 3,
+            "global_step": 120,
+            "pytorch-lightning_version": "2.6.6",
+            "state_dict": {
+                **prefixed("backbone.body.", sd),
+                **head("objective.classifier.weight", "objective.classifier.bias"),
+                **mlp_head("objective.projector."),
+            },
+            "loops": {},
+            "callbacks": {},
+            "optimizer_states": [sgd_state()],
+            "lr_schedulers": [],
+            "hyper_parameters": {"lr": 0.01, "backbone": "resnet18"},
+        },
+        lambda n: 10,
+    ),
+    "torchvision": Case(
+        "torchvision",
+        lambda sd, decoy: {**sd, "fc.weight": torch.randn(1000, 512), "fc.bias": torch.randn(1000)},
+        lambda n: 2,
+    ),
+    "torchvision_safetensors": Case(
+        "torchvision",
+        lambda sd, decoy: {**sd, "fc.weight": torch.randn(1000, 512), "fc.bias": torch.randn(1000)},
+        lambda n: 2,
+        safetensors=True,
+    ),
+    "torchvision_small_cnn": Case(
+        "torchvision", lambda sd, decoy: {**sd, **head("fc.weight", "fc.bias")}, lambda n: 2, "small_cnn"
+    ),
+    "backbone_small_cnn": Case(
+        "backbone",
+        lambda sd, decoy: {"state_dict": {**prefixed("backbone.", sd), **mlp_head("projector.")}},
+        lambda n: 8,
+        "small_cnn",
+    ),
+    "timm": Case(
+        "timm",
+        lambda sd, decoy: {
+            "epoch": 10,
+            "arch": "resnet10t",
+            "state_dict": {**sd, "fc.weight": torch.randn(1000, 512), "fc.bias": torch.randn(1000)},
+            "optimizer": sgd_state(),
+            "version": 2,
+            "args": argparse.Namespace(model="resnet10t", lr=0.1),
+            "state_dict_ema": {**decoy, "fc.weight": torch.randn(1000, 512), "fc.bias": torch.randn(1000)},
+        },
+        lambda n: 2,
+        "timm/resnet10t",
+    ),
+}
+
+
+def write(case: Case, raw: dict[str, Any], directory: Path) -> Path:
+    if case.safetensors:
+        path = directory / "model.safetensors"
+        save_file(raw, str(path))
+    else:
+        path = directory / "checkpoint.pth.tar"
+        torch.save(raw, path)
+    return path
+
+
+def test_every_layout_has_a_case() -> None:
+    assert {case.layout for case in CASES.values()} == set(list_layouts())
+
+
+@pytest.mark.parametrize("weights_format", ["auto", "forced"])
+@pytest.mark.parametrize("case_name", list(CASES))
+def test_layout_loads_every_backbone_tensor(case_name: str, weights_format: str, tmp_path: Path) -> None:
+    case = CASES[case_name]
+    encoder = create_backbone(case.backbone)
+    saved, decoy = randomised(encoder, seed=1), randomised(encoder, seed=2)
+    path = write(case, case.build(saved, decoy), tmp_path)
+
+    report = load_pretrained(encoder, path, case.layout if weights_format == "forced" else "auto")
+
+    assert report.layout == case.layout
+    state = encoder.body.state_dict()
+    assert sorted(report.loaded) == sorted(state) == sorted(saved)
+    assert report.missing == [] and report.unexpected == []
+    assert len(report.dropped) == case.n_dropped(len(saved))
+    for key, value in state.items():
+        assert torch.equal(value, saved[key]), key  # parameters and BN buffers, not the decoy
+
+
+def test_summary_of_the_shared_checkpoint_layout(tmp_path: Path) -> None:
+    encoder = create_backbone("resnet18")
+    path = write(CASES["backbone"], CASES["backbone"].build(randomised(encoder, 1), {}), tmp_path)
+    assert load_pretrained(encoder, path).summary() == (
+        "layout 'backbone' (state_dict['backbone.*']) — 120/120 tensors loaded, 0 missing, 0 unexpected; "
+        "dropped 4 non-backbone tensors (projector.*)"
+    )
+
+
+def test_summary_groups_moco_head_momentum_encoder_and_queue(tmp_path: Path) -> None:
+    encoder = create_backbone("small_cnn")
+    path = write(CASES["moco"], CASES["moco"].build(randomised(encoder, 1), randomised(encoder, 2)), tmp_path)
+    assert load_pretrained(encoder, path).summary() == (
+        "layout 'moco' (state_dict['module.encoder_q.*']) — 24/24 tensors loaded, 0 missing, 0 unexpected; "
+        "dropped 30 non-backbone tensors (module.encoder_q.fc.*, module.encoder_k.*, module.queue, "
+        "module.queue_ptr)"
+    )
+
+
+def test_create_backbone_with_weights_loads_and_prints_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = randomised(create_backbone("small_cnn"), 3)
+    path = write(CASES["backbone_small_cnn"], CASES["backbone_small_cnn"].build(saved, {}), tmp_path)
+    encoder = create_backbone("small_cnn", weights=path)
+    assert all(torch.equal(v, saved[k]) for k, v in encoder.body.state_dict().items())
+    err = capsys.readouterr().err
+    assert f"small_cnn ← {path}: layout 'backbone'" in err and "24/24 tensors loaded" in err
+    create_backbone("small_cnn", weights=path, verbose=False)
+    assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# errors a user can cause
+# ------------------------------------------------------------------------------------------------------------
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.pth"
+    with pytest.raises(CheckpointError, match=rf"checkpoint {path} does not exist: check the path"):
+        create_backbone("small_cnn", weights=path)
+
+
+def test_directory(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match=rf"checkpoint {tmp_path} is a directory"):
+        load_checkpoint_file(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["ckpt.pth", "legacy.pth", "model.safetensors", "empty.pt"])
+def test_truncated_file(name: str, tmp_path: Path) -> None:
+    path = tmp_path / name
+    state = {f"t{i}": torch.randn(64, 64) for i in range(4)}
+    if name.endswith(".safetensors"):
+        save_file(state, str(path))
+    else:
+        torch.save(state, path, _use_new_zipfile_serialization=name != "legacy.pth")
+    data = path.read_bytes()
+    path.write_bytes(b"" if name == "empty.pt" else data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=rf"cannot read .*checkpoint {path} .*truncated or corrupt"):
+        load_checkpoint_file(path)
+
+
+class WriteFile:
+    """A pickle payload: unpickling it calls ``open(target, "w")``, creating the file."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.target), "w"))
+
+
+def test_malicious_pickle_is_refused_without_running(tmp_path: Path) -> None:
+    witness, marker = tmp_path / "witness", tmp_path / "pwned"
+    # the payload is real: a plain pickle load runs it
+    pickle.loads(pickle.dumps({"x": WriteFile(witness)}))["x"].close()
+    assert witness.exists()
+
+    path = tmp_path / "evil.pth"
+    torch.save({"state_dict": {"conv1.weight": torch.zeros(1)}, "hook": WriteFile(marker)}, path)
+    with pytest.raises(CheckpointError, match=r"weights_only=True\) refuses") as info:
+        create_backbone("resnet18", weights=path)
+    assert not marker.exists()
+    message = str(info.value)
+    assert str(path) in message and "io.open" in message and "safetensors" in message
+    assert "torch.save(model.state_dict(), new_path)" in message
+
+
+def test_not_a_dict(tmp_path: Path) -> None:
+    path = tmp_path / "tensor.pt"
+    torch.save(torch.randn(3), path)
+    with pytest.raises(CheckpointError, match=r"holds a Tensor, not a dict of tensors"):
+        create_backbone("small_cnn", weights=path)
+
+
+def test_unknown_layout_lists_layouts_tried_and_first_keys(tmp_path: Path) -> None:
+    path = tmp_path / "odd.pth"
+    torch.save({"epoch": 1, "weights": {"net.0.0.weight": torch.randn(2), "net.0.1.weight": torch.randn(2)}}, path)
+    with pytest.raises(CheckpointError, match=r"no tensor of checkpoint .* matches backbone 'small_cnn'") as info:
+        create_backbone("small_cnn", weights=path)
+    message = str(info.value)
+    for layout in list_layouts():
+        assert f"{layout} (" in message
+    assert "weights: {net.0.0.weight, net.0.1.weight}" in message and "--model.weights_format" in message
+
+
+def test_forced_layout_that_does_not_fit(tmp_path: Path) -> None:
+    encoder = create_backbone("small_cnn")
+    path = write(CASES["dino"], CASES["dino"].build(randomised(encoder, 1), randomised(encoder, 2)), tmp_path)
+    with pytest.raises(CheckpointError, match=r"Layouts tried: moco \(not applicable"):
+        load_pretrained(encoder, path, "moco")
+
+
+def test_unknown_weights_format(tmp_path: Path) -> None:
+    encoder = create_backbone("small_cnn")
+    path = write(CASES["torchvision"], randomised(encoder, 1), tmp_path)
+    with pytest.raises(CheckpointError, match=r"unknown weights_format 'mocov2': choose 'auto' or one of torch"):
+        load_pretrained(encoder, path, "mocov2")
+
+
+def test_wrong_architecture_names_key_and_both_shapes(tmp_path: Path) -> None:
+    path = tmp_path / "r50.pth"
+    torch.save({"state_dict": prefixed("module.encoder_q.", create_backbone("resnet50").body.state_dict())}, path)
+    expected = (
+        r"does not fit backbone 'resnet18': checkpoint layer1\.0\.conv1\.weight \(64, 64, 1, 1\) vs model "
+        r"\(64, 64, 3, 3\) \(and \d+ more mismatched tensors\): wrong architecture\? pass the matching "
+        r"--model\.backbone"
+    )
+    with pytest.raises(CheckpointError, match=expected):
+        create_backbone("resnet18", weights=path)
+
+
+def test_missing_backbone_tensors_are_an_error_unless_allowed(tmp_path: Path) -> None:
+    encoder = create_backbone("small_cnn")
+    saved = randomised(encoder, 1)
+    path = tmp_path / "partial.pth"
+    torch.save({k: v for k, v in saved.items() if not k.startswith("layer4.")}, path)
+    with pytest.raises(CheckpointError, match=r"lacks 5 tensors of backbone 'small_cnn' \(e\.g\. layer4\.0\.weight"):
+        load_pretrained(encoder, path)
+    untouched = {k: v.clone() for k, v in encoder.body.state_dict().items()}
+
+    report = load_pretrained(encoder, path, allow_missing=True)
+    assert report.missing == [k for k in saved if k.startswith("layer4.")] and len(report.missing) == 6
+    assert "18/24 tensors loaded, 6 missing" in report.summary()
+    for key, value in encoder.body.state_dict().items():
+        assert torch.equal(value, untouched[key] if key.startswith("layer4.") else saved[key]), key
+
+
+def test_checkpoint_without_num_batches_tracked_loads(tmp_path: Path) -> None:
+    encoder = create_backbone("small_cnn")
+    saved = {k: v for k, v in randomised(encoder, 1).items() if not k.endswith("num_batches_tracked")}
+    path = write(CASES["torchvision"], saved, tmp_path)
+    report = load_pretrained(encoder, path)
+    assert report.missing == [f"layer{i}.1.num_batches_tracked" for i in range(1, 5)]
+    assert all(torch.equal(encoder.body.state_dict()[k], v) for k, v in saved.items())
+
+
+def test_unexpected_backbone_tensors_are_an_error_unless_allowed(tmp_path: Path) -> None:
+    path = tmp_path / "r34.pth"
+    resnet34 = create_backbone("resnet34").body.state_dict()
+    torch.save(resnet34, path)
+    encoder = create_backbone("resnet18")
+    with pytest.raises(CheckpointError, match=r"has 96 tensors that backbone 'resnet18' lacks \(e\.g\. layer1\.2\."):
+        load_pretrained(encoder, path)
+    report = load_pretrained(encoder, path, allow_unexpected=True)
+    assert len(report.loaded) == 120 and len(report.unexpected) == 96
+    assert all(torch.equal(v, resnet34[k]) for k, v in encoder.body.state_dict().items())

@@ -32,16 +32,19 @@ import coretune as ct
 from coretune import objectives
 from coretune.heads import ProjectionHead
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
-def median_time(step: Callable[[], None], repeats: int, warmup: int) -> float:
+
+def median_time(step: Callable[[], None], repeats: int, warmup: int, clock: str = "wall") -> float:
     """Median seconds of ``step()`` over ``repeats`` runs after ``warmup`` untimed ones."""
+    now = CLOCKS[clock]
     for _ in range(warmup):
         step()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = now()
         step()
-        times.append(time.perf_counter() - start)
+        times.append(now() - start)
     return statistics.median(times)
 
 
@@ -117,6 +120,13 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median reported)")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall time, or this process's CPU time (with --threads 1: robust to other jobs on the machine)",
+    )
     parser.add_argument("--dim", type=int, default=2048, help="feature width d (ResNet-50: 2048)")
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--proj-dim", type=int, default=256)
@@ -130,20 +140,22 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.machine()}")
-    print(f"d={args.dim}, K={args.classes}, proj_dim={args.proj_dim}, repeats={args.repeats}\n")
+    print(f"d={args.dim}, K={args.classes}, proj_dim={args.proj_dim}, {args.clock} clock\n")
     rows = []
     measured: dict[int, float] = {}
     for b in sorted(args.batch_sizes):
         both, mine, loss = mining_and_loss(b, args.dim, args.classes, args.proj_dim)
-        t_a = median_time(both, args.repeats, args.warmup)
-        t_mine = median_time(mine, args.repeats, args.warmup)
-        t_loss = median_time(loss, args.repeats, args.warmup)
-        t_b = median_time(projection(b, args.dim, args.proj_dim), args.repeats, args.warmup)
-        t_c = median_time(full_objective(b, args.dim, args.classes), args.repeats, args.warmup)
+        t_a = median_time(both, args.repeats, args.warmup, args.clock)
+        t_mine = median_time(mine, args.repeats, args.warmup, args.clock)
+        t_loss = median_time(loss, args.repeats, args.warmup, args.clock)
+        t_b = median_time(projection(b, args.dim, args.proj_dim), args.repeats, args.warmup, args.clock)
+        t_c = median_time(full_objective(b, args.dim, args.classes), args.repeats, args.warmup, args.clock)
         if b <= args.backbone_max_batch:
-            t_d = median_time(backbone(b, args.image_size), args.backbone_repeats, 1)
+            t_d = median_time(backbone(b, args.image_size), args.backbone_repeats, 1, args.clock)
             measured[b] = t_d
             how = "measured"
         else:
@@ -167,7 +179,7 @@ def main() -> None:
             f"| {b} | {ms(t_a)} | {ms(t_mine)} | {ms(t_loss)} | {ms(t_b)} | {ms(t_c)} | {ms(t_d)}{star} "
             f"| {100 * t_a / t_d:.2f}% | {100 * t_c / t_d:.2f}% |"
         )
-    print(f"\nTimes in ms (median of {args.repeats}; backbone median of {args.backbone_repeats}).")
+    print(f"\n{args.clock.capitalize()} times in ms (median of {args.repeats}; backbone: of {args.backbone_repeats}).")
     for b, *_, how in rows:
         if how != "measured":
             print(f"* B={b}: backbone time {how} (linear in B).")

@@ -93,6 +93,7 @@ class FitCLI(LightningCLI):
             name = str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower()
             config["run_dir"] = str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
         config["trainer"]["default_root_dir"] = config["run_dir"]
+        _check_sync_batchnorm(config["trainer"])
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         trainer = self._get(self.config_init, "trainer", default={})
@@ -108,6 +109,19 @@ class FitCLI(LightningCLI):
         self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
         if self.trainer.is_global_zero:
             _print_run_summary(Path(self.trainer.default_root_dir))
+
+
+def _check_sync_batchnorm(trainer: Any) -> None:
+    """SyncBatchNorm (``--trainer.sync_batchnorm``) synchronises statistics of GPU tensors only: fail early on CPU."""
+    import torch
+
+    accelerator = str(trainer.get("accelerator", "auto"))
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if trainer.get("sync_batchnorm") and on_cpu:
+        raise ValueError(
+            "--trainer.sync_batchnorm true needs GPUs (torch synchronises batch-norm statistics of CUDA tensors "
+            "only): drop it when training on CPU"
+        )
 
 
 def _print_run_summary(run_dir: Path) -> None:

@@ -160,7 +160,7 @@ def run_demo(
         default_root_dir=str(pretrain_dir),
         max_epochs=pretrain_epochs,
         logger=False,
-        callbacks=pretrain_callbacks(pretrain_dir, progress),
+        callbacks=pretrain_callbacks(pretrain_dir),
         **quiet,
     )
     trainer.fit(pretrainer, images)
@@ -200,7 +200,7 @@ def run_demo(
                 max_epochs=finetune_epochs,
                 check_val_every_n_epoch=finetune_epochs,
                 num_sanity_val_steps=0,
-                enable_model_summary=False,
+                **quiet,
             )
             trainer.fit(model, datamodule=data)
             trainer.test(model, datamodule=data, verbose=False)

@@ -36,7 +36,7 @@ def fit_args(tree: Path, run_dir: Path, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from conftest import make_image_tree
+    from image_trees import make_image_tree
 
     base = tmp_path_factory.mktemp("fit")
     tree = make_image_tree(base / "data")

@@ -206,3 +206,33 @@ def test_hooked_backbone_stays_picklable_and_copyable(tiny_backbone: Factory) ->
         other(x)  # their (copied) hooks must not feed the objective
     with pytest.raises(RuntimeError, match="delta found no stage outputs of this batch"):
         obj(torch.randn(6, 16), y, inputs=x)
+
+
+def test_prepare_fits_a_probe_and_computes_the_attention_once(tiny_backbone: Factory) -> None:
+    backbone = tiny_backbone()
+    obj = _attached(backbone, attention_batches=2, probe_batches=3)
+    batches = [_batch(seed=s) for s in range(5)]
+    seen: list[int] = []
+
+    def lazy() -> object:
+        for i, b in enumerate(batches):
+            seen.append(i)
+            yield b
+
+    obj.prepare(lazy())
+    assert seen == [0, 1, 2]  # only max(attention_batches, probe_batches) batches are read
+    assert obj.attention_ready
+    weights = [obj.attention(j, c, torch.device("cpu")) for j, c in enumerate((4, 16))]
+    for w in weights:
+        torch.testing.assert_close(w.sum(), torch.tensor(1.0))
+    assert any(not torch.allclose(w, torch.full_like(w, 1 / w.numel())) for w in weights)
+    before = [w.clone() for w in weights]
+    obj.prepare(iter(batches))  # already computed: unchanged
+    for j, c in enumerate((4, 16)):
+        torch.testing.assert_close(obj.attention(j, c, torch.device("cpu")), before[j])
+
+
+def test_prepare_with_zero_attention_batches_keeps_uniform_weights(tiny_backbone: Factory) -> None:
+    obj = _attached(tiny_backbone(), attention_batches=0)
+    obj.prepare(iter([_batch()]))
+    assert not obj.attention_ready

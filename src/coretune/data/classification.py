@@ -8,10 +8,11 @@ from typing import Literal, get_args
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
+from ..distributed import rank, world_size
 from .datasets import ImageFileDataset, LabeledImageDataset, OnBadImage, load_cifar
 from .errors import DataError
 from .images import require_folder, warn_skipped
-from .samplers import EpochShuffleSampler, SeededItems
+from .samplers import EpochShuffleSampler, ResumableLoader, SeededItems
 from .splits import stratified_split, stratified_subset
 from .transforms import (
     IMAGENET_MEAN,
@@ -227,14 +228,22 @@ class ImageClassificationData(L.LightningDataModule):
 
     # -- loaders --------------------------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
-        """Shuffled in an order fixed by ``(seed, epoch)``; drops the last incomplete batch (2+ batches)."""
+        """Shuffled in an order fixed by ``(seed, epoch)``; drops the last incomplete batch (2+ batches).
+
+        Under ``torch.distributed`` each process reads its share of every global batch of ``batch_size ×
+        world size`` items (:class:`EpochShuffleSampler`), so the global batches are those of one process with
+        that batch size.
+        """
         self.setup()
         assert self.train_dataset is not None
-        return DataLoader(
+        n, processes = len(self.train_dataset), world_size()
+        drop_last = n > self.batch_size * processes
+        sampler = EpochShuffleSampler(n, self.seed, self.batch_size, processes, rank(), drop_last)
+        return ResumableLoader(
             SeededItems(self.train_dataset),
             batch_size=self.batch_size,
-            sampler=EpochShuffleSampler(len(self.train_dataset), self.seed),
-            drop_last=len(self.train_dataset) > self.batch_size,
+            sampler=sampler,
+            drop_last=drop_last,
             **self._loader_options(),
         )
 

@@ -11,6 +11,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from ..distributed import scale_grad, world_size
 from ..models import create_backbone
 from ..objectives import CETuning, Objective
 from ..objectives import get as get_objective
@@ -176,11 +177,17 @@ class FineTuner(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         # The objective's draws (mixup weights, random negatives) depend on (seed, step) only, so a run resumed
-        # from a checkpoint repeats the uninterrupted run exactly (the data module does the same per image).
+        # from a checkpoint repeats the uninterrupted run exactly (the data module does the same per image), and
+        # every DDP process draws the same values for the global batch it mines.
         torch.manual_seed(step_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)), self.global_step))
         x, y = self.task.unpack(batch)
         x = self._images(x)
-        out = self.objective(self.backbone(x), y, inputs=x)
+        z = self.backbone(x)
+        if self.objective.gathers:
+            # Every process computes the loss of the global batch, but its backbone only sees its own rows'
+            # gradient; DDP's average over W processes would leave 1/W of the single-process gradient.
+            z = scale_grad(z, world_size())
+        out = self.objective(z, y, inputs=x)
         if not torch.isfinite(out.loss):
             terms = ", ".join(f"{k}={float(v):.4g}" for k, v in out.terms.items())
             raise NonFiniteLossError(
@@ -189,7 +196,13 @@ class FineTuner(L.LightningModule):
                 "(--model.lr), or train in float32 (--trainer.precision 32-true)."
             )
         bs = y.shape[0]
-        self.log_dict({f"train/{k}": v for k, v in out.terms.items()}, on_step=False, on_epoch=True, batch_size=bs)
+        self.log_dict(
+            {f"train/{k}": v for k, v in out.terms.items()},
+            on_step=False,
+            on_epoch=True,
+            batch_size=bs,
+            sync_dist=True,  # the mean over processes, reduced once per epoch
+        )
         self.train_metrics.update(out.logits.detach(), y)
         # Metric objects are reduced by Lightning before any epoch-end hook, so callbacks see them.
         self.log_dict(
@@ -204,11 +217,12 @@ class FineTuner(L.LightningModule):
         x, y = self.task.unpack(batch)
         logits = self(x)
         loss = torch.nn.functional.cross_entropy(logits.float(), y)
-        self.log("val/loss", loss, on_step=False, on_epoch=True, batch_size=y.shape[0])
+        self.log("val/loss", loss, on_step=False, on_epoch=True, batch_size=y.shape[0], sync_dist=True)
         self.val_metrics.update(logits, y)
 
     def on_validation_epoch_end(self) -> None:
-        self.log_dict({f"val/{k}": v for k, v in self.val_metrics.compute().items()}, prog_bar=True)
+        # compute() already reduced over processes; sync_dist averages equal values (and tells Lightning so).
+        self.log_dict({f"val/{k}": v for k, v in self.val_metrics.compute().items()}, prog_bar=True, sync_dist=True)
         self.val_metrics.reset()
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
@@ -223,7 +237,7 @@ class FineTuner(L.LightningModule):
             "per_class_accuracy": dict(zip(self.class_names, values["per_class"].tolist(), strict=True)),
             "confusion_matrix": values["confusion"].tolist(),
         }
-        self.log_dict({"test/top1": values["top1"], "test/top5": values["top5"]})
+        self.log_dict({"test/top1": values["top1"], "test/top5": values["top5"]}, sync_dist=True)
         self.test_metrics.reset()
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
@@ -250,6 +264,12 @@ class FineTuner(L.LightningModule):
             optimizer, lambda step: lr_factor(step, total, hp.schedule, warmup)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        if self.trainer.ckpt_path is None:  # a resumed run restores what prepare() computed
+            loader = self.trainer.datamodule.train_dataloader() if self.trainer.datamodule is not None else []
+            batches = map(self.task.unpack, loader)
+            self.objective.prepare((self._images(x.to(self.device)), y.to(self.device)) for x, y in batches)
 
     def on_train_epoch_start(self) -> None:
         self.objective.on_train_epoch_start(self.current_epoch, self.trainer.max_epochs or 1)

@@ -10,12 +10,14 @@ the optional hooks below instead of reaching into the training engine.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+
+from ..distributed import world_size
 
 __all__ = ["Objective", "ObjectiveOutput", "available", "create", "get", "register"]
 
@@ -43,6 +45,7 @@ class Objective(nn.Module):
 
     Hooks (all optional, no-ops by default):
         :meth:`attach_backbone` — called once with the backbone before training (L2-SP/DELTA keep a frozen copy);
+        :meth:`prepare` — called once with training batches before a new run starts (DELTA's channel attention);
         :meth:`on_train_epoch_start` — called at each epoch start (RIFLE re-initialises on a schedule);
         :meth:`on_after_optimizer_step` — called after each optimiser step (momentum encoders).
     """
@@ -73,6 +76,10 @@ class Objective(nn.Module):
     def attach_backbone(self, backbone: nn.Module) -> None:
         """Receive the (pre-trained, not yet fine-tuned) backbone before training starts."""
 
+    def prepare(self, batches: Iterable[tuple[Tensor, Tensor]]) -> None:
+        """Called once before the first training step of a new (not resumed) run with a lazy iterable of
+        ``(images, labels)`` training batches, for objectives that need data before training (DELTA's attention)."""
+
     def on_train_epoch_start(self, epoch: int, max_epochs: int) -> None:
         """Called at the start of every training epoch (0-based)."""
 
@@ -84,6 +91,13 @@ class Objective(nn.Module):
 
     def reset_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
         """Drop ``optimizer``'s state (momentum buffers …) of re-initialised parameters."""
+
+    @property
+    def gathers(self) -> bool:
+        """Whether the loss is computed on the batch gathered from every process (an objective's ``gather``
+        hyper-parameter, under a ``torch.distributed`` run of 2+ processes); the engine then rescales the
+        backbone's gradient (:func:`coretune.distributed.scale_grad`)."""
+        return bool(getattr(self, "gather", False)) and world_size() > 1
 
     # -- computation ----------------------------------------------------------------------------------------
     def predict(self, features: Tensor) -> Tensor:

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..distributed import batch_sizes, gather_rows, gather_with_grad, rank
 from ..losses import soft_cross_entropy
 from ._backbone import frozen_copy, mirror_modes, move_to
 from .base import Objective, ObjectiveOutput, register
@@ -64,6 +65,9 @@ class BiTuning(Objective):
         proj_dim: output width of the projector ``G_z``.
         contrast_weight: weight ``γ >= 0`` of ``L_CCE + L_CCL``.
         momentum_backbone: run a momentum copy of the backbone on ``inputs`` for the keys (see above).
+        gather: under DDP, compute the loss on the batch gathered from every process and enqueue every
+            process's keys, so the queues stay identical across processes (MoCo's ``concat_all_gather``);
+            ``False`` keeps the loss per process (DDP then keeps rank 0's queues, broadcast as buffers).
     """
 
     def __init__(
@@ -74,6 +78,7 @@ class BiTuning(Objective):
         proj_dim: int = 128,
         contrast_weight: float = 1.0,
         momentum_backbone: bool = True,
+        gather: bool = True,
     ) -> None:
         super().__init__()
         problems = []
@@ -91,7 +96,7 @@ class BiTuning(Objective):
             raise ValueError("invalid Bi-tuning settings: " + "; ".join(problems))
         self.queue_size, self.momentum, self.temperature = queue_size, momentum, temperature
         self.proj_dim, self.contrast_weight = proj_dim, contrast_weight
-        self.momentum_backbone = momentum_backbone
+        self.momentum_backbone, self.gather = momentum_backbone, gather
         # Lists keep these out of the module registration (see the class docstring).
         self._backbone: list[nn.Module] = []
         self._key_backbone: list[nn.Module] = []
@@ -179,6 +184,13 @@ class BiTuning(Objective):
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
         self._check_built()
         h_keys, z_keys = self.keys(features, inputs)
+        rows = slice(None)
+        if self.gathers:
+            sizes = batch_sizes(features.shape[0], features.device)
+            start = sum(sizes[: rank()])
+            rows = slice(start, start + features.shape[0])
+            features, labels = gather_with_grad(features, sizes), gather_rows(labels, sizes)
+            h_keys, z_keys = gather_rows(h_keys, sizes), gather_rows(z_keys, sizes)
         # Snapshots: the queues change in place below, after autograd saved them for the backward pass.
         queue_h = self.queue_h.flatten(0, 1).clone()
         queue_z = self.queue_z.flatten(0, 1).clone()
@@ -198,7 +210,7 @@ class BiTuning(Objective):
         self.enqueue(h_keys, z_keys, labels)
         loss = ce + self.contrast_weight * (cce + ccl)
         terms = {"ce": ce.detach(), "cce": cce.detach(), "ccl": ccl.detach(), "loss": loss.detach()}
-        return ObjectiveOutput(loss, logits, terms)
+        return ObjectiveOutput(loss, logits[rows], terms)
 
 
 def _augment(h: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..distributed import gather_batch
 from ..heads import ProjectionHead
 from ..losses import contrastive_loss, core_positive_mask, soft_cross_entropy, supcon_positive_mask
 from ..mining import beta_draws, mine_hard_pairs
@@ -43,6 +44,8 @@ class CoreTuning(Objective):
         lambda_p: clip ``λ_p ∈ [0, 1]`` of hard positives.
         proj_dim: output width of ``G_c``.
         proj_depth: number of linear layers of ``G_c`` (1–3).
+        gather: under DDP, compute the whole loss on the batch gathered from every process (global hard-pair
+            mining, :func:`coretune.distributed.gather_batch`); ``False`` keeps it per process.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class CoreTuning(Objective):
         smooth_classifier: bool = True,
         classifier_pairs: ClassifierPairs = "both",
         original_positives: bool = True,
+        gather: bool = True,
     ) -> None:
         super().__init__()
         problems = []
@@ -90,6 +94,7 @@ class CoreTuning(Objective):
         self.proj_dim, self.proj_depth = proj_dim, proj_depth
         self.focal, self.mixing, self.smooth_classifier = focal, mixing, smooth_classifier
         self.classifier_pairs, self.original_positives = classifier_pairs, original_positives
+        self.gather = gather
         self.generator: torch.Generator | None = None
 
     def build_heads(self, feature_dim: int, num_classes: int) -> None:
@@ -107,6 +112,7 @@ class CoreTuning(Objective):
 
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
         self._check_built()
+        features, labels, rows = gather_batch(features, labels) if self.gathers else (features, labels, slice(None))
         b = features.shape[0]
         generated: list[Tensor] = []
         targets: list[Tensor] = []
@@ -142,7 +148,7 @@ class CoreTuning(Objective):
             loss = loss + self.eta * con
             terms["con"] = con.detach()
         terms["loss"] = loss.detach()
-        return ObjectiveOutput(loss, logits, terms)
+        return ObjectiveOutput(loss, logits[rows], terms)
 
 
 #: Table 2's rows, in the paper's order: (row label, registered objective name).

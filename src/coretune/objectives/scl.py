@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..distributed import gather_batch
 from ..losses import contrastive_loss, supcon_positive_mask
 from .base import Objective, ObjectiveOutput, register
 
@@ -32,9 +33,11 @@ class SCL(Objective):
     Args:
         lam: trade-off ``λ ∈ [0, 1]``.
         temperature: ``τ > 0``.
+        gather: under DDP, compute the loss on the batch gathered from every process (the contrast then spans
+            the global batch, :func:`coretune.distributed.gather_batch`); ``False`` keeps it per process.
     """
 
-    def __init__(self, lam: float = 0.9, temperature: float = 0.3) -> None:
+    def __init__(self, lam: float = 0.9, temperature: float = 0.3, gather: bool = True) -> None:
         super().__init__()
         problems = []
         if not 0.0 <= lam <= 1.0:
@@ -43,13 +46,14 @@ class SCL(Objective):
             problems.append(f"temperature must be > 0 (got {temperature})")
         if problems:
             raise ValueError("invalid SCL settings: " + "; ".join(problems))
-        self.lam, self.temperature = lam, temperature
+        self.lam, self.temperature, self.gather = lam, temperature, gather
 
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
         self._check_built()
+        features, labels, rows = gather_batch(features, labels) if self.gathers else (features, labels, slice(None))
         logits = self.classifier(features)
         ce = F.cross_entropy(logits.float(), labels)
         unit = F.normalize(features.float(), dim=1)
         scl = contrastive_loss(unit, supcon_positive_mask(labels), self.temperature)
         loss = (1 - self.lam) * ce + self.lam * scl
-        return ObjectiveOutput(loss, logits, {"ce": ce.detach(), "scl": scl.detach(), "loss": loss.detach()})
+        return ObjectiveOutput(loss, logits[rows], {"ce": ce.detach(), "scl": scl.detach(), "loss": loss.detach()})

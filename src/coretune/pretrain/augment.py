@@ -4,10 +4,10 @@ Every image of the batch draws its own crop, flip, colour jitter and grayscale, 
 ``RandomResizedCrop → RandomHorizontalFlip → RandomApply(ColorJitter, p) → RandomGrayscale`` would per image
 (SimCLR, Chen et al. 2020, Appendix A; MoCo v2 "aug+", Chen et al. 2020), but vectorised over the batch so
 that a CPU keeps up at 32–64 px. Differences from torchvision, by design: the crop box is continuous (not
-rounded to pixels) and resampled with :func:`torchvision.ops.roi_align` (bilinear, 2×2 samples per output
-pixel); the jitter operations run in a fixed order (brightness, contrast, saturation, hue) and the hue shift
-is a rotation of the chroma plane in YIQ space, a close linear approximation of HSV hue rotation. Gaussian
-blur is omitted (SimCLR drops it for CIFAR-sized images).
+rounded to pixels) and resampled with :func:`torchvision.ops.roi_align` (bilinear; a crop larger than the
+output averages ``⌈crop / output⌉²`` samples per pixel); the jitter operations run in a fixed order (brightness,
+contrast, saturation, hue) and the hue shift is a rotation of the chroma plane in YIQ space, a close linear
+approximation of HSV hue rotation. Gaussian blur is omitted (SimCLR drops it for CIFAR-sized images).
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ class BatchAugment(nn.Module):
         device = x.device
         boxes = self.crop_boxes(b, height, width, device)
         rois = torch.cat([torch.arange(b, device=device, dtype=x.dtype)[:, None], boxes], dim=1)
-        x = roi_align(x, rois, (self.image_size, self.image_size), spatial_scale=1.0, sampling_ratio=2, aligned=True)
+        size = (self.image_size, self.image_size)
+        x = roi_align(x, rois, size, spatial_scale=1.0, sampling_ratio=0, aligned=True)
         flip = torch.rand(b, 1, 1, 1, device=device) < self.flip_p
         x = torch.where(flip, x.flip(3), x)
         jitter = torch.rand(b, 1, 1, 1, device=device) < self.jitter_p

@@ -20,7 +20,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 
 from ..engine import NonFiniteLossError, RunArtifacts, atomic_torch_save, build_optimizer, lr_factor
@@ -318,15 +318,13 @@ class ExportPretrained(Callback):
             atomic_torch_save(pl_module.pretrained_checkpoint(), self.target(trainer))
 
 
-def pretrain_callbacks(run_dir: str | Path | None = None, progress: bool = True) -> list[Callback]:
-    """Last Lightning checkpoint (to resume), the exported encoder, ``metrics.csv``/``results.json`` and a
-    rich progress bar; ``run_dir`` None means the trainer's ``default_root_dir``."""
+def pretrain_callbacks(run_dir: str | Path | None = None) -> list[Callback]:
+    """The last Lightning checkpoint (to resume), the exported encoder and ``metrics.csv``/``results.json``/learning
+    curve; ``run_dir`` None means the trainer's ``default_root_dir``. (Lightning adds its rich progress bar unless
+    ``enable_progress_bar=False``.)"""
     root = Path(run_dir) if run_dir is not None else None
-    callbacks: list[Callback] = [
+    return [
         ModelCheckpoint(dirpath=root / "checkpoints" if root else None, save_last=True, save_top_k=0),
         ExportPretrained(root / PRETRAINED_FILENAME if root else None),
         RunArtifacts(run_dir),
     ]
-    if progress:
-        callbacks.append(RichProgressBar())
-    return callbacks

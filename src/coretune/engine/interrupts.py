@@ -1,0 +1,183 @@
+"""Stopping a run on SIGTERM or SIGINT (Ctrl+C) with a resumable checkpoint, and resuming it exactly.
+
+Lightning on its own stops at SIGTERM without saving anything, and turns Ctrl+C into ``sys.exit(1)``.
+:class:`StopOnSignal` instead finishes the current batch, writes ``checkpoints/last.ckpt`` (atomically, through
+the trainer's checkpoint IO) and raises :class:`TrainingInterrupted`, which ``coretune fit`` reports with the
+command that resumes the run. A mid-epoch checkpoint resumes exactly: the training loader skips the batches
+already seen (:class:`coretune.data.samplers.ResumableLoader`), each step's random draws depend on
+``(seed, step)`` only, and this callback carries the partial epoch's logged sums and metric states across the
+restart, so the epoch's ``train/*`` values are those of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+__all__ = ["StopOnSignal", "TrainingInterrupted"]
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped on a signal after saving a resumable checkpoint.
+
+    Attributes:
+        signum: the signal received (``signal.SIGTERM`` or ``signal.SIGINT``).
+        checkpoint: the checkpoint written (the run resumes from it with ``ckpt_path="last"``).
+    """
+
+    def __init__(self, signum: int, checkpoint: Path, epoch: int, step: int) -> None:
+        self.signum, self.checkpoint = signum, checkpoint
+        name = signal.Signals(signum).name
+        run_dir = checkpoint.parent.parent
+        super().__init__(
+            f"stopped by {name} at epoch {epoch}, step {step}; saved a resumable checkpoint to {checkpoint}. "
+            f"Resume by running the same command with --ckpt_path last --run_dir {run_dir} "
+            "(Python: trainer.fit(..., ckpt_path='last'))"
+        )
+
+
+class StopOnSignal(L.Callback):
+    """On SIGTERM or SIGINT during ``fit``: finish the batch, save ``last.ckpt``, raise :class:`TrainingInterrupted`.
+
+    The signal only sets a flag; the checkpoint is written at the next batch end (mid-epoch checkpoint), or, when
+    the signal comes during an epoch's last batch or its validation, once the epoch is complete and saved as
+    usual. A second signal while waiting gets the default behaviour (Ctrl+C: ``KeyboardInterrupt``; SIGTERM:
+    the process ends; the previous checkpoint survives either way, since checkpoint writes are atomic). Under
+    data parallelism the processes agree on stopping at the same batch.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._trainer: L.Trainer | None = None
+        self._carry: dict[str, Any] | None = None  # the partial epoch's logged values, from a mid-epoch checkpoint
+
+    # -- signal handling ------------------------------------------------------------------------------------
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = signum
+        self._restore_handlers()  # a second signal is not deferred
+
+    def _install_handlers(self) -> None:
+        """Install the handlers over Lightning's (which it registers after ``on_fit_start``, records every
+        handler before, and puts back when ``fit`` ends, normally or not: nothing is left installed)."""
+        if threading.current_thread() is not threading.main_thread() or self.signum is not None:
+            return
+        for signum in _SIGNALS:
+            if (current := signal.getsignal(signum)) != self._handle:
+                self._previous[signum] = current
+                signal.signal(signum, self._handle)
+
+    def _restore_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.signum, self._previous = None, {}
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install_handlers()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install_handlers()
+
+    def _stop_requested(self, trainer: L.Trainer) -> bool:
+        return trainer.strategy.reduce_boolean_decision(self.signum is not None, all=False)
+
+    # -- stopping -------------------------------------------------------------------------------------------
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._carry is not None:
+            self._merge_carried(trainer)
+        if batch_idx + 1 >= trainer.num_training_batches or not self._stop_requested(trainer):
+            return  # the epoch's last batch: stop at the epoch end instead, after its validation and checkpoint
+        path = _last_checkpoint_path(trainer)
+        trainer.save_checkpoint(path)
+        self._raise(trainer, path)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._carry = None
+        last_epoch = trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
+        if not last_epoch and self._stop_requested(trainer):
+            trainer.should_stop = True  # Lightning finishes the epoch: validation, checkpoints, metrics row
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.should_stop and self._stop_requested(trainer):
+            self._raise(trainer, _last_checkpoint_path(trainer))
+
+    def _raise(self, trainer: L.Trainer, path: Path) -> None:
+        signum = self.signum if self.signum is not None else signal.SIGTERM  # another process got the signal
+        raise TrainingInterrupted(signum, path, trainer.current_epoch, trainer.global_step)
+
+    # -- the partial epoch across a mid-epoch checkpoint ----------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self._trainer
+        if trainer is None or not trainer.training:
+            return {}
+        logged, metrics = {}, {}
+        for key, result in _epoch_results(trainer).items():
+            if not result.meta.on_epoch:
+                continue
+            if result.is_tensor:
+                logged[key] = {name: getattr(result, name).clone() for name in result._defaults}
+            else:  # a torchmetrics Metric logged as an object: its accumulated state
+                metrics[key] = {name: _clone(getattr(result.value, name)) for name in result.value._defaults}
+        return {"epoch": trainer.current_epoch, "logged": logged, "metrics": metrics}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._carry = state_dict or None
+
+    def _merge_carried(self, trainer: L.Trainer) -> None:
+        """Add the sums saved in the checkpoint to those of the first batch after the restart (same epoch only)."""
+        carry, self._carry = self._carry, None
+        if carry is None or carry["epoch"] != trainer.current_epoch:
+            return
+        results = _epoch_results(trainer)
+        for key, state in carry["logged"].items():
+            if (result := results.get(key)) is None:
+                continue
+            if result.meta.is_max_reduction or result.meta.is_min_reduction:
+                result.value = result.meta.reduce_fx(result.value, state["value"].to(result.value.device))
+            else:  # mean (value = Σ batch_size · value, and Σ batch_size) or sum
+                for name, value in state.items():
+                    setattr(result, name, getattr(result, name) + value.to(getattr(result, name).device))
+        for key, state in carry["metrics"].items():
+            if (result := results.get(key)) is not None:
+                result.value.merge_state({k: _to(v, result.value.device) for k, v in state.items()})
+
+
+def _epoch_results(trainer: L.Trainer) -> dict[str, Any]:
+    """The training epoch's logged values (Lightning keeps them in the loop's ``_results`` collection)."""
+    return trainer.fit_loop.epoch_loop._results
+
+
+def _clone(value: Any) -> Any:
+    return [v.clone() for v in value] if isinstance(value, list) else value.clone()
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return [v.to(device) for v in value] if isinstance(value, list) else value.to(device)
+
+
+def _last_checkpoint_path(trainer: L.Trainer) -> Path:
+    """``<checkpoint dir>/last.ckpt`` of the run's ModelCheckpoint (``<run dir>/checkpoints`` without one)."""
+    callback = trainer.checkpoint_callback
+    if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
+        path = Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
+        callback.last_model_path = str(path)
+        return path
+    return Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"

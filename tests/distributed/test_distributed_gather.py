@@ -1,0 +1,192 @@
+"""Global-batch contrastive losses under DDP: 2 gloo processes reproduce the single-process computation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from coretune import distributed, objectives
+from coretune.mining import mine_hard_pairs
+
+D, K = 8, 3
+#: (case name, objective, hyper-parameters, rows per rank)
+CASES: list[tuple[str, str, dict[str, Any], tuple[int, int]]] = [
+    ("core", "core", {}, (6, 6)),
+    ("core_unequal", "core", {}, (5, 3)),
+    ("ce_con", "ce_con", {}, (6, 6)),
+    ("ce_con_mixh", "ce_con_mixh", {}, (6, 6)),
+    ("scl", "scl", {}, (6, 6)),
+    ("bi_tuning", "bi_tuning", {"momentum_backbone": False, "queue_size": 4}, (6, 6)),
+]
+
+
+def _batch(sizes: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    """Features, labels and inputs of the global batch (rank 0's rows first)."""
+    g = torch.Generator().manual_seed(sum(sizes))
+    n = sum(sizes)
+    return torch.randn(n, D, generator=g), torch.arange(n) % K, torch.randn(n, 5, generator=g)
+
+
+def _rows(sizes: tuple[int, int], rank: int | None) -> slice:
+    return slice(None) if rank is None else slice(sum(sizes[:rank]), sum(sizes[: rank + 1]))
+
+
+def _objective_case(name: str, hparams: dict[str, Any], sizes: tuple[int, int], rank: int | None) -> dict[str, Any]:
+    """One step of objective ``name`` on the rows of ``rank`` (``None``: the whole batch in one process)."""
+    z_all, y_all, _ = _batch(sizes)
+    torch.manual_seed(1)
+    obj = objectives.create(name, D, K, **hparams)
+    rows = _rows(sizes, rank)
+    z = z_all[rows].clone().requires_grad_()
+    torch.manual_seed(7)  # the engine seeds every step identically on all processes
+    out = obj(z, y_all[rows])
+    out.loss.backward()
+    result = {
+        "gathers": obj.gathers,
+        "loss": out.loss.detach(),
+        "terms": out.terms,
+        "logits": out.logits.detach(),
+        "z_grad": z.grad,
+        "param_grads": {n: p.grad for n, p in obj.named_parameters()},
+        "buffers": {n: b.clone() for n, b in obj.named_buffers()},
+    }
+    if name == "core":
+        torch.manual_seed(7)
+        z_global = distributed.gather_rows(z.detach())
+        pairs = mine_hard_pairs(z_global, distributed.gather_rows(y_all[rows]), K)
+        result["pairs"] = {k: v for k, v in vars(pairs).items() if k != "pos_features" and k != "neg_features"}
+    return result
+
+
+class _Model(nn.Module):
+    """A linear "backbone" and an objective, as :class:`coretune.engine.FineTuner` chains them."""
+
+    def __init__(self, objective: str) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.backbone = nn.Linear(5, D)
+        self.objective = objectives.create(objective, D, K)
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        z = self.backbone(x)
+        if self.objective.gathers:
+            z = distributed.scale_grad(z, distributed.world_size())
+        return self.objective(z, y).loss
+
+
+def _ddp_case(objective: str, sizes: tuple[int, int], rank: int | None) -> dict[str, Tensor]:
+    """Parameter gradients of :class:`_Model` after backward (and DDP's averaging when ``rank`` is given)."""
+    _, y_all, x_all = _batch(sizes)
+    model = _Model(objective)
+    net = DistributedDataParallel(model) if rank is not None else model
+    rows = _rows(sizes, rank)
+    torch.manual_seed(7)
+    net(x_all[rows], y_all[rows]).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _worker(rank: int, folder: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
+    try:
+        results: dict[str, Any] = {
+            "world_size": distributed.world_size(),
+            "rank": distributed.rank(),
+            "sizes": distributed.batch_sizes(3 + rank),
+        }
+        for case, name, hparams, sizes in CASES:
+            results[case] = _objective_case(name, hparams, sizes, rank)
+        results["ddp_core"] = _ddp_case("core", (6, 6), rank)
+        torch.save(results, Path(folder) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    folder = tmp_path_factory.mktemp("ddp")
+    mp.spawn(_worker, args=(str(folder),), nprocs=2, join=True)
+    return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def _close(a: Tensor, b: Tensor) -> bool:
+    return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.ddp
+def test_process_group_helpers(ranks: list[dict[str, Any]]) -> None:
+    assert [(r["world_size"], r["rank"]) for r in ranks] == [(2, 0), (2, 1)]
+    assert ranks[0]["sizes"] == ranks[1]["sizes"] == [3, 4]
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize(("case", "name", "hparams", "sizes"), CASES, ids=[c[0] for c in CASES])
+def test_gathered_loss_and_feature_gradients_equal_the_full_batch(
+    ranks: list[dict[str, Any]], case: str, name: str, hparams: dict[str, Any], sizes: tuple[int, int]
+) -> None:
+    single = _objective_case(name, hparams, sizes, None)
+    assert not single["gathers"] and all(r[case]["gathers"] for r in ranks)
+    for rank, result in enumerate(ranks):
+        rows = _rows(sizes, rank)
+        out = result[case]
+        assert _close(out["loss"], single["loss"]), (rank, float(out["loss"]), float(single["loss"]))
+        assert out["terms"].keys() == single["terms"].keys()
+        assert all(_close(out["terms"][k], single["terms"][k]) for k in single["terms"])
+        assert out["logits"].shape == (sizes[rank], K)  # the local rows, for the engine's train metrics
+        assert _close(out["logits"], single["logits"][rows])
+        assert _close(out["z_grad"], single["z_grad"][rows])  # d loss / d own rows, no sum over ranks
+        for param, grad in single["param_grads"].items():  # heads see every row: the full gradient
+            assert _close(out["param_grads"][param], grad), param
+        for buffer, value in single["buffers"].items():  # Bi-tuning's queues hold every rank's keys
+            assert _close(out["buffers"][buffer].float(), value.float()), buffer
+
+
+@pytest.mark.ddp
+def test_global_mining_draws_agree_across_ranks(ranks: list[dict[str, Any]]) -> None:
+    z_all, y_all, _ = _batch((6, 6))
+    torch.manual_seed(7)
+    single = vars(mine_hard_pairs(z_all, y_all, K))
+    for result in ranks:
+        for key, value in result["core"]["pairs"].items():
+            assert torch.equal(value, single[key]), key
+
+
+@pytest.mark.ddp
+def test_ddp_averaged_parameter_gradients_equal_the_full_batch(ranks: list[dict[str, Any]]) -> None:
+    single = _ddp_case("core", (6, 6), None)
+    for result in ranks:
+        grads = result["ddp_core"]
+        assert grads.keys() == single.keys()
+        for name, grad in single.items():
+            assert _close(grads[name], grad), name
+
+
+def test_single_process_helpers_are_identities() -> None:
+    z = torch.randn(4, 3, requires_grad=True)
+    y = torch.tensor([0, 1, 0, 1])
+    assert distributed.world_size() == 1 and distributed.rank() == 0 and not distributed.is_distributed()
+    assert distributed.gather_with_grad(z) is z and distributed.gather_rows(y) is y
+    assert distributed.batch_sizes(4) == [4]
+    features, labels, rows = distributed.gather_batch(z, y)
+    assert features is z and labels is y and rows == slice(0, 4)
+    assert not objectives.create("core").gathers  # gather=True, but a single process
+
+
+def test_scale_grad_is_identity_forward_and_scales_backward() -> None:
+    z = torch.randn(4, 3, requires_grad=True)
+    out = distributed.scale_grad(z, 3.0)
+    assert torch.equal(out, z)
+    (out * torch.arange(3.0)).sum().backward()
+    assert torch.equal(z.grad, 3.0 * torch.arange(3.0).expand(4, 3))
+
+
+@pytest.mark.parametrize("name", ["core", "ce_con", "ce_con_mixh", "scl", "bi_tuning"])
+def test_contrastive_objectives_gather_by_default_and_can_opt_out(name: str) -> None:
+    assert objectives.create(name).gather is True
+    assert objectives.create(name, gather=False).gather is False

@@ -1,0 +1,29 @@
+"""Tiny generated ImageFolder trees for tests (tests never read ../shared)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def make_image_tree(
+    root: Path,
+    classes: tuple[str, ...] = ("cat", "dog", "eel"),
+    per_class: int = 12,
+    val_per_class: int = 4,
+    size: int = 32,
+    seed: int = 0,
+) -> Path:
+    """``root/{train,val}/<class>/*.png``: each class a distinct colour + noise, so a small CNN can learn it."""
+    rng = np.random.default_rng(seed)
+    palette = rng.integers(40, 215, size=(len(classes), 3))
+    for split, n in (("train", per_class), ("val", val_per_class)):
+        for c, name in enumerate(classes):
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                pixels = palette[c] + rng.normal(0, 25, size=(size, size, 3))
+                Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(folder / f"{name}_{i}.png")
+    return root

@@ -1,0 +1,122 @@
+"""Pre-training writes SimCLR / MoCo-v2 checkpoints in their reference layouts, and every backbone tensor of
+them loads back through create_backbone; the MoCo key encoder follows the momentum update."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from coretune.cli import main
+from coretune.models import create_backbone, load_pretrained
+from coretune.pretrain import PRETRAINED_FILENAME, ContrastivePretrainer, MoCoV2, SimCLR
+from coretune.pretrain.cli import translate_args
+
+
+def _roundtrip(module: ContrastivePretrainer, path: Path) -> None:
+    torch.save(module.pretrained_checkpoint(), path)
+    encoder = create_backbone(module.backbone.name, verbose=False)
+    report = load_pretrained(encoder, path)
+    expected = module.backbone.body.state_dict()
+    assert report.loaded == list(expected) and report.total == len(expected)
+    assert not report.missing and not report.unexpected
+    for key, value in encoder.body.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+
+
+@pytest.mark.parametrize("backbone", ["small_cnn", "resnet18"])
+def test_simclr_layout_round_trips(backbone: str, tmp_path: Path) -> None:
+    module = SimCLR(backbone=backbone, proj_dim=16)
+    ckpt = module.pretrained_checkpoint()
+    assert set(ckpt) == {"epoch", "arch", "method", "state_dict"} and ckpt["arch"] == backbone
+    keys = set(ckpt["state_dict"])
+    assert {f"backbone.{k}" for k in module.backbone.body.state_dict()} | {
+        "projector.0.weight", "projector.0.bias", "projector.2.weight", "projector.2.bias"} == keys
+    if backbone == "resnet18":
+        assert "backbone.conv1.weight" in keys and "backbone.layer4.1.bn2.running_var" in keys
+    _roundtrip(module, tmp_path / "simclr.pth.tar")
+
+
+@pytest.mark.parametrize("backbone", ["small_cnn", "resnet18"])
+def test_moco_layout_round_trips(backbone: str, tmp_path: Path) -> None:
+    module = MoCoV2(backbone=backbone, proj_dim=16, queue_size=32)
+    ckpt = module.pretrained_checkpoint()
+    assert set(ckpt) == {"epoch", "arch", "state_dict", "optimizer"}
+    state = ckpt["state_dict"]
+    body = list(module.backbone.body.state_dict())
+    for encoder in ("encoder_q", "encoder_k"):
+        assert {f"module.{encoder}.{k}" for k in body} <= set(state)
+        assert {f"module.{encoder}.fc.{i}.{p}" for i in (0, 2) for p in ("weight", "bias")} <= set(state)
+    assert state["module.queue"].shape == (16, 32) and state["module.queue_ptr"].tolist() == [0]
+    if backbone == "resnet18":
+        assert state["module.encoder_q.fc.0.weight"].shape == (512, 512)  # MoCo v2's MLP head on 512-d ResNet-18
+    _roundtrip(module, tmp_path / "checkpoint_0001.pth.tar")
+    report = load_pretrained(create_backbone(backbone, verbose=False), tmp_path / "checkpoint_0001.pth.tar")
+    assert report.layout == "moco"
+
+
+def test_momentum_update_follows_the_moco_rule() -> None:
+    module = MoCoV2(backbone="small_cnn", proj_dim=8, queue_size=16, key_momentum=0.9)
+    with torch.no_grad():
+        for p in module.backbone.parameters():
+            p.add_(1.0)
+    before = [p.clone() for p in module.momentum_backbone.parameters()]
+    module._momentum_update()
+    for p_k, old, p_q in zip(module.momentum_backbone.parameters(), before, module.backbone.parameters(), strict=True):
+        assert torch.allclose(p_k, 0.9 * old + 0.1 * p_q)
+    assert not any(p.requires_grad for p in module.momentum_backbone.parameters())
+
+
+def test_invalid_settings_are_reported_together() -> None:
+    with pytest.raises(ValueError, match=r"invalid simclr settings: temperature must be > 0 \(got 0\); lr must"):
+        SimCLR(temperature=0, lr=-1)
+    with pytest.raises(ValueError, match=r"invalid moco_v2 settings: queue_size must be >= 1 \(got 0\)"):
+        MoCoV2(queue_size=0)
+
+
+def test_method_alias_and_default() -> None:
+    assert translate_args(["--method", "moco_v2", "--model.queue_size", "8"]) == [
+        "--model=coretune.pretrain.module.MoCoV2", "--model.queue_size", "8"]
+    assert translate_args(["--seed=3"]) == ["--model=coretune.pretrain.module.SimCLR", "--seed_everything=3"]
+    with pytest.raises(ValueError, match="unknown pre-training method 'byol': choose one of simclr, moco_v2"):
+        translate_args(["--method", "byol"])
+
+
+def _image_folder(root: Path, n: int = 12) -> Path:
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        folder = root / ("a" if i % 2 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("method", ["simclr", "moco_v2"])
+def test_pretrain_command_writes_loadable_checkpoints_and_resumes(method: str, tmp_path: Path) -> None:
+    images = _image_folder(tmp_path / "images")
+    run_dir = tmp_path / "run"
+    args = ["pretrain", "--method", method, "--model.backbone", "small_cnn", "--model.proj_dim", "16",
+            "--data.root", str(images), "--data.image_size", "16", "--data.batch_size", "4",
+            "--trainer.enable_progress_bar", "false", "--run_dir", str(run_dir)]
+    if method == "moco_v2":
+        args += ["--model.queue_size", "8"]
+    main([*args, "--trainer.max_epochs", "1"])
+    weights = run_dir / PRETRAINED_FILENAME
+    ckpt = torch.load(weights, weights_only=True)
+    assert ckpt["epoch"] == 1 and ckpt["arch"] == "small_cnn"
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "metrics.csv").is_file()
+    for path in (weights, run_dir / "checkpoints" / "last.ckpt"):
+        report = load_pretrained(create_backbone("small_cnn", verbose=False), path)
+        assert len(report.loaded) == report.total and not report.missing
+    main([*args, "--trainer.max_epochs", "2"])  # the same run directory: resumes from checkpoints/last.ckpt
+    assert torch.load(weights, weights_only=True)["epoch"] == 2
+    assert [row.split(",")[0] for row in (run_dir / "metrics.csv").read_text().splitlines()[1:]] == ["0", "1"]
+
+
+def test_queue_larger_than_the_data_is_refused(tmp_path: Path) -> None:
+    images = _image_folder(tmp_path / "images", n=6)
+    with pytest.raises(SystemExit, match="queue_size 4096 exceeds the 6 training images"):
+        main(["pretrain", "--method", "moco_v2", "--model.backbone", "small_cnn", "--data.root", str(images),
+              "--data.image_size", "16", "--data.batch_size", "4", "--trainer.max_epochs", "1",
+              "--trainer.enable_progress_bar", "false", "--run_dir", str(tmp_path / "r")])

@@ -1,0 +1,131 @@
+"""kNN and linear-probe evaluation against reference loops and scikit-learn; the `coretune eval` command."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from sklearn.datasets import load_digits
+from sklearn.linear_model import LogisticRegression
+from sklearn.neighbors import KNeighborsClassifier
+from sklearn.preprocessing import StandardScaler
+
+from coretune.cli import main
+from coretune.evaluation import extract_features, knn_predict, linear_probe, top_k_accuracy
+
+
+def _knn_loop(train: torch.Tensor, labels: torch.Tensor, test: torch.Tensor, k: int, tau: float, classes: int):
+    """InstDisc's weighted kNN written out one test point at a time."""
+    predictions = []
+    for x in test.double():
+        pairs = zip(train.double(), labels.tolist(), strict=True)
+        sims = [(float(x @ t) / float(x.norm() * t.norm()), y) for t, y in pairs]
+        sims.sort(key=lambda s: -s[0])
+        votes = [0.0] * classes
+        for s, y in sims[:k]:
+            votes[y] += math.exp(s / tau)
+        predictions.append(max(range(classes), key=lambda c: votes[c]))
+    return predictions
+
+
+def test_knn_equals_reference_loop() -> None:
+    g = torch.Generator().manual_seed(0)
+    train, test = torch.randn(60, 8, generator=g), torch.randn(25, 8, generator=g)
+    labels = torch.randint(0, 4, (60,), generator=g)
+    for k, tau in ((20, 0.07), (5, 0.5), (200, 0.1)):  # k beyond the bank size uses every training point
+        expected = _knn_loop(train, labels, test, min(k, 60), tau, 4)
+        assert knn_predict(train, labels, test, k=k, temperature=tau, num_classes=4, chunk_size=7).tolist() == expected
+
+
+def test_knn_matches_sklearn_with_cosine_distance_and_exponential_weights() -> None:
+    g = torch.Generator().manual_seed(1)
+    train, test = torch.randn(300, 16, generator=g), torch.randn(100, 16, generator=g)
+    labels = torch.randint(0, 5, (300,), generator=g)
+    sk = KNeighborsClassifier(n_neighbors=20, metric="cosine", algorithm="brute",
+                              weights=lambda d: np.exp((1 - d) / 0.07)).fit(train.numpy(), labels.numpy())
+    ours = knn_predict(train, labels, test, k=20, temperature=0.07, num_classes=5)
+    assert (ours.numpy() == sk.predict(test.numpy())).all()
+
+
+def test_knn_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="k must be >= 1 and temperature > 0, got k=0"):
+        knn_predict(torch.randn(4, 2), torch.zeros(4, dtype=torch.long), torch.randn(2, 2), k=0)
+    with pytest.raises(ValueError, match="5 training features but 4 labels"):
+        knn_predict(torch.randn(5, 2), torch.zeros(4, dtype=torch.long), torch.randn(2, 2))
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    x, y = load_digits(return_X_y=True)
+    x, y = torch.tensor(x, dtype=torch.float32), torch.tensor(y)
+    return x[:1200], y[:1200], x[1200:], y[1200:]
+
+
+@pytest.mark.parametrize("c", [0.05, 1.0])
+def test_linear_probe_matches_sklearn_logistic_regression(digits, c: float) -> None:
+    x_train, y_train, x_test, y_test = digits
+    probe = linear_probe(x_train, y_train, weight_decay=1 / (c * len(y_train)))  # λ = 1 / (C n)
+    ours = probe(x_test).argmax(1).numpy()
+    scaler = StandardScaler().fit(x_train.numpy())
+    sk = LogisticRegression(C=c, max_iter=5000).fit(scaler.transform(x_train.numpy()), y_train.numpy())
+    theirs = sk.predict(scaler.transform(x_test.numpy()))
+    ours_acc, sk_acc = (ours == y_test.numpy()).mean(), (theirs == y_test.numpy()).mean()
+    assert abs(ours_acc - sk_acc) <= 0.01 and ours_acc > 0.88
+    assert (ours == theirs).mean() >= 0.98
+
+
+def test_linear_probe_picks_the_weight_decay_on_a_holdout(digits) -> None:
+    x_train, y_train, x_test, y_test = digits
+    probe = linear_probe(x_train, y_train, weight_decay=[1e-4, 1e-2, 10.0])
+    assert probe.weight_decay in (1e-4, 1e-2)  # λ = 10 flattens the classifier
+    assert top_k_accuracy(probe(x_test), y_test, 1) > 0.88
+    assert top_k_accuracy(probe(x_test), y_test, 10) == 1.0
+    with pytest.raises(ValueError, match=r"weight_decay must be >= 0 \(a value or a non-empty grid\)"):
+        linear_probe(x_train, y_train, weight_decay=[])
+
+
+def test_extract_features_uses_eval_mode_and_restores_it() -> None:
+    encoder = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 4), torch.nn.BatchNorm1d(4))
+    encoder.train()
+    x, y = torch.randn(10, 3, 2, 2), torch.arange(10)
+    loader = [(x[:6], y[:6]), (x[6:], y[6:])]
+    feats, labels = extract_features(encoder, loader)
+    assert encoder.training
+    encoder.eval()
+    assert torch.allclose(feats, encoder(x).detach()) and labels.tolist() == list(range(10))
+
+
+def _digit_folder(root: Path) -> Path:
+    x, y = load_digits(return_X_y=True)
+    for split, rows in (("train", range(0, 200)), ("test", range(200, 260))):
+        for i in rows:
+            folder = root / split / str(y[i])
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray((x[i].reshape(8, 8) * 255 / 16).astype(np.uint8)).save(folder / f"{i}.png")
+    return root
+
+
+def test_eval_command_scores_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from coretune.pretrain import SimCLR
+
+    root = _digit_folder(tmp_path / "digits")
+    weights = tmp_path / "simclr.pth.tar"
+    torch.save(SimCLR(backbone="small_cnn").pretrained_checkpoint(), weights)
+    common = ["--weights", str(weights), "--data.root", str(root), "--data.image_size", "8"]
+    main(["eval", "knn", *common, "--output", str(tmp_path / "knn.json")])
+    knn = json.loads((tmp_path / "knn.json").read_text())
+    assert knn["backbone"] == "small_cnn" and knn["protocol"] == "knn"  # the backbone name comes from 'arch'
+    assert knn["num_train"] == 200 and knn["num_test"] == 60 and knn["settings"] == {"k": 20, "temperature": 0.07}
+    assert 0.5 < knn["top1"] <= 1.0  # random conv features of digits are far above chance (10%)
+    main(["eval", "linear", *common, "--weight_decay", "[0.001]", "--output", str(tmp_path / "linear.json")])
+    linear = json.loads((tmp_path / "linear.json").read_text())
+    assert linear["settings"] == {"weight_decay": 0.001} and 0.5 < linear["top1"] <= linear["top5"]
+    assert "knn small_cnn" in capsys.readouterr().out
+
+
+def test_eval_command_without_backbone_or_weights_explains(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="pass --backbone"):
+        main(["eval", "knn", "--data.root", str(tmp_path)])

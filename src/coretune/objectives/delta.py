@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -160,7 +159,9 @@ class DELTA(Objective):
         if attention_temperature <= 0:
             problems.append(f"attention_temperature must be > 0 (got {attention_temperature})")
         if attention_batches < 0 or probe_batches < 1:
-            problems.append(f"attention_batches must be >= 0 and probe_batches >= 1 (got {attention_batches}, {probe_batches})")
+            problems.append(
+                f"attention_batches must be >= 0 and probe_batches >= 1 (got {attention_batches}, {probe_batches})"
+            )
         if problems:
             raise ValueError("invalid DELTA settings: " + "; ".join(problems))
         self.alpha, self.beta, self.attention_temperature = alpha, beta, attention_temperature

@@ -44,8 +44,9 @@ def test_knn_matches_sklearn_with_cosine_distance_and_exponential_weights() -> N
     g = torch.Generator().manual_seed(1)
     train, test = torch.randn(300, 16, generator=g), torch.randn(100, 16, generator=g)
     labels = torch.randint(0, 5, (300,), generator=g)
-    sk = KNeighborsClassifier(n_neighbors=20, metric="cosine", algorithm="brute",
-                              weights=lambda d: np.exp((1 - d) / 0.07)).fit(train.numpy(), labels.numpy())
+    sk = KNeighborsClassifier(
+        n_neighbors=20, metric="cosine", algorithm="brute", weights=lambda d: np.exp((1 - d) / 0.07)
+    ).fit(train.numpy(), labels.numpy())
     ours = knn_predict(train, labels, test, k=20, temperature=0.07, num_classes=5)
     assert (ours.numpy() == sk.predict(test.numpy())).all()
 

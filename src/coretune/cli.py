@@ -6,8 +6,10 @@ registered objective name (``coretune objectives`` lists them) and ``--objective
 
 from __future__ import annotations
 
+import errno
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from . import objectives
 from .data import ImageClassificationData
-from .engine import FineTuner, default_callbacks, default_precision
+from .engine import FineTuner, NonFiniteLossError, TrainingInterrupted, default_callbacks, default_precision
 from .engine.checkpoint_io import AtomicCheckpointIO
 
 __all__ = ["main"]
@@ -32,6 +34,8 @@ commands:
   pretrain    contrastive pre-training (SimCLR, MoCo v2) on an unlabelled image folder
   eval        kNN or linear-probe accuracy of a backbone and checkpoint (coretune eval knn|linear --help)
   demo        run the embedded demo end to end
+  bench       run a grid of fit runs from a YAML spec; mean ± std tables and plots (coretune bench CONFIG.yaml)
+  tune        choose η and α with an Optuna study on a validation split (coretune tune [options] -- FIT_ARGS)
 """
 
 
@@ -41,6 +45,8 @@ def _objective_class_path(name: str) -> tuple[str, list[str]]:
         cls, preset = objectives.get(name)
         args = [f"--objective.{k}={_cli_value(v)}" for k, v in preset.items()]
         return f"{cls.__module__}.{cls.__qualname__}", args
+    if "." not in name and name not in {objectives.get(n)[0].__name__ for n in objectives.available()}:
+        objectives.get(name)  # neither a name nor a class (path): "unknown objective 'x'; choose one of: ..."
     return name, []
 
 
@@ -142,6 +148,8 @@ def _print_run_summary(run_dir: Path) -> None:
 
 
 def fit(args: list[str]) -> None:
+    # the console script passes sys.argv on, rewritten: LightningCLI's warning about that is noise here
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended", category=UserWarning)
     FitCLI(
         FineTuner,
         ImageClassificationData,
@@ -346,6 +354,18 @@ def demo(args: list[str]) -> None:
     demo_main(args)
 
 
+def bench(args: list[str]) -> None:
+    from .bench import main as bench_main
+
+    bench_main(args)
+
+
+def tune(args: list[str]) -> None:
+    from .tune import main as tune_main
+
+    tune_main(args)
+
+
 COMMANDS = {
     "fit": fit,
     "test": test,
@@ -355,6 +375,8 @@ COMMANDS = {
     "pretrain": pretrain,
     "eval": evaluate,
     "demo": demo,
+    "bench": bench,
+    "tune": tune,
 }
 
 
@@ -368,10 +390,27 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"coretune: unknown command {command!r}\n\n{_USAGE}")
     try:
         COMMANDS[command](rest)
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
-        if command in ("fit", "pretrain") and not isinstance(err, ValueError | FileNotFoundError):
-            raise
-        sys.exit(f"coretune {command}: error: {err}")
+    except TrainingInterrupted as err:
+        print(f"coretune {command}: {err}", file=sys.stderr)
+        sys.exit(128 + err.signum)  # the shell convention for "ended by signal N"
+    except (*_USER_ERRORS, RuntimeError) as err:
+        if command in ("fit", "pretrain") and not isinstance(err, _USER_ERRORS):
+            raise  # a bug, not a user error: keep the traceback
+        sys.exit(f"coretune {command}: error: {_error_message(err)}")
+
+
+_USER_ERRORS = (ValueError, OSError, NonFiniteLossError)
+"""What a user can cause and fix: bad options, data, checkpoints (all ``ValueError``s), files and disks
+(``OSError``), a diverging loss. ``coretune`` prints their message alone; anything else keeps its traceback."""
+
+
+def _error_message(err: BaseException) -> str:
+    text = str(err)
+    if "\nOriginal Traceback" in text:  # re-raised from a DataLoader worker: keep the original exception's line
+        text = text.rstrip().splitlines()[-1].partition(": ")[2] or text
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        text += " — free disk space, then resume with --ckpt_path last (the last complete checkpoint is intact)"
+    return text
 
 
 if __name__ == "__main__":

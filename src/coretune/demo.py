@@ -26,6 +26,12 @@ from typing import Any
 __all__ = ["DemoResult", "MethodResult", "main", "run_demo", "write_digits"]
 
 METHODS = (("CE-tuning", "ce"), ("Core-tuning", "core"))
+BACKBONE = "small_cnn"
+PRETRAIN_EPOCHS = 30
+FINETUNE_EPOCHS = 60
+FINETUNE_LR = 0.01
+FINETUNE_BATCH_SIZE = 32
+FAST_PER_CLASS = 40
 
 
 @dataclass
@@ -61,9 +67,10 @@ class DemoResult:
     total_time_s: float = 0.0
 
 
-def write_digits(root: str | Path, test_fraction: float = 0.2, seed: int = 0) -> Path:
+def write_digits(root: str | Path, test_fraction: float = 0.2, seed: int = 0, per_class: int | None = None) -> Path:
     """Write scikit-learn's digits as ``root/{train,test}/<digit>/<index>.png`` (8×8 grey PNGs, 0–16 scaled to
-    0–255), holding out a stratified ``test_fraction``; a complete existing tree is kept as it is."""
+    0–255), holding out a stratified ``test_fraction``; ``per_class`` keeps only the first images of each digit.
+    A complete tree written with the same arguments is kept as it is."""
     import numpy as np
     from PIL import Image
     from sklearn.datasets import load_digits
@@ -71,19 +78,22 @@ def write_digits(root: str | Path, test_fraction: float = 0.2, seed: int = 0) ->
     from .data import stratified_split
 
     root = Path(root)
-    digits = load_digits()
-    marker = root / ".complete"
-    if marker.is_file() and marker.read_text() == f"{len(digits.target)} {test_fraction} {seed}":
+    marker, stamp = root / ".complete", f"digits test_fraction={test_fraction} seed={seed} per_class={per_class}"
+    if marker.is_file() and marker.read_text() == stamp:
         return root
     shutil.rmtree(root, ignore_errors=True)
-    train_idx, test_idx = stratified_split(digits.target, test_fraction, seed, name="test_fraction")
+    digits = load_digits()
+    rows = np.arange(len(digits.target))
+    if per_class is not None:
+        rows = np.concatenate([rows[digits.target == d][:per_class] for d in range(10)])
+    keep, held = stratified_split(digits.target[rows], test_fraction, seed, name="test_fraction")
     pixels = np.rint(digits.images * 255 / 16).astype(np.uint8)
-    for split, indices in (("train", train_idx), ("test", test_idx)):
+    for split, indices in (("train", rows[keep]), ("test", rows[held])):
         for i in indices:
             folder = root / split / str(digits.target[i])
             folder.mkdir(parents=True, exist_ok=True)
             Image.fromarray(pixels[i], mode="L").save(folder / f"{i:04d}.png")
-    marker.write_text(f"{len(digits.target)} {test_fraction} {seed}")
+    marker.write_text(stamp)
     return root
 
 
@@ -93,12 +103,13 @@ def _fresh(run_dir: Path) -> Path:
     return run_dir
 
 
-def _knn_top1(backbone: str, weights: str | None, data_dir: Path, image_size: int) -> float:
+def _knn_top1(weights: str | None, data_dir: Path, image_size: int) -> float:
+    """Weighted kNN top-1 of the frozen encoder (all training labels, test split)."""
     from .data import ImageClassificationData
     from .evaluation import evaluate_encoder
     from .models import create_backbone
 
-    encoder = create_backbone(backbone, weights=weights, verbose=False)
+    encoder = create_backbone(BACKBONE, weights=weights, verbose=False)
     data = ImageClassificationData(root=str(data_dir), image_size=image_size, eval_batch_size=512)
     return evaluate_encoder(encoder, data, "knn").top1
 
@@ -106,21 +117,24 @@ def _knn_top1(backbone: str, weights: str | None, data_dir: Path, image_size: in
 def run_demo(
     output: str | Path = "runs/demo",
     seeds: int = 3,
-    pretrain_epochs: int = 30,
-    finetune_epochs: int = 30,
+    pretrain_epochs: int = PRETRAIN_EPOCHS,
+    finetune_epochs: int = FINETUNE_EPOCHS,
     label_fraction: float = 0.1,
     image_size: int = 16,
     fast: bool = False,
     progress: bool = True,
+    num_threads: int | None = 1,
 ) -> DemoResult:
-    """Run the whole demo (see the module docstring) and return what it measured."""
-    import lightning as L
-    from rich.console import Console
+    """Run the whole demo (see the module docstring) and return what it measured.
 
-    from . import objectives
-    from .data import ImageClassificationData
-    from .engine import FineTuner, make_trainer
-    from .pretrain import PRETRAINED_FILENAME, PretrainData, SimCLR, pretrain_callbacks
+    ``fast`` shrinks it to 40 images per digit, 1 pre-training epoch, 2 fine-tuning epochs and at most 2 seeds
+    (for tests).
+    ``num_threads`` sets torch's CPU threads for the run (restored after): one thread is the fastest for these
+    tiny models and, unlike several, does not slow down by orders of magnitude when other processes keep the
+    cores busy. ``None`` keeps torch's setting.
+    """
+    import torch
+    from rich.console import Console
 
     if fast:
         seeds, pretrain_epochs, finetune_epochs = min(seeds, 2), 1, 2
@@ -130,101 +144,116 @@ def run_demo(
             f"{finetune_epochs}"
         )
     start = time.perf_counter()
-    console = Console()
-    output = Path(output)
-    data_dir = write_digits(output / "data")
-    settings = {
-        "seeds": seeds,
-        "pretrain_epochs": pretrain_epochs,
-        "finetune_epochs": finetune_epochs,
-        "label_fraction": label_fraction,
-        "image_size": image_size,
-        "backbone": "small_cnn",
-    }
-    quiet = {"enable_model_summary": False, "enable_progress_bar": progress}
+    previous_threads = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        console = Console()
+        output = Path(output)
+        data_dir = write_digits(output / "data", per_class=FAST_PER_CLASS if fast else None)
+        settings = {
+            "seeds": seeds,
+            "pretrain_epochs": pretrain_epochs,
+            "finetune_epochs": finetune_epochs,
+            "label_fraction": label_fraction,
+            "image_size": image_size,
+            "backbone": BACKBONE,
+            "num_threads": torch.get_num_threads(),
+        }
+        trainer_options = {"enable_model_summary": False, "enable_progress_bar": progress}
+        console.rule(f"[bold]1/3 SimCLR pre-training of {BACKBONE} on {data_dir / 'train'} (labels unused)")
+        pretrain_dir = output / "pretrain"
+        t0 = time.perf_counter()
+        weights = _pretrain(data_dir / "train", pretrain_dir, pretrain_epochs, image_size, trainer_options)
+        pretrain_time = time.perf_counter() - t0
+        knn_random = _knn_top1(None, data_dir, image_size)
+        knn_pretrained = _knn_top1(weights, data_dir, image_size)
+        console.print(
+            f"kNN top-1 of frozen features: random encoder {100 * knn_random:.1f}%, "
+            f"SimCLR encoder {100 * knn_pretrained:.1f}% (pre-training {pretrain_time:.0f} s)"
+        )
+        results = [MethodResult(name, objective) for name, objective in METHODS]
+        for step, result in enumerate(results, start=2):
+            console.rule(f"[bold]{step}/3 {result.name} on {label_fraction:.0%} of the labels, {seeds} seed(s)")
+            for seed in range(seeds):
+                run_dir = output / "finetune" / f"{result.objective}-seed{seed}"
+                run = _finetune(
+                    result.objective, weights, data_dir, run_dir, seed, finetune_epochs, label_fraction, image_size,
+                    trainer_options,
+                )  # fmt: skip
+                result.top1.append(run["test"]["top1"])
+                result.wall_time_s.append(run["wall_time_s"])
+                result.run_dirs.append(str(run_dir))
+                console.print(
+                    f"{result.name} seed {seed}: test top-1 {100 * run['test']['top1']:.2f}% "
+                    f"({run['wall_time_s']:.0f} s)  {run_dir}"
+                )
+        demo = DemoResult(
+            str(output), settings, str(pretrain_dir), round(pretrain_time, 1), knn_random, knn_pretrained, results,
+            round(time.perf_counter() - start, 1),
+        )  # fmt: skip
+        _report(demo, console)
+        return demo
+    finally:
+        torch.set_num_threads(previous_threads)
 
-    console.rule(f"[bold]1/3 SimCLR pre-training of small_cnn on {data_dir / 'train'} (labels unused)")
+
+def _pretrain(images: Path, run_dir: Path, epochs: int, image_size: int, trainer_options: dict[str, Any]) -> str:
+    """SimCLR on the unlabelled ``images``; returns the exported encoder checkpoint."""
+    import lightning as L
+
+    from .pretrain import PRETRAINED_FILENAME, PretrainData, SimCLR, pretrain_callbacks
+
     L.seed_everything(0, verbose=False)
-    pretrain_dir = _fresh(output / "pretrain")
-    t0 = time.perf_counter()
-    pretrainer = SimCLR(backbone="small_cnn", temperature=0.2, lr=2e-3)
-    images = PretrainData(
-        str(data_dir / "train"),
-        image_size=image_size,
-        batch_size=256,
-        crop_scale=(0.3, 1.0),
-        flip_p=0.0,
-        hue=0.0,
-    )
+    _fresh(run_dir)
+    model = SimCLR(backbone=BACKBONE, temperature=0.2, lr=2e-3)
+    # digits are not mirror-symmetric and have no hue: no flips, no hue jitter
+    data = PretrainData(
+        str(images), image_size=image_size, batch_size=256, crop_scale=(0.3, 1.0), flip_p=0.0, hue=0.0,
+        cache_images=True,
+    )  # fmt: skip
     trainer = L.Trainer(
-        default_root_dir=str(pretrain_dir),
-        max_epochs=pretrain_epochs,
-        logger=False,
-        callbacks=pretrain_callbacks(pretrain_dir),
-        **quiet,
-    )
-    trainer.fit(pretrainer, images)
-    pretrain_time = time.perf_counter() - t0
-    weights = str(pretrain_dir / PRETRAINED_FILENAME)
-    knn_random = _knn_top1("small_cnn", None, data_dir, image_size)
-    knn_pretrained = _knn_top1("small_cnn", weights, data_dir, image_size)
-    console.print(
-        f"kNN top-1 of frozen features: random encoder {100 * knn_random:.1f}%, "
-        f"SimCLR encoder {100 * knn_pretrained:.1f}% ({pretrain_time:.0f} s)"
-    )
+        default_root_dir=str(run_dir), max_epochs=epochs, logger=False, callbacks=pretrain_callbacks(run_dir),
+        **trainer_options,
+    )  # fmt: skip
+    trainer.fit(model, data)
+    return str(run_dir / PRETRAINED_FILENAME)
 
-    results = [MethodResult(name, objective) for name, objective in METHODS]
-    for step, result in enumerate(results, start=2):
-        console.rule(f"[bold]{step}/3 {result.name} on {label_fraction:.0%} of the labels, {seeds} seed(s)")
-        for seed in range(seeds):
-            L.seed_everything(seed, verbose=False)
-            run_dir = _fresh(output / "finetune" / f"{result.objective}-seed{seed}")
-            data = ImageClassificationData(
-                root=str(data_dir),
-                image_size=image_size,
-                batch_size=32,
-                eval_batch_size=512,
-                label_fraction=label_fraction,
-                seed=seed,
-            )
-            model = FineTuner(
-                objectives.create(result.objective),
-                backbone="small_cnn",
-                weights=weights,
-                lr=0.05,
-                weight_decay=5e-4,
-            )
-            trainer = make_trainer(
-                run_dir,
-                progress=progress,
-                max_epochs=finetune_epochs,
-                check_val_every_n_epoch=finetune_epochs,
-                num_sanity_val_steps=0,
-                **quiet,
-            )
-            trainer.fit(model, datamodule=data)
-            trainer.test(model, datamodule=data, verbose=False)
-            run = json.loads((run_dir / "results.json").read_text())
-            result.top1.append(run["test"]["top1"])
-            result.wall_time_s.append(run["wall_time_s"])
-            result.run_dirs.append(str(run_dir))
-            console.print(
-                f"{result.name} seed {seed}: test top-1 {100 * run['test']['top1']:.2f}% "
-                f"({run['wall_time_s']:.0f} s)  {run_dir}"
-            )
 
-    demo = DemoResult(
-        str(output),
-        settings,
-        str(pretrain_dir),
-        round(pretrain_time, 1),
-        knn_random,
-        knn_pretrained,
-        results,
-        round(time.perf_counter() - start, 1),
+def _finetune(
+    objective: str,
+    weights: str,
+    data_dir: Path,
+    run_dir: Path,
+    seed: int,
+    epochs: int,
+    label_fraction: float,
+    image_size: int,
+    trainer_options: dict[str, Any],
+) -> dict[str, Any]:
+    """One ``coretune fit``-equivalent run (validation once, at the end); returns its ``results.json``."""
+    import lightning as L
+
+    from . import objectives
+    from .data import ImageClassificationData
+    from .engine import FineTuner, make_trainer
+
+    L.seed_everything(seed, verbose=False)
+    _fresh(run_dir)
+    data = ImageClassificationData(
+        root=str(data_dir), image_size=image_size, batch_size=FINETUNE_BATCH_SIZE, eval_batch_size=512,
+        label_fraction=label_fraction, seed=seed,
+    )  # fmt: skip
+    model = FineTuner(
+        objectives.create(objective), backbone=BACKBONE, weights=weights, lr=FINETUNE_LR, weight_decay=5e-4
     )
-    _report(demo, console)
-    return demo
+    trainer = make_trainer(
+        run_dir, progress=trainer_options["enable_progress_bar"], max_epochs=epochs, check_val_every_n_epoch=epochs,
+        num_sanity_val_steps=0, **trainer_options,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=data)
+    trainer.test(model, datamodule=data, verbose=False)
+    return json.loads((run_dir / "results.json").read_text())
 
 
 def _summary_markdown(demo: DemoResult) -> str:
@@ -280,7 +309,7 @@ def _report(demo: DemoResult, console: Any) -> None:
 
 
 def _parser() -> Any:
-    from jsonargparse import ArgumentParser
+    from jsonargparse import ActionYesNo, ArgumentParser
 
     parser = ArgumentParser(
         prog="coretune demo",
@@ -289,17 +318,20 @@ def _parser() -> Any:
     )
     parser.add_argument("--output", type=str, default="runs/demo", help="Folder for the data, runs and summary.")
     parser.add_argument("--seeds", type=int, default=3, help="Number of fine-tuning seeds per method.")
-    parser.add_argument("--pretrain_epochs", type=int, default=30, help="SimCLR epochs.")
-    parser.add_argument("--finetune_epochs", type=int, default=30, help="Fine-tuning epochs per run.")
+    parser.add_argument("--pretrain_epochs", type=int, default=PRETRAIN_EPOCHS, help="SimCLR epochs.")
+    parser.add_argument("--finetune_epochs", type=int, default=FINETUNE_EPOCHS, help="Fine-tuning epochs per run.")
     parser.add_argument("--label_fraction", type=float, default=0.1, help="Share of training labels used.")
     parser.add_argument("--image_size", type=int, default=16, help="Network input side (digits are 8 px).")
     parser.add_argument(
         "--fast",
-        type=bool,
+        action=ActionYesNo,
         default=False,
-        help="A shrunken run for tests: 1 pre-training epoch, 2 fine-tuning epochs, <= 2 seeds.",
+        help="A shrunken run for tests: 40 images per digit, 1 pre-training epoch, 2 fine-tuning epochs, <= 2 seeds.",
     )
-    parser.add_argument("--progress", type=bool, default=True, help="Show progress bars.")
+    parser.add_argument("--progress", action=ActionYesNo, default=True, help="Show progress bars (--no_progress).")
+    parser.add_argument(
+        "--num_threads", type=int | None, default=1, help="torch CPU threads (1: fastest for these tiny models)."
+    )
     return parser
 
 
@@ -307,12 +339,6 @@ def main(args: list[str] | None = None) -> DemoResult:
     """Entry point of ``coretune demo``."""
     cfg = _parser().parse_args(args if args is not None else [])
     return run_demo(
-        cfg.output,
-        cfg.seeds,
-        cfg.pretrain_epochs,
-        cfg.finetune_epochs,
-        cfg.label_fraction,
-        cfg.image_size,
-        cfg.fast,
-        cfg.progress,
-    )
+        cfg.output, cfg.seeds, cfg.pretrain_epochs, cfg.finetune_epochs, cfg.label_fraction, cfg.image_size,
+        cfg.fast, cfg.progress, cfg.num_threads,
+    )  # fmt: skip

@@ -152,6 +152,7 @@ PAPER_DEFAULTS = {
     "smooth_classifier": True,
     "classifier_pairs": "both",
     "original_positives": True,
+    "gather": True,  # global batch under DDP (coretune.distributed); a no-op in one process
 }
 
 

@@ -15,8 +15,9 @@ def _unnormalize(x: torch.Tensor) -> torch.Tensor:
 
 
 def _plain(**kwargs: object) -> BatchAugment:
-    settings = dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0, grayscale_p=0.0,
-                    mean=MEAN, std=STD)
+    settings = dict(
+        crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0, grayscale_p=0.0, mean=MEAN, std=STD
+    )
     settings.update(kwargs)
     return BatchAugment(8, **settings)
 

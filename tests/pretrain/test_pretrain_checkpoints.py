@@ -32,7 +32,11 @@ def test_simclr_layout_round_trips(backbone: str, tmp_path: Path) -> None:
     assert set(ckpt) == {"epoch", "arch", "method", "state_dict"} and ckpt["arch"] == backbone
     keys = set(ckpt["state_dict"])
     assert {f"backbone.{k}" for k in module.backbone.body.state_dict()} | {
-        "projector.0.weight", "projector.0.bias", "projector.2.weight", "projector.2.bias"} == keys
+        "projector.0.weight",
+        "projector.0.bias",
+        "projector.2.weight",
+        "projector.2.bias",
+    } == keys
     if backbone == "resnet18":
         assert "backbone.conv1.weight" in keys and "backbone.layer4.1.bn2.running_var" in keys
     _roundtrip(module, tmp_path / "simclr.pth.tar")
@@ -77,10 +81,18 @@ def test_invalid_settings_are_reported_together() -> None:
 
 def test_method_alias_and_default() -> None:
     assert translate_args(["--method", "moco_v2", "--model.queue_size", "8"]) == [
-        "--model=coretune.pretrain.module.MoCoV2", "--model.queue_size", "8"]
+        "--model=coretune.pretrain.module.MoCoV2",
+        "--model.queue_size",
+        "8",
+    ]
     assert translate_args(["--seed=3"]) == ["--model=coretune.pretrain.module.SimCLR", "--seed_everything=3"]
     with pytest.raises(ValueError, match="unknown pre-training method 'byol': choose one of simclr, moco_v2"):
         translate_args(["--method", "byol"])
+
+
+def _cli(line: str) -> list[str]:
+    """Command-line words (the test paths hold no spaces)."""
+    return line.split()
 
 
 def _image_folder(root: Path, n: int = 12) -> Path:
@@ -96,9 +108,10 @@ def _image_folder(root: Path, n: int = 12) -> Path:
 def test_pretrain_command_writes_loadable_checkpoints_and_resumes(method: str, tmp_path: Path) -> None:
     images = _image_folder(tmp_path / "images")
     run_dir = tmp_path / "run"
-    args = ["pretrain", "--method", method, "--model.backbone", "small_cnn", "--model.proj_dim", "16",
-            "--data.root", str(images), "--data.image_size", "16", "--data.batch_size", "4",
-            "--trainer.enable_progress_bar", "false", "--run_dir", str(run_dir)]
+    args = _cli(
+        f"pretrain --method {method} --model.backbone small_cnn --model.proj_dim 16 --data.image_size 16 "
+        f"--data.batch_size 4 --trainer.enable_progress_bar false --data.root {images} --run_dir {run_dir}"
+    )
     if method == "moco_v2":
         args += ["--model.queue_size", "8"]
     main([*args, "--trainer.max_epochs", "1"])
@@ -117,6 +130,10 @@ def test_pretrain_command_writes_loadable_checkpoints_and_resumes(method: str, t
 def test_queue_larger_than_the_data_is_refused(tmp_path: Path) -> None:
     images = _image_folder(tmp_path / "images", n=6)
     with pytest.raises(SystemExit, match="queue_size 4096 exceeds the 6 training images"):
-        main(["pretrain", "--method", "moco_v2", "--model.backbone", "small_cnn", "--data.root", str(images),
-              "--data.image_size", "16", "--data.batch_size", "4", "--trainer.max_epochs", "1",
-              "--trainer.enable_progress_bar", "false", "--run_dir", str(tmp_path / "r")])
+        main(
+            _cli(
+                "pretrain --method moco_v2 --model.backbone small_cnn --data.image_size 16 --data.batch_size 4 "
+                f"--trainer.max_epochs 1 --trainer.enable_progress_bar false --data.root {images} "
+                f"--run_dir {tmp_path / 'r'}"
+            )
+        )

@@ -2,6 +2,7 @@
 
 from .callbacks import RunArtifacts, plot_learning_curves, read_metrics, update_results
 from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save
+from .interrupts import StopOnSignal, TrainingInterrupted
 from .module import FineTuner, NonFiniteLossError
 from .optim import build_optimizer, lr_factor
 from .trainer import default_callbacks, default_precision, make_trainer
@@ -11,6 +12,8 @@ __all__ = [
     "FineTuner",
     "NonFiniteLossError",
     "RunArtifacts",
+    "StopOnSignal",
+    "TrainingInterrupted",
     "atomic_torch_save",
     "build_optimizer",
     "default_callbacks",

@@ -89,7 +89,7 @@ class RunArtifacts(L.Callback):
 
     # -- timing ---------------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._fit_start = time.perf_counter()
+        self._fit_start = self._epoch_start = time.perf_counter()  # a mid-epoch resume skips on_train_epoch_start
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = time.perf_counter()
@@ -107,14 +107,22 @@ class RunArtifacts(L.Callback):
         if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
             self._epoch_start += time.perf_counter() - self._val_start
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch_lr": self._epoch_lr}  # the row's lr when a run resumes mid-epoch
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._epoch_lr = state_dict["epoch_lr"]
+
     # -- outputs --------------------------------------------------------------------------------------------
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._train_time += time.perf_counter() - self._epoch_start
+        # Every process reads the metrics: the first read reduces them over processes (collective calls).
+        metrics = sorted(trainer.callback_metrics.items())
         if not trainer.is_global_zero:
             return
         row: dict[str, Any] = {"epoch": trainer.current_epoch, "step": trainer.global_step}
         row["lr"] = self._epoch_lr  # the heads' learning rate at the epoch's first step
-        for key, value in sorted(trainer.callback_metrics.items()):
+        for key, value in metrics:
             if key.startswith(("train/", "val/")):
                 row[key] = float(value)
         path = self.run_dir(trainer) / "metrics.csv"

@@ -6,7 +6,7 @@ the trainer's checkpoint IO) and raises :class:`TrainingInterrupted`, which ``co
 command that resumes the run. A mid-epoch checkpoint resumes exactly: the training loader skips the batches
 already seen (:class:`coretune.data.samplers.ResumableLoader`), each step's random draws depend on
 ``(seed, step)`` only, and this callback carries the partial epoch's logged sums and metric states across the
-restart, so the epoch's ``train/*`` values are those of an uninterrupted run.
+restart, so the epoch's ``train/*`` values are those of an uninterrupted run (single-process runs).
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ class TrainingInterrupted(Exception):
         checkpoint: the checkpoint written (the run resumes from it with ``ckpt_path="last"``).
     """
 
-    def __init__(self, signum: int, checkpoint: Path, epoch: int, step: int) -> None:
+    def __init__(self, signum: int, checkpoint: Path, where: str) -> None:
         self.signum, self.checkpoint = signum, checkpoint
         name = signal.Signals(signum).name
         run_dir = checkpoint.parent.parent
         super().__init__(
-            f"stopped by {name} at epoch {epoch}, step {step}; saved a resumable checkpoint to {checkpoint}. "
+            f"stopped by {name} {where}; saved a resumable checkpoint to {checkpoint}. "
             f"Resume by running the same command with --ckpt_path last --run_dir {run_dir} "
             "(Python: trainer.fit(..., ckpt_path='last'))"
         )
@@ -93,6 +93,10 @@ class StopOnSignal(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._install_handlers()
+        # Lightning hands a resumed run's saved loader positions to the loaders in `setup_data`, but
+        # `estimated_stepping_batches` (the LR schedule's length) runs that before the checkpoint is restored, so
+        # they would be dropped: hand them over now (a no-op when there are none or they were already loaded).
+        trainer.fit_loop._load_combined_loader_states()
 
     def _stop_requested(self, trainer: L.Trainer) -> bool:
         return trainer.strategy.reduce_boolean_decision(self.signum is not None, all=False)
@@ -107,7 +111,7 @@ class StopOnSignal(L.Callback):
             return  # the epoch's last batch: stop at the epoch end instead, after its validation and checkpoint
         path = _last_checkpoint_path(trainer)
         trainer.save_checkpoint(path)
-        self._raise(trainer, path)
+        self._raise(path, f"at epoch {trainer.current_epoch}, step {trainer.global_step}")
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._carry = None
@@ -117,16 +121,19 @@ class StopOnSignal(L.Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.should_stop and self._stop_requested(trainer):
-            self._raise(trainer, _last_checkpoint_path(trainer))
+            where = f"after epoch {trainer.current_epoch - 1} (step {trainer.global_step})"
+            self._raise(_last_checkpoint_path(trainer), where)
 
-    def _raise(self, trainer: L.Trainer, path: Path) -> None:
+    def _raise(self, path: Path, where: str) -> None:
         signum = self.signum if self.signum is not None else signal.SIGTERM  # another process got the signal
-        raise TrainingInterrupted(signum, path, trainer.current_epoch, trainer.global_step)
+        raise TrainingInterrupted(signum, path, where)
 
     # -- the partial epoch across a mid-epoch checkpoint ----------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         trainer = self._trainer
-        if trainer is None or not trainer.training:
+        # Under data parallelism only rank 0's sums would be saved: not carried (the epoch's train/* values then
+        # cover the batches after the restart; weights, validation and later epochs stay exact).
+        if trainer is None or not trainer.training or trainer.world_size > 1:
             return {}
         logged, metrics = {}, {}
         for key, result in _epoch_results(trainer).items():
@@ -174,10 +181,8 @@ def _to(value: Any, device: torch.device) -> Any:
 
 
 def _last_checkpoint_path(trainer: L.Trainer) -> Path:
-    """``<checkpoint dir>/last.ckpt`` of the run's ModelCheckpoint (``<run dir>/checkpoints`` without one)."""
+    """``last.ckpt`` in the run's checkpoint folder (``<run dir>/checkpoints`` without a ModelCheckpoint)."""
     callback = trainer.checkpoint_callback
     if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
-        path = Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
-        callback.last_model_path = str(path)
-        return path
+        return Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
     return Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"

@@ -12,10 +12,10 @@ import torch
 from torch import Tensor
 
 from ..distributed import scale_grad, world_size
-from ..models import create_backbone
+from ..models import create_backbone, load_checkpoint_file
 from ..objectives import CETuning, Objective
 from ..objectives import get as get_objective
-from ..tasks import ClassificationTask
+from ..tasks import TASKS
 from .optim import OptimizerName, Schedule, build_optimizer, lr_factor
 
 __all__ = ["FineTuner", "NonFiniteLossError", "step_seed"]
@@ -28,6 +28,20 @@ def step_seed(seed: int, step: int) -> int:
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite."""
+
+
+def _train_features(backbone: torch.nn.Module, x: Tensor) -> Tensor:
+    """``backbone(x)`` in training mode, with a clear error for a batch that BatchNorm cannot normalise."""
+    try:
+        return backbone(x)
+    except ValueError as err:
+        if "Expected more than 1 value per channel" not in str(err):
+            raise
+        raise ValueError(
+            f"a training batch of {x.shape[0]} image cannot pass the backbone's BatchNorm layers, which need 2 or "
+            "more values per channel in training: use --data.batch_size 2 or more (a last incomplete batch is "
+            "dropped once the training set holds more than one batch)"
+        ) from None
 
 
 class FineTuner(L.LightningModule):
@@ -51,6 +65,8 @@ class FineTuner(L.LightningModule):
         warmup_epochs: linear warm-up length in epochs (may be fractional).
         channels_last: use the channels-last memory format for the backbone and the images (fast for CNNs).
         freeze_backbone: train the heads only (linear probing).
+        task: what the data and predictions are (``classification``, the only task so far; see
+            :mod:`coretune.tasks`).
     """
 
     def __init__(
@@ -69,6 +85,7 @@ class FineTuner(L.LightningModule):
         warmup_epochs: float = 0.0,
         channels_last: bool = True,
         freeze_backbone: bool = False,
+        task: str = "classification",
     ) -> None:
         super().__init__()
         problems = []
@@ -82,12 +99,14 @@ class FineTuner(L.LightningModule):
             problems.append(f"momentum must lie in [0, 1) (got {momentum})")
         if warmup_epochs < 0:
             problems.append(f"warmup_epochs must be >= 0 (got {warmup_epochs})")
+        if task not in TASKS:
+            problems.append(f"task must be one of {', '.join(TASKS)} (got {task!r})")
         if problems:
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective"])
         self.backbone = create_backbone(backbone, weights=weights, weights_format=weights_format)
         self.objective = objective if objective is not None else CETuning()
-        self.task = ClassificationTask()
+        self.task = TASKS[task]()
         self.class_names: list[str] | None = None
         if channels_last:
             self.backbone.to(memory_format=torch.channels_last)
@@ -147,13 +166,13 @@ class FineTuner(L.LightningModule):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {path} not found: pass a .ckpt written by `coretune fit`")
-        try:
-            ckpt = torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as err:
-            raise ValueError(f"cannot read checkpoint {path}: {err.__class__.__name__}: {err}") from None
+        ckpt = load_checkpoint_file(path)  # CheckpointError for truncated files and pickles that would run code
         meta = ckpt.get("coretune") if isinstance(ckpt, dict) else None
         if meta is None:
-            raise ValueError(f"{path} is not a coretune fine-tuning checkpoint (no 'coretune' entry)")
+            raise ValueError(
+                f"{path} is not a coretune fine-tuning checkpoint (no 'coretune' entry): pass a .ckpt written by "
+                "`coretune fit` (a pre-trained backbone checkpoint goes to `coretune fit --model.weights`)"
+            )
         objective_cls, _ = get_objective(meta["objective"])
         objective = objective_cls(**meta["objective_hparams"])
         objective.registered_name = meta["objective"]
@@ -163,7 +182,7 @@ class FineTuner(L.LightningModule):
         model = cls(objective=objective, **hparams)
         model.build(meta["num_classes"], meta["class_names"])
         model.load_state_dict(ckpt["state_dict"])
-        return model
+        return model.to(map_location)
 
     # -- steps ----------------------------------------------------------------------------------------------
     def _images(self, x: Tensor) -> Tensor:
@@ -182,7 +201,7 @@ class FineTuner(L.LightningModule):
         torch.manual_seed(step_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)), self.global_step))
         x, y = self.task.unpack(batch)
         x = self._images(x)
-        z = self.backbone(x)
+        z = _train_features(self.backbone, x)
         if self.objective.gathers:
             # Every process computes the loss of the global batch, but its backbone only sees its own rows'
             # gradient; DDP's average over W processes would leave 1/W of the single-process gradient.
@@ -191,7 +210,8 @@ class FineTuner(L.LightningModule):
         if not torch.isfinite(out.loss):
             terms = ", ".join(f"{k}={float(v):.4g}" for k, v in out.terms.items())
             raise NonFiniteLossError(
-                f"the training loss is {float(out.loss)} at epoch {self.current_epoch}, step {self.global_step} "
+                f"the training loss is {float(out.loss.detach())} at epoch {self.current_epoch}, "
+                f"step {self.global_step} "
                 f"(batch {batch_idx}; {terms}). Check the images for NaN/Inf, lower the learning rate "
                 "(--model.lr), or train in float32 (--trainer.precision 32-true)."
             )

@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressB
 
 from .callbacks import RunArtifacts
 from .checkpoint_io import AtomicCheckpointIO
+from .interrupts import StopOnSignal
 
 __all__ = ["default_callbacks", "default_precision", "make_trainer"]
 
@@ -24,7 +25,8 @@ def default_precision() -> str:
 
 
 def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) -> list[Callback]:
-    """Best and last checkpoints (by ``val/top1``), run outputs, and a rich progress bar with ETA."""
+    """Best and last checkpoints (by ``val/top1``), run outputs, a resumable checkpoint on SIGTERM/SIGINT, and a
+    rich progress bar with ETA."""
     checkpoint_dir = Path(run_dir) / "checkpoints" if run_dir is not None else None
     callbacks: list[Callback] = [
         ModelCheckpoint(
@@ -32,10 +34,12 @@ def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) 
             filename="best",
             monitor="val/top1",
             mode="max",
-            save_last=True,
             auto_insert_metric_name=False,
         ),
+        # Every epoch's end, overwritten: Lightning 2.6's save_last=True writes last.ckpt only when `best` improves.
+        ModelCheckpoint(dirpath=checkpoint_dir, filename="last", enable_version_counter=False),
         RunArtifacts(run_dir),
+        StopOnSignal(),
     ]
     if progress:
         callbacks.append(RichProgressBar())

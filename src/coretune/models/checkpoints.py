@@ -76,7 +76,8 @@ def load_checkpoint_file(path: str | Path) -> Any:
     except pickle.UnpicklingError as err:
         if "weights only" not in str(err).lower():
             raise _corrupt(path, err) from err
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        # torch words it "Unsupported global: GLOBAL x" or "Trying to load unsupported GLOBAL x", by version
+        found = re.search(r"unsupported (?:global: )?GLOBAL (\S+)", str(err), re.IGNORECASE)
         what = f" (it stores {found.group(1)})" if found else ""
         raise CheckpointError(
             f"checkpoint {path} holds Python objects that torch.load(weights_only=True) refuses to unpickle"

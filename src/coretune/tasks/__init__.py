@@ -2,4 +2,7 @@
 
 from .classification import ClassificationTask
 
-__all__ = ["ClassificationTask"]
+__all__ = ["TASKS", "ClassificationTask"]
+
+TASKS: dict[str, type[ClassificationTask]] = {ClassificationTask.name: ClassificationTask}
+"""The tasks :class:`coretune.engine.FineTuner` accepts (``task=`` / ``--model.task``), by name."""

@@ -1,0 +1,704 @@
+"""``coretune bench``: a grid of ``coretune fit`` runs (objectives × data sets × label fractions × seeds) and its
+tables of mean ± std test top-1 in the layouts of the paper's Table 1 (methods × data sets), Table 2 (the ablation
+rows) and its table of various numbers of labeled data (methods × label fractions; ``table4``, numbered
+Table 5 in the NeurIPS version).
+
+Every run is an ordinary ``coretune fit`` in its own subprocess (a crash ends that run only; ``workers`` runs go at
+once), writing into ``<output>/<dataset>/<objective>/frac<f>/seed<s>``. The sweep is resumable: a run whose
+``results.json`` holds test results is skipped, a started one resumes from its ``checkpoints/last.ckpt``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+import yaml
+
+__all__ = [
+    "BenchSpec",
+    "Cell",
+    "Comparison",
+    "ObjectiveEntry",
+    "Run",
+    "SweepReport",
+    "collect_cells",
+    "compare",
+    "fit_command",
+    "is_finished",
+    "launch_fit",
+    "main",
+    "run_sweep",
+    "write_summary",
+]
+
+Layout = Literal["table1", "table2", "table4"]
+_SPEC_KEYS = (
+    "name",
+    "output",
+    "base_args",
+    "datasets",
+    "objectives",
+    "label_fractions",
+    "seeds",
+    "workers",
+    "table",
+    "baseline",
+)
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+#: Arguments every bench/tune subprocess gets first (the user's arguments come after and may override them):
+#: the per-batch progress bar would flood ``log.txt``.
+SUBPROCESS_FIT_ARGS = ("--trainer.enable_progress_bar=false",)
+_ARGS_FILE = "fit_args.json"
+
+
+class BenchSpecError(ValueError):
+    """A bench spec (YAML) with a missing, unknown or invalid entry."""
+
+
+# -- one fit run in a subprocess (shared with ``coretune tune``) ---------------------------------------------------
+def is_finished(run_dir: str | Path) -> bool:
+    """A run is finished once its ``results.json`` holds the test results (written after training ends)."""
+    path = Path(run_dir) / "results.json"
+    try:
+        return "test" in json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+
+
+def fit_command(args: Sequence[str], run_dir: str | Path) -> list[str]:
+    """The ``coretune fit`` subprocess command of a run; it resumes from ``checkpoints/last.ckpt`` when present."""
+    run_dir = Path(run_dir)
+    cmd = [sys.executable, "-m", "coretune.cli", "fit", *SUBPROCESS_FIT_ARGS, *args, f"--run_dir={run_dir}"]
+    if (run_dir / "checkpoints" / "last.ckpt").is_file():
+        cmd.append("--ckpt_path=last")
+    return cmd
+
+
+def check_run_args(args: Sequence[str], run_dir: str | Path) -> None:
+    """Refuse to skip or resume a run directory that was started with other fit arguments."""
+    path = Path(run_dir) / _ARGS_FILE
+    if not path.is_file():
+        return
+    before = json.loads(path.read_text())
+    if before != list(args):
+        raise ValueError(
+            f"run directory {run_dir} was started with other fit arguments (recorded in {path}): "
+            f"{shlex.join(before)}  ≠  {shlex.join(args)}. Delete that directory to redo the run with the new "
+            "arguments, or point the sweep at a new output folder"
+        )
+
+
+def launch_fit(args: Sequence[str], run_dir: str | Path, env: dict[str, str] | None = None) -> int:
+    """Run one ``coretune fit`` subprocess into ``run_dir``, appending its stdout and stderr to ``log.txt``.
+
+    Returns the exit code; whether the run finished is :func:`is_finished` (results.json holds test results).
+    """
+    run_dir = Path(run_dir)
+    check_run_args(args, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / _ARGS_FILE).write_text(json.dumps(list(args), indent=1) + "\n")
+    cmd = fit_command(args, run_dir)
+    with (run_dir / "log.txt").open("a") as log:
+        log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')}  {shlex.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+    return proc.returncode
+
+
+# -- the spec ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ObjectiveEntry:
+    """A table row: ``name`` (row label and folder name), the ``--objective`` value and extra fit ``args``."""
+
+    name: str
+    objective: str
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Run:
+    """One cell × seed of the grid: its fit arguments (without ``--run_dir``) and its run directory."""
+
+    dataset: str
+    objective: str
+    label_fraction: float
+    seed: int
+    run_dir: Path
+    args: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.dataset}/{self.objective}/frac{self.label_fraction:g}/seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """A benchmark grid read from YAML (see ``configs/bench/``); :meth:`runs` lists its fit runs."""
+
+    name: str
+    output: Path
+    datasets: dict[str, tuple[str, ...]]
+    objectives: tuple[ObjectiveEntry, ...]
+    base_args: tuple[str, ...] = ()
+    label_fractions: tuple[float, ...] = (1.0,)
+    seeds: tuple[int, ...] = (0,)
+    workers: int = 1
+    table: Layout = "table1"
+    baseline: str = ""
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> BenchSpec:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"bench spec {path} does not exist")
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise BenchSpecError(f"bench spec {path} is not valid YAML: {err}") from None
+        return cls.from_dict(raw, default_name=path.stem, source=str(path))
+
+    @classmethod
+    def from_dict(cls, raw: Any, default_name: str = "bench", source: str = "bench spec") -> BenchSpec:
+        def fail(msg: str) -> BenchSpecError:
+            return BenchSpecError(f"{source}: {msg}")
+
+        if not isinstance(raw, dict):
+            raise fail("expected a YAML mapping with datasets, objectives, label_fractions, seeds, ...")
+        unknown = sorted(set(raw) - set(_SPEC_KEYS))
+        if unknown:
+            raise fail(f"unknown key(s) {', '.join(unknown)}; the keys are {', '.join(_SPEC_KEYS)}")
+        name = str(raw.get("name") or default_name)
+        table = raw.get("table", "table1")
+        if table not in get_args(Layout):
+            raise fail(f"table must be one of {', '.join(get_args(Layout))} (got {table!r})")
+        datasets = _parse_datasets(raw.get("datasets"), fail)
+        entries = _parse_objectives(raw.get("objectives"), table, fail)
+        fractions = _parse_numbers(raw.get("label_fractions", [1.0]), float, "label_fractions", fail)
+        if any(not 0 < f <= 1 for f in fractions):
+            raise fail(f"label_fractions must lie in (0, 1] (got {list(fractions)})")
+        seeds = _parse_numbers(raw.get("seeds", [0]), int, "seeds", fail)
+        workers = raw.get("workers", 1)
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise fail(f"workers must be an integer >= 1 (got {workers!r})")
+        names = [e.name for e in entries]
+        baseline = raw.get("baseline") or ("ce" if table == "table2" and "ce" in names else names[0])
+        if baseline not in names:
+            raise fail(f"baseline {baseline!r} is not one of the objectives ({', '.join(names)})")
+        return cls(
+            name=name,
+            output=Path(raw.get("output") or Path("runs") / "bench" / name),
+            datasets=datasets,
+            objectives=entries,
+            base_args=_parse_args(raw.get("base_args"), "base_args", fail),
+            label_fractions=fractions,
+            seeds=seeds,
+            workers=workers,
+            table=table,
+            baseline=baseline,
+        )
+
+    def runs(self) -> list[Run]:
+        """Every run of the grid, seed by seed (a partial sweep has every cell's first seeds), then data set, label
+        fraction and objective."""
+        runs = []
+        for seed in self.seeds:
+            for dataset, dataset_args in self.datasets.items():
+                for fraction in self.label_fractions:
+                    for entry in self.objectives:
+                        args = (
+                            *self.base_args,
+                            *dataset_args,
+                            "--objective",
+                            entry.objective,
+                            *entry.args,
+                            f"--data.label_fraction={fraction}",
+                            f"--seed={seed}",
+                        )
+                        run_dir = self.output / dataset / entry.name / f"frac{fraction:g}" / f"seed{seed}"
+                        runs.append(Run(dataset, entry.name, fraction, seed, run_dir, args))
+        return runs
+
+
+def _parse_args(value: Any, what: str, fail: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, list):
+        raise fail(f"{what} must be a list of command-line arguments, e.g. [--trainer.max_epochs=30]")
+    return tuple(str(v) for v in value)
+
+
+def _parse_numbers(value: Any, kind: type, what: str, fail: Any) -> tuple[Any, ...]:
+    values = value if isinstance(value, list) else [value]
+    try:
+        parsed = tuple(kind(v) for v in values if not isinstance(v, bool))
+    except (TypeError, ValueError):
+        raise fail(f"{what} must be a list of numbers (got {value!r})") from None
+    if len(parsed) != len(values) or not parsed:
+        raise fail(f"{what} must be a non-empty list of numbers (got {value!r})")
+    if len(set(parsed)) != len(parsed):
+        raise fail(f"{what} lists a value twice: {list(parsed)}")
+    return parsed
+
+
+def _check_name(name: Any, what: str, fail: Any) -> str:
+    if not isinstance(name, str) or not _SAFE_NAME.match(name):
+        raise fail(f"{what} name {name!r} must be a non-empty folder name of letters, digits and _ . + -")
+    return name
+
+
+def _parse_datasets(value: Any, fail: Any) -> dict[str, tuple[str, ...]]:
+    if not isinstance(value, dict) or not value:
+        raise fail("datasets must map each data-set name to its fit arguments, e.g. {cifar10: [--data.root=DIR]}")
+    return {
+        _check_name(name, "dataset", fail): _parse_args(args, f"datasets.{name}", fail) for name, args in value.items()
+    }
+
+
+def _parse_objectives(value: Any, table: str, fail: Any) -> tuple[ObjectiveEntry, ...]:
+    from .objectives import TABLE2_ROWS, available
+
+    registered = available()
+    if not isinstance(value, list) or not value:
+        raise fail("objectives must be a non-empty list of registered names or {name, objective, args} entries")
+    entries = []
+    for item in value:
+        if isinstance(item, str):
+            if item not in registered:
+                raise fail(f"unknown objective {item!r}; registered: {', '.join(registered)}")
+            entries.append(ObjectiveEntry(item, item))
+        elif isinstance(item, dict):
+            extra = sorted(set(item) - {"name", "objective", "args"})
+            if extra or "name" not in item:
+                raise fail(f"objective entry {item!r} needs 'name' and takes only name, objective and args")
+            name = _check_name(item["name"], "objective", fail)
+            objective = str(item.get("objective", name))
+            if objective not in registered and "." not in objective:
+                raise fail(f"objective {objective!r} of entry {name!r} is neither registered nor a class path")
+            entries.append(ObjectiveEntry(name, objective, _parse_args(item.get("args"), f"{name}.args", fail)))
+        else:
+            raise fail(f"objective entry {item!r} must be a name or a {{name, objective, args}} mapping")
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise fail(f"objective names must be unique (got {names})")
+    if table == "table2":
+        order = [name for _, name in TABLE2_ROWS]
+        bad = [e.name for e in entries if e.name not in order or e.args or e.objective != e.name]
+        if bad:
+            raise fail(f"table2 takes the Table 2 rows only ({', '.join(order)}); not {', '.join(bad)}")
+        entries.sort(key=lambda e: order.index(e.name))
+    return tuple(entries)
+
+
+# -- running the grid ----------------------------------------------------------------------------------------------
+@dataclass
+class SweepReport:
+    """What a sweep did: runs skipped as already finished, launched and finished, and launched but failed."""
+
+    skipped: list[Run] = field(default_factory=list)
+    finished: list[Run] = field(default_factory=list)
+    failed: list[Run] = field(default_factory=list)
+
+
+def _worker_env(workers: int) -> dict[str, str] | None:
+    """With several concurrent runs, split the CPU threads between them (unless OMP_NUM_THREADS is set)."""
+    if workers == 1 or "OMP_NUM_THREADS" in os.environ:
+        return None
+    return {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+
+
+def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False, console: Any = None) -> SweepReport:
+    """Run every unfinished run of ``spec`` as a ``coretune fit`` subprocess, ``workers`` at a time.
+
+    On a 2-core CPU use ``workers=1``: one fit already keeps both cores busy, and concurrent runs only split them
+    (each gets ``cpu_count // workers`` threads) while holding several data sets and models in memory.
+    """
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    console = console or Console()
+    workers = workers or spec.workers
+    report = SweepReport()
+    todo = []
+    for run in spec.runs():
+        check_run_args(run.args, run.run_dir)
+        (report.skipped if is_finished(run.run_dir) else todo).append(run)
+    console.print(
+        f"[bold]{spec.name}[/bold]: {len(report.skipped) + len(todo)} runs, {len(report.skipped)} finished (skipped), "
+        f"{len(todo)} to run with {workers} worker(s) → {spec.output}",
+        soft_wrap=True,
+    )
+    if dry_run:
+        for run in todo:
+            console.print(escape(shlex.join(fit_command(run.args, run.run_dir))), soft_wrap=True, highlight=False)
+    if dry_run or not todo:
+        return report
+    env = _worker_env(workers)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console) as progress, ThreadPoolExecutor(max_workers=workers) as pool:
+        task = progress.add_task("runs", total=len(todo))
+        started = {pool.submit(_timed_launch, run, env): run for run in todo}
+        try:
+            for future in as_completed(started):
+                _report_run(started[future], *future.result(), report, progress.console)
+                progress.advance(task)
+        except KeyboardInterrupt:  # the running fits got the SIGINT too; start no further run
+            for future in started:
+                future.cancel()
+            raise
+    return report
+
+
+def _report_run(run: Run, code: int, seconds: float, report: SweepReport, console: Any) -> None:
+    if is_finished(run.run_dir):
+        report.finished.append(run)
+        top1 = json.loads((run.run_dir / "results.json").read_text())["test"]["top1"]
+        console.print(f"✓ {run.label}: top-1 {100 * top1:.2f}% ({seconds:.0f} s)", highlight=False)
+    else:
+        report.failed.append(run)
+        console.print(
+            f"✗ {run.label} did not finish (exit code {code}): see {run.run_dir / 'log.txt'}", highlight=False
+        )
+
+
+def _timed_launch(run: Run, env: dict[str, str] | None) -> tuple[int, float]:
+    start = time.perf_counter()
+    code = launch_fit(run.args, run.run_dir, env)
+    return code, time.perf_counter() - start
+
+
+# -- aggregation ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cell:
+    """The finished seeds of one (objective, data set, label fraction): test top-1 in percent."""
+
+    objective: str
+    dataset: str
+    label_fraction: float
+    values: tuple[float, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.values)) if self.values else math.nan
+
+    @property
+    def std(self) -> float:
+        """Sample standard deviation (ddof = 1); NaN below two seeds."""
+        return float(np.std(self.values, ddof=1)) if self.n >= 2 else math.nan
+
+    def text(self) -> str:
+        if not self.values:
+            return "–"
+        spread = f" ± {self.std:.2f}" if self.n >= 2 else ""
+        return f"{self.mean:.2f}{spread} (n={self.n})"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Difference of two cells' means and whether it exceeds twice their pooled standard deviation."""
+
+    diff: float
+    pooled_std: float
+    beyond_two_std: bool | None
+
+
+def compare(a: Cell, b: Cell) -> Comparison:
+    """``mean(a) − mean(b)`` against ``2 s_p``, ``s_p² = ((n_a−1)s_a² + (n_b−1)s_b²) / (n_a + n_b − 2)``.
+
+    ``beyond_two_std`` is None when either cell has fewer than two seeds. A rule of thumb (the issue's "beyond 2
+    standard deviations"), not a hypothesis test.
+    """
+    diff = a.mean - b.mean
+    if a.n < 2 or b.n < 2:
+        return Comparison(diff, math.nan, None)
+    pooled = math.sqrt(((a.n - 1) * a.std**2 + (b.n - 1) * b.std**2) / (a.n + b.n - 2))
+    return Comparison(diff, pooled, bool(abs(diff) > 2 * pooled))
+
+
+def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], list[dict[str, Any]]]:
+    """Cells keyed by ``(objective, dataset, label_fraction)`` and one row per run (for ``runs.csv``)."""
+    values: dict[tuple[str, str, float], list[float]] = {}
+    rows = []
+    datasets, names = list(spec.datasets), [e.name for e in spec.objectives]
+
+    def position(run: Run) -> tuple[int, int, float, int]:
+        return datasets.index(run.dataset), names.index(run.objective), run.label_fraction, run.seed
+
+    for run in sorted(spec.runs(), key=position):
+        key = (run.objective, run.dataset, run.label_fraction)
+        values.setdefault(key, [])
+        results_path = run.run_dir / "results.json"
+        results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+        test = results.get("test") or {}
+        status = "finished" if test else ("unfinished" if run.run_dir.is_dir() else "missing")
+        if test:
+            values[key].append(100 * float(test["top1"]))
+        rows.append(
+            {
+                "dataset": run.dataset,
+                "objective": run.objective,
+                "label_fraction": run.label_fraction,
+                "seed": run.seed,
+                "status": status,
+                "test_top1_pct": round(100 * test["top1"], 4) if test else "",
+                "test_top5_pct": round(100 * test["top5"], 4) if test.get("top5") is not None else "",
+                "epochs": results.get("epochs", ""),
+                "wall_time_s": results.get("wall_time_s", ""),
+                "train_images_per_s": results.get("train_images_per_s", ""),
+                "run_dir": str(run.run_dir),
+            }
+        )
+    cells = {key: Cell(*key, tuple(v)) for key, v in values.items()}
+    return cells, rows
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Rows (objective names and labels) and columns (``(dataset, label_fraction)`` and labels) of a summary."""
+
+    rows: list[tuple[str, str]]
+    columns: list[tuple[tuple[str, float], str]]
+
+
+def table_layout(spec: BenchSpec) -> TableLayout:
+    """Table 1: methods × data sets; Table 2: the ablation rows (paper order and labels) × data sets; Table 4:
+    methods × label fractions. A dimension with several values that the layout does not name joins the columns."""
+    from .objectives import TABLE2_ROWS
+
+    labels = {name: label for label, name in TABLE2_ROWS} if spec.table == "table2" else {}
+    rows = [(e.name, labels.get(e.name, e.name)) for e in spec.objectives]
+    show_dataset = spec.table != "table4" or len(spec.datasets) > 1
+    show_fraction = spec.table == "table4" or len(spec.label_fractions) > 1
+    columns = []
+    for dataset in spec.datasets:
+        for fraction in spec.label_fractions:
+            parts = [dataset] if show_dataset else []
+            parts += [f"{100 * fraction:g}%"] if show_fraction else []
+            columns.append(((dataset, fraction), " ".join(parts)))
+    return TableLayout(rows, columns)
+
+
+_TITLES = {
+    "table1": "test top-1 (%) of each fine-tuning method (rows) on each data set (columns), as in the paper's Table 1",
+    "table2": "test top-1 (%) of the ablation rows of the paper's Table 2 (Core-tuning is the last row)",
+    "table4": "test top-1 (%) of each fine-tuning method (rows) against the fraction of labels used, as in the "
+    "paper's table of various numbers of labeled data",
+}
+
+
+def _markdown(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> str:
+    cols = [key for key, _ in layout.columns]
+    with_avg = len(cols) > 1
+    best = {}
+    for col in cols:
+        means = [cells[(name, *col)].mean for name, _ in layout.rows if cells[(name, *col)].n]
+        best[col] = max(means) if means else math.nan
+    header = ["Method", *(label for _, label in layout.columns), *(["Avg."] if with_avg else [])]
+    lines = [
+        f"# {spec.name}",
+        "",
+        f"{_TITLES[spec.table]}: mean ± sample standard deviation (ddof = 1) over seeds {list(spec.seeds)}; "
+        "n = finished runs of the cell; best mean per column in bold.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] + [":-:"] * (len(header) - 1)) + "|",
+    ]
+    for name, label in layout.rows:
+        row = [cells[(name, *col)] for col in cols]
+        texts = [
+            f"**{c.text()}**" if c.n and c.mean == best[col] else c.text() for c, col in zip(row, cols, strict=True)
+        ]
+        if with_avg:
+            texts.append(f"{np.mean([c.mean for c in row]):.2f}" if all(c.n for c in row) else "–")
+        lines.append(f"| {label} | " + " | ".join(texts) + " |")
+    lines += _significance(spec, cells, layout)
+    return "\n".join(lines) + "\n"
+
+
+def _significance(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> list[str]:
+    labels = dict(layout.rows)
+    lines = [
+        "",
+        f"## Differences from {labels[spec.baseline]}",
+        "",
+        "Δ = difference of mean test top-1 (percentage points); s_p = pooled sample standard deviation of the two "
+        "cells; beyond 2σ when |Δ| > 2 s_p (a rule of thumb, not a hypothesis test; needs n ≥ 2 in both cells).",
+        "",
+        "| Column | Method | Δ (pp) | 2 s_p (pp) | beyond 2σ |",
+        "|---|---|:-:|:-:|:-:|",
+    ]
+    for col, col_label in layout.columns:
+        base = cells[(spec.baseline, *col)]
+        for name, label in layout.rows:
+            cell = cells[(name, *col)]
+            if name == spec.baseline or not (cell.n and base.n):
+                continue
+            c = compare(cell, base)
+            verdict = "n/a" if c.beyond_two_std is None else ("yes" if c.beyond_two_std else "no")
+            two_sp = f"{2 * c.pooled_std:.2f}" if c.beyond_two_std is not None else "–"
+            lines.append(f"| {col_label} | {label} | {c.diff:+.2f} | {two_sp} | {verdict} |")
+    return lines
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _summary_rows(cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> list[dict[str, Any]]:
+    rows = []
+    for name, label in layout.rows:
+        row: dict[str, Any] = {"method": label, "objective": name}
+        for col, col_label in layout.columns:
+            cell = cells[(name, *col)]
+            row[f"{col_label} mean (%)"] = "" if not cell.n else round(cell.mean, 4)
+            row[f"{col_label} std (%)"] = "" if cell.n < 2 else round(cell.std, 4)
+            row[f"{col_label} n"] = cell.n
+        rows.append(row)
+    return rows
+
+
+def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def stats(name: str, col: tuple[str, float]) -> tuple[float, float]:
+        cell = cells[(name, *col)]
+        return cell.mean, (0.0 if math.isnan(cell.std) else cell.std)
+
+    paths = []
+    cols = [key for key, _ in layout.columns]
+    x = np.arange(len(cols))
+    width = 0.8 / len(layout.rows)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.0 + 0.35 * len(cols) * len(layout.rows)), 4.5))
+    lows = []
+    for i, (name, label) in enumerate(layout.rows):
+        means, stds = zip(*(stats(name, col) for col in cols), strict=True)
+        lows += [m - s for m, s in zip(means, stds, strict=True) if not math.isnan(m)]
+        ax.bar(x + (i - (len(layout.rows) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=label)
+    if lows:
+        ax.set_ylim(bottom=max(0.0, 5 * math.floor(min(lows) / 5) - 5))
+    ax.set_xticks(x, [label for _, label in layout.columns])
+    ax.set(ylabel="test top-1 (%)", title=f"{spec.name}: mean ± std over seeds")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(spec.output / "bars.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    if len(spec.label_fractions) > 1:
+        fractions = sorted(spec.label_fractions)
+        fig, axes = plt.subplots(1, len(spec.datasets), figsize=(5 * len(spec.datasets), 4), squeeze=False)
+        for ax, dataset in zip(axes[0], spec.datasets, strict=True):
+            for name, label in layout.rows:
+                means, stds = zip(*(stats(name, (dataset, f)) for f in fractions), strict=True)
+                ax.errorbar([100 * f for f in fractions], means, yerr=stds, marker="o", capsize=3, label=label)
+            ax.set(xlabel="labels used (%)", ylabel="test top-1 (%)", title=dataset)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(spec.output / "label_fraction.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def write_summary(spec: BenchSpec) -> tuple[str, list[Path]]:
+    """Write ``runs.csv``, ``summary.md``, ``summary.csv`` and the plots into ``spec.output``.
+
+    Returns the markdown summary and the written paths.
+    """
+    cells, runs = collect_cells(spec)
+    layout = table_layout(spec)
+    spec.output.mkdir(parents=True, exist_ok=True)
+    markdown = _markdown(spec, cells, layout)
+    paths = [spec.output / "runs.csv", spec.output / "summary.csv", spec.output / "summary.md"]
+    _write_csv(paths[0], runs)
+    _write_csv(paths[1], _summary_rows(cells, layout))
+    paths[2].write_text(markdown)
+    if any(cell.n for cell in cells.values()):
+        paths += _plot(spec, cells, layout)
+    return markdown, paths
+
+
+# -- command line --------------------------------------------------------------------------------------------------
+def _parser() -> Any:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(
+        prog="coretune bench",
+        description="Run a grid of coretune fit runs (objectives × data sets × label fractions × seeds) from a YAML "
+        "spec (see configs/bench/), resumably, and tabulate mean ± std test top-1 per cell (summary.md, summary.csv, "
+        "runs.csv, bars.png, label_fraction.png in the spec's output folder).",
+    )
+    parser.add_argument("config", type=str, help="The bench spec (YAML).")
+    parser.add_argument(
+        "--workers",
+        type=int | None,
+        default=None,
+        help="Concurrent fit subprocesses (default: the spec's workers). Use 1 on a 2-core CPU.",
+    )
+    parser.add_argument("--dry_run", action="store_true", help="Print the fit commands of the unfinished runs.")
+    parser.add_argument("--aggregate_only", action="store_true", help="Only (re)write the tables and plots.")
+    return parser
+
+
+def main(args: list[str]) -> None:
+    from rich.console import Console
+
+    cfg = _parser().parse_args(args)
+    spec = BenchSpec.from_yaml(cfg.config)
+    if cfg.workers is not None and cfg.workers < 1:
+        raise ValueError(f"--workers must be >= 1 (got {cfg.workers})")
+    console = Console()
+    report = None
+    if not cfg.aggregate_only:
+        report = run_sweep(spec, workers=cfg.workers, dry_run=cfg.dry_run, console=console)
+        if cfg.dry_run:
+            return
+    markdown, paths = write_summary(spec)
+    console.print(markdown, highlight=False, markup=False, soft_wrap=True)
+    console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, soft_wrap=True)
+    if report is not None and report.failed:
+        logs = "; ".join(str(run.run_dir / "log.txt") for run in report.failed)
+        raise RuntimeError(
+            f"{len(report.failed)} of {len(report.failed) + len(report.finished)} runs failed (see {logs}); "
+            "fix the cause and re-run the same command to run them again"
+        )

@@ -1,0 +1,309 @@
+"""``coretune tune``: choose Core-tuning's η and α with an Optuna study, on a validation split of the training set.
+
+The paper (§5.1, Appendix C) picks η and α from {0.1, 1, 10}; the default study is that 3 × 3 grid (Optuna's
+``GridSampler``), ``--sampler tpe`` searches the same ranges on a log scale. Each trial is an ordinary
+``coretune fit`` subprocess with ``--data.val_fraction`` > 0: a stratified part of the training set is held out
+for validation and the held-out folder is the test split, which selection never reads. A trial's value is the
+**final** epoch's ``val/top1`` (the weights the run keeps and tests), not the best epoch's: picking the best epoch
+would be a second selection on the same split. The study lives in a database (``sqlite:///<output>/study.db`` by
+default; any SQLAlchemy URL): re-running the command resumes it (finished trials are kept, failed or interrupted
+grid points run again), and several ``coretune tune`` processes — on one or many machines — given the same
+``--storage`` and ``--study_name`` share the work. Needs the ``tune`` extra: ``pip install coretune[tune]``.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .bench import is_finished, launch_fit
+
+__all__ = ["TrialFailed", "final_val_top1", "main", "tune"]
+
+_FORBIDDEN_FIT_ARGS = {
+    "--data.val_fraction": "the validation split is coretune tune's --val_fraction (> 0)",
+    "--run_dir": "coretune tune gives every trial its own run directory under --output",
+    "--objective": "choose the objective with coretune tune --objective",
+    "--objective.eta": "η is what the study chooses",
+    "--objective.alpha": "α is what the study chooses",
+}
+
+
+class TrialFailed(RuntimeError):
+    """A trial's ``coretune fit`` did not finish or logged no validation accuracy."""
+
+
+def _import_optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise RuntimeError("coretune tune needs Optuna: pip install 'coretune[tune]' (or pip install optuna)") from None
+    return optuna
+
+
+def final_val_top1(metrics_csv: str | Path) -> float:
+    """``val/top1`` of the last validated epoch in a run's ``metrics.csv``."""
+    from .engine import read_metrics
+
+    values = [float(r["val/top1"]) for r in read_metrics(metrics_csv) if r.get("val/top1") not in (None, "")]
+    if not values:
+        raise TrialFailed(
+            f"{metrics_csv} has no val/top1: validation never ran. Make --trainer.max_epochs a multiple of "
+            "--trainer.check_val_every_n_epoch so the last epoch is validated"
+        )
+    return values[-1]
+
+
+def _check_fit_args(fit_args: list[str]) -> None:
+    for arg in fit_args:
+        key = arg.partition("=")[0]
+        if key in _FORBIDDEN_FIT_ARGS:
+            raise ValueError(f"remove {key} from the fit arguments: {_FORBIDDEN_FIT_ARGS[key]}")
+
+
+def _check_objective(name: str) -> dict[str, Any]:
+    """The preset of a registered objective that takes ``eta`` and ``alpha``."""
+    from . import objectives
+
+    tunable = [
+        n for n in objectives.available() if {"eta", "alpha"} <= set(inspect.signature(objectives.get(n)[0]).parameters)
+    ]
+    if name not in tunable:
+        raise ValueError(f"--objective {name!r} has no eta and alpha to tune; choose one of {', '.join(tunable)}")
+    return objectives.get(name)[1]
+
+
+def _resume_grid(optuna: Any, study: Any, space: dict[str, list[float]], retry: Any) -> None:
+    """Check that a resumed study has the same grid, and queue again the grid points whose every trial failed (a
+    crash, Ctrl-C), as ``retry`` (Optuna's callback for stale trials) does: same point, retry history kept."""
+    by_point: dict[int, list[Any]] = {}
+    for trial in study.get_trials(deepcopy=False):
+        if "grid_id" not in trial.system_attrs:
+            continue
+        if trial.system_attrs.get("search_space") != space:
+            raise ValueError(
+                f"study {study.study_name!r} was run on another grid ({trial.system_attrs.get('search_space')}, "
+                f"now {space}): pass a new --study_name or --output to start a new study"
+            )
+        by_point.setdefault(trial.system_attrs["grid_id"], []).append(trial)
+    for trials in by_point.values():
+        if all(t.state == optuna.trial.TrialState.FAIL for t in trials):
+            retry(study, trials[-1])
+
+
+def _grid_left(study: Any, size: int) -> bool:
+    """Whether a grid point was never started or a queued retry waits."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    started = {t.system_attrs["grid_id"] for t in trials if "grid_id" in t.system_attrs}
+    return len(started) < size or any(t.state == TrialState.WAITING for t in trials)
+
+
+def _trial_rows(study: Any) -> list[dict[str, Any]]:
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        rows.append(
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "eta": t.params.get("eta", ""),
+                "alpha": t.params.get("alpha", ""),
+                "final_val_top1": "" if t.value is None else t.value,
+                "run_dir": t.user_attrs.get("run_dir", ""),
+                "duration_s": round(t.duration.total_seconds(), 1) if t.duration else "",
+            }
+        )
+    return rows
+
+
+def tune(
+    fit_args: list[str],
+    output: str | Path = "runs/tune",
+    objective: str = "core",
+    eta: list[float] | None = None,
+    alpha: list[float] | None = None,
+    sampler: Literal["grid", "tpe"] = "grid",
+    n_trials: int | None = None,
+    val_fraction: float = 0.2,
+    seed: int = 0,
+    storage: str | None = None,
+    study_name: str = "coretune",
+) -> Any:
+    """Run (or resume) the study; write ``trials.csv`` and ``best.yaml`` into ``output``; return the study.
+
+    ``eta``/``alpha``: the grid values (``grid``) or the ends of the log-scale ranges (``tpe``), default
+    {0.1, 1, 10}. ``n_trials``: TPE's number of completed trials (default 20); the grid runs every point once.
+    """
+    optuna = _import_optuna()
+    if not 0 < val_fraction < 1:
+        raise ValueError(
+            f"--val_fraction must lie in (0, 1) (got {val_fraction}): tuning selects on a validation split "
+            "carved from the training set and never on the test split"
+        )
+    _check_fit_args(fit_args)
+    preset = _check_objective(objective)
+    eta, alpha = list(eta or [0.1, 1.0, 10.0]), list(alpha or [0.1, 1.0, 10.0])
+    if min(alpha) <= 0 or min(eta) < 0:
+        raise ValueError(f"α must be > 0 and η >= 0 (got eta {eta}, alpha {alpha})")
+    if sampler == "grid" and n_trials is not None:
+        raise ValueError("--n_trials applies to --sampler tpe; the grid runs each of its points once")
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    storage = storage or f"sqlite:///{output / 'study.db'}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        # a trial whose process died without a word (kill -9, a lost machine) is failed after the grace period
+        # and queued again
+        db = optuna.storages.RDBStorage(
+            storage,
+            heartbeat_interval=60,
+            grace_period=300,
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
+        )
+        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)
+    space = {"eta": sorted({float(v) for v in eta}), "alpha": sorted({float(v) for v in alpha})}
+    study = optuna.create_study(
+        study_name=study_name,
+        storage=db,
+        direction="maximize",
+        load_if_exists=True,
+        sampler=optuna.samplers.GridSampler(space, seed=seed)
+        if sampler == "grid"
+        else optuna.samplers.TPESampler(seed=seed),
+    )
+
+    def run_trial(trial: Any) -> float:
+        params = {name: trial.suggest_float(name, v[0], v[-1], log=v[0] > 0) for name, v in space.items()}
+        name = f"eta{params['eta']:g}_alpha{params['alpha']:g}" if sampler == "grid" else f"trial{trial.number:04d}"
+        run_dir = output / "trials" / name
+        trial.set_user_attr("run_dir", str(run_dir))
+        args = [
+            *fit_args,
+            "--objective",
+            objective,
+            f"--objective.eta={params['eta']}",
+            f"--objective.alpha={params['alpha']}",
+            f"--data.val_fraction={val_fraction}",
+            f"--seed={seed}",
+        ]
+        if not is_finished(run_dir):
+            code = launch_fit(args, run_dir)
+            if not is_finished(run_dir):
+                raise TrialFailed(f"trial {trial.number} did not finish (exit code {code}): see {run_dir / 'log.txt'}")
+        return final_val_top1(run_dir / "metrics.csv")
+
+    catch = (TrialFailed,)
+    state = optuna.trial.TrialState
+    if sampler == "grid":
+        size = len(space["eta"]) * len(space["alpha"])
+        _resume_grid(optuna, study, space, retry)
+        while _grid_left(study, size):  # a retried point after the grid's end needs another round
+            study.optimize(run_trial, catch=catch)
+    else:
+        target = 20 if n_trials is None else n_trials
+        done = len(study.get_trials(deepcopy=False, states=(state.COMPLETE,)))
+        if done < target:
+            stop = optuna.study.MaxTrialsCallback(target, states=(state.COMPLETE,))
+            study.optimize(run_trial, n_trials=target - done, catch=catch, callbacks=[stop])
+    _write_outputs(study, output, objective, preset, val_fraction)
+    return study
+
+
+def _write_outputs(study: Any, output: Path, objective: str, preset: dict[str, Any], val_fraction: float) -> None:
+    from . import objectives
+
+    rows = _trial_rows(study)
+    if rows:
+        with (output / "trials.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    complete = [r for r in rows if r["state"] == "COMPLETE"]
+    if not complete:
+        raise TrialFailed(f"no trial of study {study.study_name!r} finished: see the logs under {output / 'trials'}")
+    best = study.best_trial
+    cls = objectives.get(objective)[0]
+    class_path = f"{cls.__module__}.{cls.__qualname__}"
+    init_args = {**preset, "eta": best.params["eta"], "alpha": best.params["alpha"]}
+    header = (
+        f"# coretune tune: best of {len(complete)} finished trials of study {study.study_name!r} "
+        f"({cls.__name__} via --objective {objective}),\n"
+        f"# selected by the final-epoch val/top1 = {best.value:.4f} on a {val_fraction:g} validation split of "
+        "the training set (trial run directory: " + str(best.user_attrs.get("run_dir")) + ").\n"
+        "# Use it with: coretune fit --config YOUR_CONFIG.yaml --config best.yaml (training on the whole "
+        "training set, val_fraction 0).\n"
+    )
+    body = yaml.safe_dump({"objective": {"class_path": class_path, "init_args": init_args}}, sort_keys=False)
+    (output / "best.yaml").write_text(header + body)
+
+
+def _parser() -> Any:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(
+        prog="coretune tune",
+        usage="coretune tune [options] -- FIT_ARGS ...",
+        description="Choose η and α of Core-tuning (or a Table 2 preset) with an Optuna study. Every trial runs "
+        "coretune fit with FIT_ARGS (everything after --, e.g. --config configs/cpu/cifar10.yaml --data.root "
+        "DIR) plus the trial's η and α, and is scored by its final-epoch val/top1 on a validation split carved "
+        "from the training set (never the test split). Writes trials.csv and best.yaml into --output.",
+    )
+    parser.add_argument("--output", type=str, default="runs/tune", help="Folder for the trials, study and results.")
+    parser.add_argument("--objective", type=str, default="core", help="A registered objective with eta and alpha.")
+    parser.add_argument("--eta", type=float, nargs="+", default=[0.1, 1.0, 10.0], help="η grid (TPE: its range).")
+    parser.add_argument("--alpha", type=float, nargs="+", default=[0.1, 1.0, 10.0], help="α grid (TPE: its range).")
+    parser.add_argument("--sampler", type=Literal["grid", "tpe"], default="grid", help="grid or tpe.")
+    parser.add_argument("--n_trials", type=int | None, default=None, help="TPE: finished trials wanted (20).")
+    parser.add_argument(
+        "--val_fraction",
+        type=float,
+        default=0.2,
+        help="Fraction of the training set held out (stratified) for selection; must be > 0.",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="Seed of every trial's fit and of the sampler.")
+    parser.add_argument(
+        "--storage",
+        type=str | None,
+        default=None,
+        help="Optuna storage URL (default sqlite:///<output>/study.db); share one to run many workers.",
+    )
+    parser.add_argument("--study_name", type=str, default="coretune", help="Study name inside the storage.")
+    return parser
+
+
+def main(args: list[str]) -> None:
+    from rich.console import Console
+
+    split = args.index("--") if "--" in args else len(args)
+    cfg = _parser().parse_args(args[:split])
+    if split == len(args):
+        raise ValueError(
+            "pass the trials' fit arguments after --, e.g. coretune tune -- --config configs/cpu/cifar10.yaml "
+            "--data.root DIR --model.weights CKPT"
+        )
+    study = tune(
+        args[split + 1 :],
+        output=cfg.output,
+        objective=cfg.objective,
+        eta=cfg.eta,
+        alpha=cfg.alpha,
+        sampler=cfg.sampler,
+        n_trials=cfg.n_trials,
+        val_fraction=cfg.val_fraction,
+        seed=cfg.seed,
+        storage=cfg.storage,
+        study_name=cfg.study_name,
+    )
+    best = study.best_trial
+    Console().print(
+        f"best: η = {best.params['eta']:g}, α = {best.params['alpha']:g} (final val top-1 "
+        f"{100 * best.value:.2f}%, trial {best.number}); wrote {Path(cfg.output) / 'best.yaml'} and "
+        f"{Path(cfg.output) / 'trials.csv'}",
+        highlight=False,
+    )

@@ -1,0 +1,224 @@
+"""SIGTERM / SIGINT during `coretune fit`: an atomic, resumable checkpoint, one message, and an exact resume.
+
+A helper callback (written into tmp_path, passed with ``--trainer.callbacks+=``) sends the real signal to its own
+process after a fixed optimizer step, so the interruption point is deterministic; the process then has to handle
+an actual OS signal arriving in the middle of a batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from coretune.cli import main
+from coretune.data.samplers import EpochShuffleSampler, ResumableLoader, SeededItems
+from coretune.engine import read_metrics
+
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+HELPER = '''
+import os
+import lightning as L
+
+
+class SendSignal(L.Callback):
+    """Sends ``signum`` to this process once optimizer step ``step`` is done."""
+
+    def __init__(self, signum: int = 15, step: int = 1) -> None:
+        self.signum, self.step = signum, step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+'''
+
+
+def fit_args(tree: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        "fit",
+        f"--data.root={tree}",
+        "--data.image_size=32",
+        "--data.batch_size=8",  # 36 training images: 4 batches per epoch
+        "--model.backbone=small_cnn",
+        "--objective=core",
+        "--trainer.max_epochs=2",
+        "--seed=5",
+        f"--run_dir={run_dir}",
+        *QUIET,
+        *extra,
+    ]
+
+
+def signal_args(signum: int, step: int) -> list[str]:
+    return [
+        "--trainer.callbacks+=signal_helper.SendSignal",
+        f"--trainer.callbacks.signum={int(signum)}",
+        f"--trainer.callbacks.step={step}",
+    ]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """The tiny tree, the helper module's folder and an uninterrupted 2-epoch run."""
+    from image_trees import make_image_tree
+
+    base = tmp_path_factory.mktemp("interrupts")
+    tree = make_image_tree(base / "data")
+    (base / "helper").mkdir()
+    (base / "helper" / "signal_helper.py").write_text(HELPER)
+    whole = base / "whole"
+    main(fit_args(tree, whole))
+    return tree, base / "helper", whole
+
+
+@pytest.fixture
+def helper_on_path(setup: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(setup[1]))
+
+
+def assert_same_run(whole: Path, resumed: Path) -> None:
+    """Same weights, the same metrics.csv (every logged value of every epoch) and the same test results."""
+    a = torch.load(whole / "checkpoints" / "last.ckpt", weights_only=True)
+    b = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
+    assert (a["epoch"], a["global_step"]) == (b["epoch"], b["global_step"]) == (1, 8)
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    assert read_metrics(whole / "metrics.csv") == read_metrics(resumed / "metrics.csv")
+    test_a = json.loads((whole / "results.json").read_text())["test"]
+    test_b = json.loads((resumed / "results.json").read_text())["test"]
+    assert test_a == test_b
+
+
+def checkpoint_files(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+
+def test_sigterm_mid_epoch_in_a_real_process_saves_and_resumes_exactly(
+    setup: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    tree, helper, whole = setup
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(helper), str(SRC), os.environ.get("PYTHONPATH", "")])}
+    args = fit_args(tree, run, *signal_args(signal.SIGTERM, 6))  # epoch 1, after its 2nd batch of 4
+    proc = subprocess.run(
+        [sys.executable, "-m", "coretune.cli", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    ckpt = run / "checkpoints" / "last.ckpt"
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (
+        f"coretune fit: stopped by SIGTERM at epoch 1, step 6; saved a resumable checkpoint to {ckpt}. Resume by "
+        f"running the same command with --ckpt_path last --run_dir {run}"
+    ) in proc.stderr
+    assert checkpoint_files(run) == ["best.ckpt", "last.ckpt"]  # no temporary file left behind
+    saved = torch.load(ckpt, weights_only=True)
+    assert (saved["epoch"], saved["global_step"]) == (1, 6)
+    assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 1, "batches": 2}]
+    assert [r["epoch"] for r in read_metrics(run / "metrics.csv")] == ["0"]
+
+    main(fit_args(tree, run, "--ckpt_path=last"))
+    assert_same_run(whole, run)
+
+
+@pytest.mark.usefixtures("helper_on_path")
+def test_sigint_mid_epoch_exits_130_and_resumes_exactly(
+    setup: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree, _, whole = setup
+    run = tmp_path / "run"
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as info:
+        main(fit_args(tree, run, *signal_args(signal.SIGINT, 2)))  # epoch 0, after its 2nd batch
+    assert info.value.code == 128 + signal.SIGINT
+    assert "coretune fit: stopped by SIGINT at epoch 0, step 2; saved a resumable checkpoint" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) == before  # the handlers are put back
+    assert not (run / "metrics.csv").exists()  # no epoch finished
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
+
+    main(fit_args(tree, run, "--ckpt_path=last"))
+    assert_same_run(whole, run)
+
+
+@pytest.mark.usefixtures("helper_on_path")
+def test_signal_in_an_epochs_last_batch_stops_after_the_epoch(
+    setup: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree, _, _ = setup
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        main(fit_args(tree, run, *signal_args(signal.SIGTERM, 4), "--trainer.max_epochs=3"))
+    assert info.value.code == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM after epoch 0 (step 4); saved a resumable checkpoint" in capsys.readouterr().err
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert (saved["epoch"], saved["global_step"]) == (0, 4)
+    assert [r["epoch"] for r in read_metrics(run / "metrics.csv")] == ["0"]
+    assert "test" not in json.loads((run / "results.json").read_text())  # stopped: no test phase
+
+
+def test_failed_checkpoint_write_keeps_the_previous_one(
+    setup: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree, _, _ = setup
+    run = tmp_path / "run"
+    real_save, calls = torch.save, []
+
+    def disk_full(obj: object, f: object, *args: object, **kwargs: object) -> None:
+        calls.append(1)
+        if len(calls) > 2:  # epoch 0 writes best.ckpt and last.ckpt; epoch 1's writes fail half-way
+            f.write(b"partial")  # type: ignore[attr-defined]
+            raise OSError(28, "No space left on device")
+        real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(SystemExit) as info:
+        main(fit_args(tree, run))
+    message = str(info.value.code)
+    assert message.startswith("coretune fit: error: [Errno 28] No space left on device")
+    assert "free disk space, then resume with --ckpt_path last" in message
+    monkeypatch.undo()
+    assert checkpoint_files(run) == ["best.ckpt", "last.ckpt"]  # the temporary file was removed
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert (saved["epoch"], saved["global_step"]) == (0, 4)
+
+
+def batches(loader: ResumableLoader) -> list[list[int]]:
+    return [b[0].tolist() for b in loader]
+
+
+def test_resumable_loader_skips_the_batches_already_seen() -> None:
+    dataset = SeededItems(TensorDataset(torch.arange(10)))
+
+    def loader() -> ResumableLoader:
+        return ResumableLoader(dataset, batch_size=3, sampler=EpochShuffleSampler(10, seed=1), drop_last=True)
+
+    whole = loader()
+    whole.sampler.set_epoch(2)
+    epoch2 = batches(whole)
+    cut = loader()
+    cut.sampler.set_epoch(2)
+    it = iter(cut)
+    seen = [next(it)[0].tolist()]
+    assert cut.state_dict() == {"epoch": 2, "batches": 1}
+
+    resumed = loader()
+    resumed.load_state_dict(cut.state_dict())
+    resumed.sampler.set_epoch(2)  # Lightning sets the epoch after restoring the state
+    assert seen + batches(resumed) == epoch2
+    assert resumed.state_dict() == {"epoch": 2, "batches": 3}
+    resumed.sampler.set_epoch(3)  # the skip applied once, to its own epoch only
+    assert len(batches(resumed)) == 3 and resumed.state_dict() == {"epoch": 3, "batches": 3}
+
+    stale = loader()
+    stale.load_state_dict({"epoch": 1, "batches": 2})
+    stale.sampler.set_epoch(2)
+    assert batches(stale) == epoch2

@@ -1,0 +1,331 @@
+"""Every error a user can cause, through the `coretune` entry point: one line naming the problem and the fix.
+
+``main`` turns a user error into ``SystemExit("coretune <cmd>: error: <message>")`` (exit status 1, the message
+alone on stderr, no traceback); these tests assert the exact message of each case in docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from coretune import objectives
+from coretune.cli import main
+from coretune.data import SkippedImagesWarning
+from coretune.engine import FineTuner, NonFiniteLossError, read_metrics
+from coretune.models import create_backbone
+
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``cat``/``dog``/``eel``: 12 training and 4 validation images each (36 training images: 4 batches of 8)."""
+    from image_trees import make_image_tree
+
+    return make_image_tree(tmp_path_factory.mktemp("user_errors") / "data")
+
+
+def copy_tree(tree: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(tree, tmp_path / "data"))
+
+
+def fit_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        "fit",
+        f"--data.root={root}",
+        "--data.image_size=32",
+        "--data.batch_size=8",
+        "--model.backbone=small_cnn",
+        f"--run_dir={run_dir}",
+        *QUIET,
+        *SHORT,
+        *extra,
+    ]
+
+
+def error(args: list[str]) -> str:
+    """The message `coretune` exits with (asserting it is a one-line user error, not a crash)."""
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    message = str(info.value.code)
+    prefix = f"coretune {args[0]}: error: "
+    assert message.startswith(prefix), message
+    assert "\n" not in message and "Traceback" not in message, message
+    return message[len(prefix) :]
+
+
+# -- data -----------------------------------------------------------------------------------------------------
+def test_missing_root(tmp_path: Path) -> None:
+    root = tmp_path / "nowhere"
+    assert error(fit_args(root, tmp_path / "run")) == f"data root {root} does not exist: pass an existing folder"
+
+
+def test_empty_class_folder(tree: Path, tmp_path: Path) -> None:
+    root = copy_tree(tree, tmp_path)
+    for image in (root / "train" / "eel").iterdir():
+        image.unlink()
+    message = error(fit_args(root, tmp_path / "run"))
+    assert message.startswith(f"class folder(s) ['eel'] in {root / 'train'} contain no image files (.jpg, ")
+    assert message.endswith("add images or remove the folder(s)")
+
+
+def test_no_images(tree: Path, tmp_path: Path) -> None:
+    root = copy_tree(tree, tmp_path)
+    for image in (root / "val").glob("*/*.png"):
+        image.unlink()
+    assert re.search(r"val contains no image files .* in its class folders \['cat', 'dog', 'eel'\]", error(
+        fit_args(root, tmp_path / "run")
+    ))  # fmt: skip
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_corrupt_image_names_the_file(tree: Path, tmp_path: Path, num_workers: int) -> None:
+    root = copy_tree(tree, tmp_path)
+    bad = root / "train" / "dog" / "dog_1.png"
+    bad.write_bytes(bad.read_bytes()[:60])
+    message = error(fit_args(root, tmp_path / "run", f"--data.num_workers={num_workers}"))
+    assert (
+        message
+        == f"cannot decode image {bad}: image file is truncated; fix or remove it, or pass --data.on_bad_image skip"
+    )
+
+
+def test_skip_bad_images_and_read_grey_rgba_and_16_bit_images(tree: Path, tmp_path: Path) -> None:
+    root = copy_tree(tree, tmp_path)
+    for i, image in enumerate(sorted((root / "train").glob("*/*.png"))):
+        rgb = Image.open(image)
+        if i % 3 == 0:
+            rgb.convert("L").save(image)
+        elif i % 3 == 1:
+            rgb.convert("RGBA").save(image)
+        else:
+            grey16 = np.asarray(rgb.convert("L"), dtype=np.uint16) * 257
+            Image.fromarray(grey16).save(image)
+    assert {Image.open(p).mode for p in (root / "train").glob("*/*.png")} == {"L", "RGBA", "I;16"}
+    bad = root / "val" / "cat" / "cat_0.png"
+    bad.write_bytes(b"not an image")
+    with pytest.warns(SkippedImagesWarning, match=r"skipped 1 unreadable image file\(s\) of 48 .*cat_0\.png"):
+        main(fit_args(root, tmp_path / "run", "--data.on_bad_image=skip"))
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert sum(map(sum, results["test"]["confusion_matrix"])) == 11  # 12 validation images, 1 skipped
+
+
+def test_label_fraction_too_small_for_one_image_per_class(tree: Path, tmp_path: Path) -> None:
+    message = error(fit_args(tree, tmp_path / "run", "--data.label_fraction=0.01"))
+    assert message == (
+        "label_fraction 0.01 keeps no image of class 'cat' (12 images) nor of 2 other class(es): raise it to ≥ 0.0417"
+    )
+
+
+def test_class_names_differ_between_train_and_val(tree: Path, tmp_path: Path) -> None:
+    root = copy_tree(tree, tmp_path)
+    (root / "val" / "eel").rename(root / "val" / "fox")
+    message = error(fit_args(root, tmp_path / "run"))
+    assert message.startswith(f"class folders of val ({root / 'val'}) differ from train ({root / 'train'}): ")
+    assert "missing from val: ['eel']; only in val: ['fox'] — both need the same class sub-folders" in message
+
+
+# -- batches --------------------------------------------------------------------------------------------------
+def test_batches_of_one_train_when_the_backbone_allows_it(tree: Path, tmp_path: Path) -> None:
+    main(fit_args(tree, tmp_path / "run", "--data.batch_size=1", "--objective=core"))
+    rows = read_metrics(tmp_path / "run" / "metrics.csv")
+    assert math.isfinite(float(rows[0]["train/loss"]))
+
+
+def test_batch_of_one_through_batchnorm_is_a_clear_error(tree: Path, tmp_path: Path) -> None:
+    message = error(fit_args(tree, tmp_path / "run", "--data.batch_size=1", "--model.backbone=resnet18"))
+    assert message.startswith("a training batch of 1 image cannot pass the backbone's BatchNorm layers")
+    assert "use --data.batch_size 2 or more" in message
+
+
+def test_diverging_loss_names_epoch_and_step(tree: Path, tmp_path: Path) -> None:
+    message = error(fit_args(tree, tmp_path / "run", "--model.lr=1e30", "--trainer.precision=32-true"))
+    assert re.match(r"the training loss is (nan|inf) at epoch 0, step 1 \(batch 1; ce=", message), message
+    assert message.endswith("lower the learning rate (--model.lr), or train in float32 (--trainer.precision 32-true).")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_or_inf_features_raise_naming_the_step(bad: float) -> None:
+    model = FineTuner(objectives.create("core"), backbone="small_cnn")
+    model.build(3)
+    model.backbone.forward = lambda x: torch.full((x.shape[0], model.backbone.feature_dim), bad)
+    batch = (torch.rand(4, 3, 32, 32), torch.tensor([0, 1, 2, 0]))
+    with pytest.raises(NonFiniteLossError, match=r"^the training loss is (nan|inf) at epoch 0, step 0 \(batch 7; ce="):
+        model.training_step(batch, 7)
+
+
+@pytest.mark.parametrize("name", sorted(objectives.available()))
+def test_every_objective_handles_one_class_absent_classes_and_huge_features(name: str) -> None:
+    """One-class batches, classes missing from the batch, a batch of 2 and features of magnitude 1e4."""
+    torch.manual_seed(0)
+    model = FineTuner(objectives.create(name), backbone="small_cnn", channels_last=False)
+    model.build(5)
+    model.objective.attach_backbone(model.backbone)
+    x = torch.rand(6, 3, 32, 32)
+    cases = {
+        "one class": (x, torch.zeros(6, dtype=torch.long), 1.0),
+        "classes 0 and 1 of 5": (x, torch.tensor([0, 1, 0, 1, 1, 0]), 1.0),
+        "batch of 2": (x[:2], torch.tensor([3, 4]), 1.0),
+        "huge features": (x, torch.tensor([0, 1, 2, 3, 4, 0]), 1e4),
+    }
+    for case, (images, labels, scale) in cases.items():
+        model.zero_grad()
+        features = model.backbone(images) * scale
+        out = model.objective(features, labels, inputs=images)
+        out.loss.backward()
+        assert torch.isfinite(out.loss), (case, out.terms)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert grads and all(torch.isfinite(g).all() for g in grads), case
+
+
+# -- checkpoints ----------------------------------------------------------------------------------------------
+def test_wrong_architecture_names_both_shapes(tree: Path, tmp_path: Path) -> None:
+    weights = tmp_path / "r50.pth"
+    torch.save(create_backbone("resnet50").body.state_dict(), weights)
+    message = error(fit_args(tree, tmp_path / "run", "--model.backbone=resnet18", f"--model.weights={weights}"))
+    assert message.startswith(
+        f"checkpoint {weights} (layout 'torchvision') does not fit backbone 'resnet18': checkpoint "
+        "layer1.0.conv1.weight (64, 64, 1, 1) vs model (64, 64, 3, 3) (and "
+    )
+    assert message.endswith("wrong architecture? pass the matching --model.backbone")
+
+
+def fine_tuned_checkpoint(path: Path, num_classes: int) -> Path:
+    """A checkpoint as `coretune fit` writes it (model, hyper-parameters and the 'coretune' entry)."""
+    model = FineTuner(objectives.create("ce"), backbone="small_cnn")
+    model.build(num_classes, [f"c{i}" for i in range(num_classes)])
+    checkpoint = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}
+    model.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, path)
+    return path
+
+
+def test_wrong_number_of_classes(tree: Path, tmp_path: Path) -> None:
+    from image_trees import make_image_tree
+
+    four = make_image_tree(tmp_path / "four", classes=("a", "b", "c", "d"), per_class=2, val_per_class=1)
+    ckpt = fine_tuned_checkpoint(tmp_path / "three.ckpt", 3)
+    assert error(["test", f"--ckpt_path={ckpt}", f"--data.root={four}", "--data.image_size=32"]) == (
+        "the model was built for 3 classes but the data has 4: use data with the same classes, or fine-tune a new model"
+    )
+
+
+def truncated(tmp_path: Path) -> Path:
+    ckpt = fine_tuned_checkpoint(tmp_path / "full.ckpt", 3)
+    path = tmp_path / "truncated.ckpt"
+    path.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    return path
+
+
+class RunsCode:
+    """Unpickling this runs ``os.system`` — a checkpoint that executes code when loaded unsafely."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.system, (f"touch {self.marker}",)
+
+
+def malicious(tmp_path: Path) -> Path:
+    path = tmp_path / "malicious.ckpt"
+    torch.save({"state_dict": RunsCode(tmp_path / "pwned")}, path)
+    return path
+
+
+def command(kind: str, ckpt: Path, tree: Path, tmp_path: Path) -> list[str]:
+    return {
+        "fit": fit_args(tree, tmp_path / "run", f"--model.weights={ckpt}"),
+        "test": ["test", f"--ckpt_path={ckpt}", f"--data.root={tree}", "--data.image_size=32"],
+        "predict": ["predict", f"--ckpt_path={ckpt}", f"--input={tree / 'val'}", f"--output={tmp_path / 'p.csv'}"],
+        "export": ["export", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'export'}"],
+    }[kind]
+
+
+@pytest.mark.parametrize("kind", ["fit", "test", "predict", "export"])
+def test_truncated_checkpoint(kind: str, tree: Path, tmp_path: Path) -> None:
+    ckpt = truncated(tmp_path)
+    message = error(command(kind, ckpt, tree, tmp_path))
+    assert message.startswith(f"cannot read checkpoint {ckpt} (")
+    assert message.endswith("the file is truncated or corrupt, or not a PyTorch checkpoint; copy or download it again")
+
+
+@pytest.mark.parametrize("kind", ["fit", "test", "predict", "export"])
+def test_pickle_that_runs_code_is_refused_and_nothing_runs(kind: str, tree: Path, tmp_path: Path) -> None:
+    ckpt = malicious(tmp_path)
+    torch.load(ckpt, weights_only=False)  # the payload is real: an unsafe load runs it
+    assert (tmp_path / "pwned").exists()
+    (tmp_path / "pwned").unlink()
+    message = error(command(kind, ckpt, tree, tmp_path))
+    assert message.startswith(
+        f"checkpoint {ckpt} holds Python objects that torch.load(weights_only=True) refuses to unpickle (it stores "
+        "posix.system), because unpickling them could run arbitrary code."
+    )
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_unknown_layout_lists_the_layouts_tried(tree: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "mystery.pth"
+    torch.save({"weights": {"trunk.conv.weight": torch.zeros(3)}}, ckpt)
+    message = error(fit_args(tree, tmp_path / "run", f"--model.weights={ckpt}"))
+    assert message.startswith(
+        f"no tensor of checkpoint {ckpt} matches backbone 'small_cnn'. Layouts tried: torchvision (not applicable"
+    )
+    assert "Checkpoint starts with [weights: {trunk.conv.weight}]" in message
+    assert "force it with --model.weights_format (one of torchvision, timm, " in message
+
+
+def test_coretune_commands_refuse_a_pre_trained_backbone_checkpoint(tree: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "backbone.pth"
+    torch.save(create_backbone("small_cnn").body.state_dict(), ckpt)
+    assert error(command("test", ckpt, tree, tmp_path)) == (
+        f"{ckpt} is not a coretune fine-tuning checkpoint (no 'coretune' entry): pass a .ckpt written by "
+        "`coretune fit` (a pre-trained backbone checkpoint goes to `coretune fit --model.weights`)"
+    )
+
+
+# -- configuration --------------------------------------------------------------------------------------------
+def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path) -> None:
+    message = error(fit_args(tree, tmp_path / "run", "--objective", "nosuch"))
+    assert message == f"unknown objective 'nosuch'; choose one of: {', '.join(sorted(objectives.available()))}"
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["--model.task=detection"], "invalid model settings: task must be one of classification (got 'detection')"),
+        (["--objective=core", "--objective.eta=-0.1"], "invalid Core-tuning settings: eta must be >= 0 (got -0.1)"),
+        (["--objective=core", "--objective.alpha=-1"], "invalid Core-tuning settings: alpha must be > 0 (got -1.0)"),
+        (
+            ["--objective=core", "--objective.temperature=-0.07"],
+            "invalid Core-tuning settings: temperature must be > 0 (got -0.07)",
+        ),
+        (
+            ["--objective=core", "--objective.lambda_n=1.5"],
+            "invalid Core-tuning settings: lambda_n must lie in [0, 1] (got 1.5)",
+        ),
+        (
+            ["--objective=core", "--objective.lambda_n=-0.2"],
+            "invalid Core-tuning settings: lambda_n must lie in [0, 1] (got -0.2)",
+        ),
+        (
+            ["--data.image_size=0"],
+            "invalid data option(s): image_size must be >= 1 pixel, got 0 — set valid values (--data.<option>)",
+        ),
+        (["--model.lr=0"], "invalid model settings: lr must be > 0 (got 0.0)"),
+        (["--model.lr=-0.01"], "invalid model settings: lr must be > 0 (got -0.01)"),
+    ],
+)
+def test_bad_configuration_values(options: list[str], expected: str, tree: Path, tmp_path: Path) -> None:
+    assert error(fit_args(tree, tmp_path / "run", *options)) == expected

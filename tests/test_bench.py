@@ -1,0 +1,226 @@
+"""``coretune bench``: the spec, resumable sweeps of real fit subprocesses, and the mean ± std tables."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from coretune.bench import (
+    BenchSpec,
+    BenchSpecError,
+    Cell,
+    compare,
+    fit_command,
+    launch_fit,
+    run_sweep,
+    table_layout,
+    write_summary,
+)
+from coretune.cli import main
+
+TINY_FIT = [
+    "--model.backbone=small_cnn",
+    "--data.image_size=16",
+    "--data.batch_size=8",
+    "--trainer.max_epochs=1",
+    "--trainer.enable_model_summary=false",
+]
+
+
+def spec_of(tmp_path: Path, **entries: object) -> BenchSpec:
+    raw = {"output": str(tmp_path / "out"), "datasets": {"tiny": ["--data.root=DATA"]}, "objectives": ["ce", "core"]}
+    return BenchSpec.from_dict({**raw, **entries})
+
+
+def fabricate(spec: BenchSpec, top1: dict[tuple[str, str, float], list[float | None]]) -> None:
+    """Finished runs with the given test top-1 (fractions) per (objective, dataset, fraction), by seed order."""
+    for run in spec.runs():
+        value = top1[(run.objective, run.dataset, run.label_fraction)][spec.seeds.index(run.seed)]
+        if value is None:
+            continue
+        run.run_dir.mkdir(parents=True)
+        (run.run_dir / "results.json").write_text(json.dumps({"test": {"top1": value, "top5": 1.0}, "epochs": 3}))
+
+
+def test_runs_of_the_grid_and_their_fit_arguments(tmp_path: Path) -> None:
+    spec = spec_of(
+        tmp_path,
+        base_args=["--trainer.max_epochs=2"],
+        objectives=["ce", {"name": "core_eta1", "objective": "core", "args": ["--objective.eta=1"]}],
+        label_fractions=[0.1, 1.0],
+        seeds=[0, 1],
+    )
+    runs = spec.runs()
+    assert len(runs) == 2 * 2 * 2
+    run = runs[-1]
+    assert run.run_dir == tmp_path / "out" / "tiny" / "core_eta1" / "frac1" / "seed1"
+    assert run.args == (
+        "--trainer.max_epochs=2",
+        "--data.root=DATA",
+        "--objective",
+        "core",
+        "--objective.eta=1",
+        "--data.label_fraction=1.0",
+        "--seed=1",
+    )
+    assert runs[0].run_dir.parent.name == "frac0.1"
+    cmd = fit_command(run.args, run.run_dir)
+    assert cmd[1:4] == ["-m", "coretune.cli", "fit"] and cmd[-1] == f"--run_dir={run.run_dir}"
+    (run.run_dir / "checkpoints").mkdir(parents=True)
+    (run.run_dir / "checkpoints" / "last.ckpt").touch()
+    assert fit_command(run.args, run.run_dir)[-1] == "--ckpt_path=last"  # a started run resumes
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        ({"epochs": 3}, "unknown key(s) epochs"),
+        ({"objectives": ["ce", "nope"]}, "unknown objective 'nope'"),
+        ({"objectives": ["ce", "ce"]}, "objective names must be unique"),
+        ({"label_fractions": [0.0, 1.0]}, "label_fractions must lie in (0, 1]"),
+        ({"seeds": [0, 0]}, "seeds lists a value twice"),
+        ({"table": "table3"}, "table must be one of table1, table2, table4"),
+        ({"table": "table2", "objectives": ["ce", "l2sp"]}, "table2 takes the Table 2 rows only"),
+        ({"datasets": {"a/b": []}}, "dataset name 'a/b' must be a non-empty folder name"),
+        ({"base_args": "--trainer.max_epochs=3"}, "base_args must be a list of command-line arguments"),
+        ({"baseline": "l2sp"}, "baseline 'l2sp' is not one of the objectives"),
+    ],
+)
+def test_spec_errors_name_the_problem(tmp_path: Path, entries: dict, message: str) -> None:
+    with pytest.raises(BenchSpecError, match=r"^bench spec: .*" + re.escape(message)):
+        spec_of(tmp_path, **entries)
+
+
+def test_resuming_refuses_other_arguments(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path)
+    run = spec.runs()[0]
+    run.run_dir.mkdir(parents=True)
+    (run.run_dir / "fit_args.json").write_text(json.dumps(["--trainer.max_epochs=9"]))
+    with pytest.raises(ValueError, match="was started with other fit arguments"):
+        run_sweep(spec, dry_run=True)
+    with pytest.raises(ValueError, match="was started with other fit arguments"):
+        launch_fit(run.args, run.run_dir)
+
+
+def test_sweep_runs_fits_then_skips_finished_runs(image_tree: Path, tmp_path: Path) -> None:
+    config = tmp_path / "bench.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny",
+                "output": str(tmp_path / "out"),
+                "base_args": TINY_FIT,
+                "datasets": {"tiny": [f"--data.root={image_tree}"]},
+                "objectives": ["ce", "core"],
+                "seeds": [0, 1],
+                "workers": 2,
+            }
+        )
+    )
+    spec = BenchSpec.from_yaml(config)
+    assert run_sweep(spec, dry_run=True).skipped == [] and not spec.output.exists()  # a dry run runs nothing
+
+    first = run_sweep(spec)
+    assert first.failed == [] and len(first.finished) == 4
+    for run in spec.runs():
+        results = json.loads((run.run_dir / "results.json").read_text())
+        assert 0 <= results["test"]["top1"] <= 1
+        assert yaml.safe_load((run.run_dir / "config.yaml").read_text())["seed_everything"] == run.seed
+    mtimes = {run.run_dir: (run.run_dir / "results.json").stat().st_mtime_ns for run in spec.runs()}
+
+    main(["bench", str(config)])  # re-run: everything is finished, nothing is launched
+    second = run_sweep(spec)
+    assert len(second.skipped) == 4 and second.finished == second.failed == []
+    assert {d: (d / "results.json").stat().st_mtime_ns for d in mtimes} == mtimes
+    assert all((d / "log.txt").read_text().count("\n# ") == 1 for d in mtimes)  # one launch per run
+    rows = list(csv.DictReader((spec.output / "runs.csv").open()))
+    assert [r["status"] for r in rows] == ["finished"] * 4
+    assert (spec.output / "summary.md").is_file() and (spec.output / "bars.png").is_file()
+
+
+def test_aggregation_is_mean_and_sample_std(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, seeds=[0, 1, 2], datasets={"a": [], "b": []})
+    values = {
+        ("ce", "a", 1.0): [0.80, 0.82, 0.87],
+        ("core", "a", 1.0): [0.90, 0.91, 0.95],
+        ("ce", "b", 1.0): [0.50, 0.60, None],  # one seed unfinished
+        ("core", "b", 1.0): [0.70, None, None],
+    }
+    fabricate(spec, values)
+    markdown, paths = write_summary(spec)
+    assert {p.name for p in paths} == {"runs.csv", "summary.csv", "summary.md", "bars.png"}
+    summary = {r["objective"]: r for r in csv.DictReader((spec.output / "summary.csv").open())}
+    for (objective, dataset, _), seeds in values.items():
+        done = 100 * np.array([v for v in seeds if v is not None])
+        row = summary[objective]
+        assert float(row[f"{dataset} mean (%)"]) == pytest.approx(done.mean(), abs=1e-4)
+        assert int(row[f"{dataset} n"]) == len(done)
+        if len(done) > 1:
+            assert float(row[f"{dataset} std (%)"]) == pytest.approx(done.std(ddof=1), abs=1e-4)
+        else:
+            assert row[f"{dataset} std (%)"] == ""
+    # Table 1 layout: methods × data sets + the average of the cell means; best mean in bold
+    assert "| Method | a | b | Avg. |" in markdown
+    assert "| ce | 83.00 ± 3.61 (n=3) | 55.00 ± 7.07 (n=2) | 69.00 |" in markdown
+    assert "| core | **92.00 ± 2.65 (n=3)** | **70.00 (n=1)** | 81.00 |" in markdown
+    # core − ce on a: Δ = 9, s_p = sqrt((2·13 + 2·7)/4) = sqrt(10), 2 s_p = 6.32 → beyond 2σ; b has n = 1
+    assert "| a | core | +9.00 | 6.32 | yes |" in markdown
+    assert "| b | core | +15.00 | – | n/a |" in markdown
+    runs = list(csv.DictReader((spec.output / "runs.csv").open()))
+    assert [r["status"] for r in runs if r["dataset"] == "b" and r["objective"] == "core"] == ["finished"] + [
+        "missing"
+    ] * 2
+
+
+def test_compare_pooled_std_reference() -> None:
+    a = Cell("x", "d", 1.0, (1.0, 2.0, 3.0, 4.0))  # s² = 5/3
+    b = Cell("y", "d", 1.0, (10.0, 12.0))  # s² = 2
+    c = compare(b, a)
+    assert c.diff == pytest.approx(11 - 2.5)
+    assert c.pooled_std == pytest.approx(math.sqrt((3 * 5 / 3 + 1 * 2) / 4))
+    assert c.beyond_two_std is True
+    assert compare(a, a).beyond_two_std is False
+    assert compare(Cell("z", "d", 1.0, (5.0,)), a).beyond_two_std is None
+
+
+def test_table2_and_table4_layouts(tmp_path: Path) -> None:
+    table2 = spec_of(tmp_path, table="table2", objectives=["core", "ce_mix", "ce", "ce_con_mixh", "ce_con"])
+    assert table_layout(table2).rows == [
+        ("ce", "CE"),
+        ("ce_con", "CE + L_con"),
+        ("ce_mix", "CE + mix"),
+        ("ce_con_mixh", "CE + L_con + mix-H"),
+        ("core", "CE + L^f_con + mix-H (Core-tuning)"),
+    ]
+    assert table2.baseline == "ce" and table_layout(table2).columns == [(("tiny", 1.0), "tiny")]
+
+    table4 = spec_of(tmp_path, table="table4", label_fractions=[0.1, 0.25, 1.0], seeds=[0, 1])
+    assert [label for _, label in table_layout(table4).columns] == ["10%", "25%", "100%"]
+    fabricate(table4, {(o, "tiny", f): [0.5 + f / 4, 0.5 + f / 2] for o in ("ce", "core") for f in (0.1, 0.25, 1.0)})
+    markdown, paths = write_summary(table4)
+    assert "| Method | 10% | 25% | 100% | Avg. |" in markdown
+    assert (table4.output / "label_fraction.png") in paths
+    # a second data set joins the columns of Table 1 with several label fractions
+    both = spec_of(tmp_path, datasets={"a": [], "b": []}, label_fractions=[0.1, 1.0])
+    assert [label for _, label in table_layout(both).columns] == ["a 10%", "a 100%", "b 10%", "b 100%"]
+
+
+def test_cli_dry_run_and_aggregate_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({"output": str(tmp_path / "out"), "datasets": {"d": []}, "objectives": ["ce"]}))
+    main(["bench", str(config), "--dry_run"])
+    out = capsys.readouterr().out
+    assert "1 runs, 0 finished (skipped), 1 to run" in out
+    assert "coretune.cli fit --trainer.enable_progress_bar=false --objective ce" in out
+    assert not (tmp_path / "out").exists()
+    main(["bench", str(config), "--aggregate_only"])
+    assert "| ce | – |" in (tmp_path / "out" / "summary.md").read_text()
+    with pytest.raises(SystemExit, match=r"^coretune bench: error: bench spec .*missing\.yaml does not exist$"):
+        main(["bench", str(tmp_path / "missing.yaml")])

@@ -1,0 +1,47 @@
+"""`coretune demo --fast`: digits → SimCLR → CE-tuning and Core-tuning through the real engine, end to end."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from sklearn.datasets import load_digits
+
+from coretune.cli import main
+from coretune.demo import write_digits
+from coretune.models import create_backbone, load_pretrained
+
+
+def test_write_digits_is_a_stratified_image_folder_and_idempotent(tmp_path: Path) -> None:
+    root = write_digits(tmp_path / "data")
+    train = sorted(root.glob("train/*/*.png"))
+    test = sorted(root.glob("test/*/*.png"))
+    counts = np.bincount(load_digits().target)
+    assert len(train) + len(test) == 1797
+    assert len(test) == sum(math.floor(0.2 * n + 0.5) for n in counts) == 359  # 20% of each class, rounded
+    assert sorted(p.name for p in (root / "train").iterdir()) == [str(d) for d in range(10)]
+    stamp = train[0].stat().st_mtime_ns
+    write_digits(tmp_path / "data")
+    assert train[0].stat().st_mtime_ns == stamp  # a complete tree is kept
+
+
+def test_fast_demo_runs_the_whole_pipeline(tmp_path: Path, capsys) -> None:
+    output = tmp_path / "demo"
+    main(["demo", "--output", str(output), "--fast", "--no_progress"])
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["settings"]["seeds"] == 2 and summary["settings"]["finetune_epochs"] == 2
+    assert [m["name"] for m in summary["methods"]] == ["CE-tuning", "Core-tuning"]
+    for method in summary["methods"]:
+        assert len(method["top1"]) == 2 and all(0.0 <= a <= 1.0 for a in method["top1"])
+        for run_dir, top1 in zip(method["run_dirs"], method["top1"], strict=True):
+            results = json.loads((Path(run_dir) / "results.json").read_text())
+            assert results["test"]["top1"] == top1  # the reported number is the engine's test result
+            assert (Path(run_dir) / "metrics.csv").is_file() and (Path(run_dir) / "learning_curve.png").is_file()
+    assert 0.0 <= summary["knn_random"] <= 1.0 and 0.0 <= summary["knn_pretrained"] <= 1.0
+    weights = Path(summary["pretrain_dir"]) / "pretrained.pth.tar"
+    report = load_pretrained(create_backbone("small_cnn", verbose=False), weights)
+    assert report.layout == "backbone" and len(report.loaded) == report.total
+    markdown = (output / "summary.md").read_text()
+    assert "| CE-tuning |" in markdown and "| Core-tuning |" in markdown
+    out = capsys.readouterr().out
+    assert "Core-tuning" in out and str(output / "summary.md") in out.replace("\n", "")

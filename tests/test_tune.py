@@ -1,0 +1,125 @@
+"""``coretune tune``: an Optuna study over η and α, selected on a validation split, resumable."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import coretune.tune as tune_module
+from coretune.cli import main
+from coretune.engine import read_metrics
+from coretune.tune import TrialFailed, final_val_top1, tune
+
+pytest.importorskip("optuna")
+
+TINY_FIT = [
+    "--model.backbone=small_cnn",
+    "--data.image_size=16",
+    "--data.batch_size=8",
+    "--trainer.max_epochs=1",
+    "--trainer.enable_model_summary=false",
+]
+
+
+def finish(run_dir: Path, val_top1: list[float]) -> None:
+    """A finished run directory as coretune fit leaves it: metrics.csv and results.json with test results."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rows = "".join(f"{epoch},{value}\n" for epoch, value in enumerate(val_top1))
+    (run_dir / "metrics.csv").write_text("epoch,val/top1\n" + rows)
+    (run_dir / "results.json").write_text(json.dumps({"test": {"top1": 0.5}}))
+
+
+def test_refuses_to_select_on_the_test_split(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^--val_fraction must lie in \(0, 1\) \(got 0.0\): tuning selects on a"):
+        tune(["--data.root=x"], output=tmp_path, val_fraction=0.0)
+    with pytest.raises(SystemExit, match=r"never on the test split"):
+        main(["tune", f"--output={tmp_path}", "--val_fraction=0", "--", "--data.root=x"])
+    with pytest.raises(ValueError, match=r"^remove --data.val_fraction from the fit arguments"):
+        tune(["--data.val_fraction=0"], output=tmp_path)
+    with pytest.raises(
+        ValueError,
+        match=r"^--objective 'ce' has no eta and alpha to tune; choose one of ce_con, ce_con_mixh, ce_mix, core$",
+    ):
+        tune([], output=tmp_path, objective="ce")
+    assert not (tmp_path / "study.db").exists()
+
+
+def test_final_val_top1_is_the_last_validated_epoch(tmp_path: Path) -> None:
+    (tmp_path / "metrics.csv").write_text("epoch,val/top1\n0,0.7\n1,0.9\n2,0.8\n3,\n")
+    assert final_val_top1(tmp_path / "metrics.csv") == 0.8  # final (not best) validated epoch
+    (tmp_path / "metrics.csv").write_text("epoch,val/top1\n0,\n")
+    with pytest.raises(TrialFailed, match="has no val/top1: validation never ran"):
+        final_val_top1(tmp_path / "metrics.csv")
+
+
+def test_grid_trials_run_fit_on_a_validation_split_and_write_best_yaml(image_tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "tune"
+    finish(out / "trials" / "eta0.1_alpha1", [0.2, 0.0])  # one grid point was finished earlier (resumed)
+    main(["tune", f"--output={out}", "--eta", "0.1", "1", "--alpha", "1", "--", f"--data.root={image_tree}", *TINY_FIT])
+
+    real = out / "trials" / "eta1_alpha1"  # the other point ran coretune fit
+    config = yaml.safe_load((real / "config.yaml").read_text())
+    assert config["data"]["val_fraction"] == 0.2
+    assert config["objective"]["init_args"]["eta"] == 1.0 and config["objective"]["init_args"]["alpha"] == 1.0
+    assert json.loads((real / "results.json").read_text())["test"]["top1"] >= 0
+    real_value = float(read_metrics(real / "metrics.csv")[-1]["val/top1"])
+
+    trials = {r["run_dir"]: r for r in csv.DictReader((out / "trials.csv").open())}
+    assert {Path(d).name for d in trials} == {"eta0.1_alpha1", "eta1_alpha1"}
+    assert float(trials[str(real)]["final_val_top1"]) == pytest.approx(real_value)
+    assert float(trials[str(out / "trials" / "eta0.1_alpha1")]["final_val_top1"]) == 0.0
+    best = yaml.safe_load((out / "best.yaml").read_text())["objective"]
+    assert best["class_path"] == "coretune.objectives.core.CoreTuning" and best["init_args"]["alpha"] == 1.0
+    assert best["init_args"]["eta"] == 1.0 if real_value > 0 else best["init_args"]["eta"] in (0.1, 1.0)  # a tie
+    assert (out / "study.db").is_file()
+
+
+def test_resume_keeps_finished_trials_and_retries_failed_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    launched: list[str] = []
+    broken = {"eta10_alpha0.5"}
+
+    def fake_fit(args: list[str], run_dir: Path) -> int:
+        launched.append(run_dir.name)
+        assert "--data.val_fraction=0.3" in args and "--objective" in args
+        if run_dir.name in broken:
+            return 1
+        finish(run_dir, [0.1, 0.3 if run_dir.name.startswith("eta1_") else 0.6])
+        return 0
+
+    monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
+    grid = {"eta": [1.0, 10.0], "alpha": [0.5], "val_fraction": 0.3, "output": tmp_path}
+    study = tune(["--data.root=x"], objective="ce_con", **grid)
+    assert sorted(launched) == ["eta10_alpha0.5", "eta1_alpha0.5"]
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
+    best = yaml.safe_load((tmp_path / "best.yaml").read_text())["objective"]["init_args"]
+    assert best == {"focal": False, "mixing": "none", "eta": 1.0, "alpha": 0.5}  # the ce_con preset is kept
+
+    launched.clear()
+    broken.clear()
+    study = tune(["--data.root=x"], objective="ce_con", **grid)  # resume: only the failed point runs again
+    assert launched == ["eta10_alpha0.5"]
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE", "FAIL"]
+    assert yaml.safe_load((tmp_path / "best.yaml").read_text())["objective"]["init_args"]["eta"] == 10.0
+
+    launched.clear()
+    assert len(tune(["--data.root=x"], objective="ce_con", **grid).trials) == 3 and launched == []  # complete
+    with pytest.raises(ValueError, match="was run on another grid"):
+        tune(["--data.root=x"], objective="ce_con", **{**grid, "alpha": [0.5, 2.0]})
+
+
+def test_tpe_sampler_stops_at_n_trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_fit(args: list[str], run_dir: Path) -> int:
+        eta = float(next(a for a in args if a.startswith("--objective.eta=")).partition("=")[2])
+        finish(run_dir, [1 / (1 + abs(eta - 1))])
+        return 0
+
+    monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
+    study = tune([], output=tmp_path, sampler="tpe", n_trials=3)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
+    assert all(0.1 <= t.params["eta"] <= 10 and 0.1 <= t.params["alpha"] <= 10 for t in study.trials)
+    assert sorted(p.name for p in (tmp_path / "trials").iterdir()) == ["trial0000", "trial0001", "trial0002"]
+    assert len(tune([], output=tmp_path, sampler="tpe", n_trials=4).trials) == 4  # resumed: one more

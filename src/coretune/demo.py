@@ -15,10 +15,14 @@ On scikit-learn's handwritten digits (1,797 real 8×8 images shipped with scikit
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import shutil
 import statistics
 import time
+import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +101,29 @@ def write_digits(root: str | Path, test_fraction: float = 0.2, seed: int = 0, pe
     return root
 
 
+@contextlib.contextmanager
+def _demo_environment(num_threads: int | None) -> Iterator[None]:
+    """torch CPU threads set to ``num_threads``, Lightning's per-run info messages and a known deprecation
+    notice of Lightning silenced; all restored on exit."""
+    import torch
+
+    previous_threads = torch.get_num_threads()
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    try:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        for logger in loggers:
+            logger.setLevel(logging.WARNING)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+            yield
+    finally:
+        torch.set_num_threads(previous_threads)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def _fresh(run_dir: Path) -> Path:
     """Remove a previous demo run of the same name so its checkpoints and metrics do not mix in."""
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -144,10 +171,7 @@ def run_demo(
             f"{finetune_epochs}"
         )
     start = time.perf_counter()
-    previous_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
+    with _demo_environment(num_threads):
         console = Console()
         output = Path(output)
         data_dir = write_digits(output / "data", per_class=FAST_PER_CLASS if fast else None)
@@ -194,8 +218,6 @@ def run_demo(
         )  # fmt: skip
         _report(demo, console)
         return demo
-    finally:
-        torch.set_num_threads(previous_threads)
 
 
 def _pretrain(images: Path, run_dir: Path, epochs: int, image_size: int, trainer_options: dict[str, Any]) -> str:

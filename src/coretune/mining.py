@@ -63,7 +63,8 @@ def beta_draws(
 def _pair_indices(features: Tensor, labels: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
     b = labels.numel()
     with torch.autocast(device_type=features.device.type, enabled=False):  # bf16 similarities would tie
-        z = F.normalize(features.detach().float(), dim=1)
+        dtype = torch.float64 if features.dtype == torch.float64 else torch.float32
+        z = F.normalize(features.detach().to(dtype), dim=1)
         # GEMM rounding differs between output columns, so duplicated rows are given one shared column:
         # exact ties then stay ties and resolve to the lowest index.
         unique, inverse = torch.unique(z, dim=0, return_inverse=True)

@@ -62,7 +62,8 @@ def plot_learning_curves(metrics_csv: str | Path, out_png: str | Path) -> None:
     ax_acc.set(xlabel="epoch", ylabel="top-1 (%)", title="accuracy")
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.lines:  # a pre-training run logs no accuracy
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out_png, dpi=100)
     plt.close(fig)

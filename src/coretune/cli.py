@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import yaml
 from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningCLI
 
@@ -54,14 +55,34 @@ def _cli_value(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def _translate_config(path: str) -> str:
+    """A ``--config`` value whose ``objective`` names a registered objective (``objective: core`` or
+    ``objective: {class_path: ce_con, init_args: {...}}``), rewritten as the YAML text of the same config with the
+    class path and the preset's settings (the file's own ``init_args`` win). Other configs pass through."""
+    file = Path(path)
+    if not file.is_file():
+        return path
+    config = yaml.safe_load(file.read_text())
+    spec = config.get("objective") if isinstance(config, dict) else None
+    name = spec if isinstance(spec, str) else spec.get("class_path") if isinstance(spec, dict) else None
+    if not isinstance(name, str) or name not in objectives.available():
+        return path
+    cls, preset = objectives.get(name)
+    init_args = {**preset, **(spec.get("init_args") or {} if isinstance(spec, dict) else {})}
+    config["objective"] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init_args}
+    return yaml.safe_dump(config, sort_keys=False)
+
+
 def translate_args(args: list[str]) -> list[str]:
-    """Rewrite the friendly aliases: ``--objective NAME`` (registry names and Table 2 presets), ``--seed N``,
-    ``--run_dir DIR``."""
+    """Rewrite the friendly aliases: ``--objective NAME`` (registry names and Table 2 presets, also inside
+    ``--config`` files), ``--seed N``."""
     out: list[str] = []
     it = iter(args)
     for arg in it:
         key, eq, value = arg.partition("=")
-        if key in ("--objective", "--objective.help"):
+        if key in ("--config", "-c"):
+            out.append(f"--config={_translate_config(value if eq else next(it, ''))}")
+        elif key in ("--objective", "--objective.help"):
             value = value if eq else next(it, "")
             class_path, preset = _objective_class_path(value)
             out.append(f"{key}={class_path}")

@@ -185,7 +185,8 @@ def run_demo(
             "num_threads": torch.get_num_threads(),
         }
         trainer_options = {"enable_model_summary": False, "enable_progress_bar": progress}
-        console.rule(f"[bold]1/3 SimCLR pre-training of {BACKBONE} on {data_dir / 'train'} (labels unused)")
+        console.print(f"data: {data_dir}/{{train,test}}/<digit>/*.png (scikit-learn's digits, 20% held out)")
+        console.rule(f"[bold]1/3 SimCLR pre-training of {BACKBONE}, labels unused")
         pretrain_dir = output / "pretrain"
         t0 = time.perf_counter()
         weights = _pretrain(data_dir / "train", pretrain_dir, pretrain_epochs, image_size, trainer_options)
@@ -224,7 +225,7 @@ def _pretrain(images: Path, run_dir: Path, epochs: int, image_size: int, trainer
     """SimCLR on the unlabelled ``images``; returns the exported encoder checkpoint."""
     import lightning as L
 
-    from .pretrain import PRETRAINED_FILENAME, PretrainData, SimCLR, pretrain_callbacks
+    from .pretrain import PRETRAINED_FILENAME, PretrainData, SimCLR, make_pretrain_trainer
 
     L.seed_everything(0, verbose=False)
     _fresh(run_dir)
@@ -234,11 +235,7 @@ def _pretrain(images: Path, run_dir: Path, epochs: int, image_size: int, trainer
         str(images), image_size=image_size, batch_size=256, crop_scale=(0.3, 1.0), flip_p=0.0, hue=0.0,
         cache_images=True,
     )  # fmt: skip
-    trainer = L.Trainer(
-        default_root_dir=str(run_dir), max_epochs=epochs, logger=False, callbacks=pretrain_callbacks(run_dir),
-        **trainer_options,
-    )  # fmt: skip
-    trainer.fit(model, data)
+    make_pretrain_trainer(run_dir, max_epochs=epochs, **trainer_options).fit(model, data)
     return str(run_dir / PRETRAINED_FILENAME)
 
 

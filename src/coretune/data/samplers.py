@@ -99,7 +99,7 @@ class SeededItems(Dataset):
     def __getitem__(self, key: tuple[int, int]) -> Any:
         index, seed = key
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            torch.default_generator.manual_seed(seed)  # CPU only: torch.manual_seed also reseeds CUDA, slowly
             return self.base[index]
 
 

@@ -9,6 +9,7 @@ from .module import (
     ExportPretrained,
     MoCoV2,
     SimCLR,
+    make_pretrain_trainer,
     pretrain_callbacks,
 )
 
@@ -21,6 +22,7 @@ __all__ = [
     "MoCoV2",
     "PretrainData",
     "SimCLR",
+    "make_pretrain_trainer",
     "moco_infonce",
     "nt_xent",
     "pretrain_callbacks",

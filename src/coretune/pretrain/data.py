@@ -12,6 +12,8 @@ from torchvision.transforms import v2
 
 from ..data import IMAGENET_MEAN, IMAGENET_STD, DataError, ImageFileDataset
 from ..data.datasets import OnBadImage
+from ..data.samplers import EpochShuffleSampler, ResumableLoader, SeededItems
+from ..distributed import rank, world_size
 from .augment import BatchAugment
 
 __all__ = ["PretrainData"]
@@ -100,15 +102,17 @@ class PretrainData(L.LightningDataModule):
             self.train_dataset = files
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled (seeded); the last incomplete batch is dropped when there are two or more batches."""
+        """Shuffled in an order fixed by ``(seed, epoch)`` that resumes mid-epoch exactly, sharded across
+        processes under ``torch.distributed``; the last incomplete batch is dropped when there are 2+ batches."""
         self.setup()
         assert self.train_dataset is not None
-        return DataLoader(
-            self.train_dataset,
+        n, processes = len(self.train_dataset), world_size()
+        drop_last = n > self.batch_size * processes
+        return ResumableLoader(
+            SeededItems(self.train_dataset),
             batch_size=self.batch_size,
-            shuffle=True,
-            generator=torch.Generator().manual_seed(self.seed),
-            drop_last=len(self.train_dataset) > self.batch_size,
+            sampler=EpochShuffleSampler(n, self.seed, self.batch_size, processes, rank(), drop_last),
+            drop_last=drop_last,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )

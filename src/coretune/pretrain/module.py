@@ -23,7 +23,16 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 
-from ..engine import NonFiniteLossError, RunArtifacts, atomic_torch_save, build_optimizer, lr_factor
+from ..engine import (
+    AtomicCheckpointIO,
+    NonFiniteLossError,
+    RunArtifacts,
+    StopOnSignal,
+    atomic_torch_save,
+    build_optimizer,
+    default_precision,
+    lr_factor,
+)
 from ..engine.optim import OptimizerName, Schedule
 from ..heads import ProjectionHead
 from ..models import create_backbone
@@ -35,6 +44,7 @@ __all__ = [
     "ExportPretrained",
     "MoCoV2",
     "SimCLR",
+    "make_pretrain_trainer",
     "pretrain_callbacks",
 ]
 
@@ -143,7 +153,8 @@ class ContrastivePretrainer(L.LightningModule):
 class SimCLR(ContrastivePretrainer):
     """SimCLR: NT-Xent over the ``2N`` projections of both views of a batch (Chen et al., ICML 2020, Alg. 1).
 
-    Both views go through the encoder in one batch. Defaults follow the small-image recipe of the shared
+    Both views go through the encoder in one batch; under DDP the negatives are those of each process's batch.
+    Defaults follow the small-image recipe of the shared
     ``simclr_resnet18_in20_64px`` checkpoint (τ = 0.2, Adam lr 1e-3, weight decay 1e-6, cosine decay).
     """
 
@@ -197,12 +208,14 @@ class MoCoV2(ContrastivePretrainer):
 
     Batch-norm shuffling (Shuffle BN) is simulated on one device as in MoCo's CIFAR demo: the keys are
     computed in ``bn_splits`` sub-batches of a random permutation, so a query and its key never share batch
-    statistics.
+    statistics (per process under DDP). With several processes every one enqueues the keys of the global batch,
+    as MoCo's ``concat_all_gather`` does.
 
     Args:
         queue_size: number of queued negative keys ``K`` (65536 in the paper for ImageNet; keep it below the
             number of training images).
-        key_momentum: momentum ``m`` of the key encoder update ``θ_k ← m θ_k + (1 - m) θ_q``.
+        key_momentum: momentum ``m`` of the key encoder update ``θ_k ← m θ_k + (1 - m) θ_q`` (0.999 in the paper
+            for ImageNet; the default 0.99, as in MoCo's CIFAR demo, suits short runs).
         bn_splits: number of sub-batches of the key forward pass (1: no Shuffle BN).
     """
 
@@ -280,6 +293,8 @@ class MoCoV2(ContrastivePretrainer):
         q = self.embed(view1)
         k = self.keys(view2)
         loss = moco_infonce(q, k, self.queue.queue.clone(), self.hparams.temperature)
+        if self._trainer is not None and self.trainer.world_size > 1:  # every process enqueues the global batch
+            k = self.all_gather(k).reshape(-1, k.shape[1])
         self.queue.enqueue(k)
         return loss
 
@@ -319,12 +334,24 @@ class ExportPretrained(Callback):
 
 
 def pretrain_callbacks(run_dir: str | Path | None = None) -> list[Callback]:
-    """The last Lightning checkpoint (to resume), the exported encoder and ``metrics.csv``/``results.json``/learning
-    curve; ``run_dir`` None means the trainer's ``default_root_dir``. (Lightning adds its rich progress bar unless
-    ``enable_progress_bar=False``.)"""
+    """``checkpoints/last.ckpt`` (every epoch, to resume), the exported encoder, ``metrics.csv``/``results.json``/
+    learning curve, and a resumable stop on SIGTERM/SIGINT; ``run_dir`` None means the trainer's
+    ``default_root_dir``. (Lightning adds its rich progress bar unless ``enable_progress_bar=False``.)"""
     root = Path(run_dir) if run_dir is not None else None
     return [
-        ModelCheckpoint(dirpath=root / "checkpoints" if root else None, save_last=True, save_top_k=0),
+        ModelCheckpoint(dirpath=root / "checkpoints" if root else None, filename="last", enable_version_counter=False),
         ExportPretrained(root / PRETRAINED_FILENAME if root else None),
         RunArtifacts(run_dir),
+        StopOnSignal(),
     ]
+
+
+def make_pretrain_trainer(run_dir: str | Path, **kwargs: Any) -> L.Trainer:
+    """A ``Trainer`` for pre-training into ``run_dir``, set up as ``coretune pretrain`` does: native-bf16
+    precision where available (:func:`~coretune.engine.default_precision`), atomic checkpoints and
+    :func:`pretrain_callbacks` (``kwargs`` go to ``lightning.Trainer``; extra ``callbacks`` are appended)."""
+    kwargs.setdefault("precision", default_precision())
+    kwargs.setdefault("logger", False)
+    kwargs.setdefault("plugins", [AtomicCheckpointIO()])
+    kwargs["callbacks"] = pretrain_callbacks(run_dir) + list(kwargs.get("callbacks") or [])
+    return L.Trainer(default_root_dir=str(run_dir), **kwargs)

@@ -25,7 +25,7 @@ from coretune.data import (
     eval_transform,
     train_transform,
 )
-from coretune.data.transforms import eval_resize_size
+from coretune.data.transforms import eval_resize_size, train_draft_size
 
 # One constant colour per class index, so a loaded tensor tells which class folder it came from.
 CLASS_COLOURS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200)]
@@ -353,6 +353,8 @@ def test_class_names_differ_between_train_and_val(make_tree: MakeTree) -> None:
         ("val_fraction", -0.1, r"val_fraction must be in \[0, 1\)"),
         ("num_workers", -1, r"num_workers must be >= 0, got -1"),
         ("rotation", -5.0, r"rotation must be in \[0, 180\] degrees"),
+        ("crop_scale", (0.6, 0.5), r"crop_scale must be \(low, high\) with 0 < low <= high <= 1, got \(0.6, 0.5\)"),
+        ("crop_scale", (0.0, 1.0), r"crop_scale must be"),
         ("std", (1.0, 0.0, 1.0), r"std values must be > 0"),
         ("dataset", "imagenet", r"dataset must be one of \['imagefolder', 'cifar10', 'cifar100'\]"),
         ("on_bad_image", "ignore", r"on_bad_image must be 'error' or 'skip', got 'ignore'"),
@@ -429,6 +431,17 @@ def test_train_transform_upsamples_small_images_and_flips() -> None:
     assert all(o.shape == (3, 48, 48) for o in outs)
     left_bright = [bool(o[0, :, :8].mean() > o[0, :, -8:].mean()) for o in outs]
     assert 0 < sum(left_bright) < 40  # some flipped, some not
+
+
+def test_crop_scale_and_hflip_options() -> None:
+    half = np.zeros((16, 16, 3), dtype=np.uint8)
+    half[:, 8:] = 255  # right half white
+    torch.manual_seed(0)
+    no_flip = train_transform(16, **IDENTITY, crop_scale=(1.0, 1.0), hflip=False)
+    outs = [no_flip(Image.fromarray(half)) for _ in range(20)]
+    # the full-area crop keeps the whole image (up to the aspect-ratio jitter), and nothing is ever mirrored
+    assert all(bool(o[0, :, :4].mean() < o[0, :, -4:].mean()) for o in outs)
+    assert train_draft_size(64, (0.5, 1.0)) < train_draft_size(64)  # less zoom, smaller decode
 
 
 def test_rotation_fills_uncovered_corners_with_the_mean_colour() -> None:

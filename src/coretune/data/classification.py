@@ -70,6 +70,9 @@ class ImageClassificationData(L.LightningDataModule):
         mean: Per-channel normalisation mean (RGB, in [0, 1]) of the pre-trained model.
         std: Per-channel normalisation standard deviation (RGB) of the pre-trained model.
         rotation: Maximum random rotation in degrees added to training augmentation (0: none).
+        crop_scale: Range of the image area the training random-resized crop covers (the paper's (0.08, 1.0);
+            raise the lower end for small or centred images, e.g. (0.5, 1.0)).
+        hflip: Random horizontal flips in training augmentation (turn off for digits, text, …).
         on_bad_image: Unreadable image files: "error" stops at the first with its path; "skip" decodes every
             file at setup, leaves the bad ones out and warns once.
         pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies).
@@ -92,6 +95,8 @@ class ImageClassificationData(L.LightningDataModule):
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
         rotation: float = 0.0,
+        crop_scale: tuple[float, float] = (0.08, 1.0),
+        hflip: bool = True,
         on_bad_image: OnBadImage = "error",
         pin_memory: bool = False,
     ) -> None:
@@ -99,7 +104,7 @@ class ImageClassificationData(L.LightningDataModule):
         _check_options(
             dataset=dataset, on_bad_image=on_bad_image, image_size=image_size, batch_size=batch_size,
             eval_batch_size=eval_batch_size, num_workers=num_workers, label_fraction=label_fraction,
-            val_fraction=val_fraction, rotation=rotation, mean=mean, std=std,
+            val_fraction=val_fraction, rotation=rotation, crop_scale=crop_scale, mean=mean, std=std,
         )  # fmt: skip
         self.save_hyperparameters()
         self.root, self.train_dir, self.val_dir, self.test_dir = root, train_dir, val_dir, test_dir
@@ -109,7 +114,8 @@ class ImageClassificationData(L.LightningDataModule):
         self.label_fraction, self.val_fraction, self.seed = label_fraction, val_fraction, seed
         self.mean, self.std, self.rotation = tuple(mean), tuple(std), rotation
         self.on_bad_image, self.pin_memory = on_bad_image, pin_memory
-        self.train_transform = train_transform(image_size, self.mean, self.std, rotation)
+        self.crop_scale, self.hflip = (float(crop_scale[0]), float(crop_scale[1])), hflip
+        self.train_transform = train_transform(image_size, self.mean, self.std, rotation, self.crop_scale, hflip)
         self.eval_transform = eval_transform(image_size, self.mean, self.std)
         self.train_dataset: LabeledImageDataset | None = None
         self.val_dataset: LabeledImageDataset | None = None
@@ -136,7 +142,9 @@ class ImageClassificationData(L.LightningDataModule):
             train, test = train.subset(fit_idx), _first(held_test, held_val)
         else:
             val, test = _first(held_val, held_test), _first(held_test, held_val)
-        self.train_dataset = train.with_transform(self.train_transform, train_draft_size(self.image_size))
+        self.train_dataset = train.with_transform(
+            self.train_transform, train_draft_size(self.image_size, self.crop_scale)
+        )
         eval_draft = eval_draft_size(self.image_size)
         self.val_dataset = val.with_transform(self.eval_transform, eval_draft) if val is not None else None
         self.test_dataset = test.with_transform(self.eval_transform, eval_draft) if test is not None else None
@@ -298,6 +306,7 @@ def _check_options(
     label_fraction: float,
     val_fraction: float,
     rotation: float,
+    crop_scale: tuple[float, float],
     mean: tuple[float, ...],
     std: tuple[float, ...],
 ) -> None:
@@ -317,6 +326,8 @@ def _check_options(
         (0 <= val_fraction < 1,
          f"val_fraction must be in [0, 1) (0 validates on the val/ or test/ folder), got {val_fraction}"),
         (0 <= rotation <= 180, f"rotation must be in [0, 180] degrees (0: none), got {rotation}"),
+        (len(crop_scale) == 2 and 0 < crop_scale[0] <= crop_scale[1] <= 1,
+         f"crop_scale must be (low, high) with 0 < low <= high <= 1, got {crop_scale}"),
         (len(mean) == 3 and len(std) == 3, f"mean and std need 3 values (R, G, B), got {mean} and {std}"),
         (all(v > 0 for v in std), f"std values must be > 0, got {std}"),
     ]  # fmt: skip

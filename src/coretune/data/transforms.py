@@ -40,16 +40,20 @@ def train_transform(
     mean: tuple[float, float, float] = IMAGENET_MEAN,
     std: tuple[float, float, float] = IMAGENET_STD,
     rotation: float = 0.0,
+    crop_scale: tuple[float, float] = _CROP_SCALE,
+    hflip: bool = True,
 ) -> v2.Compose:
     """PIL RGB image → normalised float tensor (3, image_size, image_size) with training augmentation.
 
-    ``rotation`` > 0 adds a rotation by a uniform angle in [-rotation, rotation] degrees after the crop; the
-    corners it uncovers are filled with the mean colour, i.e. zero after normalisation.
+    A random resized crop covering ``crop_scale`` of the image area (the paper's 8–100% by default), a horizontal
+    flip if ``hflip``, and with ``rotation`` > 0 a rotation by a uniform angle in [-rotation, rotation] degrees
+    after the crop; the corners it uncovers are filled with the mean colour, i.e. zero after normalisation.
     """
     steps: list[v2.Transform] = [
-        v2.RandomResizedCrop(image_size, scale=_CROP_SCALE, ratio=_CROP_RATIO, antialias=True),
-        v2.RandomHorizontalFlip(),
+        v2.RandomResizedCrop(image_size, scale=tuple(crop_scale), ratio=_CROP_RATIO, antialias=True),
     ]
+    if hflip:
+        steps.append(v2.RandomHorizontalFlip())
     if rotation > 0:
         steps.append(v2.RandomRotation(rotation, fill=tuple(round(255 * m) for m in mean)))
     return v2.Compose(steps + _to_normalized_tensor(mean, std))
@@ -75,13 +79,13 @@ def eval_transform(
     )
 
 
-def train_draft_size(image_size: int) -> int:
+def train_draft_size(image_size: int, crop_scale: tuple[float, float] = _CROP_SCALE) -> int:
     """JPEG draft size for :func:`train_transform`: the narrowest random crop keeps >= ``image_size`` pixels.
 
     The narrowest crop is ``sqrt(scale_min · ratio_min) ≈ 0.245`` of the shorter side, so the image's shorter
     side must stay >= ``image_size / 0.245`` (915 px at 224): only larger photos are decoded at reduced scale.
     """
-    return math.ceil(image_size / math.sqrt(_CROP_SCALE[0] * _CROP_RATIO[0]))
+    return math.ceil(image_size / math.sqrt(crop_scale[0] * _CROP_RATIO[0]))
 
 
 def eval_draft_size(image_size: int) -> int:

@@ -76,6 +76,9 @@ def test_runs_of_the_grid_and_their_fit_arguments(tmp_path: Path) -> None:
     (run.run_dir / "checkpoints").mkdir(parents=True)
     (run.run_dir / "checkpoints" / "last.ckpt").touch()
     assert fit_command(run.args, run.run_dir)[-1] == "--ckpt_path=last"  # a started run resumes
+    subset = spec.subset(objectives=["core_eta1"], seeds=[1])
+    assert [r.run_dir for r in subset.runs()] == [r.run_dir for r in runs if r.objective == "core_eta1" and r.seed == 1]
+    assert [r.args for r in subset.runs()] == [r.args for r in runs if r.objective == "core_eta1" and r.seed == 1]
 
 
 @pytest.mark.parametrize(
@@ -220,6 +223,10 @@ def test_cli_dry_run_and_aggregate_only(tmp_path: Path, capsys: pytest.CaptureFi
     assert "1 runs, 0 finished (skipped), 1 to run" in out
     assert "coretune.cli fit --trainer.enable_progress_bar=false --objective ce" in out
     assert not (tmp_path / "out").exists()
+    main(["bench", str(config), "--dry_run", "--only_objectives=[ce]", "--only_seeds=[0]"])
+    assert "1 runs, 0 finished (skipped), 1 to run" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="core, 7 not in the spec"):
+        main(["bench", str(config), "--dry_run", "--only_objectives=[core]", "--only_seeds=[7]"])
     main(["bench", str(config), "--aggregate_only"])
     assert "| ce | – |" in (tmp_path / "out" / "summary.md").read_text()
     with pytest.raises(SystemExit, match=r"^coretune bench: error: bench spec .*missing\.yaml does not exist$"):

@@ -360,6 +360,7 @@ def test_bf16_features_mix_in_bf16() -> None:
         ({"labels": torch.tensor([0, 1, 3])}, r"labels must lie in \[0, 3\)"),
         ({"labels": torch.tensor([0, 1])}, "2 labels for 3 feature rows"),
         ({"features": torch.zeros(3)}, r"features must be \(B, d\)"),
+        ({"features": torch.zeros(0, 2), "labels": torch.zeros(0, dtype=torch.long)}, "empty batch"),
     ],
 )
 def test_bad_arguments_raise(kwargs: dict, message: str) -> None:

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -231,6 +231,21 @@ class BenchSpec:
                         run_dir = self.output / dataset / entry.name / f"frac{fraction:g}" / f"seed{seed}"
                         runs.append(Run(dataset, entry.name, fraction, seed, run_dir, args))
         return runs
+
+    def subset(self, objectives: Sequence[str] | None = None, seeds: Sequence[int] | None = None) -> BenchSpec:
+        """The same grid restricted to some objective names and seeds (e.g. the main comparison's seeds first)."""
+        names = [e.name for e in self.objectives]
+        unknown = sorted(set(objectives or ()) - set(names)) + sorted(set(seeds or ()) - set(self.seeds))
+        if unknown:
+            raise BenchSpecError(
+                f"{', '.join(map(str, unknown))} not in the spec {self.name!r} (objectives: {', '.join(names)}; "
+                f"seeds: {', '.join(map(str, self.seeds))})"
+            )
+        return replace(
+            self,
+            objectives=tuple(e for e in self.objectives if objectives is None or e.name in objectives),
+            seeds=tuple(s for s in self.seeds if seeds is None or s in seeds),
+        )
 
 
 def _parse_args(value: Any, what: str, fail: Any) -> tuple[str, ...]:
@@ -675,6 +690,13 @@ def _parser() -> Any:
         default=None,
         help="Concurrent fit subprocesses (default: the spec's workers). Use 1 on a 2-core CPU.",
     )
+    parser.add_argument(
+        "--only_objectives",
+        type=list[str] | None,
+        default=None,
+        help="Run only these objective names of the spec (the tables still cover the whole grid).",
+    )
+    parser.add_argument("--only_seeds", type=list[int] | None, default=None, help="Run only these seeds of the spec.")
     parser.add_argument("--dry_run", action="store_true", help="Print the fit commands of the unfinished runs.")
     parser.add_argument("--aggregate_only", action="store_true", help="Only (re)write the tables and plots.")
     return parser
@@ -690,7 +712,8 @@ def main(args: list[str]) -> None:
     console = Console()
     report = None
     if not cfg.aggregate_only:
-        report = run_sweep(spec, workers=cfg.workers, dry_run=cfg.dry_run, console=console)
+        subset = spec.subset(cfg.only_objectives, cfg.only_seeds)
+        report = run_sweep(subset, workers=cfg.workers, dry_run=cfg.dry_run, console=console)
         if cfg.dry_run:
             return
     markdown, paths = write_summary(spec)

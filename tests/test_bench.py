@@ -203,6 +203,10 @@ def test_table2_and_table4_layouts(tmp_path: Path) -> None:
         ("core", "CE + L^f_con + mix-H (Core-tuning)"),
     ]
     assert table2.baseline == "ce" and table_layout(table2).columns == [(("tiny", 1.0), "tiny")]
+    tuned = spec_of(tmp_path, table="table2", objectives=["ce", {"name": "core", "args": ["--objective.alpha=10"]}])
+    assert tuned.runs()[1].args[-3:] == ("--objective.alpha=10", "--data.label_fraction=1.0", "--seed=0")
+    with pytest.raises(BenchSpecError, match="table2 takes the Table 2 rows only"):
+        spec_of(tmp_path, table="table2", objectives=[{"name": "core", "objective": "ce"}])
 
     table4 = spec_of(tmp_path, table="table4", label_fractions=[0.1, 0.25, 1.0], seeds=[0, 1])
     assert [label for _, label in table_layout(table4).columns] == ["10%", "25%", "100%"]
@@ -231,3 +235,9 @@ def test_cli_dry_run_and_aggregate_only(tmp_path: Path, capsys: pytest.CaptureFi
     assert "| ce | – |" in (tmp_path / "out" / "summary.md").read_text()
     with pytest.raises(SystemExit, match=r"^coretune bench: error: bench spec .*missing\.yaml does not exist$"):
         main(["bench", str(tmp_path / "missing.yaml")])
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parents[1].glob("configs/bench/*.yaml")), ids=lambda p: p.name)
+def test_shipped_bench_specs_parse(path: Path) -> None:
+    spec = BenchSpec.from_yaml(path)
+    assert spec.runs() and all("--run_dir" not in " ".join(r.args) for r in spec.runs())

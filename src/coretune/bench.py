@@ -311,9 +311,12 @@ def _parse_objectives(value: Any, table: str, fail: Any) -> tuple[ObjectiveEntry
         raise fail(f"objective names must be unique (got {names})")
     if table == "table2":
         order = [name for _, name in TABLE2_ROWS]
-        bad = [e.name for e in entries if e.name not in order or e.args or e.objective != e.name]
+        bad = [e.name for e in entries if e.name not in order or e.objective != e.name]
         if bad:
-            raise fail(f"table2 takes the Table 2 rows only ({', '.join(order)}); not {', '.join(bad)}")
+            raise fail(
+                f"table2 takes the Table 2 rows only ({', '.join(order)}; args such as a tuned "
+                f"--objective.eta are allowed); not {', '.join(bad)}"
+            )
         entries.sort(key=lambda e: order.index(e.name))
     return tuple(entries)
 

@@ -125,7 +125,7 @@ def mine_hard_pairs(
         raise ValueError("features is an empty batch (0 rows): hard pairs need at least one anchor")
     if not (0.0 <= lambda_n <= 1.0 and 0.0 <= lambda_p <= 1.0):
         raise ValueError(f"lambda_n and lambda_p must lie in [0, 1], got {lambda_n} and {lambda_p}")
-    if (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+    if int(labels.min()) < 0 or int(labels.max()) >= num_classes:
         raise ValueError(f"labels must lie in [0, {num_classes}), got [{int(labels.min())}, {int(labels.max())}]")
 
     b = labels.numel()

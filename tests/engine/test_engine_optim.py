@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from coretune.engine import build_optimizer, lr_factor
+from coretune.engine.optim import optimizer_problems
 
 
 def test_cosine_schedule_matches_formula() -> None:
@@ -39,3 +40,13 @@ def test_sgd_groups_have_their_own_lr_and_paper_settings() -> None:
     assert [g["lr"] for g in opt.param_groups] == [0.001, 0.01]
     assert all(g["nesterov"] and g["momentum"] == 0.9 and g["weight_decay"] == 1e-4 for g in opt.param_groups)
     assert isinstance(build_optimizer([([a], 0.1)], "adam"), torch.optim.Adam)
+
+
+def test_optimizer_problems_name_every_bad_setting() -> None:
+    assert optimizer_problems(lr=0.01, weight_decay=0.0, momentum=0.0, warmup_epochs=0.0) == []
+    assert optimizer_problems(lr=0.0, weight_decay=-1.0, momentum=1.0, warmup_epochs=-0.5) == [
+        "lr must be > 0 (got 0.0)",
+        "weight_decay must be >= 0 (got -1.0)",
+        "momentum must lie in [0, 1) (got 1.0)",
+        "warmup_epochs must be >= 0 (got -0.5)",
+    ]

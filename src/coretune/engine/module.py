@@ -16,7 +16,7 @@ from ..models import create_backbone, load_checkpoint_file
 from ..objectives import CETuning, Objective
 from ..objectives import get as get_objective
 from ..tasks import TASKS
-from .optim import OptimizerName, Schedule, build_optimizer, lr_factor
+from .optim import OptimizerName, Schedule, build_optimizer, lr_factor, optimizer_problems
 
 __all__ = ["FineTuner", "NonFiniteLossError", "step_seed"]
 
@@ -88,17 +88,9 @@ class FineTuner(L.LightningModule):
         task: str = "classification",
     ) -> None:
         super().__init__()
-        problems = []
-        if lr <= 0:
-            problems.append(f"lr must be > 0 (got {lr})")
+        problems = optimizer_problems(lr, weight_decay, momentum, warmup_epochs)
         if backbone_lr is not None and backbone_lr < 0:
             problems.append(f"backbone_lr must be >= 0 (got {backbone_lr})")
-        if weight_decay < 0:
-            problems.append(f"weight_decay must be >= 0 (got {weight_decay})")
-        if not 0 <= momentum < 1:
-            problems.append(f"momentum must lie in [0, 1) (got {momentum})")
-        if warmup_epochs < 0:
-            problems.append(f"warmup_epochs must be >= 0 (got {warmup_epochs})")
         if task not in TASKS:
             problems.append(f"task must be one of {', '.join(TASKS)} (got {task!r})")
         if problems:

@@ -9,10 +9,21 @@ from typing import Literal
 import torch
 from torch import nn
 
-__all__ = ["Schedule", "build_optimizer", "lr_factor"]
+__all__ = ["Schedule", "build_optimizer", "lr_factor", "optimizer_problems"]
 
 OptimizerName = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["cosine", "linear", "constant"]
+
+
+def optimizer_problems(lr: float, weight_decay: float, momentum: float, warmup_epochs: float) -> list[str]:
+    """What is wrong with these optimiser settings (one sentence each; empty when they are valid)."""
+    checks = (
+        (lr > 0, f"lr must be > 0 (got {lr})"),
+        (weight_decay >= 0, f"weight_decay must be >= 0 (got {weight_decay})"),
+        (0 <= momentum < 1, f"momentum must lie in [0, 1) (got {momentum})"),
+        (warmup_epochs >= 0, f"warmup_epochs must be >= 0 (got {warmup_epochs})"),
+    )
+    return [message for ok, message in checks if not ok]
 
 
 def build_optimizer(

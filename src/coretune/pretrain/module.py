@@ -33,7 +33,7 @@ from ..engine import (
     default_precision,
     lr_factor,
 )
-from ..engine.optim import OptimizerName, Schedule
+from ..engine.optim import OptimizerName, Schedule, optimizer_problems
 from ..heads import ProjectionHead
 from ..models import create_backbone
 from .losses import KeyQueue, moco_infonce, nt_xent
@@ -92,14 +92,7 @@ class ContrastivePretrainer(L.LightningModule):
             problems.append(f"proj_dim must be >= 1 (got {proj_dim})")
         if temperature <= 0:
             problems.append(f"temperature must be > 0 (got {temperature})")
-        if lr <= 0:
-            problems.append(f"lr must be > 0 (got {lr})")
-        if weight_decay < 0:
-            problems.append(f"weight_decay must be >= 0 (got {weight_decay})")
-        if not 0 <= momentum < 1:
-            problems.append(f"momentum must lie in [0, 1) (got {momentum})")
-        if warmup_epochs < 0:
-            problems.append(f"warmup_epochs must be >= 0 (got {warmup_epochs})")
+        problems += optimizer_problems(lr, weight_decay, momentum, warmup_epochs)
         if problems:
             raise ValueError(f"invalid {self.method} settings: " + "; ".join(problems))
         self.save_hyperparameters()
@@ -175,17 +168,17 @@ class SimCLR(ContrastivePretrainer):
         channels_last: bool = True,
     ) -> None:
         super().__init__(
-            backbone,
-            weights,
-            proj_dim,
-            temperature,
-            optimizer,
-            lr,
-            momentum,
-            weight_decay,
-            schedule,
-            warmup_epochs,
-            channels_last,
+            backbone=backbone,
+            weights=weights,
+            proj_dim=proj_dim,
+            temperature=temperature,
+            optimizer=optimizer,
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            schedule=schedule,
+            warmup_epochs=warmup_epochs,
+            channels_last=channels_last,
         )
 
     def contrastive_loss(self, view1: Tensor, view2: Tensor) -> Tensor:
@@ -248,17 +241,17 @@ class MoCoV2(ContrastivePretrainer):
         if problems:
             raise ValueError(f"invalid {self.method} settings: " + "; ".join(problems))
         super().__init__(
-            backbone,
-            weights,
-            proj_dim,
-            temperature,
-            optimizer,
-            lr,
-            momentum,
-            weight_decay,
-            schedule,
-            warmup_epochs,
-            channels_last,
+            backbone=backbone,
+            weights=weights,
+            proj_dim=proj_dim,
+            temperature=temperature,
+            optimizer=optimizer,
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            schedule=schedule,
+            warmup_epochs=warmup_epochs,
+            channels_last=channels_last,
         )
         self.momentum_backbone = copy.deepcopy(self.backbone).requires_grad_(False)
         self.momentum_projector = copy.deepcopy(self.projector).requires_grad_(False)

@@ -82,8 +82,9 @@ def eval_transform(
 def train_draft_size(image_size: int, crop_scale: tuple[float, float] = _CROP_SCALE) -> int:
     """JPEG draft size for :func:`train_transform`: the narrowest random crop keeps >= ``image_size`` pixels.
 
-    The narrowest crop is ``sqrt(scale_min · ratio_min) ≈ 0.245`` of the shorter side, so the image's shorter
-    side must stay >= ``image_size / 0.245`` (915 px at 224): only larger photos are decoded at reduced scale.
+    The narrowest crop is ``sqrt(crop_scale[0] · ratio_min)`` of the shorter side (≈ 0.245 for the paper's 8%), so
+    the image's shorter side must stay >= ``image_size / 0.245`` (915 px at 224): only larger photos are decoded
+    at reduced scale.
     """
     return math.ceil(image_size / math.sqrt(crop_scale[0] * _CROP_RATIO[0]))
 

@@ -11,6 +11,7 @@ from .module import (
     SimCLR,
     make_pretrain_trainer,
     pretrain_callbacks,
+    pretrain_trainer_defaults,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "moco_infonce",
     "nt_xent",
     "pretrain_callbacks",
+    "pretrain_trainer_defaults",
 ]

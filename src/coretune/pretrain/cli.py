@@ -13,10 +13,8 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 
-from ..engine import default_precision
-from ..engine.checkpoint_io import AtomicCheckpointIO
 from .data import PretrainData
-from .module import PRETRAINED_FILENAME, ContrastivePretrainer, MoCoV2, SimCLR, pretrain_callbacks
+from .module import PRETRAINED_FILENAME, ContrastivePretrainer, MoCoV2, SimCLR, pretrain_trainer_defaults
 
 __all__ = ["METHODS", "PretrainCLI", "run", "translate_args"]
 
@@ -100,12 +98,7 @@ def run(args: list[str]) -> None:
         args=["fit", *translate_args(args)],
         subclass_mode_model=True,
         seed_everything_default=0,
-        trainer_defaults={
-            "precision": default_precision(),
-            "logger": False,
-            "plugins": [AtomicCheckpointIO()],
-            "callbacks": pretrain_callbacks(None),
-        },
+        trainer_defaults=pretrain_trainer_defaults(),
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"fit": {"default_env": False}},
         auto_configure_optimizers=False,

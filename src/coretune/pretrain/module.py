@@ -46,6 +46,7 @@ __all__ = [
     "SimCLR",
     "make_pretrain_trainer",
     "pretrain_callbacks",
+    "pretrain_trainer_defaults",
 ]
 
 PRETRAINED_FILENAME = "pretrained.pth.tar"
@@ -147,8 +148,8 @@ class SimCLR(ContrastivePretrainer):
     """SimCLR: NT-Xent over the ``2N`` projections of both views of a batch (Chen et al., ICML 2020, Alg. 1).
 
     Both views go through the encoder in one batch; under DDP the negatives are those of each process's batch.
-    Defaults follow the small-image recipe of the shared
-    ``simclr_resnet18_in20_64px`` checkpoint (τ = 0.2, Adam lr 1e-3, weight decay 1e-6, cosine decay).
+    Defaults follow the small-image recipe of the shared ``simclr_resnet18_in20_64px`` checkpoint (τ = 0.2, Adam lr
+    1e-3, weight decay 1e-6, cosine decay).
     """
 
     method = "simclr"
@@ -339,12 +340,20 @@ def pretrain_callbacks(run_dir: str | Path | None = None) -> list[Callback]:
     ]
 
 
+def pretrain_trainer_defaults(run_dir: str | Path | None = None) -> dict[str, Any]:
+    """``lightning.Trainer`` settings of pre-training: native-bf16 precision where available
+    (:func:`~coretune.engine.default_precision`), no logger, atomic checkpoints and :func:`pretrain_callbacks`."""
+    return {
+        "precision": default_precision(),
+        "logger": False,
+        "plugins": [AtomicCheckpointIO()],
+        "callbacks": pretrain_callbacks(run_dir),
+    }
+
+
 def make_pretrain_trainer(run_dir: str | Path, **kwargs: Any) -> L.Trainer:
-    """A ``Trainer`` for pre-training into ``run_dir``, set up as ``coretune pretrain`` does: native-bf16
-    precision where available (:func:`~coretune.engine.default_precision`), atomic checkpoints and
-    :func:`pretrain_callbacks` (``kwargs`` go to ``lightning.Trainer``; extra ``callbacks`` are appended)."""
-    kwargs.setdefault("precision", default_precision())
-    kwargs.setdefault("logger", False)
-    kwargs.setdefault("plugins", [AtomicCheckpointIO()])
-    kwargs["callbacks"] = pretrain_callbacks(run_dir) + list(kwargs.get("callbacks") or [])
-    return L.Trainer(default_root_dir=str(run_dir), **kwargs)
+    """A ``Trainer`` for pre-training into ``run_dir``, set up as ``coretune pretrain`` does
+    (:func:`pretrain_trainer_defaults`; ``kwargs`` override them, extra ``callbacks`` are appended)."""
+    settings = pretrain_trainer_defaults(run_dir)
+    settings["callbacks"] += list(kwargs.pop("callbacks", None) or [])
+    return L.Trainer(default_root_dir=str(run_dir), **(settings | kwargs))

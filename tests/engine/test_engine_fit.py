@@ -139,20 +139,32 @@ class _StopAfterFirstEpoch(L.Callback):
         trainer.should_stop = True
 
 
-def _run(tree: Path, run_dir: Path, callbacks: list[L.Callback], ckpt_path: str | None = None) -> FineTuner:
+def _run(
+    tree: Path, run_dir: Path, callbacks: list[L.Callback], ckpt_path: str | None = None, val_every: int = 1
+) -> FineTuner:
     L.seed_everything(3)
     data = ImageClassificationData(root=str(tree), image_size=32, batch_size=8, seed=3)
     model = FineTuner(create("core"), backbone="small_cnn")
-    trainer = make_trainer(run_dir, progress=False, max_epochs=3, callbacks=callbacks, enable_model_summary=False)
+    trainer = make_trainer(
+        run_dir,
+        progress=False,
+        max_epochs=3,
+        check_val_every_n_epoch=val_every,
+        callbacks=callbacks,
+        enable_model_summary=False,
+    )
     trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
     return model
 
 
-def test_resume_repeats_the_uninterrupted_run(image_tree: Path, tmp_path: Path) -> None:
-    whole = _run(image_tree, tmp_path / "whole", [])
-    _run(image_tree, tmp_path / "cut", [_StopAfterFirstEpoch()])
+@pytest.mark.parametrize("val_every", [1, 2], ids=["validated-epoch", "unvalidated-epoch"])
+def test_resume_repeats_the_uninterrupted_run(image_tree: Path, tmp_path: Path, val_every: int) -> None:
+    """``last.ckpt`` holds the latest epoch even when that epoch ran no validation (check_val_every_n_epoch > 1)."""
+    whole = _run(image_tree, tmp_path / "whole", [], val_every=val_every)
+    _run(image_tree, tmp_path / "cut", [_StopAfterFirstEpoch()], val_every=val_every)
     assert [r["epoch"] for r in read_metrics(tmp_path / "cut" / "metrics.csv")] == ["0"]
-    resumed = _run(image_tree, tmp_path / "cut", [], ckpt_path="last")
+    assert torch.load(tmp_path / "cut" / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] == 0
+    resumed = _run(image_tree, tmp_path / "cut", [], ckpt_path="last", val_every=val_every)
     for key, value in whole.state_dict().items():
         assert torch.equal(value, resumed.state_dict()[key]), key
     a = read_metrics(tmp_path / "whole" / "metrics.csv")

@@ -36,8 +36,12 @@ def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) 
             mode="max",
             auto_insert_metric_name=False,
         ),
-        # Every epoch's end, overwritten: Lightning 2.6's save_last=True writes last.ckpt only when `best` improves.
-        ModelCheckpoint(dirpath=checkpoint_dir, filename="last", enable_version_counter=False),
+        # Every training epoch's end (after that epoch's validation, if any), overwritten: Lightning 2.6's
+        # save_last=True writes last.ckpt only when `best` improves, and a plain ModelCheckpoint only at validated
+        # epochs when check_val_every_n_epoch > 1.
+        ModelCheckpoint(
+            dirpath=checkpoint_dir, filename="last", enable_version_counter=False, save_on_train_epoch_end=True
+        ),
         RunArtifacts(run_dir),
         StopOnSignal(),
     ]

@@ -1,4 +1,5 @@
-"""Export a fine-tuned model as ``model.safetensors`` + ``config.json`` (and TorchScript), and load it back."""
+"""Export a fine-tuned model as ``model.safetensors`` + ``config.json`` (plus a ``torch.export`` program and
+TorchScript), and load it back."""
 
 from __future__ import annotations
 
@@ -29,8 +30,16 @@ class ExportedClassifier(nn.Module):
         return self.classifier(self.backbone(x))
 
 
-def export_checkpoint(ckpt_path: str | Path, output: str | Path, torchscript: bool = True) -> list[Path]:
-    """Write ``model.safetensors``, ``config.json`` and optionally ``model.torchscript.pt`` into ``output``."""
+def export_checkpoint(
+    ckpt_path: str | Path, output: str | Path, torchscript: bool = True, exported_program: bool = True
+) -> list[Path]:
+    """Write ``model.safetensors``, ``config.json`` and optionally ``model.pt2`` and ``model.torchscript.pt`` into
+    ``output``.
+
+    ``model.pt2`` is a ``torch.export`` program with a dynamic batch dimension (load it with
+    ``torch.export.load(path).module()``); ``model.torchscript.pt`` is traced with ``torch.jit``, which PyTorch
+    has deprecated but many serving stacks still read.
+    """
     model = FineTuner.from_checkpoint(ckpt_path).eval()
     net = ExportedClassifier(model.backbone, model.objective.classifier).eval()
     net.to(memory_format=torch.contiguous_format)
@@ -52,8 +61,14 @@ def export_checkpoint(ckpt_path: str | Path, output: str | Path, torchscript: bo
     written = [output / "model.safetensors", output / "config.json"]
     save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()}, str(written[0]))
     written[1].write_text(json.dumps(config, indent=2) + "\n")
+    size = config["image_size"] or 224
+    if exported_program:
+        program = torch.export.export(
+            net, (torch.zeros(2, 3, size, size),), dynamic_shapes=({0: torch.export.Dim("batch")},)
+        )
+        written.append(output / "model.pt2")
+        torch.export.save(program, written[-1])
     if torchscript:
-        size = config["image_size"] or 224
         example = torch.zeros(1, 3, size, size)
         with torch.no_grad():
             scripted = torch.jit.trace(net, example)

@@ -132,6 +132,9 @@ def test_test_predict_export_round_trip(fitted: tuple[Path, Path], tmp_path: Pat
         assert torch.allclose(net(images), logits, atol=1e-5)
         scripted = torch.jit.load(str(tmp_path / "export" / "model.torchscript.pt"))
         assert torch.allclose(scripted(images), logits, atol=1e-5)
+        program = torch.export.load(tmp_path / "export" / "model.pt2").module()
+        assert torch.allclose(program(images), logits, atol=1e-5)
+        assert torch.allclose(program(images[:1]), logits[:1], atol=1e-5)  # the batch size is dynamic
 
 
 class _StopAfterFirstEpoch(L.Callback):

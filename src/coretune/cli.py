@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,14 @@ from lightning.pytorch.cli import LightningCLI
 
 from . import objectives
 from .data import ImageClassificationData
-from .engine import FineTuner, NonFiniteLossError, TrainingInterrupted, default_callbacks, default_precision
+from .engine import (
+    FineTuner,
+    NonFiniteLossError,
+    TrainingInterrupted,
+    default_callbacks,
+    default_precision,
+    quiet_lightning,
+)
 from .engine.checkpoint_io import AtomicCheckpointIO
 
 __all__ = ["main"]
@@ -169,8 +175,7 @@ def _print_run_summary(run_dir: Path) -> None:
 
 
 def fit(args: list[str]) -> None:
-    # the console script passes sys.argv on, rewritten: LightningCLI's warning about that is noise here
-    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended", category=UserWarning)
+    quiet_lightning()
     FitCLI(
         FineTuner,
         ImageClassificationData,

@@ -107,6 +107,8 @@ def _demo_environment(num_threads: int | None) -> Iterator[None]:
     notice of Lightning silenced; all restored on exit."""
     import torch
 
+    from .engine import LIGHTNING_PYTREE_DEPRECATION
+
     previous_threads = torch.get_num_threads()
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [logger.level for logger in loggers]
@@ -116,7 +118,7 @@ def _demo_environment(num_threads: int | None) -> Iterator[None]:
         for logger in loggers:
             logger.setLevel(logging.WARNING)
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+            warnings.filterwarnings("ignore", message=LIGHTNING_PYTREE_DEPRECATION)
             yield
     finally:
         torch.set_num_threads(previous_threads)

@@ -5,9 +5,10 @@ from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save
 from .interrupts import StopOnSignal, TrainingInterrupted
 from .module import FineTuner, NonFiniteLossError
 from .optim import build_optimizer, lr_factor
-from .trainer import default_callbacks, default_precision, make_trainer
+from .trainer import LIGHTNING_PYTREE_DEPRECATION, default_callbacks, default_precision, make_trainer, quiet_lightning
 
 __all__ = [
+    "LIGHTNING_PYTREE_DEPRECATION",
     "AtomicCheckpointIO",
     "FineTuner",
     "NonFiniteLossError",
@@ -21,6 +22,7 @@ __all__ = [
     "lr_factor",
     "make_trainer",
     "plot_learning_curves",
+    "quiet_lightning",
     "read_metrics",
     "update_results",
 ]

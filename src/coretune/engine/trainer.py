@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,28 @@ from .callbacks import RunArtifacts
 from .checkpoint_io import AtomicCheckpointIO
 from .interrupts import StopOnSignal
 
-__all__ = ["default_callbacks", "default_precision", "make_trainer"]
+__all__ = ["LIGHTNING_PYTREE_DEPRECATION", "default_callbacks", "default_precision", "make_trainer", "quiet_lightning"]
+
+#: A deprecation warning raised inside Lightning 2.6's own pytree code on every fit; nothing a user can change.
+LIGHTNING_PYTREE_DEPRECATION = r".*isinstance\(treespec, LeafSpec\)"
+
+
+class _DropCloudLoggingTip(logging.Filter):
+    """Drops Lightning's "try litlogger" advertisement (an online service; coretune runs log to local files)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning output no coretune user can act on: the cloud-logging tip, the pytree deprecation inside
+    Lightning, and LightningCLI's note that ``args`` is given (coretune's commands rewrite ``sys.argv`` on purpose).
+    Idempotent; every other warning and message stays."""
+    log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropCloudLoggingTip) for f in log.filters):
+        log.addFilter(_DropCloudLoggingTip())
+    warnings.filterwarnings("ignore", message=LIGHTNING_PYTREE_DEPRECATION)
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended", category=UserWarning)
 
 
 def default_precision() -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 
+from ..engine import quiet_lightning
 from .data import PretrainData
 from .module import PRETRAINED_FILENAME, ContrastivePretrainer, MoCoV2, SimCLR, pretrain_trainer_defaults
 
@@ -92,6 +93,7 @@ class PretrainCLI(LightningCLI):
 
 def run(args: list[str]) -> None:
     """Entry point of ``coretune pretrain``."""
+    quiet_lightning()
     PretrainCLI(
         ContrastivePretrainer,
         PretrainData,

@@ -18,49 +18,10 @@ from __future__ import annotations
 import argparse
 import platform
 import resource
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
-from coretune import contrastive_loss, core_positive_mask, mine_hard_pairs
-
-
-def median_time(step: Callable[[], None], repeats: int, warmup: int) -> float:
-    """Median seconds of ``step()`` over ``repeats`` runs after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def steps(b: int, d: int, k: int, proj_dim: int) -> tuple[Callable[[], None], Callable[[], None]]:
-    """Mining forward + backward on ``(B, d)``, and the focal loss forward + backward on ``(3B, proj_dim)``."""
-    g = torch.Generator().manual_seed(0)
-    z = torch.randn(b, d, generator=g).requires_grad_(True)
-    y = torch.randint(0, k, (b,), generator=g)
-    v = F.normalize(torch.randn(3 * b, proj_dim, generator=g), dim=1).requires_grad_(True)
-    pair_gen = torch.Generator().manual_seed(1)
-
-    def mine() -> None:
-        pairs = mine_hard_pairs(z, y, k, generator=pair_gen)
-        torch.autograd.backward(
-            [pairs.pos_features, pairs.neg_features],
-            [torch.ones_like(pairs.pos_features), torch.ones_like(pairs.neg_features)],
-        )
-        z.grad = None
-
-    def loss() -> None:
-        contrastive_loss(v, core_positive_mask(y), 0.07, focal=True).backward()
-        v.grad = None
-
-    return mine, loss
+from objective_speed import median_time, mining_and_loss  # the same steps, timed the same way
 
 
 def peak_rss_gb() -> float:
@@ -82,7 +43,7 @@ def main() -> None:
     print(f"d={args.dim}, K={args.classes}, proj_dim={args.proj_dim}, repeats={args.repeats}\n")
     rows = []
     for b in sorted(args.batch_sizes):
-        mine, loss = steps(b, args.dim, args.classes, args.proj_dim)
+        _, mine, loss = mining_and_loss(b, args.dim, args.classes, args.proj_dim)
         t_mine = median_time(mine, args.repeats, args.warmup)
         t_loss = median_time(loss, args.repeats, args.warmup)
         rows.append((b, t_mine, t_loss, peak_rss_gb()))

@@ -5,7 +5,11 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
+import signal
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +150,84 @@ def test_sweep_runs_fits_then_skips_finished_runs(image_tree: Path, tmp_path: Pa
     rows = list(csv.DictReader((spec.output / "runs.csv").open()))
     assert [r["status"] for r in rows] == ["finished"] * 4
     assert (spec.output / "summary.md").is_file() and (spec.output / "bars.png").is_file()
+
+
+def _fake_fits(monkeypatch: pytest.MonkeyPatch, outcome: dict[int, int]) -> list[int]:
+    """Replace the fit subprocess: seed ``s`` exits with ``outcome.get(s, 0)``, writing results.json on 0; a negative
+    outcome ``-N`` delivers signal N to this process (as Ctrl+C or a SIGTERM would) and exits ``128 + N``."""
+    launched: list[int] = []
+
+    def launch(args: list[str], run_dir: Path, env: object = None) -> int:
+        seed = int(next(a for a in args if a.startswith("--seed=")).split("=")[1])
+        launched.append(seed)
+        code = outcome.get(seed, 0)
+        if code < 0:
+            os.kill(os.getpid(), -code)
+            time.sleep(0.5)  # the fit finishes its batch and saves last.ckpt
+            return 128 - code
+        if code == 0:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            (Path(run_dir) / "results.json").write_text(json.dumps({"test": {"top1": 0.5}}))
+        return code
+
+    monkeypatch.setattr("coretune.bench.launch_fit", launch)
+    return launched
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_stops_the_sweep_and_reports_resumable_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signum: int
+) -> None:
+    config = tmp_path / "bench.yaml"
+    entries = {"output": str(tmp_path / "out"), "datasets": {"d": []}, "objectives": ["ce"], "seeds": [0, 1, 2, 3]}
+    config.write_text(yaml.safe_dump(entries))
+    launched = _fake_fits(monkeypatch, {1: -signum})
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", str(config)])
+    assert stop.value.code == 128 + signum  # the shell convention, as `coretune fit`
+    assert launched == [0, 1]  # no run starts after the signal
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    out, err = capsys.readouterr()
+    assert "seed1 interrupted" in out and "failed" not in out
+    name = signal.Signals(signum).name
+    assert re.search(rf"stopped by {name}: 1 run\(s\) finished, 1 interrupted .*, 2 not started", err)
+    assert "Re-run the same command to resume" in err
+
+    launched = _fake_fits(monkeypatch, {})
+    main(["bench", str(config)])  # the re-run skips seed 0 and runs the rest
+    assert launched == [1, 2, 3]
+
+
+def test_an_interrupted_fit_is_reported_as_resumable_not_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = spec_of(tmp_path, objectives=["ce"], seeds=[0, 1, 2])
+    _fake_fits(monkeypatch, {0: 130, 1: 1})  # seed 0 killed on its own (kill -INT <fit pid>), seed 1 crashed
+    report = run_sweep(spec)
+    assert [r.seed for r in report.interrupted] == [0] and [r.seed for r in report.failed] == [1]
+    assert [r.seed for r in report.finished] == [2] and report.signum is None and report.not_started == []
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({"output": str(tmp_path / "out2"), "datasets": {"d": []}, "objectives": ["ce"]}))
+    _fake_fits(monkeypatch, {0: 130})
+    with pytest.raises(SystemExit, match=r"of 1 runs, 1 were interrupted \(resumable\); re-run the same command"):
+        main(["bench", str(config)])
+
+
+def test_launch_fit_lets_an_interrupted_fit_save_instead_of_killing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stand-in fit: it sends SIGINT to its parent (Ctrl+C reaches the whole process group), then takes a while to
+    # "save its checkpoint" and exits 130, as `coretune fit` does. subprocess.run would SIGKILL it 0.25 s later.
+    script = (
+        "import os, signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "os.kill(os.getppid(), signal.SIGINT); time.sleep(1.0); "
+        f"open({str(tmp_path / 'saved')!r}, 'w').close(); print('saved'); sys.exit(130)"
+    )
+    monkeypatch.setattr("coretune.bench.fit_command", lambda args, run_dir: [sys.executable, "-c", script])
+    with pytest.raises(KeyboardInterrupt):
+        launch_fit([], tmp_path / "run")
+    assert (tmp_path / "saved").is_file() and "saved" in (tmp_path / "run" / "log.txt").read_text()
 
 
 def test_aggregation_is_mean_and_sample_std(tmp_path: Path) -> None:

@@ -111,6 +111,33 @@ def test_resume_keeps_finished_trials_and_retries_failed_ones(tmp_path: Path, mo
         tune(["--data.root=x"], objective="ce_con", **{**grid, "alpha": [0.5, 2.0]})
 
 
+def test_ctrl_c_marks_the_trial_failed_and_a_rerun_resumes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    launched: list[str] = []
+
+    def interrupted_fit(args: list[str], run_dir: Path) -> int:
+        launched.append(run_dir.name)
+        raise KeyboardInterrupt  # as launch_fit re-raises it once the fit has saved last.ckpt
+
+    monkeypatch.setattr(tune_module, "launch_fit", interrupted_fit)
+    cmd = ["tune", f"--output={tmp_path}", "--eta", "1", "--alpha", "0.5", "2", "--", "--data.root=x"]
+    with pytest.raises(SystemExit) as stop:
+        main(cmd)
+    assert stop.value.code == 130 and len(launched) == 1  # no trial starts after the Ctrl+C
+    assert "study stopped by SIGINT" in capsys.readouterr().err
+
+    def fake_fit(args: list[str], run_dir: Path) -> int:
+        launched.append(run_dir.name)
+        finish(run_dir, [0.5])
+        return 0
+
+    monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
+    launched.clear()
+    main(cmd)  # the interrupted grid point runs again, then the rest
+    assert sorted(launched) == ["eta1_alpha0.5", "eta1_alpha2"]
+
+
 def test_tpe_sampler_stops_at_n_trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def fake_fit(args: list[str], run_dir: Path) -> int:
         eta = float(next(a for a in args if a.startswith("--objective.eta=")).partition("=")[2])

@@ -16,11 +16,14 @@ import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -34,6 +37,7 @@ __all__ = [
     "Comparison",
     "ObjectiveEntry",
     "Run",
+    "SweepInterrupted",
     "SweepReport",
     "collect_cells",
     "compare",
@@ -67,6 +71,15 @@ _ARGS_FILE = "fit_args.json"
 
 class BenchSpecError(ValueError):
     """A bench spec (YAML) with a missing, unknown or invalid entry."""
+
+
+class SweepInterrupted(Exception):
+    """A sweep (``bench``, ``tune``) stopped on SIGINT or SIGTERM: no further run started and the running fits saved
+    a resumable ``last.ckpt``; re-running the same command resumes. ``signum``: the signal (exit ``128 + signum``)."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        self.signum = signum
+        super().__init__(message)
 
 
 # -- one fit run in a subprocess (shared with ``coretune tune``) ---------------------------------------------------
@@ -115,8 +128,14 @@ def launch_fit(args: Sequence[str], run_dir: str | Path, env: dict[str, str] | N
     with (run_dir / "log.txt").open("a") as log:
         log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')}  {shlex.join(cmd)}\n")
         log.flush()
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
-    return proc.returncode
+        with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                # Ctrl+C reached the fit too (same process group) and it is saving last.ckpt: wait for it instead of
+                # killing it as subprocess.run would. A second Ctrl+C aborts both.
+                proc.wait()
+                raise
 
 
 # -- the spec ------------------------------------------------------------------------------------------------------
@@ -324,11 +343,16 @@ def _parse_objectives(value: Any, table: str, fail: Any) -> tuple[ObjectiveEntry
 # -- running the grid ----------------------------------------------------------------------------------------------
 @dataclass
 class SweepReport:
-    """What a sweep did: runs skipped as already finished, launched and finished, and launched but failed."""
+    """What a sweep did: runs skipped as already finished, launched and finished, launched but failed; and after a
+    signal (``signum``), the runs it interrupted (exit ``128 + SIGINT/SIGTERM``, resumable) and those never started.
+    """
 
     skipped: list[Run] = field(default_factory=list)
     finished: list[Run] = field(default_factory=list)
     failed: list[Run] = field(default_factory=list)
+    interrupted: list[Run] = field(default_factory=list)
+    not_started: list[Run] = field(default_factory=list)
+    signum: int | None = None
 
 
 def _worker_env(workers: int) -> dict[str, str] | None:
@@ -343,6 +367,9 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
 
     On a 2-core CPU use ``workers=1``: one fit already keeps both cores busy, and concurrent runs only split them
     (each gets ``cpu_count // workers`` threads) while holding several data sets and models in memory.
+
+    On SIGINT (Ctrl+C) or SIGTERM no further run starts and the running ones are awaited (they got the signal too
+    and save a resumable ``last.ckpt``); the report's ``signum``, ``interrupted`` and ``not_started`` say so.
     """
     from rich.console import Console
     from rich.markup import escape
@@ -381,18 +408,62 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
         TextColumn("ETA"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=console) as progress, ThreadPoolExecutor(max_workers=workers) as pool:
+    stop = threading.Event()  # set on SIGINT/SIGTERM: queued runs do not start
+    with (
+        Progress(*columns, console=console) as progress,
+        ThreadPoolExecutor(max_workers=workers) as pool,
+        _signals_stop(stop) as received,
+    ):
         task = progress.add_task("runs", total=len(todo))
-        started = {pool.submit(_timed_launch, run, env): run for run in todo}
-        try:
-            for future in as_completed(started):
-                _report_run(started[future], *future.result(), report, progress.console)
-                progress.advance(task)
-        except KeyboardInterrupt:  # the running fits got the SIGINT too; start no further run
-            for future in started:
-                future.cancel()
-            raise
+        started = {pool.submit(_timed_launch, run, env, stop): run for run in todo}
+        pending = set(started)
+        while pending:  # wake up often: a signal only sets `stop`
+            done = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED).done
+            pending -= done
+            if stop.is_set() and report.signum is None:
+                # Ctrl+C reaches the whole process group: the running fits got it too and are saving last.ckpt (a
+                # second signal from us would abort their save). Start no further run; wait for the running ones.
+                report.signum = received[0]
+                progress.console.print(
+                    f"{signal.Signals(report.signum).name}: no further run starts; waiting for the running fits to "
+                    "save a resumable checkpoint (a second signal aborts)…",
+                    highlight=False,
+                )
+                cancelled = {f for f in pending if f.cancel()}
+                report.not_started.extend(started[f] for f in cancelled)
+                pending -= cancelled
+            for future in sorted(done, key=lambda f: todo.index(started[f])):
+                if (outcome := future.result()) is None:  # queued behind the signal
+                    report.not_started.append(started[future])
+                else:
+                    _report_run(started[future], *outcome, report, progress.console)
+                    progress.advance(task)
+    report.not_started.sort(key=todo.index)
     return report
+
+
+@contextmanager
+def _signals_stop(stop: threading.Event) -> Iterator[list[int]]:
+    """Within the block, the first SIGINT or SIGTERM sets ``stop`` (and is appended to the yielded list) instead of
+    raising; a second one gets the previous behaviour. Outside the main thread (no handlers) nothing changes."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = {}
+
+    def handle(signum: int, frame: Any) -> None:
+        received.append(signum)
+        stop.set()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    previous.update({sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)})
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _report_run(run: Run, code: int, seconds: float, report: SweepReport, console: Any) -> None:
@@ -400,6 +471,13 @@ def _report_run(run: Run, code: int, seconds: float, report: SweepReport, consol
         report.finished.append(run)
         top1 = json.loads((run.run_dir / "results.json").read_text())["test"]["top1"]
         console.print(f"✓ {run.label}: top-1 {100 * top1:.2f}% ({seconds:.0f} s)", highlight=False)
+    elif code in _INTERRUPTED_CODES:
+        report.interrupted.append(run)
+        console.print(
+            f"⏸ {run.label} interrupted after {seconds:.0f} s (exit code {code}); it resumes from "
+            f"{run.run_dir / 'checkpoints' / 'last.ckpt'} when the sweep is re-run",
+            highlight=False,
+        )
     else:
         report.failed.append(run)
         console.print(
@@ -407,7 +485,14 @@ def _report_run(run: Run, code: int, seconds: float, report: SweepReport, consol
         )
 
 
-def _timed_launch(run: Run, env: dict[str, str] | None) -> tuple[int, float]:
+_INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+"""Exit codes of a ``coretune fit`` stopped by a signal after saving ``last.ckpt`` (``TrainingInterrupted``)."""
+
+
+def _timed_launch(run: Run, env: dict[str, str] | None, stop: threading.Event) -> tuple[int, float] | None:
+    """Exit code and seconds of the run's fit; ``None`` when ``stop`` was set before it could start."""
+    if stop.is_set():
+        return None
     start = time.perf_counter()
     code = launch_fit(run.args, run.run_dir, env)
     return code, time.perf_counter() - start
@@ -722,9 +807,24 @@ def main(args: list[str]) -> None:
     markdown, paths = write_summary(spec)
     console.print(markdown, highlight=False, markup=False, soft_wrap=True)
     console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, soft_wrap=True)
-    if report is not None and report.failed:
+    if report is not None and report.signum is not None:
+        counts = (
+            f"{len(report.finished)} run(s) finished, {len(report.interrupted)} interrupted with a resumable "
+            f"checkpoint, {len(report.not_started)} not started"
+            + (f", {len(report.failed)} failed" if report.failed else "")
+        )
+        raise SweepInterrupted(
+            report.signum,
+            f"sweep stopped by {signal.Signals(report.signum).name}: {counts}. Re-run the same command to resume: "
+            "finished runs are skipped, interrupted ones continue from checkpoints/last.ckpt",
+        )
+    if report is not None and (report.failed or report.interrupted):
         logs = "; ".join(str(run.run_dir / "log.txt") for run in report.failed)
+        parts = [f"{len(report.failed)} failed (see {logs})"] if report.failed else []
+        if report.interrupted:
+            parts.append(f"{len(report.interrupted)} were interrupted (resumable)")
         raise RuntimeError(
-            f"{len(report.failed)} of {len(report.failed) + len(report.finished)} runs failed (see {logs}); "
-            "fix the cause and re-run the same command to run them again"
+            f"of {len(report.failed) + len(report.interrupted) + len(report.finished)} runs, {' and '.join(parts)}; "
+            + ("fix the cause and " if report.failed else "")
+            + "re-run the same command to run them again"
         )

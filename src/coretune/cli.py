@@ -17,6 +17,7 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningCLI
 
 from . import objectives
+from .bench import SweepInterrupted
 from .data import ImageClassificationData
 from .engine import (
     FineTuner,
@@ -421,7 +422,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"coretune: unknown command {command!r}\n\n{_USAGE}")
     try:
         COMMANDS[command](rest)
-    except TrainingInterrupted as err:
+    except (TrainingInterrupted, SweepInterrupted) as err:
         print(f"coretune {command}: {err}", file=sys.stderr)
         sys.exit(128 + err.signum)  # the shell convention for "ended by signal N"
     except (*_USER_ERRORS, RuntimeError) as err:

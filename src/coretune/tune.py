@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import csv
 import inspect
+import signal
 import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from .bench import is_finished, launch_fit
+from .bench import SweepInterrupted, is_finished, launch_fit
 
 __all__ = ["TrialFailed", "final_val_top1", "main", "tune"]
 
@@ -287,19 +288,27 @@ def main(args: list[str]) -> None:
             "pass the trials' fit arguments after --, e.g. coretune tune -- --config configs/cpu/cifar10.yaml "
             "--data.root DIR --model.weights CKPT"
         )
-    study = tune(
-        args[split + 1 :],
-        output=cfg.output,
-        objective=cfg.objective,
-        eta=cfg.eta,
-        alpha=cfg.alpha,
-        sampler=cfg.sampler,
-        n_trials=cfg.n_trials,
-        val_fraction=cfg.val_fraction,
-        seed=cfg.seed,
-        storage=cfg.storage,
-        study_name=cfg.study_name,
-    )
+    try:
+        study = tune(
+            args[split + 1 :],
+            output=cfg.output,
+            objective=cfg.objective,
+            eta=cfg.eta,
+            alpha=cfg.alpha,
+            sampler=cfg.sampler,
+            n_trials=cfg.n_trials,
+            val_fraction=cfg.val_fraction,
+            seed=cfg.seed,
+            storage=cfg.storage,
+            study_name=cfg.study_name,
+        )
+    except KeyboardInterrupt:
+        raise SweepInterrupted(
+            signal.SIGINT,
+            "study stopped by SIGINT: the running trial's fit saved a resumable checkpoint and its Optuna trial "
+            "is marked FAIL. Re-run the same command to resume the study: finished trials are kept; with the grid "
+            "sampler the interrupted point runs again from its checkpoints/last.ckpt",
+        ) from None
     best = study.best_trial
     Console().print(
         f"best: η = {best.params['eta']:g}, α = {best.params['alpha']:g} (final val top-1 "

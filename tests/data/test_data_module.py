@@ -116,6 +116,24 @@ def test_train_loader_drops_the_last_partial_batch_only_when_there_are_several(t
     assert sizes == [18]  # one batch larger than the set: kept
 
 
+def test_train_views_are_independent_augmentations_and_the_first_is_the_one_view_batch(tmp_path: Path) -> None:
+    from image_trees import make_image_tree  # colour + noise: two crops of one image differ
+
+    root = make_image_tree(tmp_path / "noise", per_class=4, val_per_class=1)
+
+    def first_batch(views: int) -> tuple[object, torch.Tensor]:
+        dm = module(root, image_size=16)
+        dm.train_views = views
+        return next(iter(dm.train_dataloader()))
+
+    x, y = first_batch(1)
+    (v1, v2), y2 = first_batch(2)
+    assert torch.equal(y, y2) and torch.equal(v1, x)  # the query view is the one-view pipeline's image
+    assert v2.shape == v1.shape and not torch.equal(v1, v2)  # the second view is another draw
+    (w1, w2), _ = first_batch(2)
+    assert torch.equal(w1, v1) and torch.equal(w2, v2)  # both fixed by (seed, epoch, index)
+
+
 def test_eval_batch_size_defaults_to_batch_size(tree: Path) -> None:
     assert module(tree).val_dataloader().batch_size == 4
     assert module(tree, eval_batch_size=5).test_dataloader().batch_size == 5

@@ -143,11 +143,16 @@ class _StopAfterFirstEpoch(L.Callback):
 
 
 def _run(
-    tree: Path, run_dir: Path, callbacks: list[L.Callback], ckpt_path: str | None = None, val_every: int = 1
+    tree: Path,
+    run_dir: Path,
+    callbacks: list[L.Callback],
+    ckpt_path: str | None = None,
+    val_every: int = 1,
+    objective: str = "core",
 ) -> FineTuner:
     L.seed_everything(3)
     data = ImageClassificationData(root=str(tree), image_size=32, batch_size=8, seed=3)
-    model = FineTuner(create("core"), backbone="small_cnn")
+    model = FineTuner(create(objective), backbone="small_cnn")
     trainer = make_trainer(
         run_dir,
         progress=False,
@@ -160,18 +165,65 @@ def _run(
     return model
 
 
-@pytest.mark.parametrize("val_every", [1, 2], ids=["validated-epoch", "unvalidated-epoch"])
-def test_resume_repeats_the_uninterrupted_run(image_tree: Path, tmp_path: Path, val_every: int) -> None:
-    """``last.ckpt`` holds the latest epoch even when that epoch ran no validation (check_val_every_n_epoch > 1)."""
-    whole = _run(image_tree, tmp_path / "whole", [], val_every=val_every)
-    _run(image_tree, tmp_path / "cut", [_StopAfterFirstEpoch()], val_every=val_every)
+def _assert_same_state(a: object, b: object, key: str) -> None:
+    if isinstance(a, dict):  # an objective's extra state (Bi-tuning's momentum key encoder)
+        assert isinstance(b, dict) and set(a) == set(b) and a, key
+        for k in a:
+            _assert_same_state(a[k], b[k], f"{key}.{k}")
+    else:
+        assert torch.equal(a, b), key
+
+
+@pytest.mark.parametrize(
+    ("val_every", "objective"),
+    [(1, "core"), (2, "core"), (1, "bi_tuning")],
+    ids=["validated-epoch", "unvalidated-epoch", "bi_tuning-momentum-keys"],
+)
+def test_resume_repeats_the_uninterrupted_run(image_tree: Path, tmp_path: Path, val_every: int, objective: str) -> None:
+    """``last.ckpt`` holds the latest epoch even when that epoch ran no validation (check_val_every_n_epoch > 1),
+    and the objective's state outside its parameters (Bi-tuning's queues and momentum key encoder)."""
+    kw = {"val_every": val_every, "objective": objective}
+    whole = _run(image_tree, tmp_path / "whole", [], **kw)
+    _run(image_tree, tmp_path / "cut", [_StopAfterFirstEpoch()], **kw)
     assert [r["epoch"] for r in read_metrics(tmp_path / "cut" / "metrics.csv")] == ["0"]
     assert torch.load(tmp_path / "cut" / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] == 0
-    resumed = _run(image_tree, tmp_path / "cut", [], ckpt_path="last", val_every=val_every)
+    resumed = _run(image_tree, tmp_path / "cut", [], ckpt_path="last", **kw)
     for key, value in whole.state_dict().items():
-        assert torch.equal(value, resumed.state_dict()[key]), key
+        _assert_same_state(value, resumed.state_dict()[key], key)
     a = read_metrics(tmp_path / "whole" / "metrics.csv")
     b = read_metrics(tmp_path / "cut" / "metrics.csv")
     assert [r["epoch"] for r in b] == ["0", "1", "2"]
     assert [r["train/loss"] for r in a] == [r["train/loss"] for r in b]
     assert [r["val/top1"] for r in a] == [r["val/top1"] for r in b]
+
+
+def test_bi_tuning_keys_see_a_second_augmented_view(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coretune.objectives import BiTuning
+
+    key_inputs: list[torch.Tensor] = []
+    keys = BiTuning.keys
+    monkeypatch.setattr(BiTuning, "keys", lambda self, f, inputs: (key_inputs.append(inputs), keys(self, f, inputs))[1])
+    model = FineTuner(create("bi_tuning"), backbone="small_cnn")
+    queries: list[torch.Tensor] = []
+    model.backbone.register_forward_pre_hook(  # deep copies (the key encoder) carry the hook too: skip them
+        lambda m, args: queries.append(args[0]) if m is model.backbone and m.training else None
+    )
+    data = ImageClassificationData(root=str(image_tree), image_size=32, batch_size=8, seed=3)
+    trainer = make_trainer(tmp_path, progress=False, max_epochs=1, limit_train_batches=2, enable_model_summary=False)
+    trainer.fit(model, datamodule=data)
+    assert data.train_views == 2 and len(key_inputs) == len(queries) == 2
+    for key, query in zip(key_inputs, queries, strict=True):
+        assert key.shape == query.shape and not torch.equal(key, query)
+
+
+def test_a_two_view_objective_needs_a_data_module_that_makes_views(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = FineTuner(create("bi_tuning"), backbone="small_cnn")
+    model.build(3)
+    loader = DataLoader(TensorDataset(torch.randn(8, 3, 16, 16), torch.randint(0, 3, (8,))), batch_size=4)
+    trainer = make_trainer(tmp_path, progress=False, max_epochs=1, enable_model_summary=False)
+    with pytest.raises(ValueError, match=r"'bi_tuning' needs 2 augmented views .* train_views attribute"):
+        trainer.fit(model, train_dataloaders=loader)

@@ -122,8 +122,9 @@ def test_key_encoder_is_frozen_and_outside_parameters(tiny_backbone: Factory) ->
     assert keys and all(not p.requires_grad for p in keys)
     assert set(obj.state_dict()) == {
         "classifier.weight", "classifier.bias", "projector.weight", "projector.bias",
-        "queue_h", "queue_z", "queue_ptr",
+        "queue_h", "queue_z", "queue_ptr", "_extra_state",
     }  # fmt: skip
+    assert set(obj.state_dict()["_extra_state"]) == {"key_projector", "key_backbone"}
     assert obj.queue_h.shape == (3, 40, 17) and obj.queue_z.shape == (3, 40, 128)
 
 
@@ -138,3 +139,54 @@ def test_errors(tiny_backbone: Factory) -> None:
     obj.attach_backbone(backbone)
     with pytest.raises(ValueError, match=r"bi_tuning with momentum_backbone=True needs the batch's images"):
         obj(backbone(x), y)
+
+
+def _drift(obj: objectives.BiTuning, backbone: nn.Module) -> None:
+    """Train-like changes: the online weights move and the key encoder follows by momentum."""
+    with torch.no_grad():
+        obj.projector.weight.add_(1.0)
+        backbone[0][0].weight.mul_(-2.0)
+    obj.on_after_optimizer_step()
+
+
+@pytest.mark.parametrize("order", ["attach-then-load", "load-then-attach"])
+def test_momentum_key_encoder_is_saved_and_restored(tiny_backbone: Factory, order: str) -> None:
+    torch.manual_seed(0)
+    backbone = tiny_backbone()
+    obj = objectives.create("bi_tuning", 16, 3, momentum=0.5)
+    obj.attach_backbone(backbone)
+    _drift(obj, backbone)
+    state = obj.state_dict()
+    saved = [p.clone() for p in (*obj.key_projector.parameters(), *obj.key_backbone.parameters())]
+
+    fresh_backbone = tiny_backbone()  # as a resumed run: the backbone and heads come from the checkpoint too
+    fresh_backbone.load_state_dict(backbone.state_dict())
+    restored = objectives.create("bi_tuning", 16, 3, momentum=0.5)
+    if order == "attach-then-load":  # `coretune fit --ckpt_path last`: setup attaches, then the state loads
+        restored.attach_backbone(fresh_backbone)
+        restored.load_state_dict(state)
+    else:  # FineTuner.from_checkpoint, then fit: the state waits for attach_backbone
+        restored.load_state_dict(state)
+        assert restored.key_backbone is None
+        restored.attach_backbone(fresh_backbone)
+    keys = [*restored.key_projector.parameters(), *restored.key_backbone.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(keys, saved, strict=True))
+    assert not torch.equal(restored.key_projector.weight, restored.projector.weight)  # not a fresh copy
+
+
+def test_a_checkpoint_without_the_key_encoder_loads_with_a_warning(tiny_backbone: Factory) -> None:
+    backbone = tiny_backbone()
+    obj = objectives.create("bi_tuning", 16, 3)
+    obj.attach_backbone(backbone)
+    old = {k: v for k, v in obj.state_dict().items() if k != "_extra_state"}  # written by an earlier coretune
+    with pytest.warns(UserWarning, match="no momentum key encoder .* restarts from the current backbone"):
+        obj.load_state_dict(old)
+
+
+def test_key_view_decides_how_many_views_the_engine_provides() -> None:
+    assert objectives.create("bi_tuning").input_views == 2  # a second augmented view, as the authors
+    assert objectives.create("bi_tuning", key_view="same").input_views == 1
+    assert objectives.create("bi_tuning", momentum_backbone=False).input_views == 1
+    assert objectives.create("core").input_views == 1
+    with pytest.raises(ValueError, match="key_view must be 'second' or 'same'"):
+        objectives.create("bi_tuning", key_view="other")

@@ -17,6 +17,7 @@ from .splits import stratified_split, stratified_subset
 from .transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
+    Views,
     eval_draft_size,
     eval_transform,
     train_draft_size,
@@ -46,6 +47,10 @@ class ImageClassificationData(L.LightningDataModule):
     by ``(seed, epoch, index)`` (the same batches every run, resumed or not); it drops the last incomplete
     batch when the training set is larger than one batch, since contrastive terms over a tiny trailing batch
     have almost no pairs; evaluation loaders keep every image, in file order.
+
+    ``train_views`` (default 1) is how many independently augmented views of each training image a batch
+    holds: with 2 a batch is ``((view_1, view_2), labels)``. The fine-tuning engine sets it from the objective
+    (:attr:`coretune.objectives.Objective.input_views`: Bi-tuning's momentum keys use a second view).
 
     After :meth:`setup`: ``num_classes``, ``class_names``, ``train_dataset``, ``val_dataset``,
     ``test_dataset`` (:class:`LabeledImageDataset`; ``test_dataset`` may be None) and :meth:`class_counts`.
@@ -117,6 +122,7 @@ class ImageClassificationData(L.LightningDataModule):
         self.crop_scale, self.hflip = (float(crop_scale[0]), float(crop_scale[1])), hflip
         self.train_transform = train_transform(image_size, self.mean, self.std, rotation, self.crop_scale, hflip)
         self.eval_transform = eval_transform(image_size, self.mean, self.std)
+        self.train_views = 1
         self.train_dataset: LabeledImageDataset | None = None
         self.val_dataset: LabeledImageDataset | None = None
         self.test_dataset: LabeledImageDataset | None = None
@@ -247,8 +253,12 @@ class ImageClassificationData(L.LightningDataModule):
         n, processes = len(self.train_dataset), world_size()
         drop_last = n > self.batch_size * processes
         sampler = EpochShuffleSampler(n, self.seed, self.batch_size, processes, rank(), drop_last)
+        dataset = self.train_dataset
+        if self.train_views > 1:
+            draft = train_draft_size(self.image_size, self.crop_scale)
+            dataset = dataset.with_transform(Views(self.train_transform, self.train_views), draft)
         return ResumableLoader(
-            SeededItems(self.train_dataset),
+            SeededItems(dataset),
             batch_size=self.batch_size,
             sampler=sampler,
             drop_last=drop_last,

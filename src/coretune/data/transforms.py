@@ -16,6 +16,7 @@ from torchvision.transforms import v2
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "Views",
     "eval_draft_size",
     "eval_resize_size",
     "eval_transform",
@@ -57,6 +58,23 @@ def train_transform(
     if rotation > 0:
         steps.append(v2.RandomRotation(rotation, fill=tuple(round(255 * m) for m in mean)))
     return v2.Compose(steps + _to_normalized_tensor(mean, std))
+
+
+class Views:
+    """``n`` independently augmented views of one image, as a tuple: the image is decoded once and ``transform``
+    runs ``n`` times with successive random draws (for objectives contrasting a second view, e.g. Bi-tuning's
+    momentum keys)."""
+
+    def __init__(self, transform: v2.Transform, n: int = 2) -> None:
+        if n < 1:
+            raise ValueError(f"Views needs n >= 1 views (got {n})")
+        self.transform, self.n = transform, n
+
+    def __call__(self, image: object) -> tuple[torch.Tensor, ...]:
+        return tuple(self.transform(image) for _ in range(self.n))
+
+    def __repr__(self) -> str:
+        return f"Views(n={self.n}, transform={self.transform!r})"
 
 
 def eval_resize_size(image_size: int) -> int:

@@ -99,7 +99,7 @@ class RunArtifacts(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._images += int(batch[0].shape[0])
+        self._images += len(batch[1])  # labels: batch[0] may hold several views of the images
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._val_start = time.perf_counter()

@@ -135,6 +135,15 @@ class FineTuner(L.LightningModule):
             self.build(datamodule.num_classes, getattr(datamodule, "class_names", None))
         if stage == "fit":
             self.objective.attach_backbone(self.backbone)
+            views = self.objective.input_views
+            if views > 1:
+                if datamodule is None or not hasattr(datamodule, "train_views"):
+                    raise ValueError(
+                        f"objective {self.objective.name!r} needs {views} augmented views of each training image "
+                        "(forward's inputs are a second view): use coretune's ImageClassificationData, or a data "
+                        "module with a train_views attribute whose batches are ((view_1, view_2), labels)"
+                    )
+                datamodule.train_views = views
 
     @property
     def num_classes(self) -> int | None:
@@ -192,13 +201,16 @@ class FineTuner(L.LightningModule):
         # every DDP process draws the same values for the global batch it mines.
         torch.manual_seed(step_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)), self.global_step))
         x, y = self.task.unpack(batch)
-        x = self._images(x)
+        if isinstance(x, (list, tuple)):  # (query view, second view): Objective.input_views == 2
+            x, inputs = self._images(x[0]), self._images(x[1])
+        else:
+            x = inputs = self._images(x)
         z = _train_features(self.backbone, x)
         if self.objective.gathers:
             # Every process computes the loss of the global batch, but its backbone only sees its own rows'
             # gradient; DDP's average over W processes would leave 1/W of the single-process gradient.
             z = scale_grad(z, world_size())
-        out = self.objective(z, y, inputs=x)
+        out = self.objective(z, y, inputs=inputs)
         if not torch.isfinite(out.loss):
             terms = ", ".join(f"{k}={float(v):.4g}" for k, v in out.terms.items())
             raise NonFiniteLossError(
@@ -281,7 +293,10 @@ class FineTuner(L.LightningModule):
         if self.trainer.ckpt_path is None:  # a resumed run restores what prepare() computed
             loader = self.trainer.datamodule.train_dataloader() if self.trainer.datamodule is not None else []
             batches = map(self.task.unpack, loader)
-            self.objective.prepare((self._images(x.to(self.device)), y.to(self.device)) for x, y in batches)
+            self.objective.prepare(
+                (self._images((x[0] if isinstance(x, (list, tuple)) else x).to(self.device)), y.to(self.device))
+                for x, y in batches
+            )
 
     def on_train_epoch_start(self) -> None:
         self.objective.on_train_epoch_start(self.current_epoch, self.trainer.max_epochs or 1)

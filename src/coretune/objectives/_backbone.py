@@ -1,8 +1,10 @@
 """Backbone plumbing shared by the objectives that look past the features (L2-SP, DELTA, Bi-tuning).
 
 Frozen and momentum copies of the backbone are kept *out of* the objective's module registration (inside a
-plain Python list), so they never reach ``objective.parameters()`` (the optimiser), ``state_dict()`` (the
-checkpoints) or ``objective.to(device)``; :func:`move_to` places them lazily on the device of the data.
+plain Python list), so they never reach ``objective.parameters()`` (the optimiser, DDP) or
+``objective.to(device)``; :func:`move_to` places them lazily on the device of the data. Frozen copies of the
+pre-trained backbone are rebuilt from it; Bi-tuning's momentum copies, which change, go into checkpoints as
+the objective's extra state.
 """
 
 from __future__ import annotations

@@ -93,6 +93,13 @@ class Objective(nn.Module):
         """Drop ``optimizer``'s state (momentum buffers …) of re-initialised parameters."""
 
     @property
+    def input_views(self) -> int:
+        """How many augmented views of each training image the objective needs: 1 (``forward``'s ``inputs`` are
+        the images the features came from) or 2 (``inputs`` are a second, independently augmented view; the
+        engine then asks the data module for two views, see ``ImageClassificationData.train_views``)."""
+        return 1
+
+    @property
     def gathers(self) -> bool:
         """Whether the loss is computed on the batch gathered from every process (an objective's ``gather``
         hyper-parameter, under a ``torch.distributed`` run of 2+ processes); the engine then rescales the
@@ -105,7 +112,8 @@ class Objective(nn.Module):
         return self.classifier(features)
 
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
-        """The training loss of a batch: ``features`` (B, d), ``labels`` (B,), optionally the input images."""
+        """The training loss of a batch: ``features`` (B, d), ``labels`` (B,), optionally the input images (a
+        second augmented view of them when :attr:`input_views` is 2)."""
         raise NotImplementedError
 
     def _check_built(self) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
+from typing import Any, Literal
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -42,19 +45,23 @@ class BiTuning(Objective):
     The keys ``ĥ^k``, ``ẑ^k`` come from a momentum key encoder (``θ_k ← m θ_k + (1−m) θ_q`` after every
     optimiser step, :meth:`on_after_optimizer_step`) and are enqueued in their class's queue after the losses
     are computed. With ``momentum_backbone=True`` (default) the key encoder is a momentum copy of the backbone
-    and projector, run without gradient on ``inputs``: the engine gives one augmented view per step, so the
-    key is computed on the same view as the query (the authors' tllib code feeds a second augmented view),
-    which keeps MoCo's slowly-evolving, consistent keys at the cost of one extra no-grad forward and a
-    backbone copy in memory. With ``momentum_backbone=False`` the key is a momentum copy of the projector over
-    the detached current features (``ĥ^k = ĥ`` detached): no extra forward, but the queued features come from
-    the live backbone. The losses are soft-label cross-entropies; the authors' KL divergence differs by the
-    constant ``log(K+1)`` and has the same gradients. Defaults ``K = 40`` per class, ``m = 0.999``, ``τ =
+    and projector, run without gradient on ``inputs``; with ``key_view="second"`` (default, as the authors'
+    tllib code) ``inputs`` is a second, independently augmented view of the batch's images (the engine asks the
+    data module for two views, :attr:`input_views`), with ``key_view="same"`` the query's own images (one
+    view: cheaper data loading, but the own key ``ẑ^k_i`` then differs from ``ẑ_i`` only by the momentum
+    lag). Either way this costs one extra no-grad forward and a backbone copy in memory. With
+    ``momentum_backbone=False`` the key is a momentum copy of the projector over the detached current features
+    (``ĥ^k = ĥ`` detached): no extra forward or view, but the queued features come from the live backbone.
+    The losses are soft-label cross-entropies; the authors' KL divergence differs by the constant
+    ``log(K+1)`` and has the same gradients. Defaults ``K = 40`` per class, ``m = 0.999``, ``τ =
     0.07``, projector ``Linear(d, 128)``, ``γ = 1`` are the authors' (tllib).
 
     The queues are buffers (``queue_h`` ``(C, K, d+1)``, ``queue_z`` ``(C, K, proj_dim)``, initialised with
     random unit vectors, and ``queue_ptr`` ``(C,)``), saved in checkpoints. The momentum copies are held
-    outside the module registration (not in ``parameters()`` nor ``state_dict()``, moved lazily to the data's
-    device) and are re-synchronised with the backbone and projector by :meth:`attach_backbone`.
+    outside the module registration (not in ``parameters()``, so the optimiser and DDP never see them; moved
+    lazily to the data's device); :meth:`attach_backbone` starts them from the backbone and projector, and
+    they are saved in checkpoints as the module's extra state (``objective._extra_state``), so a resumed run
+    continues with the key encoder it had (a checkpoint without it restarts the key encoder, with a warning).
 
     Terms: ``ce``, ``cce``, ``ccl``, ``loss``.
 
@@ -65,6 +72,8 @@ class BiTuning(Objective):
         proj_dim: output width of the projector ``G_z``.
         contrast_weight: weight ``γ >= 0`` of ``L_CCE + L_CCL``.
         momentum_backbone: run a momentum copy of the backbone on ``inputs`` for the keys (see above).
+        key_view: with ``momentum_backbone``, the keys' images: ``"second"`` augmented view or the ``"same"``
+            images as the query.
         gather: under DDP, compute the loss on the batch gathered from every process and enqueue every
             process's keys, so the queues stay identical across processes (MoCo's ``concat_all_gather``);
             ``False`` keeps the loss per process (DDP then keeps rank 0's queues, broadcast as buffers).
@@ -78,6 +87,7 @@ class BiTuning(Objective):
         proj_dim: int = 128,
         contrast_weight: float = 1.0,
         momentum_backbone: bool = True,
+        key_view: Literal["second", "same"] = "second",
         gather: bool = True,
     ) -> None:
         super().__init__()
@@ -92,15 +102,22 @@ class BiTuning(Objective):
             problems.append(f"proj_dim must be >= 1 (got {proj_dim})")
         if contrast_weight < 0:
             problems.append(f"contrast_weight must be >= 0 (got {contrast_weight})")
+        if key_view not in ("second", "same"):
+            problems.append(f"key_view must be 'second' or 'same' (got {key_view!r})")
         if problems:
             raise ValueError("invalid Bi-tuning settings: " + "; ".join(problems))
         self.queue_size, self.momentum, self.temperature = queue_size, momentum, temperature
         self.proj_dim, self.contrast_weight = proj_dim, contrast_weight
-        self.momentum_backbone, self.gather = momentum_backbone, gather
+        self.momentum_backbone, self.key_view, self.gather = momentum_backbone, key_view, gather
         # Lists keep these out of the module registration (see the class docstring).
         self._backbone: list[nn.Module] = []
         self._key_backbone: list[nn.Module] = []
         self._key_projector: list[nn.Module] = []
+        self._pending_keys: dict[str, Any] | None = None  # loaded before attach_backbone made the copies
+
+    @property
+    def input_views(self) -> int:
+        return 2 if self.momentum_backbone and self.key_view == "second" else 1
 
     def build_heads(self, feature_dim: int, num_classes: int) -> None:
         self.projector = nn.Linear(feature_dim, self.proj_dim)
@@ -111,11 +128,57 @@ class BiTuning(Objective):
         self.register_buffer("queue_ptr", torch.zeros(num_classes, dtype=torch.long))
 
     def attach_backbone(self, backbone: nn.Module) -> None:
-        """Start the momentum key encoder from ``backbone`` (and the current projector)."""
+        """Start the momentum key encoder from ``backbone`` (and the current projector), or from the key encoder
+        of a checkpoint loaded before (``FineTuner.from_checkpoint`` then ``fit``)."""
         self._backbone = [backbone]
         self._key_backbone = [frozen_copy(backbone)] if self.momentum_backbone else []
         if self.is_built:
             self._key_projector = [frozen_copy(self.projector)]
+        if self._pending_keys is not None:
+            self.set_extra_state(self._pending_keys)
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The momentum key encoder's weights, for checkpoints (see the class docstring)."""
+        state: dict[str, Any] = {}
+        if self._key_projector:
+            state["key_projector"] = self._key_projector[0].state_dict()
+        if self._key_backbone:
+            state["key_backbone"] = self._key_backbone[0].state_dict()
+        return state
+
+    def set_extra_state(self, state: Any) -> None:
+        """Restore the key encoder saved by :meth:`get_extra_state` (kept until :meth:`attach_backbone` when the
+        copies do not exist yet)."""
+        needs_backbone = self.momentum_backbone and "key_backbone" in state
+        if not self._key_projector or (needs_backbone and not self._key_backbone):
+            self._pending_keys = state
+            return
+        if "key_projector" in state:
+            self._key_projector[0].load_state_dict(state["key_projector"])
+        if needs_backbone:
+            self._key_backbone[0].load_state_dict(state["key_backbone"])
+        self._pending_keys = None
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        if prefix + "_extra_state" in missing_keys:  # a checkpoint from before the key encoder was saved
+            missing_keys.remove(prefix + "_extra_state")
+            warnings.warn(
+                "this Bi-tuning checkpoint has no momentum key encoder (written by an earlier coretune): the key "
+                "encoder restarts from the current backbone and projector",
+                stacklevel=2,
+            )
 
     @property
     def key_projector(self) -> nn.Module:
@@ -145,9 +208,11 @@ class BiTuning(Objective):
                     "training (or set momentum_backbone=False)"
                 )
             if inputs is None:
+                view = "a second augmented view of the images" if self.key_view == "second" else "the images"
                 raise ValueError(
-                    "bi_tuning with momentum_backbone=True needs the batch's images: call "
-                    "objective(features, labels, inputs=images) (or set momentum_backbone=False)"
+                    f"bi_tuning with momentum_backbone=True needs the batch's images for its keys: call "
+                    f"objective(features, labels, inputs=...) with {view} (key_view={self.key_view!r}), or set "
+                    "momentum_backbone=False"
                 )
             key_backbone = move_to(self._key_backbone[0], inputs.device)
             mirror_modes(self._backbone[0], key_backbone)

@@ -26,8 +26,8 @@ from .engine import (
     default_callbacks,
     default_precision,
     quiet_lightning,
+    with_atomic_io,
 )
-from .engine.checkpoint_io import AtomicCheckpointIO
 
 __all__ = ["main"]
 
@@ -133,8 +133,7 @@ class FitCLI(LightningCLI):
         trainer = self._get(self.config_init, "trainer", default={})
         show_progress = trainer.get("enable_progress_bar") is not False
         self.trainer_defaults["callbacks"] = default_callbacks(None, progress=show_progress)
-        plugins = trainer.get("plugins") or []
-        kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO()]
+        kwargs["plugins"] = with_atomic_io(trainer.get("plugins"))
         return super().instantiate_trainer(**kwargs)
 
     def after_fit(self) -> None:

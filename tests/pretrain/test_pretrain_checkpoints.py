@@ -1,6 +1,7 @@
 """Pre-training writes SimCLR / MoCo-v2 checkpoints in their reference layouts, and every backbone tensor of
 them loads back through create_backbone; the MoCo key encoder follows the momentum update."""
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 from PIL import Image
 
 from coretune.cli import main
+from coretune.engine import checkpoint_io
 from coretune.models import create_backbone, load_pretrained
 from coretune.pretrain import PRETRAINED_FILENAME, ContrastivePretrainer, MoCoV2, SimCLR
 from coretune.pretrain.cli import translate_args
@@ -105,7 +107,14 @@ def _image_folder(root: Path, n: int = 12) -> Path:
 
 
 @pytest.mark.parametrize("method", ["simclr", "moco_v2"])
-def test_pretrain_command_writes_loadable_checkpoints_and_resumes(method: str, tmp_path: Path) -> None:
+def test_pretrain_command_writes_loadable_checkpoints_and_resumes(
+    method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    atomic: list[str] = []
+    save = checkpoint_io.atomic_torch_save
+    monkeypatch.setattr(
+        checkpoint_io, "atomic_torch_save", lambda obj, path: (atomic.append(Path(path).name), save(obj, path))
+    )
     images = _image_folder(tmp_path / "images")
     run_dir = tmp_path / "run"
     args = _cli(
@@ -114,7 +123,11 @@ def test_pretrain_command_writes_loadable_checkpoints_and_resumes(method: str, t
     )
     if method == "moco_v2":
         args += ["--model.queue_size", "8"]
-    main([*args, "--trainer.max_epochs", "1"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main([*args, "--trainer.max_epochs", "1"])
+    assert not [w for w in caught if "Unable to serialize" in str(w.message)]  # jsonargparse and the IO plugin
+    assert "last.ckpt" in atomic  # Lightning's checkpoints go through AtomicCheckpointIO
     weights = run_dir / PRETRAINED_FILENAME
     ckpt = torch.load(weights, weights_only=True)
     assert ckpt["epoch"] == 1 and ckpt["arch"] == "small_cnn"

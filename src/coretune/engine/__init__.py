@@ -1,7 +1,7 @@
 """The training engine: Lightning module, trainer set-up, run outputs, optimisers and schedules."""
 
 from .callbacks import RunArtifacts, plot_learning_curves, read_metrics, update_results
-from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save
+from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, with_atomic_io
 from .interrupts import StopOnSignal, TrainingInterrupted
 from .module import FineTuner, NonFiniteLossError
 from .optim import build_optimizer, lr_factor
@@ -25,4 +25,5 @@ __all__ = [
     "quiet_lightning",
     "read_metrics",
     "update_results",
+    "with_atomic_io",
 ]

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-__all__ = ["AtomicCheckpointIO", "atomic_torch_save"]
+__all__ = ["AtomicCheckpointIO", "atomic_torch_save", "with_atomic_io"]
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
@@ -36,3 +36,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
     ) -> None:
         atomic_torch_save(checkpoint, path)
+
+
+def with_atomic_io(plugins: Any) -> list[Any]:
+    """A Trainer's ``plugins`` (``None``, one or a list) plus :class:`AtomicCheckpointIO`. The CLIs add it when
+    they instantiate the trainer rather than as a default: jsonargparse cannot write an instance into the saved
+    ``config.yaml`` (it warned "Unable to serialize instance")."""
+    plugins = plugins or []
+    return [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO()]

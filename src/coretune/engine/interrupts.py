@@ -110,7 +110,7 @@ class StopOnSignal(L.Callback):
         if batch_idx + 1 >= trainer.num_training_batches or not self._stop_requested(trainer):
             return  # the epoch's last batch: stop at the epoch end instead, after its validation and checkpoint
         path = _last_checkpoint_path(trainer)
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # a full, resumable checkpoint (says so: no log line)
         self._raise(path, f"at epoch {trainer.current_epoch}, step {trainer.global_step}")
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

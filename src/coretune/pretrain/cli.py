@@ -13,7 +13,7 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 
-from ..engine import quiet_lightning
+from ..engine import quiet_lightning, with_atomic_io
 from .data import PretrainData
 from .module import PRETRAINED_FILENAME, ContrastivePretrainer, MoCoV2, SimCLR, pretrain_trainer_defaults
 
@@ -69,6 +69,10 @@ class PretrainCLI(LightningCLI):
         if config.get("ckpt_path") is None and last.is_file():
             config["ckpt_path"] = str(last)
 
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        kwargs["plugins"] = with_atomic_io(self._get(self.config_init, "trainer", default={}).get("plugins"))
+        return super().instantiate_trainer(**kwargs)
+
     def after_fit(self) -> None:
         if self.trainer.interrupted or not self.trainer.is_global_zero:
             return
@@ -100,7 +104,7 @@ def run(args: list[str]) -> None:
         args=["fit", *translate_args(args)],
         subclass_mode_model=True,
         seed_everything_default=0,
-        trainer_defaults=pretrain_trainer_defaults(),
+        trainer_defaults={k: v for k, v in pretrain_trainer_defaults().items() if k != "plugins"},
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"fit": {"default_env": False}},
         auto_configure_optimizers=False,

@@ -6,6 +6,7 @@ import os
 from typing import Literal, get_args
 
 import lightning as L
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
 from ..distributed import rank, world_size
@@ -295,7 +296,15 @@ class ImageClassificationData(L.LightningDataModule):
         return self._eval_loader(ds)
 
     def _eval_loader(self, dataset: Dataset) -> DataLoader:
-        return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False, **self._loader_options())
+        """In file order; under ``torch.distributed`` each process reads every W-th image, each image once (Lightning's
+        default ``DistributedSampler`` pads the split with repeated images to a multiple of W, so accuracies would
+        count up to W − 1 images twice)."""
+        sampler = None
+        if world_size() > 1:
+            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=False)
+        return DataLoader(
+            dataset, batch_size=self.eval_batch_size, shuffle=False, sampler=sampler, **self._loader_options()
+        )
 
     def _loader_options(self) -> dict[str, object]:
         return {

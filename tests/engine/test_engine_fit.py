@@ -227,3 +227,36 @@ def test_a_two_view_objective_needs_a_data_module_that_makes_views(tmp_path: Pat
     trainer = make_trainer(tmp_path, progress=False, max_epochs=1, enable_model_summary=False)
     with pytest.raises(ValueError, match=r"'bi_tuning' needs 2 augmented views .* train_views attribute"):
         trainer.fit(model, train_dataloaders=loader)
+
+
+def _step_draws(monkeypatch: pytest.MonkeyPatch, process: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the backbone (as dropout would) and the objective draw from torch's generator in one training step
+    of process ``process`` (step 0, seed 0)."""
+    import coretune.engine.module as engine_module
+
+    monkeypatch.setattr(engine_module, "rank", lambda: process)
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+    model = FineTuner(create("ce_mix"), backbone="small_cnn")
+    model.build(3)
+    draws: dict[str, torch.Tensor] = {}
+
+    def dropout_like(module: torch.nn.Module, inputs: object, output: torch.Tensor) -> None:
+        draws.setdefault("backbone", torch.rand(4))
+
+    model.backbone.register_forward_hook(dropout_like)
+    forward = model.objective.forward
+    model.objective.forward = lambda *a, **k: (draws.setdefault("objective", torch.rand(4)), forward(*a, **k))[1]
+    with pytest.warns(UserWarning, match="self.trainer"):  # no Trainer: Lightning skips the logging
+        model.training_step((torch.randn(4, 3, 16, 16), torch.tensor([0, 1, 2, 0])), 0)
+    return draws["backbone"], draws["objective"]
+
+
+def test_processes_share_the_objectives_draws_but_not_the_backbones(monkeypatch: pytest.MonkeyPatch) -> None:
+    from coretune.engine.module import step_seed
+
+    backbone0, objective0 = _step_draws(monkeypatch, 0)
+    backbone1, objective1 = _step_draws(monkeypatch, 1)
+    torch.manual_seed(step_seed(0, 0))
+    assert torch.equal(backbone0, torch.rand(4))  # process 0 (and a single process): the step's seed, as before
+    assert not torch.equal(backbone0, backbone1)  # dropout masks differ across processes, as their images do
+    assert torch.equal(objective0, objective1)  # mixup weights, negatives: the same for the global batch

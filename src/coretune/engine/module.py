@@ -11,7 +11,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from ..distributed import scale_grad, world_size
+from ..distributed import rank, scale_grad, world_size
 from ..models import create_backbone, load_checkpoint_file
 from ..objectives import CETuning, Objective
 from ..objectives import get as get_objective
@@ -196,10 +196,12 @@ class FineTuner(L.LightningModule):
         return self.objective.predict(self.backbone(self._images(x)))
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        # The objective's draws (mixup weights, random negatives) depend on (seed, step) only, so a run resumed
-        # from a checkpoint repeats the uninterrupted run exactly (the data module does the same per image), and
-        # every DDP process draws the same values for the global batch it mines.
-        torch.manual_seed(step_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)), self.global_step))
+        # Every draw depends on (seed, step) only, so a run resumed from a checkpoint repeats the uninterrupted run
+        # exactly (the data module does the same per image). The backbone's own draws (dropout, stochastic depth)
+        # also depend on the process, like its images; the objective's (mixup weights, random negatives) do not,
+        # so every DDP process draws the same values for the global batch it mines.
+        seed = step_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)), self.global_step)
+        torch.manual_seed(step_seed(seed, rank()) if rank() else seed)
         x, y = self.task.unpack(batch)
         if isinstance(x, (list, tuple)):  # (query view, second view): Objective.input_views == 2
             x, inputs = self._images(x[0]), self._images(x[1])
@@ -210,6 +212,7 @@ class FineTuner(L.LightningModule):
             # Every process computes the loss of the global batch, but its backbone only sees its own rows'
             # gradient; DDP's average over W processes would leave 1/W of the single-process gradient.
             z = scale_grad(z, world_size())
+        torch.manual_seed(seed)
         out = self.objective(z, y, inputs=inputs)
         if not torch.isfinite(out.loss):
             terms = ", ".join(f"{k}={float(v):.4g}" for k, v in out.terms.items())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import pickle
 import re
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -287,6 +288,18 @@ def test_skip_mode_drops_bad_files_with_one_warning(tree: Path) -> None:
     assert dm.class_counts() == {"bird": 5, "cat": 6, "dog": 6}
     assert dm.class_counts("val") == {"bird": 2, "cat": 2, "dog": 1}
     assert sum(len(b[1]) for b in dm.val_dataloader()) == 5
+
+
+def test_skip_mode_warns_on_the_first_process_only(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import coretune.data.images as images
+
+    break_file(tree / "train" / "bird" / "bird_000.png")
+    monkeypatch.setattr(images, "rank", lambda: 1)  # another DDP process reads the same files
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dm = module(tree, on_bad_image="skip")
+        dm.setup()
+    assert dm.class_counts()["bird"] == 5  # the file is still left out
 
 
 def test_skip_mode_warning_lists_only_the_first_files(make_tree: MakeTree) -> None:

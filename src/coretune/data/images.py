@@ -11,6 +11,7 @@ import numpy as np
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from ..distributed import rank
 from .errors import DataError, ImageDecodeError
 
 __all__ = [
@@ -115,9 +116,10 @@ def find_bad_images(paths: Sequence[str], num_threads: int | None = None) -> lis
 
 
 def warn_skipped(bad: Iterable[tuple[str, str]], total: int, show: int = 5) -> None:
-    """Issue ONE :class:`SkippedImagesWarning` with the number of skipped files and the first ``show``."""
+    """Issue ONE :class:`SkippedImagesWarning` with the number of skipped files and the first ``show`` (on the
+    process of rank 0 only: under ``torch.distributed`` every process reads the same files)."""
     bad = list(bad)
-    if not bad:
+    if not bad or rank() != 0:
         return
     listed = "; ".join(f"{path} ({why})" for path, why in bad[:show])
     more = f"; … and {len(bad) - show} more" if len(bad) > show else ""

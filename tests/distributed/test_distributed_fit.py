@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -69,3 +70,43 @@ def test_two_process_fit_writes_one_set_of_outputs(tmp_path: Path) -> None:
 def test_sync_batchnorm_on_cpu_is_refused_with_the_fix(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"--trainer.sync_batchnorm true needs GPUs .*drop it when training on CPU"):
         main(["fit", f"--data.root={tmp_path}", "--trainer.accelerator=cpu", "--trainer.sync_batchnorm=true"])
+
+
+class _SaveHeads(L.Callback):
+    """Each process uses torch's generator its own way before every epoch (as a user's callback may) and saves
+    its classifier at the end of training."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        torch.rand(1 + trainer.global_rank)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        state = {k: v.clone() for k, v in pl_module.objective.classifier.state_dict().items()}
+        torch.save(state, Path(self.folder) / f"rank{trainer.global_rank}.pt")
+
+
+@pytest.mark.ddp
+def test_rifle_reinitialises_the_classifier_identically_on_every_process(tmp_path: Path) -> None:
+    from coretune.data import ImageClassificationData
+    from coretune.engine import FineTuner, make_trainer
+    from coretune.objectives import create
+    from image_trees import make_image_tree
+
+    root = make_image_tree(tmp_path / "data", per_class=8, val_per_class=2, size=16)
+    model = FineTuner(create("rifle"), backbone="small_cnn")  # 3 epochs: re-initialised at epochs 1 and 2
+    trainer = make_trainer(
+        tmp_path / "run",
+        progress=False,
+        max_epochs=3,
+        strategy="ddp_spawn",
+        devices=2,
+        accelerator="cpu",
+        precision="32-true",
+        callbacks=[_SaveHeads(str(tmp_path))],
+        enable_model_summary=False,
+    )
+    trainer.fit(model, datamodule=ImageClassificationData(root=str(root), image_size=16, batch_size=4))
+    heads = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])  # no silent divergence across processes

@@ -176,8 +176,8 @@ def _assert_same_state(a: object, b: object, key: str) -> None:
 
 @pytest.mark.parametrize(
     ("val_every", "objective"),
-    [(1, "core"), (2, "core"), (1, "bi_tuning")],
-    ids=["validated-epoch", "unvalidated-epoch", "bi_tuning-momentum-keys"],
+    [(1, "core"), (2, "core"), (1, "bi_tuning"), (1, "rifle")],
+    ids=["validated-epoch", "unvalidated-epoch", "bi_tuning-momentum-keys", "rifle-reinit-at-the-resumed-epoch"],
 )
 def test_resume_repeats_the_uninterrupted_run(image_tree: Path, tmp_path: Path, val_every: int, objective: str) -> None:
     """``last.ckpt`` holds the latest epoch even when that epoch ran no validation (check_val_every_n_epoch > 1),

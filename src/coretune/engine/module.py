@@ -26,6 +26,12 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step + 1) % 2**63
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The RNG seed of the start of epoch ``epoch`` (objective hooks, e.g. RIFLE's re-initialisation), away from
+    the step seeds."""
+    return (seed * 1_000_003 + 2**40 + epoch) % 2**63
+
+
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite."""
 
@@ -302,6 +308,8 @@ class FineTuner(L.LightningModule):
             )
 
     def on_train_epoch_start(self) -> None:
+        # Seeded by (seed, epoch): a re-initialisation (RIFLE) is the same on every DDP process and after a resume.
+        torch.manual_seed(epoch_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)), self.current_epoch))
         self.objective.on_train_epoch_start(self.current_epoch, self.trainer.max_epochs or 1)
         if self.objective.needs_optimizer_reset:  # e.g. RIFLE re-initialised the classifier
             optimizer = self.optimizers()

@@ -117,7 +117,7 @@ class ContrastivePretrainer(L.LightningModule):
         loss = self.contrastive_loss(view1, view2)
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
-                f"the {self.method} loss is {float(loss)} at epoch {self.current_epoch}, "
+                f"the {self.method} loss is {float(loss.detach())} at epoch {self.current_epoch}, "
                 f"step {self.global_step}: lower the learning rate (--model.lr) or train in float32 "
                 "(--trainer.precision 32-true)"
             )

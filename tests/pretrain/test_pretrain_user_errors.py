@@ -1,0 +1,144 @@
+"""`coretune pretrain` with bad inputs and interruptions: one clear line each (docs/reliability.md, Pre-training)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from coretune.cli import main
+from coretune.engine import read_metrics
+from coretune.pretrain import PRETRAINED_FILENAME
+
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def _images(root: Path, n: int = 12) -> Path:
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        folder = root / ("a" if i % 2 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return root
+
+
+def pretrain_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        "pretrain",
+        f"--data.root={root}",
+        "--model.backbone=small_cnn",
+        "--model.proj_dim=16",
+        "--data.image_size=16",
+        "--data.batch_size=4",  # 12 images: 3 steps per epoch
+        "--trainer.max_epochs=1",
+        f"--run_dir={run_dir}",
+        *QUIET,
+        *extra,
+    ]
+
+
+IMAGES = lambda tmp: _images(tmp / "data")  # noqa: E731 — a parametrize entry like the lambdas below
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _images(tmp_path_factory.mktemp("pretrain") / "images")
+
+
+def _one_image(root: Path) -> Path:
+    (root / "a").mkdir(parents=True)
+    Image.new("RGB", (32, 32)).save(root / "a" / "x.png")
+    return root
+
+
+def _corrupt(root: Path) -> Path:
+    _images(root)
+    (root / "a" / "1.png").write_bytes(b"not a png")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("make_root", "extra", "message"),
+    [
+        (lambda t: t / "missing", [], r"image folder .*missing does not exist: pass an existing folder$"),
+        (lambda t: (t / "empty").mkdir() or t / "empty", [], r"empty contains no image files \(.*point it at a folder"),
+        (lambda t: _one_image(t / "one"), [], r"one holds a single image: contrastive pre-training needs at least 2$"),
+        (lambda t: _corrupt(t / "bad"), [], r"cannot decode image .*1\.png.* pass --data\.on_bad_image skip$"),
+        (IMAGES, ["--data.batch_size=1"], r"batch_size must be >= 2 for contrastive pre-training \(got 1\)$"),
+        (IMAGES, ["--data.crop_scale=[0.9,0.2]"], r"invalid augmentation settings: crop_scale must satisfy .*"),
+        (IMAGES, ["--method", "byol"], r"unknown pre-training method 'byol': choose one of simclr, moco_v2$"),
+        (IMAGES, ["--model.temperature=0"], r"^coretune pretrain: error: invalid simclr settings: temperature must"),
+        (IMAGES, ["--model.weights=nope.pth"], r"error: checkpoint nope\.pth does not exist: check the path given as"),
+        (IMAGES, ["--model.backbone=resnet999"], r"error: unknown backbone 'resnet999': choose one of .*timm"),
+        (IMAGES, ["--method=moco_v2", "--model.queue_size=64"], r"queue_size 64 exceeds the 12 training images"),
+    ],
+    ids=[
+        "missing-folder", "empty-folder", "one-image", "corrupt-image", "batch-of-1", "bad-augmentation",
+        "unknown-method", "bad-temperature", "missing-init-weights", "unknown-backbone", "queue-too-long",
+    ],
+)  # fmt: skip
+def test_user_errors_are_one_line(make_root: object, extra: list[str], message: str, tmp_path: Path) -> None:
+    root = make_root(tmp_path)  # type: ignore[operator]
+    with pytest.raises(SystemExit) as stop:
+        main(pretrain_args(root, tmp_path / "run", *extra))
+    text = str(stop.value.code)
+    assert text.startswith("coretune pretrain: error: ") and "\n" not in text, text
+    assert re.search(message, text), text
+
+
+def test_corrupt_images_can_be_skipped(tmp_path: Path) -> None:
+    root = _corrupt(tmp_path / "bad")
+    with pytest.warns(UserWarning, match=r"skipped 1 unreadable image file\(s\) of 12"):
+        main(pretrain_args(root, tmp_path / "run", "--data.on_bad_image=skip"))
+    assert (tmp_path / "run" / PRETRAINED_FILENAME).is_file()
+
+
+def test_non_finite_loss_stops_with_the_step(images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import coretune.pretrain.module as module
+
+    monkeypatch.setattr(module, "nt_xent", lambda z1, z2, t: (z1.sum() + z2.sum()) * float("nan"))
+    with pytest.raises(SystemExit, match=r"^coretune pretrain: error: .*(NaN|nan).* epoch 0, step 0"):
+        main(pretrain_args(images, tmp_path / "run"))
+
+
+HELPER = textwrap.dedent(
+    """
+    import os
+    import lightning as L
+
+
+    class SendSignal(L.Callback):
+        def __init__(self, signum: int = 15, step: int = 1) -> None:
+            self.signum, self.step = signum, step
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == self.step:
+                os.kill(os.getpid(), self.signum)
+    """
+)
+
+
+def test_ctrl_c_saves_a_resumable_checkpoint_and_the_rerun_continues(
+    images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "helper").mkdir()
+    (tmp_path / "helper" / "pretrain_signal.py").write_text(HELPER)
+    monkeypatch.syspath_prepend(str(tmp_path / "helper"))
+    run = tmp_path / "run"
+    args = pretrain_args(images, run, "--trainer.max_epochs=2")
+    stop_at = ["--trainer.callbacks+=pretrain_signal.SendSignal", f"--trainer.callbacks.signum={int(signal.SIGINT)}"]
+    with pytest.raises(SystemExit) as stop:
+        main([*args, *stop_at, "--trainer.callbacks.step=4"])  # epoch 1, after its first batch
+    assert stop.value.code == 128 + signal.SIGINT
+    ckpt = run / "checkpoints" / "last.ckpt"
+    assert f"stopped by SIGINT at epoch 1, step 4; saved a resumable checkpoint to {ckpt}" in capsys.readouterr().err
+    assert torch.load(ckpt, weights_only=True)["global_step"] == 4
+    main(args)  # the same command: resumes from checkpoints/last.ckpt
+    assert torch.load(run / PRETRAINED_FILENAME, weights_only=True)["epoch"] == 2
+    assert [(r["epoch"], r["step"]) for r in read_metrics(run / "metrics.csv")] == [("0", "3"), ("1", "6")]

@@ -2,9 +2,10 @@
 
 from pathlib import Path
 
+import pytest
 import yaml
 
-from coretune.cli import translate_args
+from coretune.cli import main, translate_args
 
 
 def test_objective_names_become_class_paths_with_presets() -> None:
@@ -41,3 +42,23 @@ def test_registry_names_work_inside_yaml_configs(tmp_path: Path) -> None:
     plain = tmp_path / "plain.yaml"
     plain.write_text("objective:\n  class_path: coretune.objectives.CETuning\n")
     assert translate_args(["--config", str(plain)]) == [f"--config={plain}"]
+
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted([*CONFIGS.glob("*.yaml"), *CONFIGS.glob("cpu/*.yaml")]),
+    ids=lambda p: str(p.relative_to(CONFIGS)),
+)
+def test_shipped_fit_configs_parse(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every shipped config is a valid `coretune fit --config` (class paths, option names and types)."""
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(path), "--print_config"])
+    assert done.value.code in (None, 0)
+    config = yaml.safe_load(capsys.readouterr().out)
+    written = yaml.safe_load(path.read_text())
+    assert config["objective"]["class_path"].startswith("coretune.objectives.")
+    assert config["model"]["backbone"] == written["model"]["backbone"]
+    assert config["trainer"]["max_epochs"] == written["trainer"]["max_epochs"]

@@ -99,6 +99,22 @@ def test_timm_vit_tiny_at_32px_through_img_size() -> None:
     assert len(encoder.stages()) == 12 and encoder.stages()[0] is encoder.body.blocks[0]
 
 
+def test_timm_vits_take_any_image_size_by_default() -> None:
+    encoder = create_backbone("timm/vit_tiny_patch16_224")  # dynamic_img_size: pos_embed stays 14×14
+    assert encoder.body.pos_embed.shape == (1, 1 + 14 * 14, 192)
+    for size in (32, 64, 224):
+        assert encoder(torch.randn(1, 3, size, size)).shape == (1, 192)
+
+
+def test_backbone_args_reach_the_constructor_through_the_fine_tuner() -> None:
+    from coretune.engine import FineTuner
+
+    model = FineTuner(backbone="timm/vit_tiny_patch16_224", backbone_args={"drop_path_rate": 0.1})
+    assert model.backbone.body.blocks[-1].drop_path1.drop_prob == pytest.approx(0.1)
+    with pytest.raises(ValueError, match=r"timm model 'resnet10t' does not accept options \['img_size'\]"):
+        FineTuner(backbone="timm/resnet10t", backbone_args={"img_size": 32})
+
+
 def test_unknown_backbone_lists_names_and_the_timm_form() -> None:
     with pytest.raises(ValueError, match=r"unknown backbone 'resnet19'") as info:
         create_backbone("resnet19")

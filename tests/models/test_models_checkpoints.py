@@ -473,3 +473,28 @@ def test_unexpected_backbone_tensors_are_an_error_unless_allowed(tmp_path: Path)
     report = load_pretrained(encoder, path, allow_unexpected=True)
     assert len(report.loaded) == 120 and len(report.unexpected) == 96
     assert all(torch.equal(v, resnet34[k]) for k, v in encoder.body.state_dict().items())
+
+
+def test_vit_position_embedding_is_resampled_to_the_models_grid(tmp_path: Path) -> None:
+    """A ViT pre-trained at 224 px (14×14 patches) loads into one built for 64 px (4×4): the grid part of
+    ``pos_embed`` is interpolated bicubically (as timm does), the class token's embedding is kept."""
+    import torch.nn.functional as F
+
+    pretrained = create_backbone("timm/vit_tiny_patch16_224", img_size=224)
+    saved = randomised(pretrained, seed=1)
+    path = tmp_path / "vit.pth"
+    torch.save({"state_dict": saved}, path)
+    encoder = create_backbone("timm/vit_tiny_patch16_224", img_size=64)
+
+    report = load_pretrained(encoder, path)
+
+    assert report.resampled == ["pos_embed: 14×14 → 4×4"] and "resampled pos_embed: 14×14 → 4×4" in report.summary()
+    assert sorted(report.loaded) == sorted(saved) and report.missing == report.unexpected == []
+    old = saved["pos_embed"]
+    grid = old[:, 1:].reshape(1, 14, 14, 192).permute(0, 3, 1, 2)
+    small = F.interpolate(grid, size=(4, 4), mode="bicubic", antialias=True, align_corners=False)
+    expected = torch.cat([old[:, :1], small.permute(0, 2, 3, 1).reshape(1, 16, 192)], dim=1)
+    torch.testing.assert_close(encoder.body.pos_embed.detach(), expected)
+    state = encoder.body.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in saved.items() if k != "pos_embed")
+    assert encoder(torch.randn(2, 3, 64, 64)).shape == (2, 192)

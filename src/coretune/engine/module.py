@@ -61,6 +61,8 @@ class FineTuner(L.LightningModule):
             ``small_cnn``, or ``timm/<model>``).
         weights: a local pre-trained checkpoint to load into the backbone (``None``: random initialisation).
         weights_format: checkpoint layout (``auto`` detects it).
+        backbone_args: options of the backbone's constructor, e.g. ``{drop_path_rate: 0.1}`` for a timm ViT
+            (``--model.backbone_args '{drop_path_rate: 0.1}'``). timm ViTs take any image size by default.
         optimizer: ``sgd`` (Nesterov momentum, the paper's), ``adam`` (domain generalisation) or ``adamw``.
         lr: learning rate of the new heads, and of the backbone unless ``backbone_lr`` is given.
         backbone_lr: separate learning rate of the pre-trained backbone.
@@ -81,6 +83,7 @@ class FineTuner(L.LightningModule):
         backbone: str = "resnet50",
         weights: str | None = None,
         weights_format: str = "auto",
+        backbone_args: dict[str, Any] | None = None,
         optimizer: OptimizerName = "sgd",
         lr: float = 0.01,
         backbone_lr: float | None = None,
@@ -102,7 +105,9 @@ class FineTuner(L.LightningModule):
         if problems:
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective"])
-        self.backbone = create_backbone(backbone, weights=weights, weights_format=weights_format)
+        self.backbone = create_backbone(
+            backbone, weights=weights, weights_format=weights_format, **(backbone_args or {})
+        )
         self.objective = objective if objective is not None else CETuning()
         self.task = TASKS[task]()
         self.class_names: list[str] | None = None

@@ -156,15 +156,27 @@ def create_backbone(
 
 
 def _timm_encoder(model_name: str, **kwargs: Any) -> Encoder:
-    """Any timm model without its classifier (``num_classes=0`` keeps the pooling), never pre-trained."""
+    """Any timm model without its classifier (``num_classes=0`` keeps the pooling), never pre-trained.
+
+    Models with a fixed input size (ViTs: ``img_size``) are built with ``dynamic_img_size=True`` unless ``kwargs``
+    set ``img_size`` or ``dynamic_img_size``: they then take any image size (the position embedding is
+    interpolated at each forward), so a ViT pre-trained at 224 px fine-tunes at 64 px with its weights as they are.
+    """
     if not timm.is_model(model_name):
         close = timm.list_models(f"*{model_name}*")[:8]
         hint = f" (similar: {', '.join(close)})" if close else ""
         raise ValueError(f"unknown timm model {model_name!r}{hint}: timm.list_models() lists the valid names")
-    try:
-        body = timm.create_model(model_name, pretrained=False, num_classes=0, **kwargs)
-    except TypeError as err:
-        raise ValueError(f"timm model {model_name!r} does not accept options {sorted(kwargs)}: {err}") from err
+    body = None
+    if not {"img_size", "dynamic_img_size"} & set(kwargs):
+        try:
+            body = timm.create_model(model_name, pretrained=False, num_classes=0, dynamic_img_size=True, **kwargs)
+        except TypeError:
+            body = None  # a model without that option (CNNs take any size anyway)
+    if body is None:
+        try:
+            body = timm.create_model(model_name, pretrained=False, num_classes=0, **kwargs)
+        except TypeError as err:
+            raise ValueError(f"timm model {model_name!r} does not accept options {sorted(kwargs)}: {err}") from err
     classifier = body.pretrained_cfg.get("classifier") or ()
     classifier_names = (classifier,) if isinstance(classifier, str) else tuple(classifier)
     stage_names = tuple(info["module"] for info in getattr(body, "feature_info", None) or ())

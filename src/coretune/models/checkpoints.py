@@ -11,6 +11,7 @@ read with ``torch.load(weights_only=True)`` or safetensors, so no code stored in
 from __future__ import annotations
 
 import argparse
+import math
 import pickle
 import re
 import zipfile
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from torch import Tensor
+from torch import Tensor, nn
 
 from .backbones import Encoder
 
@@ -307,6 +308,8 @@ class LoadReport:
         dropped: checkpoint keys the layout set aside (heads, projectors, momentum encoders, queues).
         total: number of tensors in the backbone's state dict.
         prefix: the prefix the layout stripped (groups ``dropped`` in :meth:`summary`).
+        resampled: position embeddings interpolated to the model's patch grid (``key: old grid → new grid``),
+            e.g. a ViT pre-trained at 224 px loaded into one built for 64 px.
     """
 
     layout: str
@@ -317,6 +320,7 @@ class LoadReport:
     dropped: list[str] = field(default_factory=list)
     total: int = 0
     prefix: str = ""
+    resampled: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         """One line, e.g. ``layout 'moco' (state_dict['module.encoder_q.*']) — 120/120 tensors loaded, …``."""
@@ -328,6 +332,8 @@ class LoadReport:
             groups = _groups(self.dropped, self.prefix)
             shown = ", ".join(groups[:4]) + (", …" if len(groups) > 4 else "")
             text += f"; dropped {len(self.dropped)} non-backbone tensors ({shown})"
+        if self.resampled:
+            text += "; resampled " + ", ".join(self.resampled)
         return text
 
 
@@ -407,6 +413,29 @@ def _is_required(key: str) -> bool:
     return not key.endswith("num_batches_tracked")
 
 
+def _resample_position_embeddings(
+    body: nn.Module, state: dict[str, Tensor], model_state: dict[str, Tensor]
+) -> list[str]:
+    """Interpolate (bicubic, in place in ``state``) a ViT's absolute position embedding ``pos_embed`` whose patch
+    grid differs from the model's, as timm does for its own checkpoints; the class/register tokens' embeddings
+    are kept. Returns ``["pos_embed: 14×14 → 4×4"]`` or ``[]``."""
+    key = "pos_embed"
+    grid = getattr(getattr(body, "patch_embed", None), "grid_size", None)
+    if key not in state or key not in model_state or grid is None:
+        return []
+    old, new = state[key], model_state[key]
+    if old.shape == new.shape or old.dim() != 3 or old.shape[-1] != new.shape[-1]:
+        return []  # same grid, or not a (1, tokens, dim) embedding of the same width: the shape check reports it
+    from timm.layers import resample_abs_pos_embed
+
+    prefix = 0 if getattr(body, "no_embed_class", False) else int(getattr(body, "num_prefix_tokens", 1))
+    side = math.isqrt(old.shape[1] - prefix)
+    if side * side != old.shape[1] - prefix:
+        return []
+    state[key] = resample_abs_pos_embed(old, new_size=list(grid), old_size=[side, side], num_prefix_tokens=prefix)
+    return [f"{key}: {side}×{side} → {grid[0]}×{grid[1]}"]
+
+
 def load_pretrained(
     encoder: Encoder,
     path: str | Path,
@@ -428,6 +457,7 @@ def load_pretrained(
     raw = load_checkpoint_file(path)
     layout, extraction = extract_backbone_state(raw, encoder, weights_format, path)
     model_state = encoder.body.state_dict()
+    resampled = _resample_position_embeddings(encoder.body, extraction.state, model_state)
     loaded = [k for k in model_state if k in extraction.state]
     missing = [k for k in model_state if k not in extraction.state]
     unexpected = [k for k in extraction.state if k not in model_state]
@@ -449,6 +479,7 @@ def load_pretrained(
         extraction.dropped,
         len(model_state),
         extraction.prefix,
+        resampled,
     )
     required = [k for k in missing if _is_required(k)]
     if required and not allow_missing:

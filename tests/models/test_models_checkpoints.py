@@ -66,6 +66,12 @@ def mlp_head(prefix: str) -> State:
     }
 
 
+def as_children(state: State) -> State:
+    """A torchvision ResNet's keys as ``nn.Sequential(*list(resnet.children())[:-1])`` writes them."""
+    order = ["conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4"]
+    return {f"{order.index(k.split('.')[0])}.{k.partition('.')[2]}": v for k, v in state.items()}
+
+
 def sgd_state() -> dict[str, Any]:
     return {"state": {0: {"momentum_buffer": torch.randn(3)}}, "param_groups": [{"lr": 0.03, "params": [0]}]}
 
@@ -257,6 +263,15 @@ CASES = {
         lambda sd, decoy: {"state_dict": {**prefixed("backbone.", sd), **mlp_head("projector.")}},
         lambda n: 8,
         "small_cnn",
+    ),
+    "sequential": Case(  # sthalles/PyTorch-BYOL: encoder = nn.Sequential(*list(resnet.children())[:-1])
+        "sequential",
+        lambda sd, decoy: {
+            "online_network_state_dict": {**prefixed("encoder.", as_children(sd)), **mlp_head("projetion.net.")},
+            "target_network_state_dict": {**prefixed("encoder.", as_children(decoy)), **mlp_head("projetion.net.")},
+            "optimizer_state_dict": sgd_state(),
+        },
+        lambda n: 8,
     ),
     "timm": Case(
         "timm",

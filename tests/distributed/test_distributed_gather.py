@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from coretune import distributed, objectives
 from coretune.mining import mine_hard_pairs
+from coretune.pretrain.losses import global_nt_xent, nt_xent
 
 D, K = 8, 3
 #: (case name, objective, hyper-parameters, rows per rank)
@@ -92,6 +93,21 @@ def _ddp_case(objective: str, sizes: tuple[int, int], rank: int | None) -> dict[
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+def _simclr_case(rank: int | None) -> dict[str, Tensor]:
+    """SimCLR's loss and (DDP-averaged) gradients of a linear embedding, 4 + 4 image pairs (``None``: all 8 in
+    one process). One forward of both views, as ``SimCLR.contrastive_loss``."""
+    g = torch.Generator().manual_seed(3)
+    x1, x2 = torch.randn(8, 5, generator=g), torch.randn(8, 5, generator=g)
+    torch.manual_seed(2)
+    model = nn.Linear(5, 4)
+    net = DistributedDataParallel(model) if rank is not None else model
+    rows = _rows((4, 4), rank)
+    z1, z2 = net(torch.cat([x1[rows], x2[rows]])).chunk(2)
+    loss = global_nt_xent(z1, z2, 0.5)
+    loss.backward()
+    return {"loss": loss.detach(), **{n: p.grad.clone() for n, p in model.named_parameters()}}
+
+
 def _worker(rank: int, folder: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
     try:
@@ -103,6 +119,7 @@ def _worker(rank: int, folder: str) -> None:
         for case, name, hparams, sizes in CASES:
             results[case] = _objective_case(name, hparams, sizes, rank)
         results["ddp_core"] = _ddp_case("core", (6, 6), rank)
+        results["simclr"] = _simclr_case(rank)
         torch.save(results, Path(folder) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -165,6 +182,25 @@ def test_ddp_averaged_parameter_gradients_equal_the_full_batch(ranks: list[dict[
         assert grads.keys() == single.keys()
         for name, grad in single.items():
             assert _close(grads[name], grad), name
+
+
+@pytest.mark.ddp
+def test_simclr_contrasts_the_global_batch_with_the_single_process_gradients(ranks: list[dict[str, Any]]) -> None:
+    single = _simclr_case(None)
+    for result in ranks:  # both processes: the loss of all 16 views, and the full-batch gradients after DDP
+        assert result["simclr"].keys() == single.keys()
+        for name, value in single.items():
+            assert _close(result["simclr"][name], value), name
+    per_process = _simclr_case_local()
+    assert not _close(per_process, single["loss"])  # the per-process loss (4 pairs) differs: not a tautology
+
+
+def _simclr_case_local() -> Tensor:
+    g = torch.Generator().manual_seed(3)
+    x1, x2 = torch.randn(8, 5, generator=g), torch.randn(8, 5, generator=g)
+    torch.manual_seed(2)
+    z1, z2 = nn.Linear(5, 4)(torch.cat([x1[:4], x2[:4]])).chunk(2)
+    return nt_xent(z1, z2, 0.5).detach()
 
 
 def test_single_process_helpers_are_identities() -> None:

@@ -102,7 +102,7 @@ def test_corrupt_images_can_be_skipped(tmp_path: Path) -> None:
 def test_non_finite_loss_stops_with_the_step(images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import coretune.pretrain.module as module
 
-    monkeypatch.setattr(module, "nt_xent", lambda z1, z2, t: (z1.sum() + z2.sum()) * float("nan"))
+    monkeypatch.setattr(module, "global_nt_xent", lambda z1, z2, t: (z1.sum() + z2.sum()) * float("nan"))
     with pytest.raises(SystemExit, match=r"^coretune pretrain: error: .*(NaN|nan).* epoch 0, step 0"):
         main(pretrain_args(images, tmp_path / "run"))
 

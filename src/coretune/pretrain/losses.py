@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["KeyQueue", "moco_infonce", "nt_xent"]
+from ..distributed import batch_sizes, gather_with_grad, scale_grad, world_size
+
+__all__ = ["KeyQueue", "global_nt_xent", "moco_infonce", "nt_xent"]
 
 
 def nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
@@ -26,6 +28,21 @@ def nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
     logits = logits.masked_fill(self_mask, float("-inf"))
     targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(v.device)
     return F.cross_entropy(logits, targets)
+
+
+def global_nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
+    """:func:`nt_xent` over the global batch of a data-parallel run: every process all-gathers both views'
+    projections (its own rows keep their gradient, scaled by the number of processes ``W``) and computes the
+    loss of all ``2·ΣN`` anchors, so every image has the whole global batch as negatives, as SimCLR's TPU
+    implementation. After DDP averages the ``W`` processes' gradients, the parameters get the single-process
+    gradient of the global batch (``docs/scaling.md``). In one process this is :func:`nt_xent`."""
+    w = world_size()
+    if w == 1:
+        return nt_xent(z1, z2, temperature)
+    sizes = batch_sizes(z1.shape[0], z1.device)
+    z1 = gather_with_grad(scale_grad(z1, w), sizes)
+    z2 = gather_with_grad(scale_grad(z2, w), sizes)
+    return nt_xent(z1, z2, temperature)
 
 
 def moco_infonce(q: Tensor, k: Tensor, queue: Tensor, temperature: float = 0.2) -> Tensor:

@@ -36,7 +36,7 @@ from ..engine import (
 from ..engine.optim import OptimizerName, Schedule, optimizer_problems
 from ..heads import ProjectionHead
 from ..models import create_backbone
-from .losses import KeyQueue, moco_infonce, nt_xent
+from .losses import KeyQueue, global_nt_xent, moco_infonce, nt_xent
 
 __all__ = [
     "PRETRAINED_FILENAME",
@@ -147,9 +147,14 @@ class ContrastivePretrainer(L.LightningModule):
 class SimCLR(ContrastivePretrainer):
     """SimCLR: NT-Xent over the ``2N`` projections of both views of a batch (Chen et al., ICML 2020, Alg. 1).
 
-    Both views go through the encoder in one batch; under DDP the negatives are those of each process's batch.
+    Both views go through the encoder in one batch. Under DDP, ``gather=True`` (default) contrasts the global
+    batch (:func:`~coretune.pretrain.losses.global_nt_xent`: every image against all ``2·B_global − 2`` others,
+    as SimCLR's own implementation); ``gather=False`` keeps each process's batch as its negatives.
     Defaults follow the small-image recipe of the shared ``simclr_resnet18_in20_64px`` checkpoint (τ = 0.2, Adam lr
     1e-3, weight decay 1e-6, cosine decay).
+
+    Args:
+        gather: under DDP, contrast the global batch (see above); ``False``: each process's own batch.
     """
 
     method = "simclr"
@@ -167,6 +172,7 @@ class SimCLR(ContrastivePretrainer):
         schedule: Schedule = "cosine",
         warmup_epochs: float = 0.0,
         channels_last: bool = True,
+        gather: bool = True,
     ) -> None:
         super().__init__(
             backbone=backbone,
@@ -181,10 +187,11 @@ class SimCLR(ContrastivePretrainer):
             warmup_epochs=warmup_epochs,
             channels_last=channels_last,
         )
+        self.gather = gather
 
     def contrastive_loss(self, view1: Tensor, view2: Tensor) -> Tensor:
         z1, z2 = self.embed(torch.cat([view1, view2])).chunk(2)
-        return nt_xent(z1, z2, self.hparams.temperature)
+        return (global_nt_xent if self.gather else nt_xent)(z1, z2, self.hparams.temperature)
 
     def pretrained_checkpoint(self) -> dict[str, Any]:
         state = self._prefixed(self.backbone.body, "backbone.") | self._prefixed(self.projector, "projector.")

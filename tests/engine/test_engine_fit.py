@@ -216,6 +216,9 @@ def test_bi_tuning_keys_see_a_second_augmented_view(
     assert data.train_views == 2 and len(key_inputs) == len(queries) == 2
     for key, query in zip(key_inputs, queries, strict=True):
         assert key.shape == query.shape and not torch.equal(key, query)
+    trainer = make_trainer(tmp_path / "ce", progress=False, max_epochs=1, limit_train_batches=1)
+    trainer.fit(FineTuner(create("ce"), backbone="small_cnn"), datamodule=data)  # the same data module, reused
+    assert data.train_views == 1
 
 
 def test_a_two_view_objective_needs_a_data_module_that_makes_views(tmp_path: Path) -> None:

@@ -147,14 +147,14 @@ class FineTuner(L.LightningModule):
         if stage == "fit":
             self.objective.attach_backbone(self.backbone)
             views = self.objective.input_views
-            if views > 1:
-                if datamodule is None or not hasattr(datamodule, "train_views"):
-                    raise ValueError(
-                        f"objective {self.objective.name!r} needs {views} augmented views of each training image "
-                        "(forward's inputs are a second view): use coretune's ImageClassificationData, or a data "
-                        "module with a train_views attribute whose batches are ((view_1, view_2), labels)"
-                    )
-                datamodule.train_views = views
+            if datamodule is not None and hasattr(datamodule, "train_views"):
+                datamodule.train_views = views  # also back to 1 when a data module is reused for another method
+            elif views > 1:
+                raise ValueError(
+                    f"objective {self.objective.name!r} needs {views} augmented views of each training image "
+                    "(forward's inputs are a second view): use coretune's ImageClassificationData, or a data "
+                    "module with a train_views attribute whose batches are ((view_1, view_2), labels)"
+                )
 
     @property
     def num_classes(self) -> int | None:

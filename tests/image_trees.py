@@ -27,3 +27,13 @@ def make_image_tree(
                 pixels = palette[c] + rng.normal(0, 25, size=(size, size, 3))
                 Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(folder / f"{name}_{i}.png")
     return root
+
+
+def make_image_folder(root: Path, n: int = 12, size: int = 32, seed: int = 0) -> Path:
+    """``root/{a,b}/<i>.png``: ``n`` random-noise RGB images (unlabelled data for pre-training)."""
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        folder = root / ("a" if i % 2 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return root

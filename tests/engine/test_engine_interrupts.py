@@ -1,8 +1,8 @@
 """SIGTERM / SIGINT during `coretune fit`: an atomic, resumable checkpoint, one message, and an exact resume.
 
-A helper callback (written into tmp_path, passed with ``--trainer.callbacks+=``) sends the real signal to its own
-process after a fixed optimizer step, so the interruption point is deterministic; the process then has to handle
-an actual OS signal arriving in the middle of a batch.
+A helper callback (``tests/signal_helper.py``, passed with ``--trainer.callbacks+=``) sends the real signal to its
+own process after a fixed optimizer step, so the interruption point is deterministic; the process then has to
+handle an actual OS signal arriving in the middle of a batch.
 """
 
 from __future__ import annotations
@@ -24,22 +24,7 @@ from coretune.engine import read_metrics
 
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 SRC = Path(__file__).resolve().parents[2] / "src"
-
-HELPER = '''
-import os
-import lightning as L
-
-
-class SendSignal(L.Callback):
-    """Sends ``signum`` to this process once optimizer step ``step`` is done."""
-
-    def __init__(self, signum: int = 15, step: int = 1) -> None:
-        self.signum, self.step = signum, step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), self.signum)
-'''
+TESTS = Path(__file__).resolve().parents[1]  # holds signal_helper.py
 
 
 def fit_args(tree: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -73,11 +58,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 
     base = tmp_path_factory.mktemp("interrupts")
     tree = make_image_tree(base / "data")
-    (base / "helper").mkdir()
-    (base / "helper" / "signal_helper.py").write_text(HELPER)
     whole = base / "whole"
     main(fit_args(tree, whole))
-    return tree, base / "helper", whole
+    return tree, TESTS, whole
 
 
 @pytest.fixture

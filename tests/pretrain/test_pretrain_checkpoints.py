@@ -4,16 +4,15 @@ them loads back through create_backbone; the MoCo key encoder follows the moment
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from coretune.cli import main
 from coretune.engine import checkpoint_io
 from coretune.models import create_backbone, load_pretrained
 from coretune.pretrain import PRETRAINED_FILENAME, ContrastivePretrainer, MoCoV2, SimCLR
 from coretune.pretrain.cli import translate_args
+from image_trees import make_image_folder
 
 
 def _roundtrip(module: ContrastivePretrainer, path: Path) -> None:
@@ -97,15 +96,6 @@ def _cli(line: str) -> list[str]:
     return line.split()
 
 
-def _image_folder(root: Path, n: int = 12) -> Path:
-    rng = np.random.default_rng(0)
-    for i in range(n):
-        folder = root / ("a" if i % 2 else "b")
-        folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{i}.png")
-    return root
-
-
 @pytest.mark.parametrize("method", ["simclr", "moco_v2"])
 def test_pretrain_command_writes_loadable_checkpoints_and_resumes(
     method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -115,7 +105,7 @@ def test_pretrain_command_writes_loadable_checkpoints_and_resumes(
     monkeypatch.setattr(
         checkpoint_io, "atomic_torch_save", lambda obj, path: (atomic.append(Path(path).name), save(obj, path))
     )
-    images = _image_folder(tmp_path / "images")
+    images = make_image_folder(tmp_path / "images")
     run_dir = tmp_path / "run"
     args = _cli(
         f"pretrain --method {method} --model.backbone small_cnn --model.proj_dim 16 --data.image_size 16 "
@@ -141,7 +131,7 @@ def test_pretrain_command_writes_loadable_checkpoints_and_resumes(
 
 
 def test_queue_larger_than_the_data_is_refused(tmp_path: Path) -> None:
-    images = _image_folder(tmp_path / "images", n=6)
+    images = make_image_folder(tmp_path / "images", n=6)
     with pytest.raises(SystemExit, match="queue_size 4096 exceeds the 6 training images"):
         main(
             _cli(

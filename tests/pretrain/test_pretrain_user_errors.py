@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import re
 import signal
-import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -15,17 +13,9 @@ from PIL import Image
 from coretune.cli import main
 from coretune.engine import read_metrics
 from coretune.pretrain import PRETRAINED_FILENAME
+from image_trees import make_image_folder
 
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
-
-
-def _images(root: Path, n: int = 12) -> Path:
-    rng = np.random.default_rng(0)
-    for i in range(n):
-        folder = root / ("a" if i % 2 else "b")
-        folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{i}.png")
-    return root
 
 
 def pretrain_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -43,12 +33,12 @@ def pretrain_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-IMAGES = lambda tmp: _images(tmp / "data")  # noqa: E731 — a parametrize entry like the lambdas below
+IMAGES = lambda tmp: make_image_folder(tmp / "data")  # noqa: E731 — a parametrize entry like the lambdas below
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _images(tmp_path_factory.mktemp("pretrain") / "images")
+    return make_image_folder(tmp_path_factory.mktemp("pretrain") / "images")
 
 
 def _one_image(root: Path) -> Path:
@@ -58,7 +48,7 @@ def _one_image(root: Path) -> Path:
 
 
 def _corrupt(root: Path) -> Path:
-    _images(root)
+    make_image_folder(root)
     (root / "a" / "1.png").write_bytes(b"not a png")
     return root
 
@@ -107,32 +97,12 @@ def test_non_finite_loss_stops_with_the_step(images: Path, tmp_path: Path, monke
         main(pretrain_args(images, tmp_path / "run"))
 
 
-HELPER = textwrap.dedent(
-    """
-    import os
-    import lightning as L
-
-
-    class SendSignal(L.Callback):
-        def __init__(self, signum: int = 15, step: int = 1) -> None:
-            self.signum, self.step = signum, step
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            if trainer.global_step == self.step:
-                os.kill(os.getpid(), self.signum)
-    """
-)
-
-
 def test_ctrl_c_saves_a_resumable_checkpoint_and_the_rerun_continues(
-    images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    images: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "helper").mkdir()
-    (tmp_path / "helper" / "pretrain_signal.py").write_text(HELPER)
-    monkeypatch.syspath_prepend(str(tmp_path / "helper"))
     run = tmp_path / "run"
     args = pretrain_args(images, run, "--trainer.max_epochs=2")
-    stop_at = ["--trainer.callbacks+=pretrain_signal.SendSignal", f"--trainer.callbacks.signum={int(signal.SIGINT)}"]
+    stop_at = ["--trainer.callbacks+=signal_helper.SendSignal", f"--trainer.callbacks.signum={int(signal.SIGINT)}"]
     with pytest.raises(SystemExit) as stop:
         main([*args, *stop_at, "--trainer.callbacks.step=4"])  # epoch 1, after its first batch
     assert stop.value.code == 128 + signal.SIGINT

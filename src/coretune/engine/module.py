@@ -32,6 +32,17 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + 2**40 + epoch) % 2**63
 
 
+def _run_seed() -> int:
+    """The run's seed (Lightning's ``seed_everything`` exports it as ``PL_GLOBAL_SEED``)."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
+def _split_views(x: Tensor | list[Tensor] | tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+    """The query images and the images for the objective's ``inputs``: a batch's second view when it holds two
+    (``Objective.input_views == 2``), else the same images."""
+    return (x[0], x[1]) if isinstance(x, (list, tuple)) else (x, x)
+
+
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite."""
 
@@ -211,13 +222,12 @@ class FineTuner(L.LightningModule):
         # exactly (the data module does the same per image). The backbone's own draws (dropout, stochastic depth)
         # also depend on the process, like its images; the objective's (mixup weights, random negatives) do not,
         # so every DDP process draws the same values for the global batch it mines.
-        seed = step_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)), self.global_step)
+        seed = step_seed(_run_seed(), self.global_step)
         torch.manual_seed(step_seed(seed, rank()) if rank() else seed)
         x, y = self.task.unpack(batch)
-        if isinstance(x, (list, tuple)):  # (query view, second view): Objective.input_views == 2
-            x, inputs = self._images(x[0]), self._images(x[1])
-        else:
-            x = inputs = self._images(x)
+        query, key = _split_views(x)
+        x = self._images(query)
+        inputs = x if key is query else self._images(key)
         z = _train_features(self.backbone, x)
         if self.objective.gathers:
             # Every process computes the loss of the global batch, but its backbone only sees its own rows'
@@ -308,13 +318,12 @@ class FineTuner(L.LightningModule):
             loader = self.trainer.datamodule.train_dataloader() if self.trainer.datamodule is not None else []
             batches = map(self.task.unpack, loader)
             self.objective.prepare(
-                (self._images((x[0] if isinstance(x, (list, tuple)) else x).to(self.device)), y.to(self.device))
-                for x, y in batches
+                (self._images(_split_views(x)[0].to(self.device)), y.to(self.device)) for x, y in batches
             )
 
     def on_train_epoch_start(self) -> None:
         # Seeded by (seed, epoch): a re-initialisation (RIFLE) is the same on every DDP process and after a resume.
-        torch.manual_seed(epoch_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)), self.current_epoch))
+        torch.manual_seed(epoch_seed(_run_seed(), self.current_epoch))
         self.objective.on_train_epoch_start(self.current_epoch, self.trainer.max_epochs or 1)
         if self.objective.needs_optimizer_reset:  # e.g. RIFLE re-initialised the classifier
             optimizer = self.optimizers()

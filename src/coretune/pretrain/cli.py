@@ -104,7 +104,7 @@ def run(args: list[str]) -> None:
         args=["fit", *translate_args(args)],
         subclass_mode_model=True,
         seed_everything_default=0,
-        trainer_defaults={k: v for k, v in pretrain_trainer_defaults().items() if k != "plugins"},
+        trainer_defaults=pretrain_trainer_defaults(),
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"fit": {"default_env": False}},
         auto_configure_optimizers=False,

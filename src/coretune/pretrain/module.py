@@ -24,7 +24,6 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 
 from ..engine import (
-    AtomicCheckpointIO,
     NonFiniteLossError,
     RunArtifacts,
     StopOnSignal,
@@ -32,6 +31,7 @@ from ..engine import (
     build_optimizer,
     default_precision,
     lr_factor,
+    with_atomic_io,
 )
 from ..engine.optim import OptimizerName, Schedule, optimizer_problems
 from ..heads import ProjectionHead
@@ -349,18 +349,21 @@ def pretrain_callbacks(run_dir: str | Path | None = None) -> list[Callback]:
 
 def pretrain_trainer_defaults(run_dir: str | Path | None = None) -> dict[str, Any]:
     """``lightning.Trainer`` settings of pre-training: native-bf16 precision where available
-    (:func:`~coretune.engine.default_precision`), no logger, atomic checkpoints and :func:`pretrain_callbacks`."""
+    (:func:`~coretune.engine.default_precision`), no logger and :func:`pretrain_callbacks`. The atomic checkpoint
+    IO is added when the trainer is made (:func:`~coretune.engine.with_atomic_io`; an instance cannot be a
+    serialisable CLI default)."""
     return {
         "precision": default_precision(),
         "logger": False,
-        "plugins": [AtomicCheckpointIO()],
         "callbacks": pretrain_callbacks(run_dir),
     }
 
 
 def make_pretrain_trainer(run_dir: str | Path, **kwargs: Any) -> L.Trainer:
     """A ``Trainer`` for pre-training into ``run_dir``, set up as ``coretune pretrain`` does
-    (:func:`pretrain_trainer_defaults`; ``kwargs`` override them, extra ``callbacks`` are appended)."""
+    (:func:`pretrain_trainer_defaults` and atomic checkpoints; ``kwargs`` override them, extra ``callbacks`` and
+    ``plugins`` are appended)."""
     settings = pretrain_trainer_defaults(run_dir)
     settings["callbacks"] += list(kwargs.pop("callbacks", None) or [])
+    settings["plugins"] = with_atomic_io(kwargs.pop("plugins", None))
     return L.Trainer(default_root_dir=str(run_dir), **(settings | kwargs))

@@ -351,6 +351,25 @@ def test_bf16_features_mix_in_bf16() -> None:
     assert torch.isfinite(z.grad.float()).all()
 
 
+def test_bf16_features_and_soft_targets_share_one_lambda() -> None:
+    """bf16 features are mixed with a bf16 λ; y⁺ and y⁻ use that λ, not the float32 draw it was rounded from."""
+    z = torch.randn(16, 8, generator=gen(0))
+    y = torch.arange(16) % 4
+    exact = ct.mine_hard_pairs(z, y, 4, generator=gen(1))
+    pairs = ct.mine_hard_pairs(z.bfloat16(), y, 4, generator=gen(1))
+    assert not torch.equal(exact.lam_pos, pairs.lam_pos)  # the float32 draws are not bf16 numbers
+    torch.testing.assert_close(pairs.lam_pos, exact.lam_pos.bfloat16().float(), rtol=0, atol=0)
+    torch.testing.assert_close(pairs.lam_neg, exact.lam_neg.bfloat16().float(), rtol=0, atol=0)
+    hp, hn, rn = pairs.hardest_positive, pairs.hardest_negative, pairs.random_negative
+    zb, lp, ln = z.bfloat16(), pairs.lam_pos.bfloat16()[:, None], pairs.lam_neg.bfloat16()[:, None]
+    assert torch.equal(pairs.pos_features, lp * zb[hp] + (1 - lp) * zb[hn])
+    assert torch.equal(pairs.neg_features, (1 - ln) * zb + ln * zb[rn])
+    onehot = F.one_hot(y, 4).float()
+    lam_p, lam_n = pairs.lam_pos[:, None], pairs.lam_neg[:, None]
+    assert torch.equal(pairs.pos_targets, lam_p * onehot[hp] + (1 - lam_p) * onehot[hn])
+    assert torch.equal(pairs.neg_targets, (1 - lam_n) * onehot + lam_n * onehot[rn])
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

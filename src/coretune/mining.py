@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["HardPairs", "beta_draws", "mine_hard_pairs"]
+__all__ = ["HardPairs", "beta_draws", "mine_hard_pairs", "representable"]
 
 
 @dataclass
@@ -57,6 +57,15 @@ def beta_draws(
     seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator, device=seed_device))
     draws = np.random.default_rng(seed).beta(alpha, alpha, size=n)
     return torch.from_numpy(draws).to(device=device, dtype=torch.float32)
+
+
+def representable(lam: Tensor, dtype: torch.dtype) -> Tensor:
+    """Mixing weights ``λ`` rounded to ``dtype`` (the features' dtype) and returned as float32.
+
+    Under bf16 autocast the features are mixed with the bf16 ``λ`` (8-bit mantissa, up to 0.4% off); the soft
+    targets ``λ y_a + (1 - λ) y_b`` (§4.1, and mixup) must use that same ``λ``, so both sides take the rounded value.
+    """
+    return lam.to(dtype).float()
 
 
 @torch.no_grad()
@@ -131,8 +140,8 @@ def mine_hard_pairs(
     b = labels.numel()
     hp, hn, rn = _pair_indices(features, labels, generator)
     lam = beta_draws(2 * b, alpha, generator, features.device)
-    lam_pos = lam[:b].clamp(min=lambda_p)
-    lam_neg = lam[b:].clamp(min=lambda_n)
+    lam_pos = representable(lam[:b].clamp(min=lambda_p), features.dtype)
+    lam_neg = representable(lam[b:].clamp(min=lambda_n), features.dtype)
 
     lp = lam_pos.to(features.dtype)[:, None]
     ln = lam_neg.to(features.dtype)[:, None]

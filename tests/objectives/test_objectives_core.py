@@ -251,6 +251,22 @@ def test_bf16_autocast_loss_is_finite_and_backward_works(name: str) -> None:
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
+def test_bf16_manifold_mix_targets_use_the_mixing_lambda() -> None:
+    """CE + mix at bf16: the soft targets use the bf16 λ the features were mixed with."""
+    obj = objectives.create("ce_mix", 8, 4)
+    obj.generator = torch.Generator().manual_seed(5)
+    z, y = torch.randn(12, 8).bfloat16(), torch.arange(12) % 4
+    mixed, targets = obj._manifold_mix(z, y)
+    g = torch.Generator().manual_seed(5)
+    perm = torch.randperm(12, generator=g)
+    lam = beta_draws(12, obj.alpha, g)
+    assert not torch.equal(lam.bfloat16().float(), lam)
+    lam_b = lam.bfloat16()[:, None]
+    assert torch.equal(mixed, lam_b * z + (1 - lam_b) * z[perm])
+    onehot, lam_t = F.one_hot(y, 4).float(), lam_b.float()
+    assert torch.equal(targets, lam_t * onehot + (1 - lam_t) * onehot[perm])
+
+
 class TinyCNN(nn.Module):
     """Two convolutions and a linear embedding: 8x8 images to 32-d features."""
 

@@ -41,6 +41,18 @@ def test_one_lambda_per_batch_and_soft_targets_sum_to_one() -> None:
     assert sorted(perm.tolist()) == list(range(10))
 
 
+def test_bf16_targets_use_the_mixing_lambda() -> None:
+    obj = objectives.create("manifold_mixup", 4, 5)
+    obj.generator = torch.Generator().manual_seed(2)
+    z, y = torch.randn(10, 4).bfloat16(), torch.arange(10) % 5
+    mixed, targets, perm, lam = obj.mix(z, y)
+    assert torch.equal(lam.bfloat16().float(), lam)
+    lam_b = lam.bfloat16()
+    assert torch.equal(mixed, lam_b * z + (1 - lam_b) * z[perm])
+    onehot = F.one_hot(y, 5).float()
+    assert torch.equal(targets, lam * onehot + (1 - lam) * onehot[perm])
+
+
 def test_seeded_runs_are_reproducible_and_differ_across_seeds() -> None:
     obj = objectives.create("manifold_mixup", 4, 2)
     z, y = torch.randn(8, 4), torch.arange(8) % 2

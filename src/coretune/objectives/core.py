@@ -11,7 +11,7 @@ from torch import Tensor
 from ..distributed import gather_batch
 from ..heads import ProjectionHead
 from ..losses import contrastive_loss, core_positive_mask, soft_cross_entropy, supcon_positive_mask
-from ..mining import beta_draws, mine_hard_pairs
+from ..mining import beta_draws, mine_hard_pairs, representable
 from .base import Objective, ObjectiveOutput, add
 
 __all__ = ["TABLE2_ROWS", "CoreTuning"]
@@ -105,7 +105,7 @@ class CoreTuning(Objective):
         """Manifold mixup of random pairs (Verma et al., 2019) on the encoder features."""
         b = z.shape[0]
         perm = torch.randperm(b, generator=self.generator, device="cpu").to(z.device)
-        lam = beta_draws(b, self.alpha, self.generator, z.device)
+        lam = representable(beta_draws(b, self.alpha, self.generator, z.device), z.dtype)
         onehot = F.one_hot(labels, self.num_classes).float()
         mixed = lam.to(z.dtype)[:, None] * z + (1 - lam.to(z.dtype))[:, None] * z[perm]
         return mixed, lam[:, None] * onehot + (1 - lam[:, None]) * onehot[perm]

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..losses import soft_cross_entropy
-from ..mining import beta_draws
+from ..mining import beta_draws, representable
 from .base import Objective, ObjectiveOutput, register
 
 __all__ = ["ManifoldMixup"]
@@ -46,7 +46,7 @@ class ManifoldMixup(Objective):
         """Mixed features, soft targets, the permutation ``π`` and ``λ`` (a 0-d tensor)."""
         b = features.shape[0]
         perm = torch.randperm(b, generator=self.generator, device="cpu").to(features.device)
-        lam = beta_draws(1, self.alpha, self.generator, features.device)[0]
+        lam = representable(beta_draws(1, self.alpha, self.generator, features.device)[0], features.dtype)
         onehot = F.one_hot(labels, self.num_classes).float()
         lam_f = lam.to(features.dtype)
         mixed = lam_f * features + (1 - lam_f) * features[perm]

@@ -150,3 +150,43 @@ def test_tpe_sampler_stops_at_n_trials(tmp_path: Path, monkeypatch: pytest.Monke
     assert all(0.1 <= t.params["eta"] <= 10 and 0.1 <= t.params["alpha"] <= 10 for t in study.trials)
     assert sorted(p.name for p in (tmp_path / "trials").iterdir()) == ["trial0000", "trial0001", "trial0002"]
     assert len(tune([], output=tmp_path, sampler="tpe", n_trials=4).trials) == 4  # resumed: one more
+
+
+def test_repeats_average_fits_over_seeds_and_splits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    launched: list[str] = []
+    broken = {"eta10_alpha1/seed4"}
+
+    def fake_fit(args: list[str], run_dir: Path) -> int:
+        name = f"{run_dir.parent.name}/{run_dir.name}"
+        launched.append(name)
+        seed = int(next(a for a in args if a.startswith("--seed=")).partition("=")[2])
+        assert run_dir.name == f"seed{seed}"
+        if name in broken:
+            return 1
+        eta = float(next(a for a in args if a.startswith("--objective.eta=")).partition("=")[2])
+        # η = 10 wins on seed 3's split by luck and loses on the mean over both splits
+        finish(run_dir, [{(1.0, 3): 0.5, (1.0, 4): 0.7, (10.0, 3): 0.8, (10.0, 4): 0.2}[eta, seed]])
+        return 0
+
+    monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
+    grid = {"eta": [1.0, 10.0], "alpha": [1.0], "seed": 3, "output": tmp_path}
+    study = tune(["--data.root=x"], repeats=2, **grid)
+    assert sorted(launched) == ["eta10_alpha1/seed3", "eta10_alpha1/seed4", "eta1_alpha1/seed3", "eta1_alpha1/seed4"]
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
+
+    launched.clear()
+    broken.clear()
+    study = tune(["--data.root=x"], repeats=2, **grid)  # resume: only the failed fit of the failed point runs
+    assert launched == ["eta10_alpha1/seed4"]
+    values = {t.params["eta"]: t.value for t in study.trials if t.state.name == "COMPLETE"}
+    assert values == pytest.approx({1.0: 0.6, 10.0: 0.5})
+    best = (tmp_path / "best.yaml").read_text()
+    assert yaml.safe_load(best)["objective"]["init_args"]["eta"] == 1.0
+    assert "val/top1 = 0.6000 on a 0.2 validation split of the training set, mean of 2 seeds and splits" in best
+    rows = {r["run_dir"]: r for r in csv.DictReader((tmp_path / "trials.csv").open()) if r["state"] == "COMPLETE"}
+    assert rows[str(tmp_path / "trials" / "eta10_alpha1")]["final_val_top1_per_seed"] == "0.8000 0.2000"
+
+    with pytest.raises(ValueError, match=r"scores trials over 2 fit\(s\) \(--repeats\), not 1: pass the same"):
+        tune(["--data.root=x"], **grid)
+    with pytest.raises(ValueError, match=r"^--repeats must be >= 1 \(got 0\)"):
+        tune(["--data.root=x"], repeats=0, **grid)

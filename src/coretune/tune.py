@@ -5,10 +5,13 @@ The paper (§5.1, Appendix C) picks η and α from {0.1, 1, 10}; the default stu
 ``coretune fit`` subprocess with ``--data.val_fraction`` > 0: a stratified part of the training set is held out
 for validation and the held-out folder is the test split, which selection never reads. A trial's value is the
 **final** epoch's ``val/top1`` (the weights the run keeps and tests), not the best epoch's: picking the best epoch
-would be a second selection on the same split. The study lives in a database (``sqlite:///<output>/study.db`` by
-default; any SQLAlchemy URL): re-running the command resumes it (finished trials are kept, failed or interrupted
-grid points run again), and several ``coretune tune`` processes — on one or many machines — given the same
-``--storage`` and ``--study_name`` share the work. Needs the ``tune`` extra: ``pip install coretune[tune]``.
+would be a second selection on the same split. ``--repeats K`` scores a trial by the mean over K fits with seeds
+``seed … seed+K-1`` — each holds out another stratified split and starts from another initialisation (repeated
+hold-out) — so a choice rests on K validation splits instead of one. The study lives in a database
+(``sqlite:///<output>/study.db`` by default; any SQLAlchemy URL): re-running the command resumes it (finished
+trials are kept, failed or interrupted grid points run again), and several ``coretune tune`` processes — on one or
+many machines — given the same ``--storage`` and ``--study_name`` share the work.
+Needs the ``tune`` extra: ``pip install coretune[tune]``.
 """
 
 from __future__ import annotations
@@ -116,6 +119,7 @@ def _trial_rows(study: Any) -> list[dict[str, Any]]:
                 "eta": t.params.get("eta", ""),
                 "alpha": t.params.get("alpha", ""),
                 "final_val_top1": "" if t.value is None else t.value,
+                "final_val_top1_per_seed": " ".join(f"{v:.4f}" for v in t.user_attrs.get("per_seed", [])),
                 "run_dir": t.user_attrs.get("run_dir", ""),
                 "duration_s": round(t.duration.total_seconds(), 1) if t.duration else "",
             }
@@ -133,6 +137,7 @@ def tune(
     n_trials: int | None = None,
     val_fraction: float = 0.2,
     seed: int = 0,
+    repeats: int = 1,
     storage: str | None = None,
     study_name: str = "coretune",
 ) -> Any:
@@ -140,6 +145,7 @@ def tune(
 
     ``eta``/``alpha``: the grid values (``grid``) or the ends of the log-scale ranges (``tpe``), default
     {0.1, 1, 10}. ``n_trials``: TPE's number of completed trials (default 20); the grid runs every point once.
+    ``repeats``: fits per trial (seeds ``seed``, ``seed + 1``, …); the trial's value is their mean final val top-1.
     """
     optuna = _import_optuna()
     if not 0 < val_fraction < 1:
@@ -152,6 +158,8 @@ def tune(
     eta, alpha = list(eta or [0.1, 1.0, 10.0]), list(alpha or [0.1, 1.0, 10.0])
     if min(alpha) <= 0 or min(eta) < 0:
         raise ValueError(f"α must be > 0 and η >= 0 (got eta {eta}, alpha {alpha})")
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1 (got {repeats}): the number of fits, one per seed, a trial averages")
     if sampler == "grid" and n_trials is not None:
         raise ValueError("--n_trials applies to --sampler tpe; the grid runs each of its points once")
     output = Path(output)
@@ -178,26 +186,34 @@ def tune(
         if sampler == "grid"
         else optuna.samplers.TPESampler(seed=seed),
     )
+    _check_repeats(study, repeats)
 
     def run_trial(trial: Any) -> float:
         params = {name: trial.suggest_float(name, v[0], v[-1], log=v[0] > 0) for name, v in space.items()}
         name = f"eta{params['eta']:g}_alpha{params['alpha']:g}" if sampler == "grid" else f"trial{trial.number:04d}"
-        run_dir = output / "trials" / name
-        trial.set_user_attr("run_dir", str(run_dir))
-        args = [
-            *fit_args,
-            "--objective",
-            objective,
-            f"--objective.eta={params['eta']}",
-            f"--objective.alpha={params['alpha']}",
-            f"--data.val_fraction={val_fraction}",
-            f"--seed={seed}",
-        ]
-        if not is_finished(run_dir):
-            code = launch_fit(args, run_dir)
+        trial_dir = output / "trials" / name
+        trial.set_user_attr("run_dir", str(trial_dir))
+        values = []
+        for run_seed in range(seed, seed + repeats):
+            run_dir = trial_dir if repeats == 1 else trial_dir / f"seed{run_seed}"
+            args = [
+                *fit_args,
+                "--objective",
+                objective,
+                f"--objective.eta={params['eta']}",
+                f"--objective.alpha={params['alpha']}",
+                f"--data.val_fraction={val_fraction}",
+                f"--seed={run_seed}",
+            ]
             if not is_finished(run_dir):
-                raise TrialFailed(f"trial {trial.number} did not finish (exit code {code}): see {run_dir / 'log.txt'}")
-        return final_val_top1(run_dir / "metrics.csv")
+                code = launch_fit(args, run_dir)
+                if not is_finished(run_dir):
+                    raise TrialFailed(
+                        f"trial {trial.number} did not finish (exit code {code}): see {run_dir / 'log.txt'}"
+                    )
+            values.append(final_val_top1(run_dir / "metrics.csv"))
+        trial.set_user_attr("per_seed", values)
+        return sum(values) / len(values)
 
     catch = (TrialFailed,)
     state = optuna.trial.TrialState
@@ -214,6 +230,18 @@ def tune(
             study.optimize(run_trial, n_trials=target - done, catch=catch, callbacks=[stop])
     _write_outputs(study, output, objective, preset, val_fraction)
     return study
+
+
+def _check_repeats(study: Any, repeats: int) -> None:
+    """Tie a study to its number of fits per trial: values averaged over other seed counts do not compare."""
+    recorded = study.user_attrs.get("repeats")
+    if recorded is None and not study.get_trials(deepcopy=False):
+        study.set_user_attr("repeats", repeats)
+    elif (recorded or 1) != repeats:  # studies from before --repeats ran one fit per trial
+        raise ValueError(
+            f"study {study.study_name!r} scores trials over {recorded or 1} fit(s) (--repeats), not {repeats}: "
+            "pass the same --repeats, or a new --study_name or --output to start a new study"
+        )
 
 
 def _write_outputs(study: Any, output: Path, objective: str, preset: dict[str, Any], val_fraction: float) -> None:
@@ -236,12 +264,19 @@ def _write_outputs(study: Any, output: Path, objective: str, preset: dict[str, A
         f"# coretune tune: best of {len(complete)} finished trials of study {study.study_name!r} "
         f"({cls.__name__} via --objective {objective}),\n"
         f"# selected by the final-epoch val/top1 = {best.value:.4f} on a {val_fraction:g} validation split of "
-        "the training set (trial run directory: " + str(best.user_attrs.get("run_dir")) + ").\n"
+        f"the training set{_per_seed_note(best)} (trial run directory: {best.user_attrs.get('run_dir')}).\n"
         "# Use it with: coretune fit --config YOUR_CONFIG.yaml --config best.yaml (training on the whole "
         "training set, val_fraction 0).\n"
     )
     body = yaml.safe_dump({"objective": {"class_path": class_path, "init_args": init_args}}, sort_keys=False)
     (output / "best.yaml").write_text(header + body)
+
+
+def _per_seed_note(trial: Any) -> str:
+    per_seed = trial.user_attrs.get("per_seed", [])
+    if len(per_seed) < 2:
+        return ""
+    return f", mean of {len(per_seed)} seeds and splits ({', '.join(f'{v:.4f}' for v in per_seed)})"
 
 
 def _parser() -> Any:
@@ -267,7 +302,13 @@ def _parser() -> Any:
         default=0.2,
         help="Fraction of the training set held out (stratified) for selection; must be > 0.",
     )
-    parser.add_argument("--seed", type=int, default=0, help="Seed of every trial's fit and of the sampler.")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the trials' fits and of the sampler.")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="Fits per trial, seeds seed..seed+repeats-1 (each another validation split); the value is their mean.",
+    )
     parser.add_argument(
         "--storage",
         type=str | None,
@@ -299,6 +340,7 @@ def main(args: list[str]) -> None:
             n_trials=cfg.n_trials,
             val_fraction=cfg.val_fraction,
             seed=cfg.seed,
+            repeats=cfg.repeats,
             storage=cfg.storage,
             study_name=cfg.study_name,
         )

@@ -72,6 +72,33 @@ def as_children(state: State) -> State:
     return {f"{order.index(k.split('.')[0])}.{k.partition('.')[2]}": v for k, v in state.items()}
 
 
+def as_tf_style(state: State) -> State:
+    """A torchvision ResNet-50's keys as Separius/SimCLRv2-Pytorch's TF-style ResNet names them: ``net.0`` the
+    stem (conv 0, BatchNormRelu 1 = ``1.0``), ``net.S`` stage S of ``blocks.N`` with ``net`` = conv 0, BN-ReLU 1,
+    conv 2, BN-ReLU 3, conv 4, BN 5 and ``projection`` = ``shortcut`` conv + ``bn.0``."""
+    out = {}
+    for key, value in state.items():
+        module, _, tensor = key.rpartition(".")
+        parts = module.split(".")
+        if module == "conv1":
+            name = "net.0.0"
+        elif module == "bn1":
+            name = "net.0.1.0"
+        else:
+            stage, block, layer = parts[0].removeprefix("layer"), parts[1], parts[2:]
+            if layer == ["downsample", "0"]:
+                inner = "projection.shortcut"
+            elif layer == ["downsample", "1"]:
+                inner = "projection.bn.0"
+            elif layer[0].startswith("conv"):
+                inner = f"net.{2 * (int(layer[0][4]) - 1)}"
+            else:
+                inner = f"net.{2 * int(layer[0][2]) - 1}.0"
+            name = f"net.{stage}.blocks.{block}.{inner}"
+        out[f"{name}.{tensor}"] = value
+    return out
+
+
 def sgd_state() -> dict[str, Any]:
     return {"state": {0: {"momentum_buffer": torch.randn(3)}}, "param_groups": [{"lr": 0.03, "params": [0]}]}
 
@@ -273,6 +300,15 @@ CASES = {
         },
         lambda n: 8,
     ),
+    "simclrv2": Case(  # Separius/SimCLRv2-Pytorch convert.py: torch.save({"resnet": ..., "head": ...})
+        "simclrv2",
+        lambda sd, decoy: {
+            "resnet": {**as_tf_style(sd), "fc.weight": torch.randn(1000, 2048), "fc.bias": torch.randn(1000)},
+            "head": {k.replace("projetion.net.", "layers."): v for k, v in mlp_head("projetion.net.").items()},
+        },
+        lambda n: 2,
+        "resnet50",
+    ),
     "timm": Case(
         "timm",
         lambda sd, decoy: {
@@ -358,6 +394,15 @@ def test_create_backbone_with_weights_loads_and_prints_the_summary(
 # ------------------------------------------------------------------------------------------------------------
 # errors a user can cause
 # ------------------------------------------------------------------------------------------------------------
+def test_simclrv2_selective_kernel_checkpoint_is_refused_with_the_fix(tmp_path: Path) -> None:
+    encoder = create_backbone("resnet50")
+    tf_style = as_tf_style(randomised(encoder, 1))
+    tf_style["net.1.blocks.0.net.2.mixing_conv.0.weight"] = torch.randn(32, 64, 1, 1)
+    torch.save({"resnet": tf_style}, tmp_path / "r50_1x_sk1.pth")
+    with pytest.raises(CheckpointError, match=r"selective kernels .* use the sk0 checkpoint of the same depth"):
+        load_pretrained(encoder, tmp_path / "r50_1x_sk1.pth")
+
+
 def test_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "nope.pth"
     with pytest.raises(CheckpointError, match=rf"checkpoint {path} does not exist: check the path"):

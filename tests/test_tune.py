@@ -186,6 +186,12 @@ def test_repeats_average_fits_over_seeds_and_splits(tmp_path: Path, monkeypatch:
     rows = {r["run_dir"]: r for r in csv.DictReader((tmp_path / "trials.csv").open()) if r["state"] == "COMPLETE"}
     assert rows[str(tmp_path / "trials" / "eta10_alpha1")]["final_val_top1_per_seed"] == "0.8000 0.2000"
 
+    launched.clear()
+    cli = ["tune", f"--output={tmp_path}", "--eta", "1", "10", "--alpha", "1", "--seed", "3"]
+    main([*cli, "--repeats", "2", "--", "--data.root=x"])  # the CLI passes --repeats: nothing left to run
+    assert launched == []
+    with pytest.raises(SystemExit, match=r"scores trials over 2 fit\(s\) \(--repeats\), not 1"):
+        main([*cli, "--", "--data.root=x"])
     with pytest.raises(ValueError, match=r"scores trials over 2 fit\(s\) \(--repeats\), not 1: pass the same"):
         tune(["--data.root=x"], **grid)
     with pytest.raises(ValueError, match=r"^--repeats must be >= 1 \(got 0\)"):

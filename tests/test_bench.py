@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
+import coretune.bench as bench_module
 from coretune.bench import (
     BenchSpec,
     BenchSpecError,
@@ -285,6 +286,8 @@ def test_table2_and_table4_layouts(tmp_path: Path) -> None:
         ("core", "CE + L^f_con + mix-H (Core-tuning)"),
     ]
     assert table2.baseline == "ce" and table_layout(table2).columns == [(("tiny", 1.0), "tiny")]
+    plotted = [bench_module._plot_label(label) for _, label in table_layout(table2).rows]
+    assert plotted[1] == r"CE + $\mathcal{L}_{con}$" and plotted[4].startswith(r"CE + $\mathcal{L}^f_{con}$ + mix-H")
     tuned = spec_of(tmp_path, table="table2", objectives=["ce", {"name": "core", "args": ["--objective.alpha=10"]}])
     assert tuned.runs()[1].args[-3:] == ("--objective.alpha=10", "--data.label_fraction=1.0", "--seed=0")
     with pytest.raises(BenchSpecError, match="table2 takes the Table 2 rows only"):

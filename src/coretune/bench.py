@@ -695,6 +695,11 @@ def _summary_rows(cells: dict[tuple[str, str, float], Cell], layout: TableLayout
     return rows
 
 
+def _plot_label(label: str) -> str:
+    """A table row's label for matplotlib: ``L_con`` and ``L^f_con`` as mathtext (``ℒ_con``, ``ℒ^f_con``)."""
+    return label.replace("L^f_con", r"$\mathcal{L}^f_{con}$").replace("L_con", r"$\mathcal{L}_{con}$")
+
+
 def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> list[Path]:
     import matplotlib
 
@@ -714,16 +719,16 @@ def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: Ta
     for i, (name, label) in enumerate(layout.rows):
         means, stds = zip(*(stats(name, col) for col in cols), strict=True)
         lows += [m - s for m, s in zip(means, stds, strict=True) if not math.isnan(m)]
-        ax.bar(x + (i - (len(layout.rows) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=label)
+        offset = (i - (len(layout.rows) - 1) / 2) * width
+        ax.bar(x + offset, means, width, yerr=stds, capsize=3, label=_plot_label(label))
     if lows:
         ax.set_ylim(bottom=max(0.0, 5 * math.floor(min(lows) / 5) - 5))
     ax.set_xticks(x, [label for _, label in layout.columns])
     ax.set(ylabel="test top-1 (%)", title=f"{spec.name}: mean ± std over seeds")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     paths.append(spec.output / "bars.png")
-    fig.savefig(paths[-1], dpi=110)
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
 
     if len(spec.label_fractions) > 1:
@@ -732,7 +737,8 @@ def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: Ta
         for ax, dataset in zip(axes[0], spec.datasets, strict=True):
             for name, label in layout.rows:
                 means, stds = zip(*(stats(name, (dataset, f)) for f in fractions), strict=True)
-                ax.errorbar([100 * f for f in fractions], means, yerr=stds, marker="o", capsize=3, label=label)
+                percent = [100 * f for f in fractions]
+                ax.errorbar(percent, means, yerr=stds, marker="o", capsize=3, label=_plot_label(label))
             ax.set(xlabel="labels used (%)", ylabel="test top-1 (%)", title=dataset)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from .engine import (
     default_callbacks,
     default_precision,
     quiet_lightning,
+    resolve_run_dir,
     with_atomic_io,
 )
 
@@ -118,15 +118,13 @@ class FitCLI(LightningCLI):
             "--run_dir",
             type=str | None,
             default=None,
-            help="Run directory (default: runs/<objective>-<date>-<time>). Reuse it to resume.",
+            help="Run directory (default: runs/<objective>-<date>-<time>). Reuse it to resume from its "
+            "checkpoints/last.ckpt (a finished run is only tested again).",
         )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
-        if config.get("run_dir") is None:
-            name = str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower()
-            config["run_dir"] = str(Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        config["trainer"]["default_root_dir"] = config["run_dir"]
+        resolve_run_dir(config, str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower())
         _check_sync_batchnorm(config["trainer"])
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:

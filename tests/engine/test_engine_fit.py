@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import lightning as L
@@ -93,6 +94,28 @@ def test_checkpoint_rebuilds_the_model(fitted: tuple[Path, Path]) -> None:
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     for key, value in model.state_dict().items():
         assert torch.equal(value, ckpt["state_dict"][key]), key
+
+
+def test_rerunning_the_command_resumes_its_run_directory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, recwarn: pytest.WarningsRecorder
+) -> None:
+    """Without --ckpt_path, a run directory with checkpoints/last.ckpt is resumed, never restarted and overwritten."""
+    from image_trees import make_image_tree
+
+    tree, run = make_image_tree(tmp_path / "data"), tmp_path / "run"
+    main(fit_args(tree, run, "--trainer.max_epochs=1"))
+    (first,) = read_metrics(run / "metrics.csv")
+    with caplog.at_level(logging.INFO):
+        main(fit_args(tree, run))  # the same command for 2 epochs: continues from epoch 1
+    assert f"Restored all states from the checkpoint at {run / 'checkpoints' / 'last.ckpt'}" in caplog.text
+    rows = read_metrics(run / "metrics.csv")
+    assert [int(r["epoch"]) for r in rows] == [0, 1] and rows[0] == first
+    assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]
+
+    results = json.loads((run / "results.json").read_text())
+    main(fit_args(tree, run))  # a finished run: nothing to train, tested again
+    assert read_metrics(run / "metrics.csv") == rows
+    assert json.loads((run / "results.json").read_text())["test"] == results["test"]
 
 
 def test_test_predict_export_round_trip(fitted: tuple[Path, Path], tmp_path: Path) -> None:

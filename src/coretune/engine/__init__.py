@@ -5,7 +5,14 @@ from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, with_atomic_io
 from .interrupts import StopOnSignal, TrainingInterrupted
 from .module import FineTuner, NonFiniteLossError
 from .optim import build_optimizer, lr_factor
-from .trainer import LIGHTNING_PYTREE_DEPRECATION, default_callbacks, default_precision, make_trainer, quiet_lightning
+from .trainer import (
+    LIGHTNING_PYTREE_DEPRECATION,
+    default_callbacks,
+    default_precision,
+    make_trainer,
+    quiet_lightning,
+    resolve_run_dir,
+)
 
 __all__ = [
     "LIGHTNING_PYTREE_DEPRECATION",
@@ -24,6 +31,7 @@ __all__ = [
     "plot_learning_curves",
     "quiet_lightning",
     "read_metrics",
+    "resolve_run_dir",
     "update_results",
     "with_atomic_io",
 ]

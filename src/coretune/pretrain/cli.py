@@ -7,13 +7,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 
-from ..engine import quiet_lightning, with_atomic_io
+from ..engine import quiet_lightning, resolve_run_dir, with_atomic_io
 from .data import PretrainData
 from .module import PRETRAINED_FILENAME, ContrastivePretrainer, MoCoV2, SimCLR, pretrain_trainer_defaults
 
@@ -61,13 +60,7 @@ class PretrainCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
-        if config.get("run_dir") is None:
-            name = str(config["model"]["class_path"]).rsplit(".", 1)[-1].lower()
-            config["run_dir"] = str(Path("runs") / f"pretrain-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        config["trainer"]["default_root_dir"] = config["run_dir"]
-        last = Path(config["run_dir"]) / "checkpoints" / "last.ckpt"
-        if config.get("ckpt_path") is None and last.is_file():
-            config["ckpt_path"] = str(last)
+        resolve_run_dir(config, "pretrain-" + str(config["model"]["class_path"]).rsplit(".", 1)[-1].lower())
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         kwargs["plugins"] = with_atomic_io(self._get(self.config_init, "trainer", default={}).get("plugins"))

@@ -242,6 +242,9 @@ def test_aggregation_is_mean_and_sample_std(tmp_path: Path) -> None:
     fabricate(spec, values)
     markdown, paths = write_summary(spec)
     assert {p.name for p in paths} == {"runs.csv", "summary.csv", "summary.md", "bars.png"}
+    # Δ = 92 − 83; s_p² = (2·13 + 2·7) / 4; paired 10, 9, 8 → t = 9 / (1 / √3); cell b pairs seed 0 only
+    assert "| a | core | +9.00 | 6.32 | yes | +10.00 / +9.00 / +8.00 | 15.6 (0.0041) |" in markdown
+    assert "| b | core | +15.00 | – | n/a | +20.00 | – |" in markdown
     summary = {r["objective"]: r for r in csv.DictReader((spec.output / "summary.csv").open())}
     for (objective, dataset, _), seeds in values.items():
         done = 100 * np.array([v for v in seeds if v is not None])
@@ -274,6 +277,26 @@ def test_compare_pooled_std_reference() -> None:
     assert c.beyond_two_std is True
     assert compare(a, a).beyond_two_std is False
     assert compare(Cell("z", "d", 1.0, (5.0,)), a).beyond_two_std is None
+
+
+def test_compare_pairs_the_seeds_both_cells_finished() -> None:
+    from scipy.stats import ttest_rel
+
+    a = Cell("x", "d", 1.0, (1.0, 2.0, 3.0, 4.0), (0, 1, 2, 3))
+    b = Cell("y", "d", 1.0, (0.5, 1.0, 2.9), (0, 1, 3))  # seed 2 unfinished: not paired
+    c = compare(a, b)
+    assert c.paired == pytest.approx((0.5, 1.0, 1.1))
+    diffs = [0.5, 1.0, 1.1]
+    mean = sum(diffs) / 3
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2)
+    assert c.paired_t == pytest.approx(mean / (sd / math.sqrt(3)))
+    reference = ttest_rel([1.0, 2.0, 4.0], [0.5, 1.0, 2.9])
+    assert (c.paired_t, c.paired_p) == pytest.approx((reference.statistic, reference.pvalue))
+    same_gap = compare(Cell("x", "d", 1.0, (2.0, 3.0), (0, 1)), Cell("y", "d", 1.0, (1.0, 2.0), (0, 1)))
+    assert same_gap.paired == (1.0, 1.0) and math.isnan(same_gap.paired_t)  # no spread: no t
+    assert compare(Cell("z", "d", 1.0, (5.0,)), a).paired == ()  # seeds unknown
+    with pytest.raises(ValueError, match="2 values but 1 seeds"):
+        Cell("x", "d", 1.0, (1.0, 2.0), (0,))
 
 
 def test_table2_and_table4_layouts(tmp_path: Path) -> None:

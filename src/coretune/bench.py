@@ -507,6 +507,11 @@ class Cell:
     dataset: str
     label_fraction: float
     values: tuple[float, ...]
+    seeds: tuple[int, ...] = ()  # the seed of each value, when known (pairs runs across cells)
+
+    def __post_init__(self) -> None:
+        if self.seeds and len(self.seeds) != len(self.values):
+            raise ValueError(f"{len(self.values)} values but {len(self.seeds)} seeds: give one seed per value or none")
 
     @property
     def n(self) -> int:
@@ -530,29 +535,48 @@ class Cell:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Difference of two cells' means and whether it exceeds twice their pooled standard deviation."""
+    """Difference of two cells' means against twice their pooled standard deviation, and the paired view.
+
+    ``paired``: ``a − b`` for each seed both cells finished (seed order). Runs with one seed share the label
+    subset, the new heads' initialisation, the batches and the augmentations, so the per-seed differences are
+    free of that variation. ``paired_t`` = mean / (std / √n) of those differences (n − 1 degrees of freedom) and
+    ``paired_p`` its two-sided p-value; NaN below two pairs or when every pair differs by the same amount.
+    """
 
     diff: float
     pooled_std: float
     beyond_two_std: bool | None
+    paired: tuple[float, ...] = ()
+    paired_t: float = math.nan
+    paired_p: float = math.nan
 
 
 def compare(a: Cell, b: Cell) -> Comparison:
-    """``mean(a) − mean(b)`` against ``2 s_p``, ``s_p² = ((n_a−1)s_a² + (n_b−1)s_b²) / (n_a + n_b − 2)``.
+    """``mean(a) − mean(b)`` against ``2 s_p``, ``s_p² = ((n_a−1)s_a² + (n_b−1)s_b²) / (n_a + n_b − 2)``, and the
+    paired t-test of the seeds both cells share.
 
     ``beyond_two_std`` is None when either cell has fewer than two seeds. A rule of thumb (the issue's "beyond 2
     standard deviations"), not a hypothesis test.
     """
     diff = a.mean - b.mean
+    by_seed = dict(zip(b.seeds, b.values, strict=False))  # seeds unknown (empty): nothing is paired
+    paired = tuple(v - by_seed[s] for s, v in zip(a.seeds, a.values, strict=False) if s in by_seed)
+    t, p = math.nan, math.nan
+    if len(paired) >= 2 and (spread := float(np.std(paired, ddof=1))) > 0:
+        from scipy.stats import t as student_t
+
+        t = float(np.mean(paired)) / (spread / math.sqrt(len(paired)))
+        p = float(2 * student_t.sf(abs(t), len(paired) - 1))
     if a.n < 2 or b.n < 2:
-        return Comparison(diff, math.nan, None)
+        return Comparison(diff, math.nan, None, paired, t, p)
     pooled = math.sqrt(((a.n - 1) * a.std**2 + (b.n - 1) * b.std**2) / (a.n + b.n - 2))
-    return Comparison(diff, pooled, bool(abs(diff) > 2 * pooled))
+    return Comparison(diff, pooled, bool(abs(diff) > 2 * pooled), paired, t, p)
 
 
 def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], list[dict[str, Any]]]:
     """Cells keyed by ``(objective, dataset, label_fraction)`` and one row per run (for ``runs.csv``)."""
     values: dict[tuple[str, str, float], list[float]] = {}
+    seeds: dict[tuple[str, str, float], list[int]] = {}
     rows = []
     datasets, names = list(spec.datasets), [e.name for e in spec.objectives]
 
@@ -562,12 +586,14 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
     for run in sorted(spec.runs(), key=position):
         key = (run.objective, run.dataset, run.label_fraction)
         values.setdefault(key, [])
+        seeds.setdefault(key, [])
         results_path = run.run_dir / "results.json"
         results = json.loads(results_path.read_text()) if results_path.is_file() else {}
         test = results.get("test") or {}
         status = "finished" if test else ("unfinished" if run.run_dir.is_dir() else "missing")
         if test:
             values[key].append(100 * float(test["top1"]))
+            seeds[key].append(run.seed)
         rows.append(
             {
                 "dataset": run.dataset,
@@ -583,7 +609,7 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
                 "run_dir": str(run.run_dir),
             }
         )
-    cells = {key: Cell(*key, tuple(v)) for key, v in values.items()}
+    cells = {key: Cell(*key, tuple(v), tuple(seeds[key])) for key, v in values.items()}
     return cells, rows
 
 
@@ -657,10 +683,13 @@ def _significance(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], la
         f"## Differences from {labels[spec.baseline]}",
         "",
         "Δ = difference of mean test top-1 (percentage points); s_p = pooled sample standard deviation of the two "
-        "cells; beyond 2σ when |Δ| > 2 s_p (a rule of thumb, not a hypothesis test; needs n ≥ 2 in both cells).",
+        "cells; beyond 2σ when |Δ| > 2 s_p (a rule of thumb, not a hypothesis test; needs n ≥ 2 in both cells). "
+        "Paired: the difference on each seed both cells finished (runs with one seed share the label subset, the "
+        "heads' initialisation, the batches and the augmentations); t = mean / (std / √n) of those differences "
+        "with n − 1 degrees of freedom, two-sided p (few seeds detect only large, consistent differences).",
         "",
-        "| Column | Method | Δ (pp) | 2 s_p (pp) | beyond 2σ |",
-        "|---|---|:-:|:-:|:-:|",
+        "| Column | Method | Δ (pp) | 2 s_p (pp) | beyond 2σ | paired Δ per seed (pp) | paired t (p) |",
+        "|---|---|:-:|:-:|:-:|:-:|:-:|",
     ]
     for col, col_label in layout.columns:
         base = cells[(spec.baseline, *col)]
@@ -671,7 +700,9 @@ def _significance(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], la
             c = compare(cell, base)
             verdict = "n/a" if c.beyond_two_std is None else ("yes" if c.beyond_two_std else "no")
             two_sp = f"{2 * c.pooled_std:.2f}" if c.beyond_two_std is not None else "–"
-            lines.append(f"| {col_label} | {label} | {c.diff:+.2f} | {two_sp} | {verdict} |")
+            per_seed = " / ".join(f"{d:+.2f}" for d in c.paired) or "–"
+            t_test = "–" if math.isnan(c.paired_t) else f"{c.paired_t:.1f} ({c.paired_p:.2g})"
+            lines.append(f"| {col_label} | {label} | {c.diff:+.2f} | {two_sp} | {verdict} | {per_seed} | {t_test} |")
     return lines
 
 

@@ -108,6 +108,7 @@ def test_rerunning_the_command_resumes_its_run_directory(
     with caplog.at_level(logging.INFO):
         main(fit_args(tree, run))  # the same command for 2 epochs: continues from epoch 1
     assert f"Restored all states from the checkpoint at {run / 'checkpoints' / 'last.ckpt'}" in caplog.text
+    assert f"resuming the run in {run} from {run / 'checkpoints' / 'last.ckpt'}" in caplog.text
     rows = read_metrics(run / "metrics.csv")
     assert [int(r["epoch"]) for r in rows] == [0, 1] and rows[0] == first
     assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]

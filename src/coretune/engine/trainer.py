@@ -11,6 +11,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.utilities import rank_zero_info
 
 from .callbacks import RunArtifacts
 from .checkpoint_io import AtomicCheckpointIO
@@ -106,5 +107,9 @@ def resolve_run_dir(config: Any, default_name: str) -> None:
     last = Path(config["run_dir"]) / "checkpoints" / "last.ckpt"
     if config.get("ckpt_path") is None and last.is_file():
         config["ckpt_path"] = str(last)
+        rank_zero_info(
+            f"resuming the run in {config['run_dir']} from {last} (re-running a command continues its run; to start "
+            "over, pass another --run_dir or delete that folder)"
+        )
     if config.get("ckpt_path") is not None:
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")

@@ -443,7 +443,7 @@ def _error_message(err: BaseException) -> str:
         tried = [line.strip()[2:] for line in text.splitlines() if line.startswith("  - ")]
         text = "; ".join(m for m in tried if not m.startswith("Expected a <class 'NoneType'>")) or text
     if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-        text += " — free disk space, then resume with --ckpt_path last (the last complete checkpoint is intact)"
+        text += " — free disk space, then run the same command again to resume (the last complete checkpoint is intact)"
     return text
 
 

@@ -101,7 +101,7 @@ def test_sigterm_mid_epoch_in_a_real_process_saves_and_resumes_exactly(
     assert "Traceback" not in proc.stderr and "weights_only" not in proc.stderr + proc.stdout  # no stray log line
     assert (
         f"coretune fit: stopped by SIGTERM at epoch 1, step 6; saved a resumable checkpoint to {ckpt}. Resume by "
-        f"running the same command with --ckpt_path last --run_dir {run}"
+        f"running the same command with --run_dir {run}: it continues from this checkpoint"
     ) in proc.stderr
     assert checkpoint_files(run) == ["best.ckpt", "last.ckpt"]  # no temporary file left behind
     saved = torch.load(ckpt, weights_only=True)
@@ -109,7 +109,7 @@ def test_sigterm_mid_epoch_in_a_real_process_saves_and_resumes_exactly(
     assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 1, "batches": 2}]
     assert [r["epoch"] for r in read_metrics(run / "metrics.csv")] == ["0"]
 
-    main(fit_args(tree, run, "--ckpt_path=last"))
+    main(fit_args(tree, run))  # what the message says: the same command (without the test's signal) resumes
     assert_same_run(whole, run)
 
 
@@ -167,7 +167,7 @@ def test_failed_checkpoint_write_keeps_the_previous_one(
         main(fit_args(tree, run))
     message = str(info.value.code)
     assert message.startswith("coretune fit: error: [Errno 28] No space left on device")
-    assert "free disk space, then resume with --ckpt_path last" in message
+    assert "free disk space, then run the same command again to resume" in message
     monkeypatch.undo()
     assert checkpoint_files(run) == ["best.ckpt", "last.ckpt"]  # the temporary file was removed
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)

@@ -40,7 +40,7 @@ class TrainingInterrupted(Exception):
         run_dir = checkpoint.parent.parent
         super().__init__(
             f"stopped by {name} {where}; saved a resumable checkpoint to {checkpoint}. "
-            f"Resume by running the same command with --ckpt_path last --run_dir {run_dir} "
+            f"Resume by running the same command with --run_dir {run_dir}: it continues from this checkpoint "
             "(Python: trainer.fit(..., ckpt_path='last'))"
         )
 

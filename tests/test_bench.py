@@ -22,6 +22,7 @@ from coretune.bench import (
     BenchSpecError,
     Cell,
     compare,
+    final_val_top1,
     fit_command,
     launch_fit,
     run_sweep,
@@ -99,6 +100,7 @@ def test_runs_of_the_grid_and_their_fit_arguments(tmp_path: Path) -> None:
         ({"datasets": {"a/b": []}}, "dataset name 'a/b' must be a non-empty folder name"),
         ({"base_args": "--trainer.max_epochs=3"}, "base_args must be a list of command-line arguments"),
         ({"baseline": "l2sp"}, "baseline 'l2sp' is not one of the objectives"),
+        ({"metric": "train"}, "metric must be one of test, val (got 'train')"),
     ],
 )
 def test_spec_errors_name_the_problem(tmp_path: Path, entries: dict, message: str) -> None:
@@ -151,6 +153,54 @@ def test_sweep_runs_fits_then_skips_finished_runs(image_tree: Path, tmp_path: Pa
     rows = list(csv.DictReader((spec.output / "runs.csv").open()))
     assert [r["status"] for r in rows] == ["finished"] * 4
     assert (spec.output / "summary.md").is_file() and (spec.output / "bars.png").is_file()
+
+
+def test_metric_val_tabulates_the_final_epoch_on_the_validation_split(image_tree: Path, tmp_path: Path) -> None:
+    from rich.console import Console
+
+    spec = BenchSpec.from_dict(
+        {
+            "output": str(tmp_path / "out"),
+            "base_args": [*TINY_FIT, "--trainer.max_epochs=2", "--data.val_fraction=0.5"],
+            "datasets": {"tiny": [f"--data.root={image_tree}"]},
+            "objectives": ["ce"],
+            "metric": "val",
+        }
+    )
+    console = Console(record=True, width=200)
+    assert len(run_sweep(spec, console=console).finished) == 1
+    run_dir = spec.runs()[0].run_dir
+    val = 100 * final_val_top1(run_dir / "metrics.csv")
+    assert f"✓ tiny/ce/frac1/seed0: final-epoch validation top-1 {val:.2f}%" in console.export_text()
+    markdown, _ = write_summary(spec)
+    assert markdown.splitlines()[2].startswith("final-epoch validation top-1 (%) of each fine-tuning method")
+    summary = next(csv.DictReader((spec.output / "summary.csv").open()))
+    assert float(summary["tiny mean (%)"]) == pytest.approx(val, abs=1e-4)
+    (row,) = csv.DictReader((spec.output / "runs.csv").open())
+    assert float(row["val_top1_pct"]) == pytest.approx(val, abs=1e-4)
+    test = json.loads((run_dir / "results.json").read_text())["test"]["top1"]
+    assert float(row["test_top1_pct"]) == pytest.approx(100 * test, abs=1e-4)  # still recorded, not tabulated
+
+
+def test_metric_val_refuses_runs_that_validated_on_the_test_split(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, metric="val", objectives=["ce"])
+    fabricate(spec, {("ce", "tiny", 1.0): [0.5]})
+    run_dir = spec.runs()[0].run_dir
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"data": {"root": "DATA", "val_fraction": 0.0}}))
+    (run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.5\n")
+    with pytest.raises(BenchSpecError, match=r"metric 'val' needs a validation split .* add --data.val_fraction=0.2"):
+        write_summary(spec)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"data": {"root": "DATA", "val_fraction": 0.2}}))
+    (run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.9\n1,0.7\n")
+    assert "| ce | **70.00 (n=1)** |" in write_summary(spec)[0]  # the last validated epoch, not the test's 50
+
+
+def test_final_val_top1_is_the_last_validated_epoch(tmp_path: Path) -> None:
+    (tmp_path / "metrics.csv").write_text("epoch,val/top1\n0,0.7\n1,0.9\n2,0.8\n3,\n")
+    assert final_val_top1(tmp_path / "metrics.csv") == 0.8  # final (not best) validated epoch
+    (tmp_path / "metrics.csv").write_text("epoch,val/top1\n0,\n")
+    with pytest.raises(ValueError, match="has no val/top1: validation never ran"):
+        final_val_top1(tmp_path / "metrics.csv")
 
 
 def _fake_fits(monkeypatch: pytest.MonkeyPatch, outcome: dict[int, int]) -> list[int]:

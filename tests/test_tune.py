@@ -12,7 +12,7 @@ import yaml
 import coretune.tune as tune_module
 from coretune.cli import main
 from coretune.engine import read_metrics
-from coretune.tune import TrialFailed, final_val_top1, tune
+from coretune.tune import TrialFailed, tune
 
 pytest.importorskip("optuna")
 
@@ -46,14 +46,6 @@ def test_refuses_to_select_on_the_test_split(tmp_path: Path) -> None:
     ):
         tune([], output=tmp_path, objective="ce")
     assert not (tmp_path / "study.db").exists()
-
-
-def test_final_val_top1_is_the_last_validated_epoch(tmp_path: Path) -> None:
-    (tmp_path / "metrics.csv").write_text("epoch,val/top1\n0,0.7\n1,0.9\n2,0.8\n3,\n")
-    assert final_val_top1(tmp_path / "metrics.csv") == 0.8  # final (not best) validated epoch
-    (tmp_path / "metrics.csv").write_text("epoch,val/top1\n0,\n")
-    with pytest.raises(TrialFailed, match="has no val/top1: validation never ran"):
-        final_val_top1(tmp_path / "metrics.csv")
 
 
 def test_grid_trials_run_fit_on_a_validation_split_and_write_best_yaml(image_tree: Path, tmp_path: Path) -> None:
@@ -136,6 +128,16 @@ def test_ctrl_c_marks_the_trial_failed_and_a_rerun_resumes_it(
     launched.clear()
     main(cmd)  # the interrupted grid point runs again, then the rest
     assert sorted(launched) == ["eta1_alpha0.5", "eta1_alpha2"]
+
+
+def test_a_fit_that_never_validated_fails_its_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def unvalidated_fit(args: list[str], run_dir: Path) -> int:
+        finish(run_dir, [])  # results.json, but no val/top1 (e.g. max_epochs not a multiple of the val interval)
+        return 0
+
+    monkeypatch.setattr(tune_module, "launch_fit", unvalidated_fit)
+    with pytest.raises(TrialFailed, match="no trial of study 'coretune' finished"):  # failed trial, not a crash
+        tune([], output=tmp_path, eta=[1.0], alpha=[1.0])
 
 
 def test_tpe_sampler_stops_at_n_trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,11 +1,13 @@
 """``coretune bench``: a grid of ``coretune fit`` runs (objectives × data sets × label fractions × seeds) and its
-tables of mean ± std test top-1 in the layouts of the paper's Table 1 (methods × data sets), Table 2 (the ablation
-rows) and its table of various numbers of labeled data (methods × label fractions; ``table4``, numbered
-Table 5 in the NeurIPS version).
+tables of mean ± std top-1 in the layouts of the paper's Table 1 (methods × data sets), Table 2 (the ablation rows)
+and its table of various numbers of labeled data (methods × label fractions; ``table4``, numbered Table 5 in the
+NeurIPS version).
 
 Every run is an ordinary ``coretune fit`` in its own subprocess (a crash ends that run only; ``workers`` runs go at
 once), writing into ``<output>/<dataset>/<objective>/frac<f>/seed<s>``. The sweep is resumable: a run whose
 ``results.json`` holds test results is skipped, a started one resumes from its ``checkpoints/last.ckpt``.
+With ``metric: val`` the tables hold each run's final-epoch top-1 on a validation split carved from the training
+set (``--data.val_fraction``), for studies that must not look at the test split.
 """
 
 from __future__ import annotations
@@ -41,15 +43,20 @@ __all__ = [
     "SweepReport",
     "collect_cells",
     "compare",
+    "final_val_top1",
     "fit_command",
     "is_finished",
     "launch_fit",
     "main",
     "run_sweep",
+    "run_top1",
     "write_summary",
 ]
 
 Layout = Literal["table1", "table2", "table4"]
+Metric = Literal["test", "val"]
+#: What the tables hold, per ``metric``.
+_METRIC_TEXT = {"test": "test top-1", "val": "final-epoch validation top-1"}
 _SPEC_KEYS = (
     "name",
     "output",
@@ -61,6 +68,7 @@ _SPEC_KEYS = (
     "workers",
     "table",
     "baseline",
+    "metric",
 )
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 #: Arguments every bench/tune subprocess gets first (the user's arguments come after and may override them):
@@ -90,6 +98,36 @@ def is_finished(run_dir: str | Path) -> bool:
         return "test" in json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return False
+
+
+def final_val_top1(metrics_csv: str | Path) -> float:
+    """``val/top1`` of the last validated epoch in a run's ``metrics.csv`` (a fraction in [0, 1])."""
+    from .engine import read_metrics
+
+    values = [float(r["val/top1"]) for r in read_metrics(metrics_csv) if r.get("val/top1") not in (None, "")]
+    if not values:
+        raise ValueError(
+            f"{metrics_csv} has no val/top1: validation never ran. Make --trainer.max_epochs a multiple of "
+            "--trainer.check_val_every_n_epoch so the last epoch is validated"
+        )
+    return values[-1]
+
+
+def run_top1(run_dir: str | Path, metric: Metric = "test") -> float:
+    """Top-1 (%) of a finished run: its test result, or (``"val"``) its final epoch's ``val/top1``, which must come
+    from a validation split carved from the training set (``data.val_fraction`` > 0 in the run's config.yaml)."""
+    run_dir = Path(run_dir)
+    if metric == "test":
+        return 100 * float(json.loads((run_dir / "results.json").read_text())["test"]["top1"])
+    config = run_dir / "config.yaml"
+    data = (yaml.safe_load(config.read_text()) or {}).get("data") or {} if config.is_file() else {}
+    if not float(data.get("val_fraction") or 0) > 0:
+        raise BenchSpecError(
+            f"metric 'val' needs a validation split carved from the training set, but {run_dir} has none "
+            f"(data.val_fraction is not > 0 in {config}, so it validated on the test split): add "
+            "--data.val_fraction=0.2 to the spec's base_args and use a new output folder, or use metric 'test'"
+        )
+    return 100 * final_val_top1(run_dir / "metrics.csv")
 
 
 def fit_command(args: Sequence[str], run_dir: str | Path) -> list[str]:
@@ -178,6 +216,7 @@ class BenchSpec:
     workers: int = 1
     table: Layout = "table1"
     baseline: str = ""
+    metric: Metric = "test"
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> BenchSpec:
@@ -213,6 +252,9 @@ class BenchSpec:
         workers = raw.get("workers", 1)
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise fail(f"workers must be an integer >= 1 (got {workers!r})")
+        metric = raw.get("metric", "test")
+        if metric not in get_args(Metric):
+            raise fail(f"metric must be one of {', '.join(get_args(Metric))} (got {metric!r})")
         names = [e.name for e in entries]
         baseline = raw.get("baseline") or ("ce" if table == "table2" and "ce" in names else names[0])
         if baseline not in names:
@@ -228,6 +270,7 @@ class BenchSpec:
             workers=workers,
             table=table,
             baseline=baseline,
+            metric=metric,
         )
 
     def runs(self) -> list[Run]:
@@ -436,7 +479,7 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
                 if (outcome := future.result()) is None:  # queued behind the signal
                     report.not_started.append(started[future])
                 else:
-                    _report_run(started[future], *outcome, report, progress.console)
+                    _report_run(started[future], *outcome, report, progress.console, spec.metric)
                     progress.advance(task)
     report.not_started.sort(key=todo.index)
     return report
@@ -466,11 +509,11 @@ def _signals_stop(stop: threading.Event) -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
-def _report_run(run: Run, code: int, seconds: float, report: SweepReport, console: Any) -> None:
+def _report_run(run: Run, code: int, seconds: float, report: SweepReport, console: Any, metric: Metric) -> None:
     if is_finished(run.run_dir):
         report.finished.append(run)
-        top1 = json.loads((run.run_dir / "results.json").read_text())["test"]["top1"]
-        console.print(f"✓ {run.label}: top-1 {100 * top1:.2f}% ({seconds:.0f} s)", highlight=False)
+        top1 = run_top1(run.run_dir, metric)
+        console.print(f"✓ {run.label}: {_METRIC_TEXT[metric]} {top1:.2f}% ({seconds:.0f} s)", highlight=False)
     elif code in _INTERRUPTED_CODES:
         report.interrupted.append(run)
         console.print(
@@ -501,7 +544,7 @@ def _timed_launch(run: Run, env: dict[str, str] | None, stop: threading.Event) -
 # -- aggregation ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Cell:
-    """The finished seeds of one (objective, data set, label fraction): test top-1 in percent."""
+    """The finished seeds of one (objective, data set, label fraction): top-1 in percent (the spec's metric)."""
 
     objective: str
     dataset: str
@@ -591,8 +634,9 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
         results = json.loads(results_path.read_text()) if results_path.is_file() else {}
         test = results.get("test") or {}
         status = "finished" if test else ("unfinished" if run.run_dir.is_dir() else "missing")
-        if test:
-            values[key].append(100 * float(test["top1"]))
+        top1 = run_top1(run.run_dir, spec.metric) if test else None
+        if top1 is not None:
+            values[key].append(top1)
             seeds[key].append(run.seed)
         rows.append(
             {
@@ -603,6 +647,7 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
                 "status": status,
                 "test_top1_pct": round(100 * test["top1"], 4) if test else "",
                 "test_top5_pct": round(100 * test["top5"], 4) if test.get("top5") is not None else "",
+                **({"val_top1_pct": "" if top1 is None else round(top1, 4)} if spec.metric == "val" else {}),
                 "epochs": results.get("epochs", ""),
                 "wall_time_s": results.get("wall_time_s", ""),
                 "train_images_per_s": results.get("train_images_per_s", ""),
@@ -640,9 +685,9 @@ def table_layout(spec: BenchSpec) -> TableLayout:
 
 
 _TITLES = {
-    "table1": "test top-1 (%) of each fine-tuning method (rows) on each data set (columns), as in the paper's Table 1",
-    "table2": "test top-1 (%) of the ablation rows of the paper's Table 2 (Core-tuning is the last row)",
-    "table4": "test top-1 (%) of each fine-tuning method (rows) against the fraction of labels used, as in the "
+    "table1": "{metric} (%) of each fine-tuning method (rows) on each data set (columns), as in the paper's Table 1",
+    "table2": "{metric} (%) of the ablation rows of the paper's Table 2 (Core-tuning is the last row)",
+    "table4": "{metric} (%) of each fine-tuning method (rows) against the fraction of labels used, as in the "
     "paper's table of various numbers of labeled data",
 }
 
@@ -654,11 +699,12 @@ def _markdown(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout
     for col in cols:
         means = [cells[(name, *col)].mean for name, _ in layout.rows if cells[(name, *col)].n]
         best[col] = max(means) if means else math.nan
+    title = _TITLES[spec.table].format(metric=_METRIC_TEXT[spec.metric])
     header = ["Method", *(label for _, label in layout.columns), *(["Avg."] if with_avg else [])]
     lines = [
         f"# {spec.name}",
         "",
-        f"{_TITLES[spec.table]}: mean ± sample standard deviation (ddof = 1) over seeds {list(spec.seeds)}; "
+        f"{title}: mean ± sample standard deviation (ddof = 1) over seeds {list(spec.seeds)}; "
         "n = finished runs of the cell; best mean per column in bold.",
         "",
         "| " + " | ".join(header) + " |",
@@ -682,11 +728,12 @@ def _significance(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], la
         "",
         f"## Differences from {labels[spec.baseline]}",
         "",
-        "Δ = difference of mean test top-1 (percentage points); s_p = pooled sample standard deviation of the two "
-        "cells; beyond 2σ when |Δ| > 2 s_p (a rule of thumb, not a hypothesis test; needs n ≥ 2 in both cells). "
-        "Paired: the difference on each seed both cells finished (runs with one seed share the label subset, the "
-        "heads' initialisation, the batches and the augmentations); t = mean / (std / √n) of those differences "
-        "with n − 1 degrees of freedom, two-sided p (few seeds detect only large, consistent differences).",
+        f"Δ = difference of mean {_METRIC_TEXT[spec.metric]} (percentage points); s_p = pooled sample standard "
+        "deviation of the two cells; beyond 2σ when |Δ| > 2 s_p (a rule of thumb, not a hypothesis test; needs "
+        "n ≥ 2 in both cells). Paired: the difference on each seed both cells finished (runs with one seed share "
+        "the label subset, the heads' initialisation, the batches and the augmentations); t = mean / (std / √n) of "
+        "those differences with n − 1 degrees of freedom, two-sided p (few seeds detect only large, consistent "
+        "differences).",
         "",
         "| Column | Method | Δ (pp) | 2 s_p (pp) | beyond 2σ | paired Δ per seed (pp) | paired t (p) |",
         "|---|---|:-:|:-:|:-:|:-:|:-:|",
@@ -755,7 +802,7 @@ def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: Ta
     if lows:
         ax.set_ylim(bottom=max(0.0, 5 * math.floor(min(lows) / 5) - 5))
     ax.set_xticks(x, [label for _, label in layout.columns])
-    ax.set(ylabel="test top-1 (%)", title=f"{spec.name}: mean ± std over seeds")
+    ax.set(ylabel=f"{_METRIC_TEXT[spec.metric]} (%)", title=f"{spec.name}: mean ± std over seeds")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     paths.append(spec.output / "bars.png")
@@ -770,7 +817,7 @@ def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: Ta
                 means, stds = zip(*(stats(name, (dataset, f)) for f in fractions), strict=True)
                 percent = [100 * f for f in fractions]
                 ax.errorbar(percent, means, yerr=stds, marker="o", capsize=3, label=_plot_label(label))
-            ax.set(xlabel="labels used (%)", ylabel="test top-1 (%)", title=dataset)
+            ax.set(xlabel="labels used (%)", ylabel=f"{_METRIC_TEXT[spec.metric]} (%)", title=dataset)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         fig.tight_layout()
@@ -805,8 +852,9 @@ def _parser() -> Any:
     parser = ArgumentParser(
         prog="coretune bench",
         description="Run a grid of coretune fit runs (objectives × data sets × label fractions × seeds) from a YAML "
-        "spec (see configs/bench/), resumably, and tabulate mean ± std test top-1 per cell (summary.md, summary.csv, "
-        "runs.csv, bars.png, label_fraction.png in the spec's output folder).",
+        "spec (see configs/bench/), resumably, and tabulate mean ± std top-1 per cell (test; with 'metric: val' the "
+        "final epoch's on a validation split) in summary.md, summary.csv, runs.csv, bars.png and "
+        "label_fraction.png in the spec's output folder.",
     )
     parser.add_argument("config", type=str, help="The bench spec (YAML).")
     parser.add_argument(

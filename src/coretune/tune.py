@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 import yaml
 
-from .bench import SweepInterrupted, is_finished, launch_fit
+from .bench import SweepInterrupted, final_val_top1, is_finished, launch_fit
 
-__all__ = ["TrialFailed", "final_val_top1", "main", "tune"]
+__all__ = ["TrialFailed", "main", "tune"]
 
 _FORBIDDEN_FIT_ARGS = {
     "--data.val_fraction": "the validation split is coretune tune's --val_fraction (> 0)",
@@ -48,19 +48,6 @@ def _import_optuna() -> Any:
     except ImportError:
         raise RuntimeError("coretune tune needs Optuna: pip install 'coretune[tune]' (or pip install optuna)") from None
     return optuna
-
-
-def final_val_top1(metrics_csv: str | Path) -> float:
-    """``val/top1`` of the last validated epoch in a run's ``metrics.csv``."""
-    from .engine import read_metrics
-
-    values = [float(r["val/top1"]) for r in read_metrics(metrics_csv) if r.get("val/top1") not in (None, "")]
-    if not values:
-        raise TrialFailed(
-            f"{metrics_csv} has no val/top1: validation never ran. Make --trainer.max_epochs a multiple of "
-            "--trainer.check_val_every_n_epoch so the last epoch is validated"
-        )
-    return values[-1]
 
 
 def _check_fit_args(fit_args: list[str]) -> None:
@@ -211,7 +198,10 @@ def tune(
                     raise TrialFailed(
                         f"trial {trial.number} did not finish (exit code {code}): see {run_dir / 'log.txt'}"
                     )
-            values.append(final_val_top1(run_dir / "metrics.csv"))
+            try:
+                values.append(final_val_top1(run_dir / "metrics.csv"))
+            except ValueError as err:
+                raise TrialFailed(str(err)) from None
         trial.set_user_attr("per_seed", values)
         return sum(values) / len(values)
 

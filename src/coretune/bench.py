@@ -120,8 +120,8 @@ def run_top1(run_dir: str | Path, metric: Metric = "test") -> float:
     if metric == "test":
         return 100 * float(json.loads((run_dir / "results.json").read_text())["test"]["top1"])
     config = run_dir / "config.yaml"
-    data = (yaml.safe_load(config.read_text()) or {}).get("data") or {} if config.is_file() else {}
-    if not float(data.get("val_fraction") or 0) > 0:
+    resolved = (yaml.safe_load(config.read_text()) if config.is_file() else None) or {}
+    if not float((resolved.get("data") or {}).get("val_fraction") or 0) > 0:
         raise BenchSpecError(
             f"metric 'val' needs a validation split carved from the training set, but {run_dir} has none "
             f"(data.val_fraction is not > 0 in {config}, so it validated on the test split): add "

@@ -29,7 +29,7 @@ from coretune.bench import (
     table_layout,
     write_summary,
 )
-from coretune.cli import main
+from coretune.cli import main, resolved_fit_config
 
 TINY_FIT = [
     "--model.backbone=small_cnn",
@@ -193,6 +193,45 @@ def test_metric_val_refuses_runs_that_validated_on_the_test_split(tmp_path: Path
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"data": {"root": "DATA", "val_fraction": 0.2}}))
     (run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.9\n1,0.7\n")
     assert "| ce | **70.00 (n=1)** |" in write_summary(spec)[0]  # the last validated epoch, not the test's 50
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--trainer.max_epochs=2"], r"run tiny/ce/frac1/seed0 has none .* add --data.val_fraction=0.2"),
+        (
+            ["--data.val_fraction=0.5", "--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=2"],
+            r"trains 3 epochs and validates every 2: make --trainer.max_epochs a multiple",
+        ),
+    ],
+)
+def test_metric_val_refuses_a_spec_before_any_run_starts(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str
+) -> None:
+    """The resolved fit configuration is checked up front: no hour-long run is wasted on an unusable spec."""
+    launched: list[object] = []
+    monkeypatch.setattr(bench_module, "launch_fit", lambda *a, **k: launched.append(a) or 0)
+    spec = spec_of(
+        tmp_path,
+        metric="val",
+        objectives=["ce"],
+        base_args=[*TINY_FIT, *extra],
+        datasets={"tiny": [f"--data.root={image_tree}"]},
+    )
+    with pytest.raises(BenchSpecError, match=message):
+        run_sweep(spec)
+    assert launched == [] and not spec.output.exists()
+
+
+def test_resolved_fit_config_applies_configs_and_presets(tmp_path: Path) -> None:
+    config = tmp_path / "fit.yaml"
+    config.write_text(yaml.safe_dump({"data": {"val_fraction": 0.25}, "trainer": {"max_epochs": 7}}))
+    resolved = resolved_fit_config([f"--config={config}", "--objective", "core", "--trainer.max_epochs=8"])
+    assert resolved is not None
+    assert resolved["data"]["val_fraction"] == 0.25 and resolved["trainer"]["max_epochs"] == 8
+    assert resolved["objective"]["class_path"].endswith("CoreTuning")
+    assert resolved_fit_config(["--objective", "no_such_method"]) is None
+    assert resolved_fit_config(["--trainer.max_epochs=many"]) is None
 
 
 def test_final_val_top1_is_the_last_validated_epoch(tmp_path: Path) -> None:

@@ -113,6 +113,40 @@ def final_val_top1(metrics_csv: str | Path) -> float:
     return values[-1]
 
 
+def check_val_split(config: dict[str, Any], run: str) -> None:
+    """Refuse (``metric: val``) a run whose resolved fit ``config`` has no validation split carved from the training
+    set (``data.val_fraction`` > 0): without one it validates on the test split."""
+    if not float((config.get("data") or {}).get("val_fraction") or 0) > 0:
+        raise BenchSpecError(
+            f"metric 'val' needs a validation split carved from the training set, but {run} has none "
+            "(data.val_fraction is not > 0, so it validates on the test split): add --data.val_fraction=0.2 to the "
+            "spec's base_args and use a new output folder, or use metric 'test'"
+        )
+
+
+def check_final_epoch_validated(config: dict[str, Any], run: str) -> None:
+    """Refuse (``metric: val``) a run whose final epoch is not validated (``max_epochs`` not a multiple of
+    ``check_val_every_n_epoch``): its table cell would silently hold an earlier epoch."""
+    trainer = config.get("trainer") or {}
+    epochs, every = trainer.get("max_epochs"), trainer.get("check_val_every_n_epoch")
+    if isinstance(epochs, int) and isinstance(every, int) and epochs > 0 and every > 0 and epochs % every:
+        raise BenchSpecError(
+            f"metric 'val' tabulates the final epoch's validation top-1, but {run} trains {epochs} epochs and "
+            f"validates every {every}: make --trainer.max_epochs a multiple of --trainer.check_val_every_n_epoch"
+        )
+
+
+def check_val_runs(runs: Sequence[Run]) -> None:
+    """Before a ``metric: val`` sweep starts, resolve each run's fit configuration (``coretune fit --print_config``,
+    in process) and refuse the spec when a run would not validate its final epoch on a split of the training set."""
+    from .cli import resolved_fit_config
+
+    for run in runs:
+        if (config := resolved_fit_config([*run.args, f"--run_dir={run.run_dir}"])) is not None:
+            check_val_split(config, f"run {run.label}")
+            check_final_epoch_validated(config, f"run {run.label}")
+
+
 def run_top1(run_dir: str | Path, metric: Metric = "test") -> float:
     """Top-1 (%) of a finished run: its test result, or (``"val"``) its final epoch's ``val/top1``, which must come
     from a validation split carved from the training set (``data.val_fraction`` > 0 in the run's config.yaml)."""
@@ -120,13 +154,7 @@ def run_top1(run_dir: str | Path, metric: Metric = "test") -> float:
     if metric == "test":
         return 100 * float(json.loads((run_dir / "results.json").read_text())["test"]["top1"])
     config = run_dir / "config.yaml"
-    resolved = (yaml.safe_load(config.read_text()) if config.is_file() else None) or {}
-    if not float((resolved.get("data") or {}).get("val_fraction") or 0) > 0:
-        raise BenchSpecError(
-            f"metric 'val' needs a validation split carved from the training set, but {run_dir} has none "
-            f"(data.val_fraction is not > 0 in {config}, so it validated on the test split): add "
-            "--data.val_fraction=0.2 to the spec's base_args and use a new output folder, or use metric 'test'"
-        )
+    check_val_split((yaml.safe_load(config.read_text()) if config.is_file() else None) or {}, f"{run_dir} ({config})")
     return 100 * final_val_top1(run_dir / "metrics.csv")
 
 
@@ -432,6 +460,8 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
     for run in spec.runs():
         check_run_args(run.args, run.run_dir)
         (report.skipped if is_finished(run.run_dir) else todo).append(run)
+    if spec.metric == "val":
+        check_val_runs(todo)
     console.print(
         f"[bold]{spec.name}[/bold]: {len(report.skipped) + len(todo)} runs, {len(report.skipped)} finished (skipped), "
         f"{len(todo)} to run with {workers} worker(s) → {spec.output}",

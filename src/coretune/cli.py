@@ -6,8 +6,11 @@ registered objective name (``coretune objectives`` lists them) and ``--objective
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +187,21 @@ def fit(args: list[str]) -> None:
         parser_kwargs={"fit": {"default_env": False}},
         auto_configure_optimizers=False,
     )
+
+
+def resolved_fit_config(args: Sequence[str]) -> dict[str, Any] | None:
+    """The configuration ``coretune fit ARGS`` would run with (its ``--print_config``, configs and presets applied),
+    without running it; None when the arguments do not parse (the run itself then reports why)."""
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            fit([*args, "--print_config"])
+    except SystemExit as exit_:
+        if exit_.code not in (0, None):
+            return None
+    except (ValueError, OSError, yaml.YAMLError):  # an unknown objective, an unreadable config: the run says so
+        return None
+    return yaml.safe_load(out.getvalue()) or None
 
 
 def _test_parser() -> ArgumentParser:

@@ -120,7 +120,7 @@ def check_val_split(config: dict[str, Any], run: str) -> None:
         raise BenchSpecError(
             f"metric 'val' needs a validation split carved from the training set, but {run} has none "
             "(data.val_fraction is not > 0, so it validates on the test split): add --data.val_fraction=0.2 to the "
-            "spec's base_args and use a new output folder, or use metric 'test'"
+            "spec's base_args (with a new output folder if runs finished without it), or use metric 'test'"
         )
 
 

@@ -130,6 +130,22 @@ def test_ctrl_c_marks_the_trial_failed_and_a_rerun_resumes_it(
     assert sorted(launched) == ["eta1_alpha0.5", "eta1_alpha2"]
 
 
+def test_refuses_fit_arguments_that_leave_the_final_epoch_unvalidated(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked on the resolved fit configuration before the first trial: no trial scores an earlier epoch."""
+    launched: list[object] = []
+    monkeypatch.setattr(tune_module, "launch_fit", lambda *a: launched.append(a) or 0)
+    fit_args = [*TINY_FIT, f"--data.root={image_tree}", "--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=2"]
+    with pytest.raises(
+        ValueError,
+        match=r"^coretune tune scores each trial by its final epoch's validation top-1, but it trains 3 epochs and "
+        r"validates every 2: make --trainer.max_epochs a multiple of --trainer.check_val_every_n_epoch$",
+    ):
+        tune(fit_args, output=tmp_path, eta=[1.0], alpha=[1.0])
+    assert launched == [] and not (tmp_path / "study.db").exists()
+
+
 def test_a_fit_that_never_validated_fails_its_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def unvalidated_fit(args: list[str], run_dir: Path) -> int:
         finish(run_dir, [])  # results.json, but no val/top1 (e.g. max_epochs not a multiple of the val interval)

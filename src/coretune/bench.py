@@ -124,16 +124,17 @@ def check_val_split(config: dict[str, Any], run: str) -> None:
         )
 
 
-def check_final_epoch_validated(config: dict[str, Any], run: str) -> None:
-    """Refuse (``metric: val``) a run whose final epoch is not validated (``max_epochs`` not a multiple of
-    ``check_val_every_n_epoch``): its table cell would silently hold an earlier epoch."""
+def unvalidated_final_epoch(config: dict[str, Any]) -> str | None:
+    """Why a resolved fit ``config`` would not validate its final epoch (``max_epochs`` not a multiple of
+    ``check_val_every_n_epoch``: its last ``val/top1`` is an earlier epoch's), with the fix; None when it does."""
     trainer = config.get("trainer") or {}
     epochs, every = trainer.get("max_epochs"), trainer.get("check_val_every_n_epoch")
     if isinstance(epochs, int) and isinstance(every, int) and epochs > 0 and every > 0 and epochs % every:
-        raise BenchSpecError(
-            f"metric 'val' tabulates the final epoch's validation top-1, but {run} trains {epochs} epochs and "
-            f"validates every {every}: make --trainer.max_epochs a multiple of --trainer.check_val_every_n_epoch"
+        return (
+            f"it trains {epochs} epochs and validates every {every}: make --trainer.max_epochs a multiple of "
+            "--trainer.check_val_every_n_epoch"
         )
+    return None
 
 
 def check_val_runs(runs: Sequence[Run]) -> None:
@@ -144,7 +145,11 @@ def check_val_runs(runs: Sequence[Run]) -> None:
     for run in runs:
         if (config := resolved_fit_config([*run.args, f"--run_dir={run.run_dir}"])) is not None:
             check_val_split(config, f"run {run.label}")
-            check_final_epoch_validated(config, f"run {run.label}")
+            if problem := unvalidated_final_epoch(config):
+                raise BenchSpecError(
+                    f"metric 'val' tabulates the final epoch's validation top-1, but run {run.label} would not "
+                    f"validate its final epoch: {problem}"
+                )
 
 
 def run_top1(run_dir: str | Path, metric: Metric = "test") -> float:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .bench import SweepInterrupted, final_val_top1, is_finished, launch_fit
+from .bench import SweepInterrupted, final_val_top1, is_finished, launch_fit, unvalidated_final_epoch
 
 __all__ = ["TrialFailed", "main", "tune"]
 
@@ -55,6 +55,15 @@ def _check_fit_args(fit_args: list[str]) -> None:
         key = arg.partition("=")[0]
         if key in _FORBIDDEN_FIT_ARGS:
             raise ValueError(f"remove {key} from the fit arguments: {_FORBIDDEN_FIT_ARGS[key]}")
+
+
+def _check_final_epoch_validated(trial_args: list[str]) -> None:
+    """A trial is scored by its final epoch's val/top1: refuse fit arguments that would not validate that epoch."""
+    from .cli import resolved_fit_config
+
+    config = resolved_fit_config(trial_args)
+    if config is not None and (problem := unvalidated_final_epoch(config)):
+        raise ValueError(f"coretune tune scores each trial by its final epoch's validation top-1, but {problem}")
 
 
 def _check_objective(name: str) -> dict[str, Any]:
@@ -142,6 +151,7 @@ def tune(
         )
     _check_fit_args(fit_args)
     preset = _check_objective(objective)
+    _check_final_epoch_validated([*fit_args, "--objective", objective, f"--data.val_fraction={val_fraction}"])
     eta, alpha = list(eta or [0.1, 1.0, 10.0]), list(alpha or [0.1, 1.0, 10.0])
     if min(alpha) <= 0 or min(eta) < 0:
         raise ValueError(f"α must be > 0 and η >= 0 (got eta {eta}, alpha {alpha})")

@@ -53,11 +53,12 @@ def plot_learning_curves(metrics_csv: str | Path, out_png: str | Path) -> None:
     epochs = [int(r["epoch"]) for r in rows]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     for key in rows[0]:
-        values = [float(r[key]) if r.get(key) not in (None, "") else float("nan") for r in rows]
+        points = [(e, float(r[key])) for e, r in zip(epochs, rows, strict=True) if r.get(key) not in (None, "")]
+        xs, values = [e for e, _ in points], [v for _, v in points]  # val/* only where validation ran
         if (key.startswith("train/") and not key.endswith(("top1", "top5"))) or key == "val/loss":
-            ax_loss.plot(epochs, values, marker=".", label=key)
+            ax_loss.plot(xs, values, marker=".", label=key)
         elif key.endswith("top1"):
-            ax_acc.plot(epochs, [100 * v for v in values], marker=".", label=key)
+            ax_acc.plot(xs, [100 * v for v in values], marker=".", label=key)
     ax_loss.set(xlabel="epoch", ylabel="loss", title="losses")
     ax_acc.set(xlabel="epoch", ylabel="top-1 (%)", title="accuracy")
     for ax in (ax_loss, ax_acc):
@@ -72,8 +73,9 @@ def plot_learning_curves(metrics_csv: str | Path, out_png: str | Path) -> None:
 class RunArtifacts(L.Callback):
     """Writes ``metrics.csv`` (one row per epoch), ``results.json`` and ``learning_curve.png`` into ``run_dir``.
 
-    ``metrics.csv`` holds every logged epoch-level value (each loss term, lr, train and val top-1/top-5); a resumed
-    run rewrites the rows from its restart epoch on, so the file always describes one uninterrupted history.
+    ``metrics.csv`` holds every logged epoch-level value (each loss term, lr, train and val top-1/top-5; ``val/*``
+    only on the epochs that ran validation, empty on the others); a resumed run rewrites the rows from its restart
+    epoch on, so the file always describes one uninterrupted history.
     """
 
     def __init__(self, run_dir: str | Path | None = None) -> None:
@@ -84,6 +86,7 @@ class RunArtifacts(L.Callback):
         self._val_start = 0.0
         self._fit_start = 0.0
         self._epoch_lr = float("nan")
+        self._validated = False  # this epoch ran validation (Lightning keeps the last val/* in callback_metrics)
 
     def run_dir(self, trainer: L.Trainer) -> Path:
         return self._run_dir if self._run_dir is not None else Path(trainer.default_root_dir)
@@ -107,6 +110,7 @@ class RunArtifacts(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
             self._epoch_start += time.perf_counter() - self._val_start
+            self._validated = True
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch_lr": self._epoch_lr}  # the row's lr when a run resumes mid-epoch
@@ -119,12 +123,13 @@ class RunArtifacts(L.Callback):
         self._train_time += time.perf_counter() - self._epoch_start
         # Every process reads the metrics: the first read reduces them over processes (collective calls).
         metrics = sorted(trainer.callback_metrics.items())
+        validated, self._validated = self._validated, False
         if not trainer.is_global_zero:
             return
         row: dict[str, Any] = {"epoch": trainer.current_epoch, "step": trainer.global_step}
         row["lr"] = self._epoch_lr  # the heads' learning rate at the epoch's first step
         for key, value in metrics:
-            if key.startswith(("train/", "val/")):
+            if key.startswith("train/") or (validated and key.startswith("val/")):
                 row[key] = float(value)
         path = self.run_dir(trainer) / "metrics.csv"
         rows = [r for r in read_metrics(path) if int(r["epoch"]) < trainer.current_epoch] + [row]

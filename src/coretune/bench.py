@@ -143,7 +143,7 @@ def check_val_runs(runs: Sequence[Run]) -> None:
     from .cli import resolved_fit_config
 
     for run in runs:
-        if (config := resolved_fit_config([*run.args, f"--run_dir={run.run_dir}"])) is not None:
+        if (config := resolved_fit_config(run.args)) is not None:
             check_val_split(config, f"run {run.label}")
             if problem := unvalidated_final_epoch(config):
                 raise BenchSpecError(

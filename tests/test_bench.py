@@ -29,7 +29,7 @@ from coretune.bench import (
     table_layout,
     write_summary,
 )
-from coretune.cli import main, resolved_fit_config
+from coretune.cli import FitArgsError, main, resolved_fit_config
 
 TINY_FIT = [
     "--model.backbone=small_cnn",
@@ -230,8 +230,33 @@ def test_resolved_fit_config_applies_configs_and_presets(tmp_path: Path) -> None
     assert resolved is not None
     assert resolved["data"]["val_fraction"] == 0.25 and resolved["trainer"]["max_epochs"] == 8
     assert resolved["objective"]["class_path"].endswith("CoreTuning")
-    assert resolved_fit_config(["--objective", "no_such_method"]) is None
-    assert resolved_fit_config(["--trainer.max_epochs=many"]) is None
+    with pytest.raises(FitArgsError, match="no_such_method"):
+        resolved_fit_config(["--objective", "no_such_method"])
+    with pytest.raises(FitArgsError, match=r"^Parser key \"trainer.max_epochs\".*many"):
+        resolved_fit_config(["--trainer.max_epochs=many"])
+    with pytest.raises(FitArgsError, match=r"^unrecognized arguments: --trainer.max_epochz=3$"):
+        resolved_fit_config(["--trainer.max_epochz=3"])
+    with pytest.raises(FitArgsError, match=r"Option 'etaa' is not accepted"):
+        resolved_fit_config(["--objective", "core", "--objective.etaa=1"])
+    with pytest.raises(FitArgsError, match=r"missing\.yaml"):
+        resolved_fit_config([f"--config={tmp_path / 'missing.yaml'}"])
+
+
+@pytest.mark.parametrize("metric", ["test", "val"])
+def test_a_spec_whose_fit_arguments_fit_would_refuse_fails_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metric: str
+) -> None:
+    """A typo in the last objective's args is found before the first run, not hours later when that run starts."""
+    launched: list[object] = []
+    monkeypatch.setattr(bench_module, "launch_fit", lambda *a, **k: launched.append(a) or 0)
+    objectives = ["ce", {"name": "core", "args": ["--objective.etaa=0.1"]}]
+    spec = spec_of(tmp_path, metric=metric, objectives=objectives, base_args=["--data.val_fraction=0.2"])
+    message = r"coretune fit would refuse the arguments of run tiny/core/frac1/seed0: .*'etaa' is not accepted\. Fix"
+    with pytest.raises(BenchSpecError, match=message):
+        run_sweep(spec)
+    with pytest.raises(BenchSpecError, match=message):
+        run_sweep(spec, dry_run=True)
+    assert launched == [] and not spec.output.exists()
 
 
 def test_final_val_top1_is_the_last_validated_epoch(tmp_path: Path) -> None:

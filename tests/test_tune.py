@@ -146,6 +146,21 @@ def test_refuses_fit_arguments_that_leave_the_final_epoch_unvalidated(
     assert launched == [] and not (tmp_path / "study.db").exists()
 
 
+def test_refuses_fit_arguments_fit_would_refuse(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A typo in the fit arguments is found before the first trial, not by every trial failing."""
+    launched: list[object] = []
+    monkeypatch.setattr(tune_module, "launch_fit", lambda *a: launched.append(a) or 0)
+    fit_args = [*TINY_FIT, f"--data.root={image_tree}", "--trainer.max_epocs=3"]
+    with pytest.raises(
+        ValueError,
+        match=r"^coretune fit would refuse the trial arguments: unrecognized arguments: --trainer.max_epocs=3\. Fix",
+    ):
+        tune(fit_args, output=tmp_path, eta=[1.0], alpha=[1.0])
+    assert launched == [] and not (tmp_path / "study.db").exists()
+
+
 def test_a_fit_that_never_validated_fails_its_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def unvalidated_fit(args: list[str], run_dir: Path) -> int:
         finish(run_dir, [])  # results.json, but no val/top1 (e.g. max_epochs not a multiple of the val interval)

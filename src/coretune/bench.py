@@ -137,13 +137,21 @@ def unvalidated_final_epoch(config: dict[str, Any]) -> str | None:
     return None
 
 
-def check_val_runs(runs: Sequence[Run]) -> None:
-    """Before a ``metric: val`` sweep starts, resolve each run's fit configuration (``coretune fit --print_config``,
-    in process) and refuse the spec when a run would not validate its final epoch on a split of the training set."""
-    from .cli import resolved_fit_config
+def check_fit_args(runs: Sequence[Run], metric: Metric = "test") -> None:
+    """Before a sweep starts, resolve each run's fit configuration (``coretune fit --print_config``, in process) and
+    refuse the spec when ``coretune fit`` would refuse a run's arguments or, for ``metric: val``, a run would not
+    validate its final epoch on a split of the training set: a bad spec fails at once, not after the runs before it."""
+    from .cli import FitArgsError, resolved_fit_config
 
     for run in runs:
-        if (config := resolved_fit_config(run.args)) is not None:
+        try:
+            config = resolved_fit_config(run.args)
+        except FitArgsError as error:
+            raise BenchSpecError(
+                f"coretune fit would refuse the arguments of run {run.label}: {error}. Fix them in the spec "
+                "(base_args, the data set's or the objective's args)"
+            ) from None
+        if metric == "val":
             check_val_split(config, f"run {run.label}")
             if problem := unvalidated_final_epoch(config):
                 raise BenchSpecError(
@@ -465,8 +473,7 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
     for run in spec.runs():
         check_run_args(run.args, run.run_dir)
         (report.skipped if is_finished(run.run_dir) else todo).append(run)
-    if spec.metric == "val":
-        check_val_runs(todo)
+    check_fit_args(todo, spec.metric)
     console.print(
         f"[bold]{spec.name}[/bold]: {len(report.skipped) + len(todo)} runs, {len(report.skipped)} finished (skipped), "
         f"{len(todo)} to run with {workers} worker(s) → {spec.output}",

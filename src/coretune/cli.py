@@ -189,19 +189,25 @@ def fit(args: list[str]) -> None:
     )
 
 
-def resolved_fit_config(args: Sequence[str]) -> dict[str, Any] | None:
+class FitArgsError(ValueError):
+    """``coretune fit`` would refuse these arguments at its start; the message is its error."""
+
+
+def resolved_fit_config(args: Sequence[str]) -> dict[str, Any]:
     """The configuration ``coretune fit ARGS`` would run with (its ``--print_config``, configs and presets applied),
-    without running it; None when the arguments do not parse (the run itself then reports why)."""
-    out = io.StringIO()
+    without running it. Raises :class:`FitArgsError` with fit's own message when it would refuse the arguments (an
+    unknown option or objective, a value of the wrong type, an unreadable config file)."""
+    out, err = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             fit([*args, "--print_config"])
     except SystemExit as exit_:
         if exit_.code not in (0, None):
-            return None
-    except (ValueError, OSError, yaml.YAMLError):  # an unknown objective, an unreadable config: the run says so
-        return None
-    return yaml.safe_load(out.getvalue()) or None
+            message = err.getvalue().rpartition("error:")[2] or f"it exits with {exit_.code}"
+            raise FitArgsError(" ".join(message.split())) from None
+    except (ValueError, OSError, yaml.YAMLError) as error:
+        raise FitArgsError(" ".join(str(error).split())) from None
+    return yaml.safe_load(out.getvalue()) or {}
 
 
 def _test_parser() -> ArgumentParser:

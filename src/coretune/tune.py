@@ -57,12 +57,16 @@ def _check_fit_args(fit_args: list[str]) -> None:
             raise ValueError(f"remove {key} from the fit arguments: {_FORBIDDEN_FIT_ARGS[key]}")
 
 
-def _check_final_epoch_validated(trial_args: list[str]) -> None:
-    """A trial is scored by its final epoch's val/top1: refuse fit arguments that would not validate that epoch."""
-    from .cli import resolved_fit_config
+def _check_trial_args(trial_args: list[str]) -> None:
+    """Before the first trial, refuse fit arguments ``coretune fit`` would refuse, or that would not validate the
+    final epoch (a trial is scored by its final epoch's val/top1)."""
+    from .cli import FitArgsError, resolved_fit_config
 
-    config = resolved_fit_config(trial_args)
-    if config is not None and (problem := unvalidated_final_epoch(config)):
+    try:
+        config = resolved_fit_config(trial_args)
+    except FitArgsError as error:
+        raise ValueError(f"coretune fit would refuse the trial arguments: {error}. Fix the fit arguments") from None
+    if problem := unvalidated_final_epoch(config):
         raise ValueError(f"coretune tune scores each trial by its final epoch's validation top-1, but {problem}")
 
 
@@ -151,7 +155,7 @@ def tune(
         )
     _check_fit_args(fit_args)
     preset = _check_objective(objective)
-    _check_final_epoch_validated([*fit_args, "--objective", objective, f"--data.val_fraction={val_fraction}"])
+    _check_trial_args([*fit_args, "--objective", objective, f"--data.val_fraction={val_fraction}"])
     eta, alpha = list(eta or [0.1, 1.0, 10.0]), list(alpha or [0.1, 1.0, 10.0])
     if min(alpha) <= 0 or min(eta) < 0:
         raise ValueError(f"α must be > 0 and η >= 0 (got eta {eta}, alpha {alpha})")

@@ -227,7 +227,6 @@ def test_resolved_fit_config_applies_configs_and_presets(tmp_path: Path) -> None
     config = tmp_path / "fit.yaml"
     config.write_text(yaml.safe_dump({"data": {"val_fraction": 0.25}, "trainer": {"max_epochs": 7}}))
     resolved = resolved_fit_config([f"--config={config}", "--objective", "core", "--trainer.max_epochs=8"])
-    assert resolved is not None
     assert resolved["data"]["val_fraction"] == 0.25 and resolved["trainer"]["max_epochs"] == 8
     assert resolved["objective"]["class_path"].endswith("CoreTuning")
     with pytest.raises(FitArgsError, match="no_such_method"):

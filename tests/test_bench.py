@@ -40,8 +40,16 @@ TINY_FIT = [
 ]
 
 
+def data_root(tmp_path: Path) -> Path:
+    """An image-folder root with empty train/ and test/: enough for the sweep's up-front path check (fits are faked)."""
+    for split in ("train", "test"):
+        (tmp_path / "data" / split).mkdir(parents=True, exist_ok=True)
+    return tmp_path / "data"
+
+
 def spec_of(tmp_path: Path, **entries: object) -> BenchSpec:
-    raw = {"output": str(tmp_path / "out"), "datasets": {"tiny": ["--data.root=DATA"]}, "objectives": ["ce", "core"]}
+    datasets = {"tiny": [f"--data.root={data_root(tmp_path)}"]}
+    raw = {"output": str(tmp_path / "out"), "datasets": datasets, "objectives": ["ce", "core"]}
     return BenchSpec.from_dict({**raw, **entries})
 
 
@@ -69,7 +77,7 @@ def test_runs_of_the_grid_and_their_fit_arguments(tmp_path: Path) -> None:
     assert run.run_dir == tmp_path / "out" / "tiny" / "core_eta1" / "frac1" / "seed1"
     assert run.args == (
         "--trainer.max_epochs=2",
-        "--data.root=DATA",
+        f"--data.root={tmp_path / 'data'}",
         "--objective",
         "core",
         "--objective.eta=1",
@@ -226,7 +234,8 @@ def test_metric_val_refuses_a_spec_before_any_run_starts(
 def test_resolved_fit_config_applies_configs_and_presets(tmp_path: Path) -> None:
     config = tmp_path / "fit.yaml"
     config.write_text(yaml.safe_dump({"data": {"val_fraction": 0.25}, "trainer": {"max_epochs": 7}}))
-    resolved = resolved_fit_config([f"--config={config}", "--objective", "core", "--trainer.max_epochs=8"])
+    root = f"--data.root={data_root(tmp_path)}"
+    resolved = resolved_fit_config([f"--config={config}", root, "--objective", "core", "--trainer.max_epochs=8"])
     assert resolved["data"]["val_fraction"] == 0.25 and resolved["trainer"]["max_epochs"] == 8
     assert resolved["objective"]["class_path"].endswith("CoreTuning")
     with pytest.raises(FitArgsError, match="no_such_method"):
@@ -256,6 +265,34 @@ def test_a_spec_whose_fit_arguments_fit_would_refuse_fails_before_any_run(
     with pytest.raises(BenchSpecError, match=message):
         run_sweep(spec, dry_run=True)
     assert launched == [] and not spec.output.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data.root=MISSING"], r"data root MISSING does not exist: pass an existing folder"),
+        (["--data.dataset=cifar10", "--data.root=ROOT"], r"cifar10 data not found under ROOT: expected ROOT/cifar-10"),
+        (["--data.root=ROOT", "--model.weights=ROOT/w.pth"], r"checkpoint ROOT/w\.pth does not exist: check the path"),
+        (["--data.root=ROOT", "--model.weights=ROOT"], r"checkpoint ROOT is a directory: pass the checkpoint file"),
+    ],
+)
+def test_a_missing_data_folder_or_checkpoint_fails_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    """No image or checkpoint is read up front, but a path that does not exist (a typo, data not unpacked on this
+    machine) stops the sweep at once instead of failing every run in turn."""
+    launched: list[object] = []
+    monkeypatch.setattr(bench_module, "launch_fit", lambda *a, **k: launched.append(a) or 0)
+    root = str(data_root(tmp_path))
+    spec = spec_of(tmp_path, objectives=["ce"], datasets={"d": [a.replace("ROOT", root) for a in args]})
+    pattern = r"coretune fit would refuse the arguments of run d/ce/frac1/seed0: " + message.replace("ROOT", root)
+    with pytest.raises(BenchSpecError, match=pattern):
+        run_sweep(spec, dry_run=True)
+    assert launched == [] and not spec.output.exists()
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"not read up front")
+    spec = spec_of(tmp_path, objectives=["ce"], datasets={"d": [f"--data.root={root}", f"--model.weights={weights}"]})
+    assert run_sweep(spec, dry_run=True).skipped == []
 
 
 def test_final_val_top1_is_the_last_validated_epoch(tmp_path: Path) -> None:
@@ -293,7 +330,8 @@ def test_a_signal_stops_the_sweep_and_reports_resumable_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signum: int
 ) -> None:
     config = tmp_path / "bench.yaml"
-    entries = {"output": str(tmp_path / "out"), "datasets": {"d": []}, "objectives": ["ce"], "seeds": [0, 1, 2, 3]}
+    datasets = {"d": [f"--data.root={data_root(tmp_path)}"]}
+    entries = {"output": str(tmp_path / "out"), "datasets": datasets, "objectives": ["ce"], "seeds": [0, 1, 2, 3]}
     config.write_text(yaml.safe_dump(entries))
     launched = _fake_fits(monkeypatch, {1: -signum})
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
@@ -322,7 +360,8 @@ def test_an_interrupted_fit_is_reported_as_resumable_not_failed(
     assert [r.seed for r in report.interrupted] == [0] and [r.seed for r in report.failed] == [1]
     assert [r.seed for r in report.finished] == [2] and report.signum is None and report.not_started == []
     config = tmp_path / "bench.yaml"
-    config.write_text(yaml.safe_dump({"output": str(tmp_path / "out2"), "datasets": {"d": []}, "objectives": ["ce"]}))
+    datasets = {"d": [f"--data.root={data_root(tmp_path)}"]}
+    config.write_text(yaml.safe_dump({"output": str(tmp_path / "out2"), "datasets": datasets, "objectives": ["ce"]}))
     _fake_fits(monkeypatch, {0: 130})
     with pytest.raises(SystemExit, match=r"of 1 runs, 1 were interrupted \(resumable\); re-run the same command"):
         main(["bench", str(config)])
@@ -442,11 +481,12 @@ def test_table2_and_table4_layouts(tmp_path: Path) -> None:
 
 def test_cli_dry_run_and_aggregate_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "bench.yaml"
-    config.write_text(yaml.safe_dump({"output": str(tmp_path / "out"), "datasets": {"d": []}, "objectives": ["ce"]}))
+    datasets = {"d": [f"--data.root={data_root(tmp_path)}"]}
+    config.write_text(yaml.safe_dump({"output": str(tmp_path / "out"), "datasets": datasets, "objectives": ["ce"]}))
     main(["bench", str(config), "--dry_run"])
     out = capsys.readouterr().out
     assert "1 runs, 0 finished (skipped), 1 to run" in out
-    assert "coretune.cli fit --trainer.enable_progress_bar=false --objective ce" in out
+    assert re.search(r"coretune\.cli fit --trainer\.enable_progress_bar=false --data\.root=\S+ --objective ce", out)
     assert not (tmp_path / "out").exists()
     main(["bench", str(config), "--dry_run", "--only_objectives=[ce]", "--only_seeds=[0]"])
     assert "1 runs, 0 finished (skipped), 1 to run" in capsys.readouterr().out

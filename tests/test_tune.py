@@ -25,6 +25,15 @@ TINY_FIT = [
 ]
 
 
+@pytest.fixture
+def data_arg(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``--data.root`` of an image folder with an empty train/: enough for tune's up-front path check (the fits are
+    faked)."""
+    root = tmp_path_factory.mktemp("data")
+    (root / "train").mkdir()
+    return f"--data.root={root}"
+
+
 def finish(run_dir: Path, val_top1: list[float]) -> None:
     """A finished run directory as coretune fit leaves it: metrics.csv and results.json with test results."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -70,7 +79,9 @@ def test_grid_trials_run_fit_on_a_validation_split_and_write_best_yaml(image_tre
     assert (out / "study.db").is_file()
 
 
-def test_resume_keeps_finished_trials_and_retries_failed_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_keeps_finished_trials_and_retries_failed_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
+) -> None:
     launched: list[str] = []
     broken = {"eta10_alpha0.5"}
 
@@ -84,7 +95,7 @@ def test_resume_keeps_finished_trials_and_retries_failed_ones(tmp_path: Path, mo
 
     monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
     grid = {"eta": [1.0, 10.0], "alpha": [0.5], "val_fraction": 0.3, "output": tmp_path}
-    study = tune(["--data.root=x"], objective="ce_con", **grid)
+    study = tune([data_arg], objective="ce_con", **grid)
     assert sorted(launched) == ["eta10_alpha0.5", "eta1_alpha0.5"]
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())["objective"]["init_args"]
@@ -92,19 +103,19 @@ def test_resume_keeps_finished_trials_and_retries_failed_ones(tmp_path: Path, mo
 
     launched.clear()
     broken.clear()
-    study = tune(["--data.root=x"], objective="ce_con", **grid)  # resume: only the failed point runs again
+    study = tune([data_arg], objective="ce_con", **grid)  # resume: only the failed point runs again
     assert launched == ["eta10_alpha0.5"]
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE", "FAIL"]
     assert yaml.safe_load((tmp_path / "best.yaml").read_text())["objective"]["init_args"]["eta"] == 10.0
 
     launched.clear()
-    assert len(tune(["--data.root=x"], objective="ce_con", **grid).trials) == 3 and launched == []  # complete
+    assert len(tune([data_arg], objective="ce_con", **grid).trials) == 3 and launched == []  # complete
     with pytest.raises(ValueError, match="was run on another grid"):
-        tune(["--data.root=x"], objective="ce_con", **{**grid, "alpha": [0.5, 2.0]})
+        tune([data_arg], objective="ce_con", **{**grid, "alpha": [0.5, 2.0]})
 
 
 def test_ctrl_c_marks_the_trial_failed_and_a_rerun_resumes_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], data_arg: str
 ) -> None:
     launched: list[str] = []
 
@@ -113,7 +124,7 @@ def test_ctrl_c_marks_the_trial_failed_and_a_rerun_resumes_it(
         raise KeyboardInterrupt  # as launch_fit re-raises it once the fit has saved last.ckpt
 
     monkeypatch.setattr(tune_module, "launch_fit", interrupted_fit)
-    cmd = ["tune", f"--output={tmp_path}", "--eta", "1", "--alpha", "0.5", "2", "--", "--data.root=x"]
+    cmd = ["tune", f"--output={tmp_path}", "--eta", "1", "--alpha", "0.5", "2", "--", data_arg]
     with pytest.raises(SystemExit) as stop:
         main(cmd)
     assert stop.value.code == 130 and len(launched) == 1  # no trial starts after the Ctrl+C
@@ -161,31 +172,49 @@ def test_refuses_fit_arguments_fit_would_refuse(
     assert launched == [] and not (tmp_path / "study.db").exists()
 
 
-def test_a_fit_that_never_validated_fails_its_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_refuses_a_missing_data_folder_or_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
+) -> None:
+    """Paths are checked before the first trial (nothing is read): a typo does not fail every trial in turn."""
+    launched: list[object] = []
+    monkeypatch.setattr(tune_module, "launch_fit", lambda *a: launched.append(a) or 0)
+    missing = tmp_path / "missing"
+    with pytest.raises(ValueError, match=rf"^coretune fit would refuse the trial arguments: data root {missing} does"):
+        tune([f"--data.root={missing}"], output=tmp_path / "out", eta=[1.0], alpha=[1.0])
+    with pytest.raises(ValueError, match=rf"refuse the trial arguments: checkpoint {missing} does not exist: check"):
+        tune([data_arg, f"--model.weights={missing}"], output=tmp_path / "out", eta=[1.0], alpha=[1.0])
+    assert launched == [] and not (tmp_path / "out" / "study.db").exists()
+
+
+def test_a_fit_that_never_validated_fails_its_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
+) -> None:
     def unvalidated_fit(args: list[str], run_dir: Path) -> int:
         finish(run_dir, [])  # results.json, but no val/top1 (e.g. max_epochs not a multiple of the val interval)
         return 0
 
     monkeypatch.setattr(tune_module, "launch_fit", unvalidated_fit)
     with pytest.raises(TrialFailed, match="no trial of study 'coretune' finished"):  # failed trial, not a crash
-        tune([], output=tmp_path, eta=[1.0], alpha=[1.0])
+        tune([data_arg], output=tmp_path, eta=[1.0], alpha=[1.0])
 
 
-def test_tpe_sampler_stops_at_n_trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tpe_sampler_stops_at_n_trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str) -> None:
     def fake_fit(args: list[str], run_dir: Path) -> int:
         eta = float(next(a for a in args if a.startswith("--objective.eta=")).partition("=")[2])
         finish(run_dir, [1 / (1 + abs(eta - 1))])
         return 0
 
     monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
-    study = tune([], output=tmp_path, sampler="tpe", n_trials=3)
+    study = tune([data_arg], output=tmp_path, sampler="tpe", n_trials=3)
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
     assert all(0.1 <= t.params["eta"] <= 10 and 0.1 <= t.params["alpha"] <= 10 for t in study.trials)
     assert sorted(p.name for p in (tmp_path / "trials").iterdir()) == ["trial0000", "trial0001", "trial0002"]
-    assert len(tune([], output=tmp_path, sampler="tpe", n_trials=4).trials) == 4  # resumed: one more
+    assert len(tune([data_arg], output=tmp_path, sampler="tpe", n_trials=4).trials) == 4  # resumed: one more
 
 
-def test_repeats_average_fits_over_seeds_and_splits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_repeats_average_fits_over_seeds_and_splits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
+) -> None:
     launched: list[str] = []
     broken = {"eta10_alpha1/seed4"}
 
@@ -203,13 +232,13 @@ def test_repeats_average_fits_over_seeds_and_splits(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
     grid = {"eta": [1.0, 10.0], "alpha": [1.0], "seed": 3, "output": tmp_path}
-    study = tune(["--data.root=x"], repeats=2, **grid)
+    study = tune([data_arg], repeats=2, **grid)
     assert sorted(launched) == ["eta10_alpha1/seed3", "eta10_alpha1/seed4", "eta1_alpha1/seed3", "eta1_alpha1/seed4"]
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
 
     launched.clear()
     broken.clear()
-    study = tune(["--data.root=x"], repeats=2, **grid)  # resume: only the failed fit of the failed point runs
+    study = tune([data_arg], repeats=2, **grid)  # resume: only the failed fit of the failed point runs
     assert launched == ["eta10_alpha1/seed4"]
     values = {t.params["eta"]: t.value for t in study.trials if t.state.name == "COMPLETE"}
     assert values == pytest.approx({1.0: 0.6, 10.0: 0.5})
@@ -221,11 +250,11 @@ def test_repeats_average_fits_over_seeds_and_splits(tmp_path: Path, monkeypatch:
 
     launched.clear()
     cli = ["tune", f"--output={tmp_path}", "--eta", "1", "10", "--alpha", "1", "--seed", "3"]
-    main([*cli, "--repeats", "2", "--", "--data.root=x"])  # the CLI passes --repeats: nothing left to run
+    main([*cli, "--repeats", "2", "--", data_arg])  # the CLI passes --repeats: nothing left to run
     assert launched == []
     with pytest.raises(SystemExit, match=r"scores trials over 2 fit\(s\) \(--repeats\), not 1"):
-        main([*cli, "--", "--data.root=x"])
+        main([*cli, "--", data_arg])
     with pytest.raises(ValueError, match=r"scores trials over 2 fit\(s\) \(--repeats\), not 1: pass the same"):
-        tune(["--data.root=x"], **grid)
+        tune([data_arg], **grid)
     with pytest.raises(ValueError, match=r"^--repeats must be >= 1 \(got 0\)"):
-        tune(["--data.root=x"], repeats=0, **grid)
+        tune([data_arg], repeats=0, **grid)

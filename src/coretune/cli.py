@@ -31,6 +31,7 @@ from .engine import (
     resolve_run_dir,
     with_atomic_io,
 )
+from .models import require_checkpoint_file
 
 __all__ = ["main"]
 
@@ -196,7 +197,8 @@ class FitArgsError(ValueError):
 def resolved_fit_config(args: Sequence[str]) -> dict[str, Any]:
     """The configuration ``coretune fit ARGS`` would run with (its ``--print_config``, configs and presets applied),
     without running it. Raises :class:`FitArgsError` with fit's own message when it would refuse the arguments (an
-    unknown option or objective, a value of the wrong type, an unreadable config file)."""
+    unknown option or objective, a value of the wrong type, an unreadable config file, a data folder or
+    ``--model.weights`` file that does not exist; no image or checkpoint is read)."""
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -207,7 +209,21 @@ def resolved_fit_config(args: Sequence[str]) -> dict[str, Any]:
             raise FitArgsError(" ".join(message.split())) from None
     except (ValueError, OSError, yaml.YAMLError) as error:
         raise FitArgsError(" ".join(str(error).split())) from None
-    return yaml.safe_load(out.getvalue()) or {}
+    config = yaml.safe_load(out.getvalue()) or {}
+    try:
+        _check_local_paths(config)
+    except ValueError as error:
+        raise FitArgsError(" ".join(str(error).split())) from None
+    return config
+
+
+def _check_local_paths(config: dict[str, Any]) -> None:
+    """The data folders and the pre-trained checkpoint file of a resolved fit config exist (DataError or
+    CheckpointError, both ValueErrors, otherwise)."""
+    if "data" in config:
+        ImageClassificationData(**config["data"]).check_folders()
+    if weights := config.get("model", {}).get("weights"):
+        require_checkpoint_file(weights)
 
 
 def _test_parser() -> ArgumentParser:

@@ -401,6 +401,32 @@ def test_all_bad_options_are_reported_at_once() -> None:
         ImageClassificationData(image_size=-3, batch_size=0)
 
 
+def test_check_folders_refuses_what_setup_refuses_without_reading_images(make_tree: MakeTree, tmp_path: Path) -> None:
+    """``check_folders`` (bench's and tune's up-front check) raises setup's own message for every missing folder, and
+    reads no image: a corrupt file or a CIFAR folder without its files is left to setup."""
+    root = make_tree(train={"a": 2}, val={"a": 1})
+    bad = [
+        module(None),
+        module(tmp_path / "nowhere"),
+        module(make_tree(val={"a": 1}, name="no_train")),
+        module(make_tree(train={"a": 2}, name="no_val_nor_test")),
+        module(root, val_dir=str(root / "typo")),
+        module(None, dataset="cifar10"),
+        module(root, dataset="cifar10", train_dir=str(root)),
+    ]
+    for dm in bad:
+        with pytest.raises(DataError) as from_setup:
+            dm.setup()
+        with pytest.raises(DataError, match=f"^{re.escape(str(from_setup.value))}$"):
+            dm.check_folders()
+    with pytest.raises(DataError, match=r"^cifar10 data not found under .*cifar-10-batches-py/ holding data_batch_1"):
+        module(tmp_path, dataset="cifar10").check_folders()
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    module(tmp_path, dataset="cifar10").check_folders()
+    break_file(root / "train" / "a" / "a_000.png")
+    module(root).check_folders()
+
+
 # -- CIFAR ---------------------------------------------------------------------------------------------------
 def test_cifar_root_missing_files_says_where_to_put_them(tmp_path: Path) -> None:
     msg = (

@@ -10,7 +10,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
 from ..distributed import rank, world_size
-from .datasets import ImageFileDataset, LabeledImageDataset, OnBadImage, load_cifar
+from .datasets import ImageFileDataset, LabeledImageDataset, OnBadImage, check_cifar_root, load_cifar
 from .errors import DataError
 from .images import require_folder, warn_skipped
 from .samplers import EpochShuffleSampler, ResumableLoader, SeededItems
@@ -157,18 +157,30 @@ class ImageClassificationData(L.LightningDataModule):
         self.test_dataset = test.with_transform(self.eval_transform, eval_draft) if test is not None else None
         self._class_names = list(names)
 
+    def check_folders(self) -> None:
+        """Check, reading no image, that the configured data folders exist (``coretune bench`` and ``tune`` call it
+        before their first run, so a wrong path fails at once). Raises :class:`DataError` naming the path and fix."""
+        if self.dataset == "imagefolder":
+            self._folders()
+            return
+        self._check_cifar_options()
+        check_cifar_root(self.root, self.dataset)
+
+    def _check_cifar_options(self) -> None:
+        if self.root is None:
+            raise DataError(f"dataset={self.dataset} needs --data.root: the folder holding its python files")
+        if self.train_dir or self.val_dir or self.test_dir:
+            raise DataError(
+                "train_dir/val_dir/test_dir apply to dataset=imagefolder only; for "
+                f"{self.dataset} pass --data.root alone"
+            )
+
     def _read_splits(
         self,
     ) -> tuple[LabeledImageDataset, LabeledImageDataset | None, LabeledImageDataset | None]:
         """``(train, val or None, test or None)`` before subsetting, checked for matching classes."""
         if self.dataset != "imagefolder":
-            if self.root is None:
-                raise DataError(f"dataset={self.dataset} needs --data.root: the folder holding its python files")
-            if self.train_dir or self.val_dir or self.test_dir:
-                raise DataError(
-                    "train_dir/val_dir/test_dir apply to dataset=imagefolder only; for "
-                    f"{self.dataset} pass --data.root alone"
-                )
+            self._check_cifar_options()
             return (
                 load_cifar(self.root, self.dataset, train=True),
                 None,

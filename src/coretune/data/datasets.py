@@ -23,7 +23,7 @@ from .images import (
 )
 from .transforms import eval_draft_size, eval_transform
 
-__all__ = ["ImageFileDataset", "LabeledImageDataset", "load_cifar"]
+__all__ = ["ImageFileDataset", "LabeledImageDataset", "check_cifar_root", "load_cifar"]
 
 Transform = Callable[[Image.Image], Any]
 OnBadImage = Literal["error", "skip"]
@@ -153,16 +153,27 @@ def load_cifar(root: str, name: Literal["cifar10", "cifar100"], train: bool) -> 
     Raises:
         DataError: the files are missing or fail torchvision's checksum, saying where to put them.
     """
-    cifar_cls, subdir, files, url = _CIFAR_FILES[name]
     try:
-        ds = cifar_cls(root, train=train, download=False)
+        ds = _CIFAR_FILES[name][0](root, train=train, download=False)
     except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted. You can use download=True …"
-        raise DataError(
-            f"{name} data not found or corrupted under {root}: expected {os.path.join(root, subdir)}/ "
-            f"holding {files} — extract {url} into {root} (coretune never downloads), or point --data.root "
-            "at the folder that contains it"
-        ) from exc
+        raise _cifar_missing(root, name, "not found or corrupted") from exc
     return LabeledImageDataset(ds.data, ds.targets, ds.classes)
+
+
+def check_cifar_root(root: str, name: Literal["cifar10", "cifar100"]) -> None:
+    """Raise :class:`DataError` unless ``root`` holds CIFAR's extracted folder; reads no file (a cheap check before a
+    sweep; :func:`load_cifar` verifies the checksums)."""
+    if not os.path.isdir(os.path.join(root, _CIFAR_FILES[name][1])):
+        raise _cifar_missing(root, name, "not found")
+
+
+def _cifar_missing(root: str, name: Literal["cifar10", "cifar100"], problem: str) -> DataError:
+    _, subdir, files, url = _CIFAR_FILES[name]
+    return DataError(
+        f"{name} data {problem} under {root}: expected {os.path.join(root, subdir)}/ "
+        f"holding {files} — extract {url} into {root} (coretune never downloads), or point --data.root "
+        "at the folder that contains it"
+    )
 
 
 class ImageFileDataset(Dataset[tuple[Any, int]]):

@@ -11,6 +11,7 @@ from .checkpoints import (
     load_checkpoint_file,
     load_pretrained,
     register_layout,
+    require_checkpoint_file,
 )
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "load_pretrained",
     "register_backbone",
     "register_layout",
+    "require_checkpoint_file",
 ]

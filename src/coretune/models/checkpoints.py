@@ -37,6 +37,7 @@ __all__ = [
     "load_checkpoint_file",
     "load_pretrained",
     "register_layout",
+    "require_checkpoint_file",
 ]
 
 _SAFE_GLOBALS = [argparse.Namespace]
@@ -51,6 +52,16 @@ class CheckpointError(ValueError):
 # ------------------------------------------------------------------------------------------------------------
 # reading files
 # ------------------------------------------------------------------------------------------------------------
+def require_checkpoint_file(path: str | Path) -> Path:
+    """``path`` as a Path if it is an existing file, else :class:`CheckpointError` naming the fix; reads nothing."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist: check the path given as --model.weights")
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a directory: pass the checkpoint file inside it")
+    return path
+
+
 def load_checkpoint_file(path: str | Path) -> Any:
     """Read a checkpoint without executing code: safetensors, else ``torch.load(..., weights_only=True)``.
 
@@ -58,11 +69,7 @@ def load_checkpoint_file(path: str | Path) -> Any:
         CheckpointError: the path is missing or a directory, the file is truncated/corrupt, or it is a pickle
             that needs code execution (refused by ``weights_only``).
     """
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist: check the path given as --model.weights")
-    if path.is_dir():
-        raise CheckpointError(f"checkpoint {path} is a directory: pass the checkpoint file inside it")
+    path = require_checkpoint_file(path)
     if path.suffix == ".safetensors":
         try:
             return load_file(path)

@@ -378,8 +378,13 @@ def test_launch_fit_lets_an_interrupted_fit_save_instead_of_killing_it(
         f"open({str(tmp_path / 'saved')!r}, 'w').close(); print('saved'); sys.exit(130)"
     )
     monkeypatch.setattr("coretune.bench.fit_command", lambda args, run_dir: [sys.executable, "-c", script])
-    with pytest.raises(KeyboardInterrupt):
-        launch_fit([], tmp_path / "run")
+    # Python's own Ctrl+C handler: a shell starts background jobs (`make test &`, nohup) with SIGINT ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch_fit([], tmp_path / "run")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert (tmp_path / "saved").is_file() and "saved" in (tmp_path / "run" / "log.txt").read_text()
 
 

@@ -11,13 +11,20 @@ import lightning as L
 
 
 class SendSignal(L.Callback):
-    """Sends ``signum`` to this process once optimizer step ``step`` is done."""
+    """Sends ``signum`` to this process once optimizer step ``step`` is done; with ``stop_file``, writes it into the
+    stop file named by ``CORETUNE_STOP_FILE`` instead, as ``coretune bench`` does when only it got the signal."""
 
-    def __init__(self, signum: int = 15, step: int = 1) -> None:
-        self.signum, self.step = signum, step
+    def __init__(self, signum: int = 15, step: int = 1, stop_file: bool = False) -> None:
+        self.signum, self.step, self.stop_file = signum, step, stop_file
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.global_step == self.step:
+        from coretune.stopfile import STOP_FILE_ENV, request_stop
+
+        if trainer.global_step != self.step:
+            return
+        if self.stop_file:
+            request_stop(os.environ[STOP_FILE_ENV], self.signum)
+        else:
             os.kill(os.getpid(), self.signum)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -85,7 +87,7 @@ def test_resume_keeps_finished_trials_and_retries_failed_ones(
     launched: list[str] = []
     broken = {"eta10_alpha0.5"}
 
-    def fake_fit(args: list[str], run_dir: Path) -> int:
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
         launched.append(run_dir.name)
         assert "--data.val_fraction=0.3" in args and "--objective" in args
         if run_dir.name in broken:
@@ -114,23 +116,29 @@ def test_resume_keeps_finished_trials_and_retries_failed_ones(
         tune([data_arg], objective="ce_con", **{**grid, "alpha": [0.5, 2.0]})
 
 
-def test_ctrl_c_marks_the_trial_failed_and_a_rerun_resumes_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], data_arg: str
+@pytest.mark.parametrize("signum", [0, signal.SIGINT, signal.SIGTERM], ids=["keyboard-interrupt", "sigint", "sigterm"])
+def test_a_signal_marks_the_trial_failed_and_a_rerun_resumes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], data_arg: str, signum: int
 ) -> None:
     launched: list[str] = []
 
-    def interrupted_fit(args: list[str], run_dir: Path) -> int:
+    def interrupted_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
         launched.append(run_dir.name)
-        raise KeyboardInterrupt  # as launch_fit re-raises it once the fit has saved last.ckpt
+        if not signum:  # a second Ctrl+C while the fit saves: launch_fit re-raises it once the fit has exited
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signum)  # tune's handler records it; launch_fit asks the fit to save, which exits:
+        return 128 + signum
 
     monkeypatch.setattr(tune_module, "launch_fit", interrupted_fit)
     cmd = ["tune", f"--output={tmp_path}", "--eta", "1", "--alpha", "0.5", "2", "--", data_arg]
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as stop:
         main(cmd)
-    assert stop.value.code == 130 and len(launched) == 1  # no trial starts after the Ctrl+C
-    assert "study stopped by SIGINT" in capsys.readouterr().err
+    assert stop.value.code == 128 + (signum or signal.SIGINT) and len(launched) == 1  # no trial starts after it
+    assert f"study stopped by {signal.Signals(signum or signal.SIGINT).name}" in capsys.readouterr().err
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
 
-    def fake_fit(args: list[str], run_dir: Path) -> int:
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
         launched.append(run_dir.name)
         finish(run_dir, [0.5])
         return 0
@@ -146,7 +154,7 @@ def test_refuses_fit_arguments_that_leave_the_final_epoch_unvalidated(
 ) -> None:
     """Checked on the resolved fit configuration before the first trial: no trial scores an earlier epoch."""
     launched: list[object] = []
-    monkeypatch.setattr(tune_module, "launch_fit", lambda *a: launched.append(a) or 0)
+    monkeypatch.setattr(tune_module, "launch_fit", lambda *a, **k: launched.append(a) or 0)
     fit_args = [*TINY_FIT, f"--data.root={image_tree}", "--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=2"]
     with pytest.raises(
         ValueError,
@@ -162,7 +170,7 @@ def test_refuses_fit_arguments_fit_would_refuse(
 ) -> None:
     """A typo in the fit arguments is found before the first trial, not by every trial failing."""
     launched: list[object] = []
-    monkeypatch.setattr(tune_module, "launch_fit", lambda *a: launched.append(a) or 0)
+    monkeypatch.setattr(tune_module, "launch_fit", lambda *a, **k: launched.append(a) or 0)
     fit_args = [*TINY_FIT, f"--data.root={image_tree}", "--trainer.max_epocs=3"]
     with pytest.raises(
         ValueError,
@@ -177,7 +185,7 @@ def test_refuses_a_missing_data_folder_or_checkpoint(
 ) -> None:
     """Paths are checked before the first trial (nothing is read): a typo does not fail every trial in turn."""
     launched: list[object] = []
-    monkeypatch.setattr(tune_module, "launch_fit", lambda *a: launched.append(a) or 0)
+    monkeypatch.setattr(tune_module, "launch_fit", lambda *a, **k: launched.append(a) or 0)
     missing = tmp_path / "missing"
     with pytest.raises(ValueError, match=rf"^coretune fit would refuse the trial arguments: data root {missing} does"):
         tune([f"--data.root={missing}"], output=tmp_path / "out", eta=[1.0], alpha=[1.0])
@@ -189,7 +197,7 @@ def test_refuses_a_missing_data_folder_or_checkpoint(
 def test_a_fit_that_never_validated_fails_its_trial(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
 ) -> None:
-    def unvalidated_fit(args: list[str], run_dir: Path) -> int:
+    def unvalidated_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
         finish(run_dir, [])  # results.json, but no val/top1 (e.g. max_epochs not a multiple of the val interval)
         return 0
 
@@ -199,7 +207,7 @@ def test_a_fit_that_never_validated_fails_its_trial(
 
 
 def test_tpe_sampler_stops_at_n_trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str) -> None:
-    def fake_fit(args: list[str], run_dir: Path) -> int:
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
         eta = float(next(a for a in args if a.startswith("--objective.eta=")).partition("=")[2])
         finish(run_dir, [1 / (1 + abs(eta - 1))])
         return 0
@@ -218,7 +226,7 @@ def test_repeats_average_fits_over_seeds_and_splits(
     launched: list[str] = []
     broken = {"eta10_alpha1/seed4"}
 
-    def fake_fit(args: list[str], run_dir: Path) -> int:
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
         name = f"{run_dir.parent.name}/{run_dir.name}"
         launched.append(name)
         seed = int(next(a for a in args if a.startswith("--seed=")).partition("=")[2])

@@ -33,14 +33,18 @@ from typing import Any, Literal, get_args
 import numpy as np
 import yaml
 
+from .stopfile import STOP_FILE_ENV, request_stop
+
 __all__ = [
     "BenchSpec",
     "Cell",
     "Comparison",
     "ObjectiveEntry",
     "Run",
+    "StopSignal",
     "SweepInterrupted",
     "SweepReport",
+    "catch_stop_signals",
     "collect_cells",
     "compare",
     "final_val_top1",
@@ -75,6 +79,8 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 #: the per-batch progress bar would flood ``log.txt``.
 SUBPROCESS_FIT_ARGS = ("--trainer.enable_progress_bar=false",)
 _ARGS_FILE = "fit_args.json"
+STOP_FILE = "stop_request"
+"""A run directory's stop file: the sweep writes a signal's name into it to stop the fit (:mod:`coretune.stopfile`)."""
 
 
 class BenchSpecError(ValueError):
@@ -88,6 +94,14 @@ class SweepInterrupted(Exception):
     def __init__(self, signum: int, message: str) -> None:
         self.signum = signum
         super().__init__(message)
+
+
+@dataclass
+class StopSignal:
+    """The first SIGINT or SIGTERM a sweep received (``signum``, ``None`` until then): no further fit starts and the
+    running ones are asked to save a resumable checkpoint and exit (:func:`launch_fit`)."""
+
+    signum: int | None = None
 
 
 # -- one fit run in a subprocess (shared with ``coretune tune``) ---------------------------------------------------
@@ -194,27 +208,47 @@ def check_run_args(args: Sequence[str], run_dir: str | Path) -> None:
         )
 
 
-def launch_fit(args: Sequence[str], run_dir: str | Path, env: dict[str, str] | None = None) -> int:
+def launch_fit(
+    args: Sequence[str], run_dir: str | Path, env: dict[str, str] | None = None, stop: StopSignal | None = None
+) -> int:
     """Run one ``coretune fit`` subprocess into ``run_dir``, appending its stdout and stderr to ``log.txt``.
 
-    Returns the exit code; whether the run finished is :func:`is_finished` (results.json holds test results).
+    Returns the exit code; whether the run finished is :func:`is_finished` (results.json holds test results). Once
+    ``stop`` holds a signal, or on Ctrl+C (``KeyboardInterrupt``) while waiting, the fit is asked through its stop
+    file (:mod:`coretune.stopfile`) to save a resumable checkpoint and exit, and is awaited.
     """
     run_dir = Path(run_dir)
     check_run_args(args, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / _ARGS_FILE).write_text(json.dumps(list(args), indent=1) + "\n")
+    stop_file = run_dir / STOP_FILE
+    stop_file.unlink(missing_ok=True)  # an earlier sweep's request must not stop this fit
+    env = {**(os.environ if env is None else env), STOP_FILE_ENV: str(stop_file)}
     cmd = fit_command(args, run_dir)
     with (run_dir / "log.txt").open("a") as log:
         log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')}  {shlex.join(cmd)}\n")
         log.flush()
         with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
             try:
-                return proc.wait()
+                while (code := _wait(proc, 0.2)) is None:
+                    if stop is not None and stop.signum is not None and not stop_file.exists():
+                        request_stop(stop_file, stop.signum)
+                return code
             except KeyboardInterrupt:
-                # Ctrl+C reached the fit too (same process group) and it is saving last.ckpt: wait for it instead of
-                # killing it as subprocess.run would. A second Ctrl+C aborts both.
+                # Ctrl+C at a terminal reached the fit too, `kill -INT <our pid>` only us: ask it to stop either way
+                # (the request only repeats the signal's), then wait for its checkpoint instead of killing it as
+                # subprocess.run would. A second Ctrl+C at the terminal aborts both.
+                request_stop(stop_file, signal.SIGINT)
                 proc.wait()
                 raise
+
+
+def _wait(proc: subprocess.Popen, seconds: float) -> int | None:
+    """``proc``'s exit code, or ``None`` if it still runs after ``seconds``."""
+    try:
+        return proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 # -- the spec ------------------------------------------------------------------------------------------------------
@@ -452,8 +486,9 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
     On a 2-core CPU use ``workers=1``: one fit already keeps both cores busy, and concurrent runs only split them
     (each gets ``cpu_count // workers`` threads) while holding several data sets and models in memory.
 
-    On SIGINT (Ctrl+C) or SIGTERM no further run starts and the running ones are awaited (they got the signal too
-    and save a resumable ``last.ckpt``); the report's ``signum``, ``interrupted`` and ``not_started`` say so.
+    On SIGINT (Ctrl+C) or SIGTERM no further run starts and the running fits are asked (through their stop files,
+    whoever sent the signal) to save a resumable ``last.ckpt`` and exit, and are awaited; the report's ``signum``,
+    ``interrupted`` and ``not_started`` say so.
     """
     from rich.console import Console
     from rich.markup import escape
@@ -493,11 +528,10 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
         TextColumn("ETA"),
         TimeRemainingColumn(),
     )
-    stop = threading.Event()  # set on SIGINT/SIGTERM: queued runs do not start
     with (
         Progress(*columns, console=console) as progress,
         ThreadPoolExecutor(max_workers=workers) as pool,
-        _signals_stop(stop) as received,
+        catch_stop_signals() as stop,
     ):
         task = progress.add_task("runs", total=len(todo))
         started = {pool.submit(_timed_launch, run, env, stop): run for run in todo}
@@ -505,10 +539,9 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
         while pending:  # wake up often: a signal only sets `stop`
             done = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED).done
             pending -= done
-            if stop.is_set() and report.signum is None:
-                # Ctrl+C reaches the whole process group: the running fits got it too and are saving last.ckpt (a
-                # second signal from us would abort their save). Start no further run; wait for the running ones.
-                report.signum = received[0]
+            if stop.signum is not None and report.signum is None:
+                # Start no further run; the running fits are asked to save a resumable checkpoint (launch_fit).
+                report.signum = stop.signum
                 progress.console.print(
                     f"{signal.Signals(report.signum).name}: no further run starts; waiting for the running fits to "
                     "save a resumable checkpoint (a second signal aborts)…",
@@ -528,24 +561,23 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
 
 
 @contextmanager
-def _signals_stop(stop: threading.Event) -> Iterator[list[int]]:
-    """Within the block, the first SIGINT or SIGTERM sets ``stop`` (and is appended to the yielded list) instead of
+def catch_stop_signals() -> Iterator[StopSignal]:
+    """Within the block, the first SIGINT or SIGTERM is recorded in the yielded :class:`StopSignal` instead of
     raising; a second one gets the previous behaviour. Outside the main thread (no handlers) nothing changes."""
-    received: list[int] = []
+    stop = StopSignal()
     if threading.current_thread() is not threading.main_thread():
-        yield received
+        yield stop
         return
     previous = {}
 
     def handle(signum: int, frame: Any) -> None:
-        received.append(signum)
-        stop.set()
+        stop.signum = signum
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
     previous.update({sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)})
     try:
-        yield received
+        yield stop
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -574,12 +606,12 @@ _INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 """Exit codes of a ``coretune fit`` stopped by a signal after saving ``last.ckpt`` (``TrainingInterrupted``)."""
 
 
-def _timed_launch(run: Run, env: dict[str, str] | None, stop: threading.Event) -> tuple[int, float] | None:
-    """Exit code and seconds of the run's fit; ``None`` when ``stop`` was set before it could start."""
-    if stop.is_set():
+def _timed_launch(run: Run, env: dict[str, str] | None, stop: StopSignal) -> tuple[int, float] | None:
+    """Exit code and seconds of the run's fit; ``None`` when ``stop`` held a signal before it could start."""
+    if stop.signum is not None:
         return None
     start = time.perf_counter()
-    code = launch_fit(run.args, run.run_dir, env)
+    code = launch_fit(run.args, run.run_dir, env, stop)
     return code, time.perf_counter() - start
 
 

@@ -25,7 +25,14 @@ from typing import Any, Literal
 
 import yaml
 
-from .bench import SweepInterrupted, final_val_top1, is_finished, launch_fit, unvalidated_final_epoch
+from .bench import (
+    SweepInterrupted,
+    catch_stop_signals,
+    final_val_top1,
+    is_finished,
+    launch_fit,
+    unvalidated_final_epoch,
+)
 
 __all__ = ["TrialFailed", "main", "tune"]
 
@@ -207,7 +214,10 @@ def tune(
                 f"--seed={run_seed}",
             ]
             if not is_finished(run_dir):
-                code = launch_fit(args, run_dir)
+                if stop.signum is None:
+                    code = launch_fit(args, run_dir, stop=stop)
+                if stop.signum is not None:  # the fit saved a resumable checkpoint; Optuna marks the trial FAIL
+                    raise SweepInterrupted(stop.signum, _interrupted_message(stop.signum))
                 if not is_finished(run_dir):
                     raise TrialFailed(
                         f"trial {trial.number} did not finish (exit code {code}): see {run_dir / 'log.txt'}"
@@ -221,19 +231,29 @@ def tune(
 
     catch = (TrialFailed,)
     state = optuna.trial.TrialState
-    if sampler == "grid":
-        size = len(space["eta"]) * len(space["alpha"])
-        _resume_grid(optuna, study, space, retry)
-        while _grid_left(study, size):  # a retried point after the grid's end needs another round
-            study.optimize(run_trial, catch=catch)
-    else:
-        target = 20 if n_trials is None else n_trials
-        done = len(study.get_trials(deepcopy=False, states=(state.COMPLETE,)))
-        if done < target:
-            stop = optuna.study.MaxTrialsCallback(target, states=(state.COMPLETE,))
-            study.optimize(run_trial, n_trials=target - done, catch=catch, callbacks=[stop])
+    with catch_stop_signals() as stop:  # SIGINT/SIGTERM: the running fit saves a checkpoint, no further trial starts
+        if sampler == "grid":
+            size = len(space["eta"]) * len(space["alpha"])
+            _resume_grid(optuna, study, space, retry)
+            while _grid_left(study, size):  # a retried point after the grid's end needs another round
+                study.optimize(run_trial, catch=catch)
+        else:
+            target = 20 if n_trials is None else n_trials
+            done = len(study.get_trials(deepcopy=False, states=(state.COMPLETE,)))
+            if done < target:
+                enough = optuna.study.MaxTrialsCallback(target, states=(state.COMPLETE,))
+                study.optimize(run_trial, n_trials=target - done, catch=catch, callbacks=[enough])
     _write_outputs(study, output, objective, preset, val_fraction)
     return study
+
+
+def _interrupted_message(signum: int) -> str:
+    """What ``coretune tune`` says when a signal stopped it."""
+    return (
+        f"study stopped by {signal.Signals(signum).name}: the running trial's fit saved a resumable checkpoint and "
+        "its Optuna trial is marked FAIL. Re-run the same command to resume the study: finished trials are kept; "
+        "with the grid sampler the interrupted point runs again from its checkpoints/last.ckpt"
+    )
 
 
 def _check_repeats(study: Any, repeats: int) -> None:
@@ -348,13 +368,8 @@ def main(args: list[str]) -> None:
             storage=cfg.storage,
             study_name=cfg.study_name,
         )
-    except KeyboardInterrupt:
-        raise SweepInterrupted(
-            signal.SIGINT,
-            "study stopped by SIGINT: the running trial's fit saved a resumable checkpoint and its Optuna trial "
-            "is marked FAIL. Re-run the same command to resume the study: finished trials are kept; with the grid "
-            "sampler the interrupted point runs again from its checkpoints/last.ckpt",
-        ) from None
+    except KeyboardInterrupt:  # a second Ctrl+C
+        raise SweepInterrupted(signal.SIGINT, _interrupted_message(signal.SIGINT)) from None
     best = study.best_trial
     Console().print(
         f"best: η = {best.params['eta']:g}, α = {best.params['alpha']:g} (final val top-1 "

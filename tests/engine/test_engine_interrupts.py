@@ -21,6 +21,7 @@ from torch.utils.data import TensorDataset
 from coretune.cli import main
 from coretune.data.samplers import EpochShuffleSampler, ResumableLoader, SeededItems
 from coretune.engine import read_metrics
+from coretune.stopfile import STOP_FILE_ENV
 
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -128,6 +129,28 @@ def test_sigint_mid_epoch_exits_130_and_resumes_exactly(
     assert not (run / "metrics.csv").exists()  # no epoch finished
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
 
+    main(fit_args(tree, run, "--ckpt_path=last"))
+    assert_same_run(whole, run)
+
+
+@pytest.mark.usefixtures("helper_on_path")
+def test_a_stop_file_request_stops_like_its_signal_and_resumes_exactly(
+    setup: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # what `coretune bench` does when only it got the signal: the fit itself receives none
+    tree, _, whole = setup
+    run, stop_file = tmp_path / "run", tmp_path / "stop_request"
+    monkeypatch.setenv(STOP_FILE_ENV, str(stop_file))
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    request = [*signal_args(signal.SIGINT, 5), "--trainer.callbacks.stop_file=true"]  # epoch 1, after its 1st batch
+    with pytest.raises(SystemExit) as info:
+        main(fit_args(tree, run, *request))
+    assert info.value.code == 128 + signal.SIGINT  # the signal the file names
+    assert "coretune fit: stopped by SIGINT at epoch 1, step 5; saved a resumable checkpoint" in capsys.readouterr().err
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5
+
+    stop_file.unlink()  # as coretune bench does before it resumes a run
     main(fit_args(tree, run, "--ckpt_path=last"))
     assert_same_run(whole, run)
 

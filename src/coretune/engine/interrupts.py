@@ -7,10 +7,14 @@ command that resumes the run. A mid-epoch checkpoint resumes exactly: the traini
 already seen (:class:`coretune.data.samplers.ResumableLoader`), each step's random draws depend on
 ``(seed, step)`` only, and this callback carries the partial epoch's logged sums and metric states across the
 restart, so the epoch's ``train/*`` values are those of an uninterrupted run (single-process runs).
+
+A sweep (``coretune bench``/``tune``) passes on a signal only it received through a stop file
+(:mod:`coretune.stopfile`), which this callback watches.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from pathlib import Path
@@ -20,6 +24,8 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+from ..stopfile import STOP_FILE_ENV, requested_signal
 
 __all__ = ["StopOnSignal", "TrainingInterrupted"]
 
@@ -52,11 +58,13 @@ class StopOnSignal(L.Callback):
     the signal comes during an epoch's last batch or its validation, once the epoch is complete and saved as
     usual. A second signal while waiting gets the default behaviour (Ctrl+C: ``KeyboardInterrupt``; SIGTERM:
     the process ends; the previous checkpoint survives either way, since checkpoint writes are atomic). Under
-    data parallelism the processes agree on stopping at the same batch.
+    data parallelism the processes agree on stopping at the same batch. The stop file named by
+    :data:`coretune.stopfile.STOP_FILE_ENV`, when set, is checked at every batch end and counts as a first signal.
     """
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self._stop_file: Path | None = None
         self._previous: dict[int, Any] = {}
         self._trainer: L.Trainer | None = None
         self._carry: dict[str, Any] | None = None  # the partial epoch's logged values, from a mid-epoch checkpoint
@@ -87,6 +95,7 @@ class StopOnSignal(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.signum, self._previous = None, {}
+        self._stop_file = Path(path) if (path := os.environ.get(STOP_FILE_ENV)) else None
 
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._install_handlers()
@@ -99,6 +108,8 @@ class StopOnSignal(L.Callback):
         trainer.fit_loop._load_combined_loader_states()
 
     def _stop_requested(self, trainer: L.Trainer) -> bool:
+        if self.signum is None and self._stop_file is not None:
+            self.signum = requested_signal(self._stop_file)  # handlers stay: a later signal is still the first
         return trainer.strategy.reduce_boolean_decision(self.signum is not None, all=False)
 
     # -- stopping -------------------------------------------------------------------------------------------

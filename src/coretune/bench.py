@@ -924,6 +924,7 @@ def _parser() -> Any:
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser(
+        allow_abbrev=False,
         prog="coretune bench",
         description="Run a grid of coretune fit runs (objectives × data sets × label fractions × seeds) from a YAML "
         "spec (see configs/bench/), resumably, and tabulate mean ± std top-1 per cell (test; with 'metric: val' the "

@@ -185,7 +185,7 @@ def fit(args: list[str]) -> None:
         seed_everything_default=0,
         trainer_defaults={"precision": default_precision(), "logger": False},
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"fit": {"default_env": False}},
+        parser_kwargs={"allow_abbrev": False, "fit": {"default_env": False, "allow_abbrev": False}},
         auto_configure_optimizers=False,
     )
 
@@ -227,7 +227,9 @@ def _check_local_paths(config: dict[str, Any]) -> None:
 
 
 def _test_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="coretune test", description="Evaluate a fine-tuned checkpoint; writes results.json.")
+    parser = ArgumentParser(
+        allow_abbrev=False, prog="coretune test", description="Evaluate a fine-tuned checkpoint; writes results.json."
+    )
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_class_arguments(ImageClassificationData, "data")
     parser.add_argument(
@@ -262,6 +264,7 @@ def test(args: list[str]) -> None:
 
 def _predict_parser() -> ArgumentParser:
     parser = ArgumentParser(
+        allow_abbrev=False,
         prog="coretune predict",
         description="Predict every image under a folder; write a CSV of classes and probabilities.",
     )
@@ -293,6 +296,7 @@ def export(args: list[str]) -> None:
     from .export import export_checkpoint
 
     parser = ArgumentParser(
+        allow_abbrev=False,
         prog="coretune export",
         description="Export a fine-tuned model: model.safetensors + config.json, torch.export and TorchScript.",
     )
@@ -331,6 +335,7 @@ def _eval_parser() -> ArgumentParser:
     from .evaluation import DEFAULT_WEIGHT_DECAYS
 
     parser = ArgumentParser(
+        allow_abbrev=False,
         prog="coretune eval",
         description="Frozen-feature evaluation of a backbone and checkpoint (paper Appendix D): weighted kNN "
         "(InstDisc: cosine similarity, votes exp(s/τ)) or a linear probe (L2-regularised logistic regression "

@@ -333,6 +333,7 @@ def _parser() -> Any:
     from jsonargparse import ActionYesNo, ArgumentParser
 
     parser = ArgumentParser(
+        allow_abbrev=False,
         prog="coretune demo",
         description="SimCLR pre-training on scikit-learn's digits, then CE-tuning vs Core-tuning on 10% of "
         "the labels over several seeds (a few minutes on a CPU; nothing is downloaded).",

@@ -307,6 +307,7 @@ def _parser() -> Any:
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser(
+        allow_abbrev=False,
         prog="coretune tune",
         usage="coretune tune [options] -- FIT_ARGS ...",
         description="Choose η and α of Core-tuning (or a Table 2 preset) with an Optuna study. Every trial runs "

@@ -62,3 +62,26 @@ def test_shipped_fit_configs_parse(path: Path, capsys: pytest.CaptureFixture[str
     assert config["objective"]["class_path"].startswith("coretune.objectives.")
     assert config["model"]["backbone"] == written["model"]["backbone"]
     assert config["trainer"]["max_epochs"] == written["trainer"]["max_epochs"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fit", "--trainer.max_epoch=1"],
+        ["pretrain", "--trainer.max_epoch=1"],
+        ["test", "--ckpt_pat=x.ckpt"],
+        ["predict", "--ckpt_path=x.ckpt", "--input=x", "--outp=y.csv"],
+        ["export", "--ckpt_path=x.ckpt", "--out=y"],
+        ["eval", "knn", "--temp=0.1"],
+        ["demo", "--seed=1"],
+        ["bench", "spec.yaml", "--dry"],
+        ["tune", "--out=x", "--", "--trainer.max_epochs=1"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_no_command_takes_an_abbreviated_option(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A prefix of an option (`--trainer.max_epoch` for `--trainer.max_epochs`) is an error, not silently the option."""
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    assert done.value.code not in (None, 0)
+    assert "unrecognized arguments" in capsys.readouterr().err

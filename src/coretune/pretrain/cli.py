@@ -99,6 +99,6 @@ def run(args: list[str]) -> None:
         seed_everything_default=0,
         trainer_defaults=pretrain_trainer_defaults(),
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"fit": {"default_env": False}},
+        parser_kwargs={"allow_abbrev": False, "fit": {"default_env": False, "allow_abbrev": False}},
         auto_configure_optimizers=False,
     )

@@ -4,8 +4,9 @@
     python benchmarks/data_throughput.py --folder DATA/cifar10  # an existing ImageFolder root (train/, test/)
 
 Measures one pass over the training loader at ``--image-size`` (64) with batch 64 and 0 and 1 worker
-processes, and compares the torchvision v2 transform the package uses with the equivalent v1 (``transforms``)
-pipeline on the same images in the main process. Target: faster than the ~410 img/s of a ResNet-18 training
+processes, and with ``cache_images`` (every image decoded once at setup, whose time is reported), and compares
+the torchvision v2 transform the package uses with the equivalent v1 (``transforms``) pipeline on the same images
+in the main process. Target: faster than the ~410 img/s of a ResNet-18 training
 step at 64 px on the 2-core development CPU, so loading is not the bottleneck. (A worker process alone only
 adds inter-process cost here; in training it overlaps loading with the model step.)
 """
@@ -94,27 +95,36 @@ def main() -> None:
             make_folder(root, args.images)
             print(f"wrote {args.images} random 32x32 JPEGs in {time.perf_counter() - t:.1f} s")
         rows = []
-        for workers in (0, 1):
+        for workers, cache in ((0, False), (1, False), (0, True)):
             dm = ImageClassificationData(
-                root=root, image_size=args.image_size, batch_size=args.batch_size, num_workers=workers
+                root=root,
+                image_size=args.image_size,
+                batch_size=args.batch_size,
+                num_workers=workers,
+                cache_images=cache,
             )
+            start = time.perf_counter()
             dm.setup()
+            setup = time.perf_counter() - start
             rate, first = loader_rate(dm, args.max_batches)
-            rows.append((workers, rate, first))
-        n_train = len(dm.train_dataset)
-        per_image = transform_rates(dm.train_dataset.paths[:1000], dm)
+            rows.append((workers, cache, setup, rate, first))
+            if not cache:
+                n_train, paths = len(dm.train_dataset), dm.train_dataset.paths
+        per_image = transform_rates(paths[:1000], dm)
 
     print(
         f"\ntrain loader over {n_train} images (<= {args.max_batches} batches timed), "
         f"image_size {args.image_size}, batch {args.batch_size}:"
     )
-    print(f"{'workers':>8} {'img/s':>8} {'first batch (s)':>16} {'vs ResNet-18 step':>18}")
-    for workers, rate, first in rows:
-        print(f"{workers:>8} {rate:>8.0f} {first:>16.2f} {rate / RESNET18_STEP_IMG_PER_S:>17.1f}x")
+    header = f"{'workers':>8} {'cache':>6} {'setup (s)':>10} {'img/s':>8} {'first batch (s)':>16}"
+    print(f"{header} {'vs ResNet-18 step':>18}")
+    for workers, cache, setup, rate, first in rows:
+        ratio = rate / RESNET18_STEP_IMG_PER_S
+        print(f"{workers:>8} {cache!s:>6} {setup:>10.2f} {rate:>8.0f} {first:>16.2f} {ratio:>17.1f}x")
     print("\nper image, main process, no collate:")
     for name, rate in per_image.items():
         print(f"{name:>20} {rate:>8.0f} img/s")
-    slowest = min(rate for _, rate, _ in rows)
+    slowest = min(rate for *_, rate, _ in rows)
     verdict = "not the bottleneck" if slowest > RESNET18_STEP_IMG_PER_S else "THE BOTTLENECK"
     print(f"\nloading is {verdict} of a ResNet-18 step at ~{RESNET18_STEP_IMG_PER_S:.0f} img/s")
 

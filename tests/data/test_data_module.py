@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import pickle
 import re
+import shutil
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -138,6 +139,29 @@ def test_train_views_are_independent_augmentations_and_the_first_is_the_one_view
 def test_eval_batch_size_defaults_to_batch_size(tree: Path) -> None:
     assert module(tree).val_dataloader().batch_size == 4
     assert module(tree, eval_batch_size=5).test_dataloader().batch_size == 5
+
+
+def test_cache_images_gives_the_same_batches_and_reads_no_file_after_setup(tmp_path: Path) -> None:
+    from image_trees import make_image_tree  # colour + noise PNGs of 32 px
+
+    root = make_image_tree(tmp_path / "noise", per_class=6, val_per_class=2)
+    rng = np.random.default_rng(0)
+    big = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)  # a JPEG large enough for draft-mode decoding
+    Image.fromarray(big).save(root / "train" / "cat" / "big.jpg", quality=90)
+    options = {"val_fraction": 0.25, "seed": 3, "hflip": True}
+
+    def batches(dm: ImageClassificationData) -> list[torch.Tensor]:
+        loaders = (dm.train_dataloader(), dm.val_dataloader(), dm.test_dataloader())
+        return [x for loader in loaders for x, _ in loader]
+
+    plain = batches(module(root, **options))
+    cached = module(root, cache_images=True, **options)
+    cached.setup("fit")
+    assert isinstance(cached.train_dataset.images, list)  # mixed sizes: one array per image
+    assert isinstance(cached.test_dataset.images, np.ndarray) and cached.test_dataset.paths is None
+    shutil.rmtree(root)  # every pixel is in memory
+    again = batches(cached)
+    assert len(plain) == len(again) and all(torch.equal(a, b) for a, b in zip(plain, again, strict=True))
 
 
 def test_train_shuffle_is_reproducible_for_a_seed(tree: Path) -> None:

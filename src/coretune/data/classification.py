@@ -82,6 +82,9 @@ class ImageClassificationData(L.LightningDataModule):
         on_bad_image: Unreadable image files: "error" stops at the first with its path; "skip" decodes every
             file at setup, leaves the bad ones out and warns once.
         pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies).
+        cache_images: Decode every image file once at setup and keep the pixels in memory (N·H·W·3 bytes: 184 MB
+            for CIFAR-10's 60,000 images of 32 px), instead of decoding each image at every access: the same
+            pixels and results, faster epochs when decoding is a large part of a step (small images on a CPU).
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class ImageClassificationData(L.LightningDataModule):
         hflip: bool = True,
         on_bad_image: OnBadImage = "error",
         pin_memory: bool = False,
+        cache_images: bool = False,
     ) -> None:
         super().__init__()
         _check_options(
@@ -119,7 +123,7 @@ class ImageClassificationData(L.LightningDataModule):
         self.eval_batch_size = eval_batch_size or batch_size
         self.label_fraction, self.val_fraction, self.seed = label_fraction, val_fraction, seed
         self.mean, self.std, self.rotation = tuple(mean), tuple(std), rotation
-        self.on_bad_image, self.pin_memory = on_bad_image, pin_memory
+        self.on_bad_image, self.pin_memory, self.cache_images = on_bad_image, pin_memory, cache_images
         self.crop_scale, self.hflip = (float(crop_scale[0]), float(crop_scale[1])), hflip
         self.train_transform = train_transform(image_size, self.mean, self.std, rotation, self.crop_scale, hflip)
         self.eval_transform = eval_transform(image_size, self.mean, self.std)
@@ -155,6 +159,10 @@ class ImageClassificationData(L.LightningDataModule):
         eval_draft = eval_draft_size(self.image_size)
         self.val_dataset = val.with_transform(self.eval_transform, eval_draft) if val is not None else None
         self.test_dataset = test.with_transform(self.eval_transform, eval_draft) if test is not None else None
+        if self.cache_images:  # after with_transform: decoded at each split's draft size, as an access would
+            self.train_dataset = self.train_dataset.decoded()
+            self.val_dataset = self.val_dataset.decoded() if self.val_dataset is not None else None
+            self.test_dataset = self.test_dataset.decoded() if self.test_dataset is not None else None
         self._class_names = list(names)
 
     def check_folders(self) -> None:

@@ -564,6 +564,33 @@ def test_cli_dry_run_and_aggregate_only(tmp_path: Path, capsys: pytest.CaptureFi
         main(["bench", str(tmp_path / "missing.yaml")])
 
 
+def test_status_lists_finished_started_and_missing_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "160")  # rich's table width: no wrapped cells
+    config = tmp_path / "bench.yaml"
+    datasets = {"d": [f"--data.root={data_root(tmp_path)}"]}
+    entries = {"output": str(tmp_path / "out"), "datasets": datasets, "objectives": ["ce"], "seeds": [0, 1, 2, 3]}
+    config.write_text(yaml.safe_dump(entries))
+    spec = BenchSpec.from_yaml(config)
+    fabricate(spec.subset(seeds=[0]), {("ce", "d", 1.0): [0.7512]})
+    for seed, epochs, checkpoint in ((1, 3, True), (2, 0, False)):  # stopped after 3 of 20 epochs; just launched
+        run_dir = spec.output / "d" / "ce" / "frac1" / f"seed{seed}"
+        (run_dir / "checkpoints").mkdir(parents=True)
+        (run_dir / "log.txt").write_text("# launched\n")
+        (run_dir / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 20}}))
+        (run_dir / "metrics.csv").write_text("epoch,val/top1\n" + "".join(f"{e},\n" for e in range(epochs)))
+        if checkpoint:
+            (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
+    main(["bench", str(config), "--status"])
+    out = capsys.readouterr().out
+    assert re.search(r"│ d +│ ce +│ 100% +│ 0 +│ 75\.12 +│ 3 epochs", out)
+    assert re.search(r"│ 1 +│ +│ 3 of 20 epochs, resumable", out) and re.search(r"│ 2 +│ +│ 0 of 20 epochs +│", out)
+    assert re.search(r"│ 3 +│ +│ not started", out)
+    assert "1 of 4 runs finished, 2 started, 1 not started" in out
+    assert not (spec.output / "summary.md").exists()  # --status writes nothing
+
+
 @pytest.mark.parametrize("path", sorted(Path(__file__).parents[1].glob("configs/bench/*.yaml")), ids=lambda p: p.name)
 def test_shipped_bench_specs_parse(path: Path) -> None:
     spec = BenchSpec.from_yaml(path)

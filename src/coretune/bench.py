@@ -127,6 +127,23 @@ def final_val_top1(metrics_csv: str | Path) -> float:
     return values[-1]
 
 
+def run_progress(run_dir: str | Path) -> str:
+    """How far an unfinished run got, from its files: ``"12 of 20 epochs, resumable"`` (``metrics.csv`` has a row
+    per finished epoch, ``config.yaml`` the run's length; ``checkpoints/last.ckpt`` is what a re-run resumes from)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "log.txt").is_file():
+        return "not started"
+    metrics, config = run_dir / "metrics.csv", run_dir / "config.yaml"
+    done = 0
+    if metrics.is_file():
+        with metrics.open(newline="") as f:
+            done = sum(1 for _ in csv.DictReader(f))
+    resolved = (yaml.safe_load(config.read_text()) if config.is_file() else None) or {}
+    total = (resolved.get("trainer") or {}).get("max_epochs")
+    text = f"{done} of {total} epochs" if total else f"{done} epochs"
+    return text + (", resumable" if (run_dir / "checkpoints" / "last.ckpt").is_file() else "")
+
+
 def check_val_split(config: dict[str, Any], run: str) -> None:
     """Refuse (``metric: val``) a run whose resolved fit ``config`` has no validation split carved from the training
     set (``data.val_fraction`` > 0): without one it validates on the test split."""
@@ -708,6 +725,7 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
         results = json.loads(results_path.read_text()) if results_path.is_file() else {}
         test = results.get("test") or {}
         status = "finished" if test else ("unfinished" if run.run_dir.is_dir() else "missing")
+        progress = f"{results.get('epochs', '')} epochs" if test else run_progress(run.run_dir)
         top1 = run_top1(run.run_dir, spec.metric) if test else None
         if top1 is not None:
             values[key].append(top1)
@@ -719,6 +737,7 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
                 "label_fraction": run.label_fraction,
                 "seed": run.seed,
                 "status": status,
+                "progress": progress,
                 "test_top1_pct": round(100 * test["top1"], 4) if test else "",
                 "test_top5_pct": round(100 * test["top5"], 4) if test.get("top5") is not None else "",
                 **({"val_top1_pct": "" if top1 is None else round(top1, 4)} if spec.metric == "val" else {}),
@@ -920,6 +939,26 @@ def write_summary(spec: BenchSpec) -> tuple[str, list[Path]]:
 
 
 # -- command line --------------------------------------------------------------------------------------------------
+def print_status(spec: BenchSpec, console: Any) -> None:
+    """A table of every run of ``spec``: finished (top-1, in the spec's metric), how far it got, or not started."""
+    from rich.table import Table
+
+    _, rows = collect_cells(spec)
+    metric = "val_top1_pct" if spec.metric == "val" else "test_top1_pct"
+    table = Table("data set", "objective", "labels", "seed", _METRIC_TEXT[spec.metric] + " (%)", "progress")
+    for row in rows:
+        value = f"{row[metric]:.2f}" if row["status"] == "finished" else ""
+        fraction = f"{100 * row['label_fraction']:g}%"
+        table.add_row(row["dataset"], row["objective"], fraction, str(row["seed"]), value, row["progress"])
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("finished", "unfinished", "missing")}
+    console.print(table)
+    console.print(
+        f"{spec.name}: {counts['finished']} of {len(rows)} runs finished, {counts['unfinished']} started, "
+        f"{counts['missing']} not started ({spec.output})",
+        highlight=False,
+    )
+
+
 def _parser() -> Any:
     from jsonargparse import ArgumentParser
 
@@ -947,6 +986,9 @@ def _parser() -> Any:
     parser.add_argument("--only_seeds", type=list[int] | None, default=None, help="Run only these seeds of the spec.")
     parser.add_argument("--dry_run", action="store_true", help="Print the fit commands of the unfinished runs.")
     parser.add_argument("--aggregate_only", action="store_true", help="Only (re)write the tables and plots.")
+    parser.add_argument(
+        "--status", action="store_true", help="List every run: finished (its top-1), how far it got, or not started."
+    )
     return parser
 
 
@@ -958,6 +1000,9 @@ def main(args: list[str]) -> None:
     if cfg.workers is not None and cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1 (got {cfg.workers})")
     console = Console()
+    if cfg.status:
+        print_status(spec, console)
+        return
     report = None
     if not cfg.aggregate_only:
         subset = spec.subset(cfg.only_objectives, cfg.only_seeds)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import numpy as np
@@ -16,6 +15,7 @@ from torchvision.datasets import CIFAR10, CIFAR100
 from .errors import DataError
 from .images import (
     IMAGE_EXTENSIONS,
+    decode_images,
     find_bad_images,
     list_image_files,
     load_rgb,
@@ -148,11 +148,10 @@ class LabeledImageDataset(Dataset[tuple[Tensor, int]]):
         Raises:
             ImageDecodeError: a file cannot be decoded (named, with the fix).
         """
-        if self.paths is None:
+        paths = self.paths
+        if paths is None:
             return self
-        threads = num_threads or min(8, os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            arrays = list(pool.map(lambda path: np.asarray(load_rgb(path, self.draft_size)), self.images))
+        arrays = decode_images(paths, self.draft_size, num_threads)
         same_size = len({a.shape for a in arrays}) == 1
         images = np.stack(arrays) if arrays and same_size else arrays
         return LabeledImageDataset(images, self.targets, self.classes, self.transform, self.draft_size)

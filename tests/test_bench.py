@@ -571,11 +571,14 @@ def test_status_lists_finished_started_and_missing_runs(
     monkeypatch.setenv("COLUMNS", "160")  # rich's table width: no wrapped cells
     config = tmp_path / "bench.yaml"
     datasets = {"d": [f"--data.root={data_root(tmp_path)}"]}
-    entries = {"output": str(tmp_path / "out"), "datasets": datasets, "objectives": ["ce"], "seeds": [0, 1, 2, 3]}
+    entries = {"output": str(tmp_path / "out"), "datasets": datasets, "objectives": ["ce"], "seeds": [0, 1, 2, 3, 4]}
     config.write_text(yaml.safe_dump(entries))
     spec = BenchSpec.from_yaml(config)
     fabricate(spec.subset(seeds=[0]), {("ce", "d", 1.0): [0.7512]})
-    for seed, epochs, checkpoint in ((1, 3, True), (2, 0, False)):  # stopped after 3 of 20 epochs; just launched
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    # seed 1 stopped after 3 of 20 epochs (its sweep was killed: a stale pid file); seed 2 just launched; seed 4 runs
+    for seed, epochs, checkpoint, pid in ((1, 3, True, ended.pid), (2, 0, False, None), (4, 5, True, os.getpid())):
         run_dir = spec.output / "d" / "ce" / "frac1" / f"seed{seed}"
         (run_dir / "checkpoints").mkdir(parents=True)
         (run_dir / "log.txt").write_text("# launched\n")
@@ -583,13 +586,37 @@ def test_status_lists_finished_started_and_missing_runs(
         (run_dir / "metrics.csv").write_text("epoch,val/top1\n" + "".join(f"{e},\n" for e in range(epochs)))
         if checkpoint:
             (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
+        if pid is not None:
+            (run_dir / "fit.pid").write_text(f"{pid}\n")
     main(["bench", str(config), "--status"])
     out = capsys.readouterr().out
     assert re.search(r"│ d +│ ce +│ 100% +│ 0 +│ 75\.12 +│ 3 epochs", out)
     assert re.search(r"│ 1 +│ +│ 3 of 20 epochs, resumable", out) and re.search(r"│ 2 +│ +│ 0 of 20 epochs +│", out)
-    assert re.search(r"│ 3 +│ +│ not started", out)
-    assert "1 of 4 runs finished, 2 started, 1 not started" in out
+    assert re.search(r"│ 3 +│ +│ not started", out) and re.search(r"│ 4 +│ +│ running, 5 of 20 epochs done +│", out)
+    assert "1 of 5 runs finished, 3 started (1 running now), 1 not started" in out
     assert not (spec.output / "summary.md").exists()  # --status writes nothing
+    main(["bench", str(config), "--status", "--only_seeds=[1, 3]"])  # the runs a restricted sweep command runs
+    out = capsys.readouterr().out
+    assert re.search(r"│ 1 +│ +│ 3 of 20 epochs", out) and re.search(r"│ 3 +│ +│ not started", out)
+    assert "0 of 2 runs finished, 1 started (0 running now), 1 not started" in out
+
+
+def test_launch_fit_records_the_running_fits_pid_until_it_exits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --status tells a running fit from an interrupted one by RUN/fit.pid: present while the fit runs, gone after.
+    script = (
+        "import os, sys, time; from pathlib import Path; pid = Path(sys.argv[1]) / 'fit.pid'; "
+        "deadline = time.monotonic() + 30\n"
+        "while not pid.exists() and time.monotonic() < deadline: time.sleep(0.02)\n"
+        "print('recorded', pid.read_text().strip() == str(os.getpid()))"
+    )
+    command = [sys.executable, "-c", script]
+    monkeypatch.setattr("coretune.bench.fit_command", lambda args, run_dir: [*command, str(run_dir)])
+    assert launch_fit([], tmp_path / "run") == 0
+    assert "recorded True" in (tmp_path / "run" / "log.txt").read_text()
+    assert not (tmp_path / "run" / "fit.pid").exists()
+    assert bench_module.running_fit_pid(tmp_path / "run") is None
 
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).parents[1].glob("configs/bench/*.yaml")), ids=lambda p: p.name)

@@ -81,6 +81,8 @@ SUBPROCESS_FIT_ARGS = ("--trainer.enable_progress_bar=false",)
 _ARGS_FILE = "fit_args.json"
 STOP_FILE = "stop_request"
 """A run directory's stop file: the sweep writes a signal's name into it to stop the fit (:mod:`coretune.stopfile`)."""
+PID_FILE = "fit.pid"
+"""A run directory's record of its running fit's process id (written by :func:`launch_fit`, removed when it exits)."""
 
 
 class BenchSpecError(ValueError):
@@ -133,6 +135,7 @@ def run_progress(run_dir: str | Path) -> str:
     run_dir = Path(run_dir)
     if not (run_dir / "log.txt").is_file():
         return "not started"
+    running = running_fit_pid(run_dir) is not None
     metrics, config = run_dir / "metrics.csv", run_dir / "config.yaml"
     done = 0
     if metrics.is_file():
@@ -141,7 +144,27 @@ def run_progress(run_dir: str | Path) -> str:
     resolved = (yaml.safe_load(config.read_text()) if config.is_file() else None) or {}
     total = (resolved.get("trainer") or {}).get("max_epochs")
     text = f"{done} of {total} epochs" if total else f"{done} epochs"
+    if running:
+        return f"running, {text} done"
     return text + (", resumable" if (run_dir / "checkpoints" / "last.ckpt").is_file() else "")
+
+
+def running_fit_pid(run_dir: str | Path) -> int | None:
+    """The process id in ``run_dir``'s :data:`PID_FILE` if that process is alive, else None (no file; a stale one
+    left by a killed sweep). Liveness is only checked on POSIX; elsewhere the file's presence is taken as running."""
+    try:
+        pid = int((Path(run_dir) / PID_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    if os.name != "posix":
+        return pid
+    try:
+        os.kill(pid, 0)  # signal 0: existence and permission check only
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # alive, owned by another user
+        return pid
+    return pid
 
 
 def check_val_split(config: dict[str, Any], run: str) -> None:
@@ -246,6 +269,8 @@ def launch_fit(
         log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')}  {shlex.join(cmd)}\n")
         log.flush()
         with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
+            pid_file = run_dir / PID_FILE
+            pid_file.write_text(f"{proc.pid}\n")
             try:
                 while (code := _wait(proc, 0.2)) is None:
                     if stop is not None and stop.signum is not None and not stop_file.exists():
@@ -258,6 +283,9 @@ def launch_fit(
                 request_stop(stop_file, signal.SIGINT)
                 proc.wait()
                 raise
+            finally:
+                if proc.poll() is not None:  # a fit still running (a second Ctrl+C) keeps its record
+                    pid_file.unlink(missing_ok=True)
 
 
 def _wait(proc: subprocess.Popen, seconds: float) -> int | None:
@@ -944,6 +972,7 @@ def print_status(spec: BenchSpec, console: Any) -> None:
     from rich.table import Table
 
     _, rows = collect_cells(spec)
+    running = sum(r["progress"].startswith("running") for r in rows)
     metric = "val_top1_pct" if spec.metric == "val" else "test_top1_pct"
     table = Table("data set", "objective", "labels", "seed", _METRIC_TEXT[spec.metric] + " (%)", "progress")
     for row in rows:
@@ -953,8 +982,8 @@ def print_status(spec: BenchSpec, console: Any) -> None:
     counts = {s: sum(r["status"] == s for r in rows) for s in ("finished", "unfinished", "missing")}
     console.print(table)
     console.print(
-        f"{spec.name}: {counts['finished']} of {len(rows)} runs finished, {counts['unfinished']} started, "
-        f"{counts['missing']} not started ({spec.output})",
+        f"{spec.name}: {counts['finished']} of {len(rows)} runs finished, {counts['unfinished']} started "
+        f"({running} running now), {counts['missing']} not started ({spec.output})",
         highlight=False,
     )
 
@@ -987,7 +1016,10 @@ def _parser() -> Any:
     parser.add_argument("--dry_run", action="store_true", help="Print the fit commands of the unfinished runs.")
     parser.add_argument("--aggregate_only", action="store_true", help="Only (re)write the tables and plots.")
     parser.add_argument(
-        "--status", action="store_true", help="List every run: finished (its top-1), how far it got, or not started."
+        "--status",
+        action="store_true",
+        help="List every run (of --only_objectives/--only_seeds if given): finished (its top-1), running, how far "
+        "it got, or not started.",
     )
     return parser
 
@@ -1000,12 +1032,12 @@ def main(args: list[str]) -> None:
     if cfg.workers is not None and cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1 (got {cfg.workers})")
     console = Console()
+    subset = spec.subset(cfg.only_objectives, cfg.only_seeds)
     if cfg.status:
-        print_status(spec, console)
+        print_status(subset, console)
         return
     report = None
     if not cfg.aggregate_only:
-        subset = spec.subset(cfg.only_objectives, cfg.only_seeds)
         report = run_sweep(subset, workers=cfg.workers, dry_run=cfg.dry_run, console=console)
         if cfg.dry_run:
             return

@@ -135,7 +135,6 @@ def run_progress(run_dir: str | Path) -> str:
     run_dir = Path(run_dir)
     if not (run_dir / "log.txt").is_file():
         return "not started"
-    running = running_fit_pid(run_dir) is not None
     metrics, config = run_dir / "metrics.csv", run_dir / "config.yaml"
     done = 0
     if metrics.is_file():
@@ -144,7 +143,7 @@ def run_progress(run_dir: str | Path) -> str:
     resolved = (yaml.safe_load(config.read_text()) if config.is_file() else None) or {}
     total = (resolved.get("trainer") or {}).get("max_epochs")
     text = f"{done} of {total} epochs" if total else f"{done} epochs"
-    if running:
+    if running_fit_pid(run_dir) is not None:
         return f"running, {text} done"
     return text + (", resumable" if (run_dir / "checkpoints" / "last.ckpt").is_file() else "")
 
@@ -163,7 +162,7 @@ def running_fit_pid(run_dir: str | Path) -> int | None:
     except ProcessLookupError:
         return None
     except PermissionError:  # alive, owned by another user
-        return pid
+        pass
     return pid
 
 

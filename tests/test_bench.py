@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
+import io
 import json
 import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from rich.console import Console
 
 import coretune.bench as bench_module
 from coretune.bench import (
@@ -33,6 +38,7 @@ from coretune.bench import (
     write_summary,
 )
 from coretune.cli import FitArgsError, main, resolved_fit_config
+from coretune.runclaim import RunClaim, claim_run
 
 TINY_FIT = [
     "--model.backbone=small_cnn",
@@ -577,8 +583,9 @@ def test_status_lists_finished_started_and_missing_runs(
     fabricate(spec.subset(seeds=[0]), {("ce", "d", 1.0): [0.7512]})
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
-    # seed 1 stopped after 3 of 20 epochs (its sweep was killed: a stale pid file); seed 2 just launched; seed 4 runs
-    for seed, epochs, checkpoint, pid in ((1, 3, True, ended.pid), (2, 0, False, None), (4, 5, True, os.getpid())):
+    gone = RunClaim(ended.pid, socket.gethostname(), time.time())
+    # seed 1 stopped after 3 of 20 epochs (its sweep was killed: a stale claim); seed 2 just launched; seed 4 runs
+    for seed, epochs, checkpoint, claim in ((1, 3, True, gone), (2, 0, False, None), (4, 5, True, "live")):
         run_dir = spec.output / "d" / "ce" / "frac1" / f"seed{seed}"
         (run_dir / "checkpoints").mkdir(parents=True)
         (run_dir / "log.txt").write_text("# launched\n")
@@ -586,8 +593,10 @@ def test_status_lists_finished_started_and_missing_runs(
         (run_dir / "metrics.csv").write_text("epoch,val/top1\n" + "".join(f"{e},\n" for e in range(epochs)))
         if checkpoint:
             (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
-        if pid is not None:
-            (run_dir / "fit.pid").write_text(f"{pid}\n")
+        if claim == "live":
+            claim_run(run_dir)
+        elif claim is not None:
+            (run_dir / "fit.pid").write_text(json.dumps(dataclasses.asdict(claim)))
     main(["bench", str(config), "--status"])
     out = capsys.readouterr().out
     assert re.search(r"│ d +│ ce +│ 100% +│ 0 +│ 75\.12 +│ 3 epochs", out)
@@ -601,22 +610,86 @@ def test_status_lists_finished_started_and_missing_runs(
     assert "0 of 2 runs finished, 1 started (0 running now), 1 not started" in out
 
 
-def test_launch_fit_records_the_running_fits_pid_until_it_exits(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # --status tells a running fit from an interrupted one by RUN/fit.pid: present while the fit runs, gone after.
+def test_launch_fit_claims_the_run_for_its_fit_until_it_exits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # --status tells a running fit from an interrupted one, and a second sweep skips it, by RUN/fit.pid: the fit's
+    # claim while it runs, gone after.
     script = (
-        "import os, sys, time; from pathlib import Path; pid = Path(sys.argv[1]) / 'fit.pid'; "
+        "import json, os, sys, time; from pathlib import Path; claim = Path(sys.argv[1]) / 'fit.pid'\n"
         "deadline = time.monotonic() + 30\n"
-        "while not pid.exists() and time.monotonic() < deadline: time.sleep(0.02)\n"
-        "print('recorded', pid.read_text().strip() == str(os.getpid()))"
+        "while json.loads(claim.read_text())['pid'] != os.getpid() and time.monotonic() < deadline: time.sleep(0.02)\n"
+        "print('claimed', json.loads(claim.read_text())['pid'] == os.getpid())"
     )
     command = [sys.executable, "-c", script]
     monkeypatch.setattr("coretune.bench.fit_command", lambda args, run_dir: [*command, str(run_dir)])
     assert launch_fit([], tmp_path / "run") == 0
-    assert "recorded True" in (tmp_path / "run" / "log.txt").read_text()
+    assert "claimed True" in (tmp_path / "run" / "log.txt").read_text()
     assert not (tmp_path / "run" / "fit.pid").exists()
-    assert bench_module.running_fit_pid(tmp_path / "run") is None
+
+
+def _finishing_fit(monkeypatch: pytest.MonkeyPatch, launches: Path, seconds: float = 0.0) -> None:
+    """Stand in for the fit subprocess: it sleeps ``seconds``, appends its run directory to ``launches`` and writes
+    finished results."""
+    script = (
+        "import json, sys, time; from pathlib import Path; run = Path(sys.argv[1]); time.sleep(float(sys.argv[2]))\n"
+        "with open(sys.argv[3], 'a') as f: f.write(f'{run}\\n')\n"
+        "(run / 'results.json').write_text(json.dumps({'test': {'top1': 0.5}}))"
+    )
+    monkeypatch.setattr(
+        "coretune.bench.fit_command",
+        lambda args, run_dir: [sys.executable, "-c", script, str(run_dir), str(seconds), str(launches)],
+    )
+
+
+def test_a_sweep_skips_the_runs_another_process_is_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A second `coretune bench` of the same spec (another terminal, another machine) must not train a run twice.
+    monkeypatch.setenv("COLUMNS", "200")
+    config = tmp_path / "bench.yaml"
+    datasets = {"d": [f"--data.root={data_root(tmp_path)}"]}
+    config.write_text(
+        yaml.safe_dump(
+            {"output": str(tmp_path / "out"), "datasets": datasets, "objectives": ["ce"], "seeds": [0, 1, 2]}
+        )
+    )
+    spec = BenchSpec.from_yaml(config)
+    _finishing_fit(monkeypatch, tmp_path / "launches.txt")
+    busy = spec.runs()[1].run_dir
+    busy.mkdir(parents=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim_run(busy)
+        bench_module.point_claim(busy, other.pid)
+        main(["bench", str(config)])
+        out = capsys.readouterr().out
+        assert re.search(
+            rf"↷ d/ce/frac1/seed1 skipped: .*seed1 is being run by another process \(pid {other.pid}\)", out
+        )
+        assert "1 run(s) skipped: another process is running them" in out
+        assert sorted(os.listdir(busy)) == ["fit.pid"]  # nothing of the other process's run touched
+        assert (tmp_path / "launches.txt").read_text().split() == [
+            str(r.run_dir) for r in spec.subset(seeds=[0, 2]).runs()
+        ]
+        main(["bench", str(config), "--status"])
+        assert re.search(r"│ 1 +│ +│ running, 0 epochs done", capsys.readouterr().out)
+    finally:
+        other.kill()
+        other.wait()
+    main(["bench", str(config)])  # the other process is gone (killed: its claim is stale): this sweep runs seed 1
+    assert (tmp_path / "launches.txt").read_text().split()[2:] == [str(busy)]
+    assert is_finished(busy) and not (busy / "fit.pid").exists()
+
+
+def test_two_sweeps_of_one_spec_share_its_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each run is trained once, by whichever sweep claims it first; the other skips it.
+    spec = spec_of(tmp_path, objectives=["ce", "core"], seeds=[0, 1])
+    _finishing_fit(monkeypatch, tmp_path / "launches.txt", seconds=0.3)
+    with ThreadPoolExecutor(2) as pool:
+        reports = list(pool.map(lambda _: run_sweep(spec, workers=2, console=Console(file=io.StringIO())), range(2)))
+    launched = (tmp_path / "launches.txt").read_text().split()
+    assert sorted(launched) == sorted(str(r.run_dir) for r in spec.runs())  # each run once
+    assert all(not (r.failed or r.interrupted or r.not_started) for r in reports)
+    assert all(is_finished(r.run_dir) and not (r.run_dir / "fit.pid").exists() for r in spec.runs())
 
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).parents[1].glob("configs/bench/*.yaml")), ids=lambda p: p.name)

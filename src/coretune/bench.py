@@ -33,6 +33,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 import yaml
 
+from .runclaim import RunInUse, claimed, live_claim, point_claim
 from .stopfile import STOP_FILE_ENV, request_stop
 
 __all__ = [
@@ -81,8 +82,6 @@ SUBPROCESS_FIT_ARGS = ("--trainer.enable_progress_bar=false",)
 _ARGS_FILE = "fit_args.json"
 STOP_FILE = "stop_request"
 """A run directory's stop file: the sweep writes a signal's name into it to stop the fit (:mod:`coretune.stopfile`)."""
-PID_FILE = "fit.pid"
-"""A run directory's record of its running fit's process id (written by :func:`launch_fit`, removed when it exits)."""
 
 
 class BenchSpecError(ValueError):
@@ -133,7 +132,8 @@ def run_progress(run_dir: str | Path) -> str:
     """How far an unfinished run got, from its files: ``"12 of 20 epochs, resumable"`` (``metrics.csv`` has a row
     per finished epoch, ``config.yaml`` the run's length; ``checkpoints/last.ckpt`` is what a re-run resumes from)."""
     run_dir = Path(run_dir)
-    if not (run_dir / "log.txt").is_file():
+    claim = live_claim(run_dir)
+    if claim is None and not (run_dir / "log.txt").is_file():
         return "not started"
     metrics, config = run_dir / "metrics.csv", run_dir / "config.yaml"
     done = 0
@@ -143,27 +143,9 @@ def run_progress(run_dir: str | Path) -> str:
     resolved = (yaml.safe_load(config.read_text()) if config.is_file() else None) or {}
     total = (resolved.get("trainer") or {}).get("max_epochs")
     text = f"{done} of {total} epochs" if total else f"{done} epochs"
-    if running_fit_pid(run_dir) is not None:
-        return f"running, {text} done"
+    if claim is not None:
+        return f"running{'' if claim.local else ' on ' + claim.host}, {text} done"
     return text + (", resumable" if (run_dir / "checkpoints" / "last.ckpt").is_file() else "")
-
-
-def running_fit_pid(run_dir: str | Path) -> int | None:
-    """The process id in ``run_dir``'s :data:`PID_FILE` if that process is alive, else None (no file; a stale one
-    left by a killed sweep). Liveness is only checked on POSIX; elsewhere the file's presence is taken as running."""
-    try:
-        pid = int((Path(run_dir) / PID_FILE).read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    if os.name != "posix":
-        return pid
-    try:
-        os.kill(pid, 0)  # signal 0: existence and permission check only
-    except ProcessLookupError:
-        return None
-    except PermissionError:  # alive, owned by another user
-        pass
-    return pid
 
 
 def check_val_split(config: dict[str, Any], run: str) -> None:
@@ -255,36 +237,39 @@ def launch_fit(
     Returns the exit code; whether the run finished is :func:`is_finished` (results.json holds test results). Once
     ``stop`` holds a signal, or on Ctrl+C (``KeyboardInterrupt``) while waiting, the fit is asked through its stop
     file (:mod:`coretune.stopfile`) to save a resumable checkpoint and exit, and is awaited.
+
+    The run directory is claimed for the fit while it runs (:mod:`coretune.runclaim`): raises
+    :class:`~coretune.runclaim.RunInUse`, touching nothing, when another live process is running it, and returns 0
+    without starting a fit when another one finished it before the claim.
     """
     run_dir = Path(run_dir)
     check_run_args(args, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / _ARGS_FILE).write_text(json.dumps(list(args), indent=1) + "\n")
-    stop_file = run_dir / STOP_FILE
-    stop_file.unlink(missing_ok=True)  # an earlier sweep's request must not stop this fit
-    env = {**(os.environ if env is None else env), STOP_FILE_ENV: str(stop_file)}
-    cmd = fit_command(args, run_dir)
-    with (run_dir / "log.txt").open("a") as log:
-        log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')}  {shlex.join(cmd)}\n")
-        log.flush()
-        with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
-            pid_file = run_dir / PID_FILE
-            pid_file.write_text(f"{proc.pid}\n")
-            try:
-                while (code := _wait(proc, 0.2)) is None:
-                    if stop is not None and stop.signum is not None and not stop_file.exists():
-                        request_stop(stop_file, stop.signum)
-                return code
-            except KeyboardInterrupt:
-                # Ctrl+C at a terminal reached the fit too, `kill -INT <our pid>` only us: ask it to stop either way
-                # (the request only repeats the signal's), then wait for its checkpoint instead of killing it as
-                # subprocess.run would. A second Ctrl+C at the terminal aborts both.
-                request_stop(stop_file, signal.SIGINT)
-                proc.wait()
-                raise
-            finally:
-                if proc.poll() is not None:  # a fit still running (a second Ctrl+C) keeps its record
-                    pid_file.unlink(missing_ok=True)
+    with claimed(run_dir):
+        if is_finished(run_dir):
+            return 0
+        (run_dir / _ARGS_FILE).write_text(json.dumps(list(args), indent=1) + "\n")
+        stop_file = run_dir / STOP_FILE
+        stop_file.unlink(missing_ok=True)  # an earlier sweep's request must not stop this fit
+        env = {**(os.environ if env is None else env), STOP_FILE_ENV: str(stop_file)}
+        cmd = fit_command(args, run_dir)
+        with (run_dir / "log.txt").open("a") as log:
+            log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')}  {shlex.join(cmd)}\n")
+            log.flush()
+            with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
+                point_claim(run_dir, proc.pid)  # a fit still running after a second Ctrl+C keeps the claim
+                try:
+                    while (code := _wait(proc, 0.2)) is None:
+                        if stop is not None and stop.signum is not None and not stop_file.exists():
+                            request_stop(stop_file, stop.signum)
+                    return code
+                except KeyboardInterrupt:
+                    # Ctrl+C at a terminal reached the fit too, `kill -INT <our pid>` only us: ask it to stop either
+                    # way (the request only repeats the signal's), then wait for its checkpoint instead of killing it
+                    # as subprocess.run would. A second Ctrl+C at the terminal aborts both.
+                    request_stop(stop_file, signal.SIGINT)
+                    proc.wait()
+                    raise
 
 
 def _wait(proc: subprocess.Popen, seconds: float) -> int | None:
@@ -505,11 +490,13 @@ def _parse_objectives(value: Any, table: str, fail: Any) -> tuple[ObjectiveEntry
 # -- running the grid ----------------------------------------------------------------------------------------------
 @dataclass
 class SweepReport:
-    """What a sweep did: runs skipped as already finished, launched and finished, launched but failed; and after a
-    signal (``signum``), the runs it interrupted (exit ``128 + SIGINT/SIGTERM``, resumable) and those never started.
+    """What a sweep did: runs skipped as already finished, launched and finished, launched but failed, skipped
+    because another process was running them (``in_use``: another sweep of the same spec); and after a signal
+    (``signum``), the runs it interrupted (exit ``128 + SIGINT/SIGTERM``, resumable) and those never started.
     """
 
     skipped: list[Run] = field(default_factory=list)
+    in_use: list[Run] = field(default_factory=list)
     finished: list[Run] = field(default_factory=list)
     failed: list[Run] = field(default_factory=list)
     interrupted: list[Run] = field(default_factory=list)
@@ -533,6 +520,10 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
     On SIGINT (Ctrl+C) or SIGTERM no further run starts and the running fits are asked (through their stop files,
     whoever sent the signal) to save a resumable ``last.ckpt`` and exit, and are awaited; the report's ``signum``,
     ``interrupted`` and ``not_started`` say so.
+
+    A run that another live process is running (a second sweep of the same spec, in another terminal or on another
+    machine sharing the output folder) is skipped when its turn comes (``in_use``), so several sweeps of one spec
+    share out its runs instead of training one twice (:mod:`coretune.runclaim`).
     """
     from rich.console import Console
     from rich.markup import escape
@@ -595,10 +586,22 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
                 report.not_started.extend(started[f] for f in cancelled)
                 pending -= cancelled
             for future in sorted(done, key=lambda f: todo.index(started[f])):
-                if (outcome := future.result()) is None:  # queued behind the signal
-                    report.not_started.append(started[future])
+                run = started[future]
+                try:
+                    outcome = future.result()
+                except RunInUse as error:
+                    report.in_use.append(run)
+                    progress.console.print(f"↷ {run.label} skipped: {error}", highlight=False)
+                    progress.advance(task)
+                    continue
+                if outcome is None and is_finished(run.run_dir):
+                    report.skipped.append(run)
+                    progress.console.print(f"↷ {run.label}: finished by another process", highlight=False)
+                    progress.advance(task)
+                elif outcome is None:  # queued behind the signal
+                    report.not_started.append(run)
                 else:
-                    _report_run(started[future], *outcome, report, progress.console, spec.metric)
+                    _report_run(run, *outcome, report, progress.console, spec.metric)
                     progress.advance(task)
     report.not_started.sort(key=todo.index)
     return report
@@ -651,8 +654,9 @@ _INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 
 
 def _timed_launch(run: Run, env: dict[str, str] | None, stop: StopSignal) -> tuple[int, float] | None:
-    """Exit code and seconds of the run's fit; ``None`` when ``stop`` held a signal before it could start."""
-    if stop.signum is not None:
+    """Exit code and seconds of the run's fit; ``None`` when it did not start: ``stop`` held a signal, or another
+    sweep finished the run since this one listed it."""
+    if stop.signum is not None or is_finished(run.run_dir):
         return None
     start = time.perf_counter()
     code = launch_fit(run.args, run.run_dir, env, stop)
@@ -1048,11 +1052,18 @@ def main(args: list[str]) -> None:
             f"{len(report.finished)} run(s) finished, {len(report.interrupted)} interrupted with a resumable "
             f"checkpoint, {len(report.not_started)} not started"
             + (f", {len(report.failed)} failed" if report.failed else "")
+            + (f", {len(report.in_use)} run by another process" if report.in_use else "")
         )
         raise SweepInterrupted(
             report.signum,
             f"sweep stopped by {signal.Signals(report.signum).name}: {counts}. Re-run the same command to resume: "
             "finished runs are skipped, interrupted ones continue from checkpoints/last.ckpt",
+        )
+    if report is not None and report.in_use:
+        console.print(
+            f"{len(report.in_use)} run(s) skipped: another process is running them (`--status` shows how far they "
+            "got; `--aggregate_only` updates the tables once they finish)",
+            highlight=False,
         )
     if report is not None and (report.failed or report.interrupted):
         logs = "; ".join(str(run.run_dir / "log.txt") for run in report.failed)

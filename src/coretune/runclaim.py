@@ -1,0 +1,156 @@
+"""A run directory's *claim*: which process is running it, so that two sweeps never train the same run at once.
+
+``coretune bench`` and ``coretune tune`` launch each fit through :func:`coretune.bench.launch_fit`, which first
+claims the run directory (:func:`claim_run`): it atomically creates :data:`CLAIM_FILE` holding the claiming
+process's id, host name and start time, then points the claim at the fit it starts, and removes it when the fit has
+exited. A second sweep over the same spec (another terminal, another machine on a shared file system) finds a live
+claim and skips that run instead of training it a second time into the same checkpoints.
+
+A claim is live while its process runs: same host, same pid *and* the same process start time (a pid reused by an
+unrelated process after a killed sweep does not count). A claim from another host cannot be checked from here and
+is taken as live; if that machine died, delete the file. A stale claim (process gone) is replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+__all__ = ["CLAIM_FILE", "RunClaim", "RunInUse", "claim_run", "claimed", "live_claim", "point_claim", "release_claim"]
+
+CLAIM_FILE = "fit.pid"
+"""A run directory's claim (JSON: ``pid``, ``host``, ``started``), present while a sweep's fit runs there."""
+
+_SAME_PROCESS_S = 1.0
+"""Start times this close belong to the same process (a pid is not reused within a second)."""
+
+
+class RunInUse(RuntimeError):
+    """The run directory is claimed by another live process (:data:`CLAIM_FILE`)."""
+
+
+@dataclass(frozen=True)
+class RunClaim:
+    """Process ``pid`` on ``host``, started at ``started`` (seconds since the epoch, as psutil reports it)."""
+
+    pid: int
+    host: str
+    started: float
+
+    @classmethod
+    def of(cls, pid: int) -> RunClaim:
+        """The claim of process ``pid`` of this host (it must be running)."""
+        return cls(pid, socket.gethostname(), psutil.Process(pid).create_time())
+
+    @property
+    def local(self) -> bool:
+        return self.host == socket.gethostname()
+
+    def alive(self) -> bool:
+        """Whether the claiming process still runs (always True for another host's claim: not checkable here)."""
+        if not self.local:
+            return True
+        try:
+            return abs(psutil.Process(self.pid).create_time() - self.started) < _SAME_PROCESS_S
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.AccessDenied:  # alive, owned by another user
+            return True
+
+    def where(self) -> str:
+        """``"pid 123"``, or ``"pid 123 on node7"`` for another host."""
+        return f"pid {self.pid}" + ("" if self.local else f" on {self.host}")
+
+
+def read_claim(run_dir: str | Path) -> RunClaim | None:
+    """The claim recorded in ``run_dir``, live or not; None without one (or an unreadable file: treated as stale)."""
+    try:
+        raw = json.loads((Path(run_dir) / CLAIM_FILE).read_text())
+        return RunClaim(int(raw["pid"]), str(raw["host"]), float(raw["started"]))
+    except (FileNotFoundError, ValueError, TypeError, KeyError):
+        return None
+
+
+def live_claim(run_dir: str | Path) -> RunClaim | None:
+    """The claim on ``run_dir`` if its process still runs, else None (no claim, or a stale one)."""
+    claim = read_claim(run_dir)
+    return claim if claim is not None and claim.alive() else None
+
+
+def _write(path: Path, claim: RunClaim, exclusive: bool) -> bool:
+    """Write ``claim`` to ``path`` complete or not at all: a temporary file, then hard-linked into place when
+    ``exclusive`` (fails if ``path`` exists: returns False) or renamed over it otherwise."""
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(claim)) + "\n")
+    try:
+        if not exclusive:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: an exclusive create (a reader may see it half-written)
+            try:
+                with path.open("x") as f:
+                    f.write(tmp.read_text())
+            except FileExistsError:
+                return False
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def claim_run(run_dir: str | Path) -> None:
+    """Claim ``run_dir`` (which must exist) for this process; a stale claim is replaced.
+
+    Raises :class:`RunInUse` when a live process holds it.
+    """
+    path = Path(run_dir) / CLAIM_FILE
+    for _ in range(2):
+        if _write(path, RunClaim.of(os.getpid()), exclusive=True):
+            return
+        if (holder := live_claim(run_dir)) is not None:
+            break
+        path.unlink(missing_ok=True)  # stale: the process that claimed it is gone
+    else:
+        holder = read_claim(run_dir)
+    raise RunInUse(
+        f"{run_dir} is being run by another process ({holder.where() if holder else 'claimed concurrently'}): "
+        f"wait for it to finish. If no such process runs, delete {path} and try again"
+    )
+
+
+def point_claim(run_dir: str | Path, pid: int) -> None:
+    """Move this process's claim on ``run_dir`` to the fit it started (process ``pid``; if that has already exited,
+    the claim stays with this process until :func:`release_claim`)."""
+    try:
+        claim = RunClaim.of(pid)
+    except psutil.NoSuchProcess:
+        return
+    _write(Path(run_dir) / CLAIM_FILE, claim, exclusive=False)
+
+
+def release_claim(run_dir: str | Path) -> None:
+    """Remove this process's claim on ``run_dir``, unless it names another live process: a fit that outlives its
+    sweep (a second Ctrl+C aborted the sweep, not the fit) keeps it."""
+    claim = live_claim(run_dir)
+    if claim is None or claim.pid == os.getpid():
+        (Path(run_dir) / CLAIM_FILE).unlink(missing_ok=True)
+
+
+@contextmanager
+def claimed(run_dir: str | Path) -> Iterator[None]:
+    """:func:`claim_run` on entry (raises :class:`RunInUse`), :func:`release_claim` on exit."""
+    claim_run(run_dir)
+    try:
+        yield
+    finally:
+        release_claim(run_dir)

@@ -1,0 +1,132 @@
+"""Run directory claims: one live process per run directory, stale claims replaced, atomic under contention."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coretune.runclaim import (
+    CLAIM_FILE,
+    RunClaim,
+    RunInUse,
+    claim_run,
+    claimed,
+    live_claim,
+    point_claim,
+    read_claim,
+    release_claim,
+)
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen]:
+    """Another live process (stands in for another sweep's fit)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def write_claim(run_dir: Path, pid: int, host: str | None = None, started: float = 0.0) -> None:
+    record = {"pid": pid, "host": host or socket.gethostname(), "started": started}
+    (run_dir / CLAIM_FILE).write_text(json.dumps(record))
+
+
+def test_a_claim_names_this_process_and_holds_the_run_until_released(tmp_path: Path) -> None:
+    claim_run(tmp_path)
+    mine = read_claim(tmp_path)
+    assert mine == RunClaim.of(os.getpid()) and mine.local and live_claim(tmp_path) == mine
+    assert not list(tmp_path.glob("*.tmp"))  # written through a temporary file, which is gone
+    with pytest.raises(RunInUse, match=rf"being run by another process \(pid {os.getpid()}\).*delete .*fit\.pid"):
+        claim_run(tmp_path)
+    release_claim(tmp_path)
+    assert read_claim(tmp_path) is None
+    claim_run(tmp_path)  # free again
+
+
+def test_the_claim_follows_the_fit_and_lapses_when_it_exits(tmp_path: Path, sleeper: subprocess.Popen) -> None:
+    claim_run(tmp_path)
+    point_claim(tmp_path, sleeper.pid)
+    assert live_claim(tmp_path) == RunClaim.of(sleeper.pid)
+    with pytest.raises(RunInUse, match=f"pid {sleeper.pid}"):
+        claim_run(tmp_path)
+    release_claim(tmp_path)  # the sweep lets go (a second Ctrl+C), but its fit still runs: the claim stays
+    assert live_claim(tmp_path) == RunClaim.of(sleeper.pid)
+    sleeper.kill()
+    sleeper.wait()
+    assert read_claim(tmp_path) is not None and live_claim(tmp_path) is None  # stale: a killed sweep left it
+    claim_run(tmp_path)  # replaced
+    assert read_claim(tmp_path) == RunClaim.of(os.getpid())
+
+
+def test_claimed_holds_the_run_for_the_block(tmp_path: Path) -> None:
+    with pytest.raises(KeyError), claimed(tmp_path):
+        assert live_claim(tmp_path) == RunClaim.of(os.getpid())
+        raise KeyError  # released on errors too
+    assert read_claim(tmp_path) is None
+
+
+def test_pointing_at_a_fit_that_already_exited_keeps_the_sweeps_claim(tmp_path: Path) -> None:
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    claim_run(tmp_path)
+    point_claim(tmp_path, ended.pid)
+    assert read_claim(tmp_path) == RunClaim.of(os.getpid())
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        "reused pid",  # this pid, but another start time: a pid reused by an unrelated process
+        "not json",
+        '{"pid": 1}',
+        "",
+    ],
+)
+def test_stale_or_unreadable_claims_are_replaced(tmp_path: Path, record: str) -> None:
+    if record == "reused pid":
+        write_claim(tmp_path, os.getpid(), started=RunClaim.of(os.getpid()).started - 3600)
+    else:
+        (tmp_path / CLAIM_FILE).write_text(record)
+    assert live_claim(tmp_path) is None
+    claim_run(tmp_path)
+    assert read_claim(tmp_path) == RunClaim.of(os.getpid())
+
+
+def test_another_hosts_claim_counts_as_live(tmp_path: Path) -> None:
+    write_claim(tmp_path, 4242, host="node7")
+    claim = live_claim(tmp_path)
+    assert claim is not None and not claim.local and claim.where() == "pid 4242 on node7"
+    with pytest.raises(RunInUse, match="pid 4242 on node7"):
+        claim_run(tmp_path)
+
+
+def _contend(run_dir: str, ready: object, done: object, results: object) -> None:
+    ready.wait()  # all start claiming together
+    try:
+        claim_run(run_dir)
+        results.put("claimed")
+    except RunInUse:
+        results.put("in use")
+    done.wait()  # the winner stays alive until everyone has tried
+
+
+def test_of_processes_claiming_at_once_exactly_one_wins(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    n = 6
+    ready, done, results = ctx.Barrier(n), ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_contend, args=(str(tmp_path), ready, done, results)) for _ in range(n)]
+    for proc in procs:
+        proc.start()
+    outcomes = sorted(results.get(timeout=60) for _ in range(n))
+    for proc in procs:
+        proc.join(timeout=60)
+    assert outcomes == ["claimed"] + ["in use"] * (n - 1)

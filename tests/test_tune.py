@@ -14,6 +14,7 @@ import yaml
 import coretune.tune as tune_module
 from coretune.cli import main
 from coretune.engine import read_metrics
+from coretune.runclaim import RunInUse
 from coretune.tune import TrialFailed, tune
 
 pytest.importorskip("optuna")
@@ -114,6 +115,28 @@ def test_resume_keeps_finished_trials_and_retries_failed_ones(
     assert len(tune([data_arg], objective="ce_con", **grid).trials) == 3 and launched == []  # complete
     with pytest.raises(ValueError, match="was run on another grid"):
         tune([data_arg], objective="ce_con", **{**grid, "alpha": [0.5, 2.0]})
+
+
+def test_a_grid_point_another_worker_runs_fails_its_trial_and_the_study_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
+) -> None:
+    # Workers sharing a study may draw the same grid point; its run directory is claimed by the first (runclaim).
+    busy = {"eta10_alpha1"}
+
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
+        if run_dir.name in busy:
+            raise RunInUse(f"{run_dir} is being run by another process (pid 4242 on node7): wait for it to finish")
+        finish(run_dir, [0.5])
+        return 0
+
+    monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
+    grid = {"eta": [1.0, 10.0], "alpha": [1.0], "output": tmp_path}
+    study = tune([data_arg], **grid)
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
+    assert (tmp_path / "best.yaml").is_file()
+    busy.clear()  # the other worker is done (here: gone); a rerun retries the point
+    study = tune([data_arg], **grid)
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE", "FAIL"]
 
 
 @pytest.mark.parametrize("signum", [0, signal.SIGINT, signal.SIGTERM], ids=["keyboard-interrupt", "sigint", "sigterm"])

@@ -33,6 +33,7 @@ from .bench import (
     launch_fit,
     unvalidated_final_epoch,
 )
+from .runclaim import RunInUse
 
 __all__ = ["TrialFailed", "main", "tune"]
 
@@ -215,7 +216,10 @@ def tune(
             ]
             if not is_finished(run_dir):
                 if stop.signum is None:
-                    code = launch_fit(args, run_dir, stop=stop)
+                    try:
+                        code = launch_fit(args, run_dir, stop=stop)
+                    except RunInUse as err:  # another worker of the study runs this grid point
+                        raise TrialFailed(f"trial {trial.number}: {err}") from None
                 if stop.signum is not None:  # the fit saved a resumable checkpoint; Optuna marks the trial FAIL
                     raise SweepInterrupted(stop.signum, _interrupted_message(stop.signum))
                 if not is_finished(run_dir):

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -491,6 +492,45 @@ def test_aggregation_is_mean_and_sample_std(tmp_path: Path) -> None:
     assert [r["status"] for r in runs if r["dataset"] == "b" and r["objective"] == "core"] == ["finished"] + [
         "missing"
     ] * 2
+
+
+def test_curves_are_the_per_epoch_mean_and_std_over_finished_seeds(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, seeds=[0, 1, 2], label_fractions=[0.1, 1.0])
+    rng = np.random.default_rng(0)
+    curves: dict[tuple[str, float, int], list[float | None]] = {}  # per run: val/top1 per epoch (None: not validated)
+    for run in spec.runs():
+        curve = [float(v) for v in rng.uniform(0.3, 0.9, size=4)]
+        if run.seed == 2:
+            curve[1] = None  # this seed validated every other epoch only
+        curves[(run.objective, run.label_fraction, run.seed)] = curve
+        run.run_dir.mkdir(parents=True)
+        rows = "".join(f"{e},{'' if v is None else v}\n" for e, v in enumerate(curve))
+        (run.run_dir / "metrics.csv").write_text("epoch,val/top1\n" + rows)
+        if (run.objective, run.label_fraction, run.seed) != ("core", 0.1, 1):  # one unfinished run: left out
+            (run.run_dir / "results.json").write_text(json.dumps({"test": {"top1": 0.5}}))
+    _, paths = write_summary(spec)
+    assert (spec.output / "curves.png") in paths and (spec.output / "curves.csv") in paths
+    got = list(csv.DictReader((spec.output / "curves.csv").open()))
+    expected = []  # reference: loop over cells and epochs, statistics of the finished seeds that validated
+    for objective in ("ce", "core"):
+        for fraction in (0.1, 1.0):
+            for epoch in range(4):
+                seeds = [s for s in (0, 1, 2) if (objective, fraction, s) != ("core", 0.1, 1)]
+                values = [100 * v for s in seeds if (v := curves[(objective, fraction, s)][epoch]) is not None]
+                expected.append((objective, fraction, epoch + 1, len(values), statistics.mean(values), values))
+    assert len(got) == len(expected)
+    for row, (objective, fraction, epoch, n, mean, values) in zip(got, expected, strict=True):
+        assert (row["objective"], float(row["label_fraction"]), int(row["epoch"]), int(row["n"])) == (
+            objective,
+            fraction,
+            epoch,
+            n,
+        )
+        assert float(row["val_top1_mean_pct"]) == pytest.approx(mean, abs=1e-3)
+        if n > 1:
+            assert float(row["val_top1_std_pct"]) == pytest.approx(statistics.stdev(values), abs=1e-3)
+        else:
+            assert row["val_top1_std_pct"] == ""
 
 
 def test_compare_pooled_std_reference() -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "SweepReport",
     "catch_stop_signals",
     "collect_cells",
+    "collect_curves",
     "compare",
     "final_val_top1",
     "fit_command",
@@ -897,6 +898,39 @@ def _summary_rows(cells: dict[tuple[str, str, float], Cell], layout: TableLayout
     return rows
 
 
+def collect_curves(spec: BenchSpec) -> list[dict[str, Any]]:
+    """The validated top-1 per epoch of every cell: mean and sample std (%) over its finished seeds that validated
+    that epoch (``val/top1`` in each run's ``metrics.csv``: the validation split, or the test images for runs that
+    hold none out). One row per (data set, objective, label fraction, epoch), epochs counted from 1."""
+    per_epoch: dict[tuple[str, str, float], dict[int, list[float]]] = {}
+    for run in spec.runs():
+        if not is_finished(run.run_dir) or not (metrics := run.run_dir / "metrics.csv").is_file():
+            continue
+        curve = per_epoch.setdefault((run.dataset, run.objective, run.label_fraction), {})
+        with metrics.open(newline="") as f:
+            for row in csv.DictReader(f):
+                if row.get("val/top1") not in (None, ""):
+                    curve.setdefault(int(row["epoch"]) + 1, []).append(100 * float(row["val/top1"]))
+    rows = []
+    datasets, names = list(spec.datasets), [e.name for e in spec.objectives]
+    for (dataset, objective, fraction), curve in sorted(
+        per_epoch.items(), key=lambda item: (datasets.index(item[0][0]), names.index(item[0][1]), item[0][2])
+    ):
+        for epoch, values in sorted(curve.items()):
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "objective": objective,
+                    "label_fraction": fraction,
+                    "epoch": epoch,
+                    "n": len(values),
+                    "val_top1_mean_pct": round(float(np.mean(values)), 4),
+                    "val_top1_std_pct": round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else "",
+                }
+            )
+    return rows
+
+
 def _plot_label(label: str) -> str:
     """A table row's label for matplotlib: ``L_con`` and ``L^f_con`` as mathtext (``ℒ_con``, ``ℒ^f_con``)."""
     return label.replace("L^f_con", r"$\mathcal{L}^f_{con}$").replace("L_con", r"$\mathcal{L}_{con}$")
@@ -951,8 +985,41 @@ def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: Ta
     return paths
 
 
+def _plot_curves(spec: BenchSpec, curves: list[dict[str, Any]], layout: TableLayout) -> Path:
+    """``curves.png``: validated top-1 against epoch, mean ± std band over seeds, one panel per table column."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = [
+        (col, label) for col, label in layout.columns if any((r["dataset"], r["label_fraction"]) == col for r in curves)
+    ]
+    fig, axes = plt.subplots(1, len(columns), figsize=(5 * len(columns), 4), squeeze=False)
+    for ax, (col, col_label) in zip(axes[0], columns, strict=True):
+        for name, label in layout.rows:
+            rows = [r for r in curves if (r["dataset"], r["label_fraction"]) == col and r["objective"] == name]
+            if not rows:
+                continue
+            epochs = np.array([r["epoch"] for r in rows])
+            mean = np.array([r["val_top1_mean_pct"] for r in rows])
+            std = np.array([r["val_top1_std_pct"] or 0.0 for r in rows])
+            (line,) = ax.plot(epochs, mean, marker="o", markersize=3, label=_plot_label(label))
+            ax.fill_between(epochs, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+        ax.set(xlabel="epoch", ylabel="val/top1 (%)", title=col_label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{spec.name}: validated top-1 per epoch, mean ± std over seeds", fontsize=10)
+    fig.tight_layout()
+    path = spec.output / "curves.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the title may be wider than one panel
+    plt.close(fig)
+    return path
+
+
 def write_summary(spec: BenchSpec) -> tuple[str, list[Path]]:
-    """Write ``runs.csv``, ``summary.md``, ``summary.csv`` and the plots into ``spec.output``.
+    """Write ``runs.csv``, ``summary.md``, ``summary.csv``, ``curves.csv`` (:func:`collect_curves`) and the plots
+    into ``spec.output``.
 
     Returns the markdown summary and the written paths.
     """
@@ -966,6 +1033,10 @@ def write_summary(spec: BenchSpec) -> tuple[str, list[Path]]:
     paths[2].write_text(markdown)
     if any(cell.n for cell in cells.values()):
         paths += _plot(spec, cells, layout)
+    if curves := collect_curves(spec):
+        paths.append(spec.output / "curves.csv")
+        _write_csv(paths[-1], curves)
+        paths.append(_plot_curves(spec, curves, layout))
     return markdown, paths
 
 

@@ -19,6 +19,7 @@ from coretune.runclaim import (
     RunInUse,
     claim_run,
     claimed,
+    fit_claim,
     live_claim,
     point_claim,
     read_claim,
@@ -130,3 +131,23 @@ def test_of_processes_claiming_at_once_exactly_one_wins(tmp_path: Path) -> None:
     for proc in procs:
         proc.join(timeout=60)
     assert outcomes == ["claimed"] + ["in use"] * (n - 1)
+
+
+def test_a_fit_claims_its_run_unless_its_sweep_holds_it(tmp_path: Path, sleeper: subprocess.Popen) -> None:
+    with fit_claim(tmp_path / "run"):  # on its own: claims (creating the directory), releases after
+        assert live_claim(tmp_path / "run") == RunClaim.of(os.getpid())
+    assert read_claim(tmp_path / "run") is None
+    claim_run(tmp_path)  # a sweep's claim pointed at this process (the fit it started)
+    with fit_claim(tmp_path):
+        pass
+    assert live_claim(tmp_path) == RunClaim.of(os.getpid())  # the sweep's, for the sweep to release
+    child = "import sys; from coretune.runclaim import fit_claim\nwith fit_claim(sys.argv[1]): print('ran')"
+    ran = subprocess.run([sys.executable, "-c", child, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert ran.stdout == "ran\n"  # a fit whose claim still names its sweep (its parent) runs under it
+    assert live_claim(tmp_path) == RunClaim.of(os.getpid())
+    release_claim(tmp_path)
+    claim_run(tmp_path)
+    point_claim(tmp_path, sleeper.pid)  # another fit runs it
+    with pytest.raises(RunInUse, match=f"pid {sleeper.pid}"), fit_claim(tmp_path):
+        pass
+    assert live_claim(tmp_path) == RunClaim.of(sleeper.pid)

@@ -21,6 +21,7 @@ from lightning.pytorch.cli import LightningCLI
 from . import objectives
 from .bench import SweepInterrupted
 from .data import ImageClassificationData
+from .distributed import is_launching_process
 from .engine import (
     FineTuner,
     NonFiniteLossError,
@@ -32,6 +33,7 @@ from .engine import (
     with_atomic_io,
 )
 from .models import require_checkpoint_file
+from .runclaim import RunInUse, fit_claim
 
 __all__ = ["main"]
 
@@ -107,7 +109,14 @@ def translate_args(args: list[str]) -> list[str]:
 
 
 class FitCLI(LightningCLI):
-    """``coretune fit``: a LightningCLI over :class:`FineTuner` and :class:`ImageClassificationData`."""
+    """``coretune fit``: a LightningCLI over :class:`FineTuner` and :class:`ImageClassificationData`.
+
+    ``hold``: where the run directory's claim (:func:`coretune.runclaim.fit_claim`) is kept until the fit ends.
+    """
+
+    def __init__(self, *args: Any, hold: contextlib.ExitStack, **kwargs: Any) -> None:
+        self._hold = hold
+        super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_subclass_arguments(
@@ -123,13 +132,16 @@ class FitCLI(LightningCLI):
             type=str | None,
             default=None,
             help="Run directory (default: runs/<objective>-<date>-<time>). Reuse it to resume from its "
-            "checkpoints/last.ckpt (a finished run is only tested again).",
+            "checkpoints/last.ckpt (a finished run is only tested again). Refused while another fit or sweep runs it "
+            "(its claim, fit.pid).",
         )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         resolve_run_dir(config, str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower())
         _check_sync_batchnorm(config["trainer"])
+        if is_launching_process():  # the processes a DDP launcher adds run under its claim
+            self._hold.enter_context(fit_claim(config["run_dir"]))
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         trainer = self._get(self.config_init, "trainer", default={})
@@ -178,16 +190,18 @@ def _print_run_summary(run_dir: Path) -> None:
 
 def fit(args: list[str]) -> None:
     quiet_lightning()
-    FitCLI(
-        FineTuner,
-        ImageClassificationData,
-        args=["fit", *translate_args(args)],
-        seed_everything_default=0,
-        trainer_defaults={"precision": default_precision(), "logger": False},
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"allow_abbrev": False, "fit": {"default_env": False, "allow_abbrev": False}},
-        auto_configure_optimizers=False,
-    )
+    with contextlib.ExitStack() as hold:
+        FitCLI(
+            FineTuner,
+            ImageClassificationData,
+            args=["fit", *translate_args(args)],
+            seed_everything_default=0,
+            trainer_defaults={"precision": default_precision(), "logger": False},
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"allow_abbrev": False, "fit": {"default_env": False, "allow_abbrev": False}},
+            auto_configure_optimizers=False,
+            hold=hold,
+        )
 
 
 class FitArgsError(ValueError):
@@ -473,9 +487,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"coretune {command}: error: {_error_message(err)}")
 
 
-_USER_ERRORS = (ValueError, OSError, NonFiniteLossError)
+_USER_ERRORS = (ValueError, OSError, NonFiniteLossError, RunInUse)
 """What a user can cause and fix: bad options, data, checkpoints (all ``ValueError``s), files and disks
-(``OSError``), a diverging loss. ``coretune`` prints their message alone; anything else keeps its traceback."""
+(``OSError``), a diverging loss, a run directory another process is running. ``coretune`` prints their message
+alone; anything else keeps its traceback."""
 
 
 def _error_message(err: BaseException) -> str:

@@ -6,6 +6,8 @@ objectives call them unconditionally. See ``docs/scaling.md`` for the gradient b
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -16,6 +18,7 @@ __all__ = [
     "gather_rows",
     "gather_with_grad",
     "is_distributed",
+    "is_launching_process",
     "rank",
     "scale_grad",
     "world_size",
@@ -35,6 +38,13 @@ def world_size() -> int:
 def rank() -> int:
     """Global rank of this process (0 without a process group)."""
     return dist.get_rank() if is_distributed() else 0
+
+
+def is_launching_process() -> bool:
+    """Whether this is the process a user (or a sweep) started, not one a launcher added: global rank 0 by the
+    environment of Lightning's DDP launcher, torchrun and SLURM, readable before any process group exists."""
+    ranks = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
+    return all(os.environ.get(name, "0") == "0" for name in ranks)
 
 
 def batch_sizes(n: int, device: torch.device | str = "cpu") -> list[int]:

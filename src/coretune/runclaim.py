@@ -1,10 +1,11 @@
-"""A run directory's *claim*: which process is running it, so that two sweeps never train the same run at once.
+"""A run directory's *claim*: which process is running it, so that two sweeps (or fits) never train one run at once.
 
 ``coretune bench`` and ``coretune tune`` launch each fit through :func:`coretune.bench.launch_fit`, which first
 claims the run directory (:func:`claim_run`): it atomically creates :data:`CLAIM_FILE` holding the claiming
 process's id, host name and start time, then points the claim at the fit it starts, and removes it when the fit has
 exited. A second sweep over the same spec (another terminal, another machine on a shared file system) finds a live
-claim and skips that run instead of training it a second time into the same checkpoints.
+claim and skips that run instead of training it a second time into the same checkpoints. A ``coretune fit`` started
+on its own claims its run directory too (:func:`fit_claim`), and refuses one that a live sweep or fit is running.
 
 A claim is live while its process runs: same host, same pid *and* the same process start time (a pid reused by an
 unrelated process after a killed sweep does not count). A claim from another host cannot be checked from here and
@@ -23,7 +24,17 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["CLAIM_FILE", "RunClaim", "RunInUse", "claim_run", "claimed", "live_claim", "point_claim", "release_claim"]
+__all__ = [
+    "CLAIM_FILE",
+    "RunClaim",
+    "RunInUse",
+    "claim_run",
+    "claimed",
+    "fit_claim",
+    "live_claim",
+    "point_claim",
+    "release_claim",
+]
 
 CLAIM_FILE = "fit.pid"
 """A run directory's claim (JSON: ``pid``, ``host``, ``started``), present while a sweep's fit runs there."""
@@ -144,6 +155,20 @@ def release_claim(run_dir: str | Path) -> None:
     claim = live_claim(run_dir)
     if claim is None or claim.pid == os.getpid():
         (Path(run_dir) / CLAIM_FILE).unlink(missing_ok=True)
+
+
+@contextmanager
+def fit_claim(run_dir: str | Path) -> Iterator[None]:
+    """A fit's hold on its run directory (created if missing) for the block: a fit started by a sweep runs under
+    the sweep's claim (pointed at it, or still naming the sweep: its parent), which the sweep releases; a fit
+    started on its own claims the directory (:class:`RunInUse` if another live process holds it) and releases it."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    holder = live_claim(run_dir)
+    if holder is not None and holder.local and holder.pid in (os.getpid(), os.getppid()):
+        yield
+        return
+    with claimed(run_dir):
+        yield
 
 
 @contextmanager

@@ -11,6 +11,8 @@ import math
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ from coretune.cli import main
 from coretune.data import SkippedImagesWarning
 from coretune.engine import FineTuner, NonFiniteLossError, read_metrics
 from coretune.models import create_backbone
+from coretune.runclaim import claim_run, point_claim
 
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
@@ -147,6 +150,28 @@ def test_batch_of_one_through_batchnorm_is_a_clear_error(tree: Path, tmp_path: P
     message = error(fit_args(tree, tmp_path / "run", "--data.batch_size=1", "--model.backbone=resnet18"))
     assert message.startswith("a training batch of 1 image cannot pass the backbone's BatchNorm layers")
     assert "use --data.batch_size 2 or more" in message
+
+
+def test_a_run_directory_another_process_is_running_is_refused_untouched(tree: Path, tmp_path: Path) -> None:
+    # Two fits into one --run_dir (a second terminal; a bench sweep running it) would overwrite each other's
+    # checkpoints; a fit on its own claims its run directory, then leaves no claim behind.
+    main(fit_args(tree, tmp_path / "run"))
+    assert not (tmp_path / "run" / "fit.pid").exists()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim_run(tmp_path / "run")
+        point_claim(tmp_path / "run", other.pid)
+        before = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")}
+        message = error(fit_args(tree, tmp_path / "run"))
+        assert message == (
+            f"{tmp_path / 'run'} is being run by another process (pid {other.pid}): wait for it to finish. If no "
+            f"such process runs, delete {tmp_path / 'run' / 'fit.pid'} and try again"
+        )
+        assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")} == before
+    finally:
+        other.kill()
+        other.wait()
+    main(fit_args(tree, tmp_path / "run"))  # its process gone, the stale claim is replaced: the run is tested again
 
 
 def test_diverging_loss_names_epoch_and_step(tree: Path, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from coretune import runclaim
 from coretune.runclaim import (
     CLAIM_FILE,
     RunClaim,
@@ -120,7 +121,23 @@ def _contend(run_dir: str, ready: object, done: object, results: object) -> None
     done.wait()  # the winner stays alive until everyone has tried
 
 
-def test_of_processes_claiming_at_once_exactly_one_wins(tmp_path: Path) -> None:
+def test_a_claim_replaced_while_it_settles_is_given_up(
+    tmp_path: Path, sleeper: subprocess.Popen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process that judged the same stale claim replaced ours in the same instant: it goes on, we do not.
+    monkeypatch.setattr(
+        "coretune.runclaim.time.sleep",
+        lambda s: write_claim(tmp_path, sleeper.pid, started=RunClaim.of(sleeper.pid).started),
+    )
+    with pytest.raises(RunInUse, match=f"pid {sleeper.pid}"):
+        claim_run(tmp_path)
+    assert live_claim(tmp_path) == RunClaim.of(sleeper.pid)
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["no-claim", "stale-claim"])
+def test_of_processes_claiming_at_once_exactly_one_wins(tmp_path: Path, stale: bool) -> None:
+    if stale:  # all find the claim of a killed sweep and replace it at once
+        write_claim(tmp_path, 4242, started=0.0)
     ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     n = 6
     ready, done, results = ctx.Barrier(n), ctx.Barrier(n), ctx.Queue()
@@ -141,8 +158,13 @@ def test_a_fit_claims_its_run_unless_its_sweep_holds_it(tmp_path: Path, sleeper:
     with fit_claim(tmp_path):
         pass
     assert live_claim(tmp_path) == RunClaim.of(os.getpid())  # the sweep's, for the sweep to release
-    child = "import sys; from coretune.runclaim import fit_claim\nwith fit_claim(sys.argv[1]): print('ran')"
-    ran = subprocess.run([sys.executable, "-c", child, str(tmp_path)], capture_output=True, text=True, check=True)
+    child = (  # the module alone: a fit's claim check, without importing torch
+        "import importlib.util as u, sys; spec = u.spec_from_file_location('runclaim', sys.argv[2]); "
+        "m = sys.modules['runclaim'] = u.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "with m.fit_claim(sys.argv[1]): print('ran')"
+    )
+    command = [sys.executable, "-c", child, str(tmp_path), runclaim.__file__]
+    ran = subprocess.run(command, capture_output=True, text=True, check=True)
     assert ran.stdout == "ran\n"  # a fit whose claim still names its sweep (its parent) runs under it
     assert live_claim(tmp_path) == RunClaim.of(os.getpid())
     release_claim(tmp_path)

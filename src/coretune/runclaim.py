@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -41,6 +42,8 @@ CLAIM_FILE = "fit.pid"
 
 _SAME_PROCESS_S = 1.0
 """Start times this close belong to the same process (a pid is not reused within a second)."""
+_SETTLE_S = 0.2
+"""How long a new claim waits before checking that it is still its own (:func:`claim_run`)."""
 
 
 class RunInUse(RuntimeError):
@@ -122,17 +125,22 @@ def _write(path: Path, claim: RunClaim, exclusive: bool) -> bool:
 def claim_run(run_dir: str | Path) -> None:
     """Claim ``run_dir`` (which must exist) for this process; a stale claim is replaced.
 
-    Raises :class:`RunInUse` when a live process holds it.
+    Raises :class:`RunInUse` when a live process holds it. A new claim is checked again after
+    :data:`_SETTLE_S`: two processes that found the same stale claim at the same moment may both replace it,
+    and then only the one whose claim stayed goes on.
     """
     path = Path(run_dir) / CLAIM_FILE
+    mine = RunClaim.of(os.getpid())
     for _ in range(2):
-        if _write(path, RunClaim.of(os.getpid()), exclusive=True):
-            return
-        if (holder := live_claim(run_dir)) is not None:
+        if _write(path, mine, exclusive=True):
+            time.sleep(_SETTLE_S)
+            if read_claim(run_dir) == mine:
+                return
+            break
+        if live_claim(run_dir) is not None:
             break
         path.unlink(missing_ok=True)  # stale: the process that claimed it is gone
-    else:
-        holder = read_claim(run_dir)
+    holder = live_claim(run_dir)
     raise RunInUse(
         f"{run_dir} is being run by another process ({holder.where() if holder else 'claimed concurrently'}): "
         f"wait for it to finish. If no such process runs, delete {path} and try again"

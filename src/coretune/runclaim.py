@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -101,8 +102,9 @@ def live_claim(run_dir: str | Path) -> RunClaim | None:
 def _write(path: Path, claim: RunClaim, exclusive: bool) -> bool:
     """Write ``claim`` to ``path`` complete or not at all: a temporary file, then hard-linked into place when
     ``exclusive`` (fails if ``path`` exists: returns False) or renamed over it otherwise."""
-    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(claim)) + "\n")
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False) as f:
+        f.write(json.dumps(asdict(claim)) + "\n")
+    tmp = Path(f.name)
     try:
         if not exclusive:
             os.replace(tmp, path)

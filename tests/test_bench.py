@@ -15,6 +15,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,6 +37,8 @@ from coretune.bench import (
     launch_fit,
     run_sweep,
     table_layout,
+    visible_gpus,
+    worker_envs,
     write_summary,
 )
 from coretune.cli import FitArgsError, main, resolved_fit_config
@@ -648,6 +651,60 @@ def test_status_lists_finished_started_and_missing_runs(
     out = capsys.readouterr().out
     assert re.search(r"│ 1 +│ +│ 3 of 20 epochs", out) and re.search(r"│ 3 +│ +│ not started", out)
     assert "0 of 2 runs finished, 1 started (0 running now), 1 not started" in out
+
+
+def test_worker_envs_split_cpu_threads_and_deal_out_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert worker_envs(1, ["0", "1"]) == [None]  # one fit: every GPU and thread, DDP if its arguments ask
+    assert [e["OMP_NUM_THREADS"] for e in worker_envs(4)] == ["2"] * 4
+    assert all("CUDA_VISIBLE_DEVICES" not in e for e in worker_envs(4))
+
+    def gpus(workers: int, visible: list[str]) -> list[str]:
+        return [e["CUDA_VISIBLE_DEVICES"] for e in worker_envs(workers, visible)]
+
+    assert gpus(2, ["0", "1", "2", "3"]) == ["0,1", "2,3"]
+    assert gpus(3, ["0", "1", "2", "3"]) == ["0", "1", "2"]  # an equal share each; GPU 3 idles
+    assert gpus(4, ["4", "6"]) == ["4", "6", "4", "6"]  # fewer GPUs than workers: shared in turn
+    assert gpus(2, ["GPU-a1", "GPU-b2"]) == ["GPU-a1", "GPU-b2"]  # UUIDs pass through
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert [e["OMP_NUM_THREADS"] for e in worker_envs(2)] == ["3", "3"]  # the user's choice stands
+
+
+@pytest.mark.parametrize(("listed", "expected"), [("2,5", ["2", "5"]), ("", []), ("-1", []), (None, [])])
+def test_visible_gpus_follow_cuda_visible_devices(
+    monkeypatch: pytest.MonkeyPatch, listed: str | None, expected: list[str]
+) -> None:
+    if listed is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        monkeypatch.setattr("torch.cuda.device_count", lambda: 0)  # this CPU machine
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+    assert visible_gpus() == expected
+
+
+def test_concurrent_fits_of_a_sweep_never_share_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = spec_of(tmp_path, seeds=[0, 1, 2])  # 6 runs on 2 workers
+    monkeypatch.setattr("coretune.bench.visible_gpus", lambda: ["0", "1", "2", "3"])
+    lock, busy, used = threading.Lock(), set(), []
+
+    def launch(args: list[str], run_dir: Path, env: dict[str, str] | None = None, stop: object = None) -> int:
+        assert env is not None
+        with lock:
+            group = env["CUDA_VISIBLE_DEVICES"]
+            assert group not in busy  # no other running fit has these GPUs
+            busy.add(group)
+            used.append(group)
+        time.sleep(0.1)
+        (Path(run_dir) / "results.json").parent.mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "results.json").write_text(json.dumps({"test": {"top1": 0.5}}))
+        with lock:
+            busy.remove(group)
+        return 0
+
+    monkeypatch.setattr("coretune.bench.launch_fit", launch)
+    report = run_sweep(spec, workers=2, console=Console(file=io.StringIO()))
+    assert len(report.finished) == 6 and sorted(set(used)) == ["0,1", "2,3"]
 
 
 def test_launch_fit_claims_the_run_for_its_fit_until_it_exits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ import csv
 import json
 import math
 import os
+import queue
 import re
 import shlex
 import signal
@@ -56,6 +57,8 @@ __all__ = [
     "main",
     "run_sweep",
     "run_top1",
+    "visible_gpus",
+    "worker_envs",
     "write_summary",
 ]
 
@@ -505,18 +508,41 @@ class SweepReport:
     signum: int | None = None
 
 
-def _worker_env(workers: int) -> dict[str, str] | None:
-    """With several concurrent runs, split the CPU threads between them (unless OMP_NUM_THREADS is set)."""
-    if workers == 1 or "OMP_NUM_THREADS" in os.environ:
-        return None
-    return {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs)."""
+    if (listed := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return [] if listed.strip() == "-1" else [d.strip() for d in listed.split(",") if d.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def worker_envs(workers: int, gpus: Sequence[str] = ()) -> list[dict[str, str] | None]:
+    """The environment of each of ``workers`` concurrent fits (``None``: this process's own).
+
+    One worker: unchanged (the fit sees every GPU and CPU thread). Several: each fit gets ``cpu_count // workers``
+    CPU threads (unless ``OMP_NUM_THREADS`` is set) and, through ``CUDA_VISIBLE_DEVICES``, its own
+    ``len(gpus) // workers`` of the visible ``gpus`` (consecutive; a fit with several runs DDP over them if its
+    arguments ask for it), or with fewer GPUs than workers one GPU, shared in turn (worker ``k`` gets GPU
+    ``k mod len(gpus)``).
+    """
+    if workers == 1:
+        return [None]
+    base = dict(os.environ)
+    base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    if not gpus:
+        return [base] * workers
+    per = len(gpus) // workers
+    groups = [gpus[k * per : (k + 1) * per] if per else [gpus[k % len(gpus)]] for k in range(workers)]
+    return [{**base, "CUDA_VISIBLE_DEVICES": ",".join(group)} for group in groups]
 
 
 def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False, console: Any = None) -> SweepReport:
     """Run every unfinished run of ``spec`` as a ``coretune fit`` subprocess, ``workers`` at a time.
 
     On a 2-core CPU use ``workers=1``: one fit already keeps both cores busy, and concurrent runs only split them
-    (each gets ``cpu_count // workers`` threads) while holding several data sets and models in memory.
+    (each gets ``cpu_count // workers`` threads) while holding several data sets and models in memory. On a
+    machine with GPUs, each of several workers gets its own share of them (:func:`worker_envs`).
 
     On SIGINT (Ctrl+C) or SIGTERM no further run starts and the running fits are asked (through their stop files,
     whoever sent the signal) to save a resumable ``last.ckpt`` and exit, and are awaited; the report's ``signum``,
@@ -555,7 +581,9 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
             console.print(escape(shlex.join(fit_command(run.args, run.run_dir))), soft_wrap=True, highlight=False)
     if dry_run or not todo:
         return report
-    env = _worker_env(workers)
+    slots: queue.SimpleQueue[dict[str, str] | None] = queue.SimpleQueue()  # one environment per worker
+    for env in worker_envs(workers, visible_gpus() if workers > 1 else ()):
+        slots.put(env)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -570,7 +598,7 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
         catch_stop_signals() as stop,
     ):
         task = progress.add_task("runs", total=len(todo))
-        started = {pool.submit(_timed_launch, run, env, stop): run for run in todo}
+        started = {pool.submit(_timed_launch, run, slots, stop): run for run in todo}
         pending = set(started)
         while pending:  # wake up often: a signal only sets `stop`
             done = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED).done
@@ -654,14 +682,19 @@ _INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 """Exit codes of a ``coretune fit`` stopped by a signal after saving ``last.ckpt`` (``TrainingInterrupted``)."""
 
 
-def _timed_launch(run: Run, env: dict[str, str] | None, stop: StopSignal) -> tuple[int, float] | None:
-    """Exit code and seconds of the run's fit; ``None`` when it did not start: ``stop`` held a signal, or another
-    sweep finished the run since this one listed it."""
+def _timed_launch(run: Run, slots: queue.SimpleQueue, stop: StopSignal) -> tuple[int, float] | None:
+    """Exit code and seconds of the run's fit, in the environment of a free worker slot (taken from ``slots`` and
+    put back); ``None`` when it did not start: ``stop`` held a signal, or another sweep finished the run since this
+    one listed it."""
     if stop.signum is not None or is_finished(run.run_dir):
         return None
-    start = time.perf_counter()
-    code = launch_fit(run.args, run.run_dir, env, stop)
-    return code, time.perf_counter() - start
+    env = slots.get()  # the pool has one thread per slot: never waits
+    try:
+        start = time.perf_counter()
+        code = launch_fit(run.args, run.run_dir, env, stop)
+        return code, time.perf_counter() - start
+    finally:
+        slots.put(env)
 
 
 # -- aggregation ---------------------------------------------------------------------------------------------------

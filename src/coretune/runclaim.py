@@ -39,7 +39,8 @@ __all__ = [
 ]
 
 CLAIM_FILE = "fit.pid"
-"""A run directory's claim (JSON: ``pid``, ``host``, ``started``), present while a sweep's fit runs there."""
+"""A run directory's claim (JSON: ``pid``, ``host``, ``started``), present while a sweep's or a fit's process runs
+there."""
 
 _SAME_PROCESS_S = 1.0
 """Start times this close belong to the same process (a pid is not reused within a second)."""
@@ -115,8 +116,8 @@ def _write(path: Path, claim: RunClaim, exclusive: bool) -> bool:
             return False
         except OSError:  # a file system without hard links: an exclusive create (a reader may see it half-written)
             try:
-                with path.open("x") as f:
-                    f.write(tmp.read_text())
+                with path.open("x") as out:
+                    out.write(tmp.read_text())
             except FileExistsError:
                 return False
         return True

@@ -16,24 +16,22 @@ from typing import Any
 
 import yaml
 from jsonargparse import ArgumentParser
-from lightning.pytorch.cli import LightningCLI
 
 from . import objectives
 from .bench import SweepInterrupted
 from .data import ImageClassificationData
-from .distributed import is_launching_process
 from .engine import (
     FineTuner,
     NonFiniteLossError,
+    RunDirCLI,
     TrainingInterrupted,
     default_callbacks,
     default_precision,
     quiet_lightning,
-    resolve_run_dir,
     with_atomic_io,
 )
 from .models import require_checkpoint_file
-from .runclaim import RunInUse, fit_claim
+from .runclaim import RunInUse
 
 __all__ = ["main"]
 
@@ -108,15 +106,8 @@ def translate_args(args: list[str]) -> list[str]:
     return out
 
 
-class FitCLI(LightningCLI):
-    """``coretune fit``: a LightningCLI over :class:`FineTuner` and :class:`ImageClassificationData`.
-
-    ``hold``: where the run directory's claim (:func:`coretune.runclaim.fit_claim`) is kept until the fit ends.
-    """
-
-    def __init__(self, *args: Any, hold: contextlib.ExitStack, **kwargs: Any) -> None:
-        self._hold = hold
-        super().__init__(*args, **kwargs)
+class FitCLI(RunDirCLI):
+    """``coretune fit``: a LightningCLI over :class:`FineTuner` and :class:`ImageClassificationData`."""
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_subclass_arguments(
@@ -138,10 +129,8 @@ class FitCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
-        resolve_run_dir(config, str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower())
         _check_sync_batchnorm(config["trainer"])
-        if is_launching_process():  # the processes a DDP launcher adds run under its claim
-            self._hold.enter_context(fit_claim(config["run_dir"]))
+        self.settle_run_dir(str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower())
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         trainer = self._get(self.config_init, "trainer", default={})
@@ -190,18 +179,16 @@ def _print_run_summary(run_dir: Path) -> None:
 
 def fit(args: list[str]) -> None:
     quiet_lightning()
-    with contextlib.ExitStack() as hold:
-        FitCLI(
-            FineTuner,
-            ImageClassificationData,
-            args=["fit", *translate_args(args)],
-            seed_everything_default=0,
-            trainer_defaults={"precision": default_precision(), "logger": False},
-            save_config_kwargs={"overwrite": True},
-            parser_kwargs={"allow_abbrev": False, "fit": {"default_env": False, "allow_abbrev": False}},
-            auto_configure_optimizers=False,
-            hold=hold,
-        )
+    FitCLI.run(
+        FineTuner,
+        ImageClassificationData,
+        args=["fit", *translate_args(args)],
+        seed_everything_default=0,
+        trainer_defaults={"precision": default_precision(), "logger": False},
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"allow_abbrev": False, "fit": {"default_env": False, "allow_abbrev": False}},
+        auto_configure_optimizers=False,
+    )
 
 
 class FitArgsError(ValueError):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from PIL import Image
 from coretune.cli import main
 from coretune.engine import read_metrics
 from coretune.pretrain import PRETRAINED_FILENAME
+from coretune.runclaim import claim_run, point_claim
 from image_trees import make_image_folder
 
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -80,6 +83,23 @@ def test_user_errors_are_one_line(make_root: object, extra: list[str], message: 
     text = str(stop.value.code)
     assert text.startswith("coretune pretrain: error: ") and "\n" not in text, text
     assert re.search(message, text), text
+
+
+def test_a_run_directory_another_process_is_running_is_refused(images: Path, tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim_run(tmp_path / "run")
+        point_claim(tmp_path / "run", other.pid)
+        with pytest.raises(SystemExit) as stop:
+            main(pretrain_args(images, tmp_path / "run"))
+        assert str(stop.value.code).startswith(
+            f"coretune pretrain: error: {tmp_path / 'run'} is being run by another process (pid {other.pid})"
+        )
+        assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["fit.pid"]  # nothing written
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_corrupt_images_can_be_skipped(tmp_path: Path) -> None:

@@ -5,13 +5,13 @@ from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, with_atomic_io
 from .interrupts import StopOnSignal, TrainingInterrupted
 from .module import FineTuner, NonFiniteLossError
 from .optim import build_optimizer, lr_factor
+from .rundir import RunDirCLI, resolve_run_dir
 from .trainer import (
     LIGHTNING_PYTREE_DEPRECATION,
     default_callbacks,
     default_precision,
     make_trainer,
     quiet_lightning,
-    resolve_run_dir,
 )
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "FineTuner",
     "NonFiniteLossError",
     "RunArtifacts",
+    "RunDirCLI",
     "StopOnSignal",
     "TrainingInterrupted",
     "atomic_torch_save",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,6 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
-from lightning.pytorch.utilities import rank_zero_info
 
 from .callbacks import RunArtifacts
 from .checkpoint_io import AtomicCheckpointIO
@@ -23,7 +21,6 @@ __all__ = [
     "default_precision",
     "make_trainer",
     "quiet_lightning",
-    "resolve_run_dir",
 ]
 
 #: A deprecation warning raised inside Lightning 2.6's own pytree code on every fit; nothing a user can change.
@@ -90,26 +87,3 @@ def make_trainer(run_dir: str | Path, progress: bool = True, **kwargs: Any) -> L
     progress = progress and kwargs.get("enable_progress_bar", True)
     kwargs["callbacks"] = default_callbacks(run_dir, progress) + list(kwargs.get("callbacks") or [])
     return L.Trainer(default_root_dir=str(run_dir), **kwargs)
-
-
-def resolve_run_dir(config: Any, default_name: str) -> None:
-    """Settle a CLI run's directory in its parsed ``config`` (``run_dir``, ``trainer``, ``ckpt_path``).
-
-    ``run_dir`` defaults to ``runs/<default_name>-<date>-<time>`` and becomes the trainer's ``default_root_dir``.
-    Without ``--ckpt_path``, a run directory that holds ``checkpoints/last.ckpt`` is resumed from it: re-running
-    a command continues its run (a finished run is only tested again) instead of starting over and overwriting its
-    checkpoints and metrics. Lightning's "checkpoint directory exists and is not empty" warning is then expected
-    and silenced.
-    """
-    if config.get("run_dir") is None:
-        config["run_dir"] = str(Path("runs") / f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    config["trainer"]["default_root_dir"] = config["run_dir"]
-    last = Path(config["run_dir"]) / "checkpoints" / "last.ckpt"
-    if config.get("ckpt_path") is None and last.is_file():
-        config["ckpt_path"] = str(last)
-        rank_zero_info(
-            f"resuming the run in {config['run_dir']} from {last} (re-running a command continues its run; to start "
-            "over, pass another --run_dir or delete that folder)"
-        )
-    if config.get("ckpt_path") is not None:
-        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")

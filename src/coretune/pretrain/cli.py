@@ -10,9 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.cli import LightningCLI
-
-from ..engine import quiet_lightning, resolve_run_dir, with_atomic_io
+from ..engine import RunDirCLI, quiet_lightning, with_atomic_io
 from .data import PretrainData
 from .module import PRETRAINED_FILENAME, ContrastivePretrainer, MoCoV2, SimCLR, pretrain_trainer_defaults
 
@@ -45,7 +43,7 @@ def translate_args(args: list[str]) -> list[str]:
     return [f"--model={model or _class_path(SimCLR)}", *out]
 
 
-class PretrainCLI(LightningCLI):
+class PretrainCLI(RunDirCLI):
     """Pre-training runs write into ``--run_dir`` (default ``runs/pretrain-<method>-<date>-<time>``)."""
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -55,12 +53,12 @@ class PretrainCLI(LightningCLI):
             type=str | None,
             default=None,
             help="Run directory (default: runs/pretrain-<method>-<date>-<time>). Reuse it to "
-            "resume from its checkpoints/last.ckpt.",
+            "resume from its checkpoints/last.ckpt. Refused while another run uses it (its claim, fit.pid).",
         )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
-        resolve_run_dir(config, "pretrain-" + str(config["model"]["class_path"]).rsplit(".", 1)[-1].lower())
+        self.settle_run_dir("pretrain-" + str(config["model"]["class_path"]).rsplit(".", 1)[-1].lower())
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         kwargs["plugins"] = with_atomic_io(self._get(self.config_init, "trainer", default={}).get("plugins"))
@@ -91,7 +89,7 @@ class PretrainCLI(LightningCLI):
 def run(args: list[str]) -> None:
     """Entry point of ``coretune pretrain``."""
     quiet_lightning()
-    PretrainCLI(
+    PretrainCLI.run(
         ContrastivePretrainer,
         PretrainData,
         args=["fit", *translate_args(args)],

@@ -30,6 +30,7 @@ from coretune.bench import (
     BenchSpec,
     BenchSpecError,
     Cell,
+    EpochBars,
     compare,
     final_val_top1,
     fit_command,
@@ -705,6 +706,36 @@ def test_concurrent_fits_of_a_sweep_never_share_a_gpu(tmp_path: Path, monkeypatc
     monkeypatch.setattr("coretune.bench.launch_fit", launch)
     report = run_sweep(spec, workers=2, console=Console(file=io.StringIO()))
     assert len(report.finished) == 6 and sorted(set(used)) == ["0,1", "2,3"]
+
+
+def test_epoch_bars_follow_the_running_fits(tmp_path: Path) -> None:
+    from rich.progress import Progress
+
+    spec = spec_of(tmp_path, seeds=[0])
+    ce, core = spec.runs()
+    progress = Progress(console=Console(file=io.StringIO()))
+    bars = EpochBars(progress, every=0.0)
+
+    def shown() -> dict[str, tuple[float, float | None]]:
+        return {t.description.strip(): (t.completed, t.total) for t in progress.tasks}
+
+    bars.started(ce)
+    bars.refresh()  # launched: no files yet
+    assert shown() == {"tiny/ce/frac1/seed0 (epochs)": (0, None)}
+    ce.run_dir.mkdir(parents=True)
+    (ce.run_dir / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 20}}))
+    (ce.run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.5\n1,\n2,\n")
+    bars.started(core)
+    bars.refresh()
+    assert shown() == {"tiny/ce/frac1/seed0 (epochs)": (3, 20), "tiny/core/frac1/seed0 (epochs)": (0, None)}
+    bars.ended(ce)
+    bars.refresh()
+    assert shown() == {"tiny/core/frac1/seed0 (epochs)": (0, None)}
+    slow = EpochBars(progress, every=3600.0)
+    slow.refresh()
+    slow.started(ce)  # a new fit shows at once, throttled or not
+    slow.refresh()
+    assert "tiny/ce/frac1/seed0 (epochs)" in shown()
 
 
 def test_launch_fit_claims_the_run_for_its_fit_until_it_exits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

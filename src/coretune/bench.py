@@ -41,6 +41,7 @@ __all__ = [
     "BenchSpec",
     "Cell",
     "Comparison",
+    "EpochBars",
     "ObjectiveEntry",
     "Run",
     "StopSignal",
@@ -50,6 +51,7 @@ __all__ = [
     "collect_cells",
     "collect_curves",
     "compare",
+    "epochs_done",
     "final_val_top1",
     "fit_command",
     "is_finished",
@@ -139,17 +141,24 @@ def run_progress(run_dir: str | Path) -> str:
     claim = live_claim(run_dir)
     if claim is None and not (run_dir / "log.txt").is_file():
         return "not started"
+    done, total = epochs_done(run_dir)
+    text = f"{done} of {total} epochs" if total else f"{done} epochs"
+    if claim is not None:
+        return f"running{'' if claim.local else ' on ' + claim.host}, {text} done"
+    return text + (", resumable" if (run_dir / "checkpoints" / "last.ckpt").is_file() else "")
+
+
+def epochs_done(run_dir: str | Path) -> tuple[int, int | None]:
+    """A run's finished epochs (rows of its ``metrics.csv``) and its length (``trainer.max_epochs`` of its
+    ``config.yaml``; None until the fit has written it)."""
+    run_dir = Path(run_dir)
     metrics, config = run_dir / "metrics.csv", run_dir / "config.yaml"
     done = 0
     if metrics.is_file():
         with metrics.open(newline="") as f:
             done = sum(1 for _ in csv.DictReader(f))
     resolved = (yaml.safe_load(config.read_text()) if config.is_file() else None) or {}
-    total = (resolved.get("trainer") or {}).get("max_epochs")
-    text = f"{done} of {total} epochs" if total else f"{done} epochs"
-    if claim is not None:
-        return f"running{'' if claim.local else ' on ' + claim.host}, {text} done"
-    return text + (", resumable" if (run_dir / "checkpoints" / "last.ckpt").is_file() else "")
+    return done, (resolved.get("trainer") or {}).get("max_epochs")
 
 
 def check_val_split(config: dict[str, Any], run: str) -> None:
@@ -598,11 +607,13 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
         catch_stop_signals() as stop,
     ):
         task = progress.add_task("runs", total=len(todo))
-        started = {pool.submit(_timed_launch, run, slots, stop): run for run in todo}
+        bars = EpochBars(progress)
+        started = {pool.submit(_timed_launch, run, slots, stop, bars): run for run in todo}
         pending = set(started)
         while pending:  # wake up often: a signal only sets `stop`
             done = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED).done
             pending -= done
+            bars.refresh()
             if stop.signum is not None and report.signum is None:
                 # Start no further run; the running fits are asked to save a resumable checkpoint (launch_fit).
                 report.signum = stop.signum
@@ -682,18 +693,58 @@ _INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 """Exit codes of a ``coretune fit`` stopped by a signal after saving ``last.ckpt`` (``TrainingInterrupted``)."""
 
 
-def _timed_launch(run: Run, slots: queue.SimpleQueue, stop: StopSignal) -> tuple[int, float] | None:
+class EpochBars:
+    """Beside a sweep's bar of runs, one bar per running fit: its epochs done of its length, read from its files
+    (:func:`epochs_done`) at most every ``every`` seconds. Worker threads call :meth:`started` and :meth:`ended`,
+    the sweep's thread :meth:`refresh`."""
+
+    def __init__(self, progress: Any, every: float = 2.0) -> None:
+        self.progress, self.every = progress, every
+        self._running: set[Run] = set()
+        self._bars: dict[Run, Any] = {}  # run → rich task id
+        self._lock = threading.Lock()
+        self._due = 0.0
+
+    def started(self, run: Run) -> None:
+        with self._lock:
+            self._running.add(run)
+        self._due = 0.0  # show it at the next refresh
+
+    def ended(self, run: Run) -> None:
+        with self._lock:
+            self._running.discard(run)
+        self._due = 0.0
+
+    def refresh(self) -> None:
+        if time.monotonic() < self._due:
+            return
+        self._due = time.monotonic() + self.every
+        with self._lock:
+            running = set(self._running)
+        for run in [r for r in self._bars if r not in running]:
+            self.progress.remove_task(self._bars.pop(run))
+        for run in sorted(running, key=lambda r: r.label):
+            done, total = epochs_done(run.run_dir)
+            if run in self._bars:
+                self.progress.update(self._bars[run], completed=done, total=total)
+            else:
+                self._bars[run] = self.progress.add_task(f"  {run.label} (epochs)", completed=done, total=total)
+
+
+def _timed_launch(run: Run, slots: queue.SimpleQueue, stop: StopSignal, bars: EpochBars) -> tuple[int, float] | None:
     """Exit code and seconds of the run's fit, in the environment of a free worker slot (taken from ``slots`` and
     put back); ``None`` when it did not start: ``stop`` held a signal, or another sweep finished the run since this
     one listed it."""
     if stop.signum is not None or is_finished(run.run_dir):
         return None
     env = slots.get()  # the pool has one thread per slot: never waits
+    bars.started(run)
     try:
         start = time.perf_counter()
         code = launch_fit(run.args, run.run_dir, env, stop)
         return code, time.perf_counter() - start
     finally:
+        bars.ended(run)
         slots.put(env)
 
 

@@ -31,6 +31,7 @@ from coretune.bench import (
     BenchSpecError,
     Cell,
     EpochBars,
+    collect_cells,
     compare,
     final_val_top1,
     fit_command,
@@ -647,6 +648,8 @@ def test_status_lists_finished_started_and_missing_runs(
     assert re.search(r"│ 1 +│ +│ 3 of 20 epochs, resumable", out) and re.search(r"│ 2 +│ +│ 0 of 20 epochs +│", out)
     assert re.search(r"│ 3 +│ +│ not started", out) and re.search(r"│ 4 +│ +│ running, 5 of 20 epochs done +│", out)
     assert "1 of 5 runs finished, 3 started (1 running now), 1 not started" in out
+    statuses = [r["status"] for r in collect_cells(spec)[1]]
+    assert statuses == ["finished", "unfinished", "unfinished", "missing", "running"]
     assert not (spec.output / "summary.md").exists()  # --status writes nothing
     main(["bench", str(config), "--status", "--only_seeds=[1, 3]"])  # the runs a restricted sweep command runs
     out = capsys.readouterr().out

@@ -840,7 +840,12 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
         results_path = run.run_dir / "results.json"
         results = json.loads(results_path.read_text()) if results_path.is_file() else {}
         test = results.get("test") or {}
-        status = "finished" if test else ("unfinished" if run.run_dir.is_dir() else "missing")
+        if test:
+            status = "finished"
+        elif live_claim(run.run_dir) is not None:
+            status = "running"
+        else:
+            status = "unfinished" if run.run_dir.is_dir() else "missing"
         progress = f"{results.get('epochs', '')} epochs" if test else run_progress(run.run_dir)
         top1 = run_top1(run.run_dir, spec.metric) if test else None
         if top1 is not None:
@@ -1130,18 +1135,17 @@ def print_status(spec: BenchSpec, console: Any) -> None:
     from rich.table import Table
 
     _, rows = collect_cells(spec)
-    running = sum(r["progress"].startswith("running") for r in rows)
     metric = "val_top1_pct" if spec.metric == "val" else "test_top1_pct"
     table = Table("data set", "objective", "labels", "seed", _METRIC_TEXT[spec.metric] + " (%)", "progress")
     for row in rows:
         value = f"{row[metric]:.2f}" if row["status"] == "finished" else ""
         fraction = f"{100 * row['label_fraction']:g}%"
         table.add_row(row["dataset"], row["objective"], fraction, str(row["seed"]), value, row["progress"])
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("finished", "unfinished", "missing")}
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("finished", "running", "unfinished", "missing")}
     console.print(table)
     console.print(
-        f"{spec.name}: {counts['finished']} of {len(rows)} runs finished, {counts['unfinished']} started "
-        f"({running} running now), {counts['missing']} not started ({spec.output})",
+        f"{spec.name}: {counts['finished']} of {len(rows)} runs finished, {counts['running'] + counts['unfinished']} "
+        f"started ({counts['running']} running now), {counts['missing']} not started ({spec.output})",
         highlight=False,
     )
 

@@ -772,7 +772,10 @@ def _finishing_fit(monkeypatch: pytest.MonkeyPatch, launches: Path, seconds: flo
 
 
 def test_a_sweep_skips_the_runs_another_process_is_running(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    other_process: subprocess.Popen,
 ) -> None:
     # A second `coretune bench` of the same spec (another terminal, another machine) must not train a run twice.
     monkeypatch.setenv("COLUMNS", "200")
@@ -787,25 +790,20 @@ def test_a_sweep_skips_the_runs_another_process_is_running(
     _finishing_fit(monkeypatch, tmp_path / "launches.txt")
     busy = spec.runs()[1].run_dir
     busy.mkdir(parents=True)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        claim_run(busy)
-        bench_module.point_claim(busy, other.pid)
-        main(["bench", str(config)])
-        out = capsys.readouterr().out
-        assert re.search(
-            rf"↷ d/ce/frac1/seed1 skipped: .*seed1 is being run by another process \(pid {other.pid}\)", out
-        )
-        assert "1 run(s) skipped: another process is running them" in out
-        assert sorted(os.listdir(busy)) == ["fit.pid"]  # nothing of the other process's run touched
-        assert (tmp_path / "launches.txt").read_text().split() == [
-            str(r.run_dir) for r in spec.subset(seeds=[0, 2]).runs()
-        ]
-        main(["bench", str(config), "--status"])
-        assert re.search(r"│ 1 +│ +│ running, 0 epochs done", capsys.readouterr().out)
-    finally:
-        other.kill()
-        other.wait()
+    claim_run(busy)
+    bench_module.point_claim(busy, other_process.pid)
+    main(["bench", str(config)])
+    out = capsys.readouterr().out
+    assert re.search(
+        rf"↷ d/ce/frac1/seed1 skipped: .*seed1 is being run by another process \(pid {other_process.pid}\)", out
+    )
+    assert "1 run(s) skipped: another process is running them" in out
+    assert sorted(os.listdir(busy)) == ["fit.pid"]  # nothing of the other process's run touched
+    assert (tmp_path / "launches.txt").read_text().split() == [str(r.run_dir) for r in spec.subset(seeds=[0, 2]).runs()]
+    main(["bench", str(config), "--status"])
+    assert re.search(r"│ 1 +│ +│ running, 0 epochs done", capsys.readouterr().out)
+    other_process.kill()  # the other process is gone: its claim is stale
+    other_process.wait()
     main(["bench", str(config)])  # the other process is gone (killed: its claim is stale): this sweep runs seed 1
     assert (tmp_path / "launches.txt").read_text().split()[2:] == [str(busy)]
     assert is_finished(busy) and not (busy / "fit.pid").exists()

@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,15 +27,6 @@ from coretune.runclaim import (
 )
 
 
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen]:
-    """Another live process (stands in for another sweep's fit)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
 def write_claim(run_dir: Path, pid: int, host: str | None = None, started: float = 0.0) -> None:
     record = {"pid": pid, "host": host or socket.gethostname(), "started": started}
     (run_dir / CLAIM_FILE).write_text(json.dumps(record))
@@ -54,16 +44,16 @@ def test_a_claim_names_this_process_and_holds_the_run_until_released(tmp_path: P
     claim_run(tmp_path)  # free again
 
 
-def test_the_claim_follows_the_fit_and_lapses_when_it_exits(tmp_path: Path, sleeper: subprocess.Popen) -> None:
+def test_the_claim_follows_the_fit_and_lapses_when_it_exits(tmp_path: Path, other_process: subprocess.Popen) -> None:
     claim_run(tmp_path)
-    point_claim(tmp_path, sleeper.pid)
-    assert live_claim(tmp_path) == RunClaim.of(sleeper.pid)
-    with pytest.raises(RunInUse, match=f"pid {sleeper.pid}"):
+    point_claim(tmp_path, other_process.pid)
+    assert live_claim(tmp_path) == RunClaim.of(other_process.pid)
+    with pytest.raises(RunInUse, match=f"pid {other_process.pid}"):
         claim_run(tmp_path)
     release_claim(tmp_path)  # the sweep lets go (a second Ctrl+C), but its fit still runs: the claim stays
-    assert live_claim(tmp_path) == RunClaim.of(sleeper.pid)
-    sleeper.kill()
-    sleeper.wait()
+    assert live_claim(tmp_path) == RunClaim.of(other_process.pid)
+    other_process.kill()
+    other_process.wait()
     assert read_claim(tmp_path) is not None and live_claim(tmp_path) is None  # stale: a killed sweep left it
     claim_run(tmp_path)  # replaced
     assert read_claim(tmp_path) == RunClaim.of(os.getpid())
@@ -122,16 +112,16 @@ def _contend(run_dir: str, ready: object, done: object, results: object) -> None
 
 
 def test_a_claim_replaced_while_it_settles_is_given_up(
-    tmp_path: Path, sleeper: subprocess.Popen, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, other_process: subprocess.Popen, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Another process that judged the same stale claim replaced ours in the same instant: it goes on, we do not.
     monkeypatch.setattr(
         "coretune.runclaim.time.sleep",
-        lambda s: write_claim(tmp_path, sleeper.pid, started=RunClaim.of(sleeper.pid).started),
+        lambda s: write_claim(tmp_path, other_process.pid, started=RunClaim.of(other_process.pid).started),
     )
-    with pytest.raises(RunInUse, match=f"pid {sleeper.pid}"):
+    with pytest.raises(RunInUse, match=f"pid {other_process.pid}"):
         claim_run(tmp_path)
-    assert live_claim(tmp_path) == RunClaim.of(sleeper.pid)
+    assert live_claim(tmp_path) == RunClaim.of(other_process.pid)
 
 
 @pytest.mark.parametrize("stale", [False, True], ids=["no-claim", "stale-claim"])
@@ -150,7 +140,7 @@ def test_of_processes_claiming_at_once_exactly_one_wins(tmp_path: Path, stale: b
     assert outcomes == ["claimed"] + ["in use"] * (n - 1)
 
 
-def test_a_fit_claims_its_run_unless_its_sweep_holds_it(tmp_path: Path, sleeper: subprocess.Popen) -> None:
+def test_a_fit_claims_its_run_unless_its_sweep_holds_it(tmp_path: Path, other_process: subprocess.Popen) -> None:
     with fit_claim(tmp_path / "run"):  # on its own: claims (creating the directory), releases after
         assert live_claim(tmp_path / "run") == RunClaim.of(os.getpid())
     assert read_claim(tmp_path / "run") is None
@@ -169,7 +159,7 @@ def test_a_fit_claims_its_run_unless_its_sweep_holds_it(tmp_path: Path, sleeper:
     assert live_claim(tmp_path) == RunClaim.of(os.getpid())
     release_claim(tmp_path)
     claim_run(tmp_path)
-    point_claim(tmp_path, sleeper.pid)  # another fit runs it
-    with pytest.raises(RunInUse, match=f"pid {sleeper.pid}"), fit_claim(tmp_path):
+    point_claim(tmp_path, other_process.pid)  # another fit runs it
+    with pytest.raises(RunInUse, match=f"pid {other_process.pid}"), fit_claim(tmp_path):
         pass
-    assert live_claim(tmp_path) == RunClaim.of(sleeper.pid)
+    assert live_claim(tmp_path) == RunClaim.of(other_process.pid)

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -152,25 +151,24 @@ def test_batch_of_one_through_batchnorm_is_a_clear_error(tree: Path, tmp_path: P
     assert "use --data.batch_size 2 or more" in message
 
 
-def test_a_run_directory_another_process_is_running_is_refused_untouched(tree: Path, tmp_path: Path) -> None:
+def test_a_run_directory_another_process_is_running_is_refused_untouched(
+    tree: Path, tmp_path: Path, other_process: subprocess.Popen
+) -> None:
     # Two fits into one --run_dir (a second terminal; a bench sweep running it) would overwrite each other's
     # checkpoints; a fit on its own claims its run directory, then leaves no claim behind.
     main(fit_args(tree, tmp_path / "run"))
     assert not (tmp_path / "run" / "fit.pid").exists()
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        claim_run(tmp_path / "run")
-        point_claim(tmp_path / "run", other.pid)
-        before = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")}
-        message = error(fit_args(tree, tmp_path / "run"))
-        assert message == (
-            f"{tmp_path / 'run'} is being run by another process (pid {other.pid}): wait for it to finish. If no "
-            f"such process runs, delete {tmp_path / 'run' / 'fit.pid'} and try again"
-        )
-        assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")} == before
-    finally:
-        other.kill()
-        other.wait()
+    claim_run(tmp_path / "run")
+    point_claim(tmp_path / "run", other_process.pid)
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")}
+    message = error(fit_args(tree, tmp_path / "run"))
+    assert message == (
+        f"{tmp_path / 'run'} is being run by another process (pid {other_process.pid}): wait for it to finish. If no "
+        f"such process runs, delete {tmp_path / 'run' / 'fit.pid'} and try again"
+    )
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")} == before
+    other_process.kill()  # the other process is gone: its claim is stale
+    other_process.wait()
     main(fit_args(tree, tmp_path / "run"))  # its process gone, the stale claim is replaced: the run is tested again
 
 

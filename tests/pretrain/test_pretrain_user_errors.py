@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -85,21 +84,18 @@ def test_user_errors_are_one_line(make_root: object, extra: list[str], message: 
     assert re.search(message, text), text
 
 
-def test_a_run_directory_another_process_is_running_is_refused(images: Path, tmp_path: Path) -> None:
+def test_a_run_directory_another_process_is_running_is_refused(
+    images: Path, tmp_path: Path, other_process: subprocess.Popen
+) -> None:
     (tmp_path / "run").mkdir()
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        claim_run(tmp_path / "run")
-        point_claim(tmp_path / "run", other.pid)
-        with pytest.raises(SystemExit) as stop:
-            main(pretrain_args(images, tmp_path / "run"))
-        assert str(stop.value.code).startswith(
-            f"coretune pretrain: error: {tmp_path / 'run'} is being run by another process (pid {other.pid})"
-        )
-        assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["fit.pid"]  # nothing written
-    finally:
-        other.kill()
-        other.wait()
+    claim_run(tmp_path / "run")
+    point_claim(tmp_path / "run", other_process.pid)
+    with pytest.raises(SystemExit) as stop:
+        main(pretrain_args(images, tmp_path / "run"))
+    assert str(stop.value.code).startswith(
+        f"coretune pretrain: error: {tmp_path / 'run'} is being run by another process (pid {other_process.pid})"
+    )
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["fit.pid"]  # nothing written
 
 
 def test_corrupt_images_can_be_skipped(tmp_path: Path) -> None:

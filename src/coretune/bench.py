@@ -19,6 +19,7 @@ import os
 import queue
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,6 +87,8 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 #: the per-batch progress bar would flood ``log.txt``.
 SUBPROCESS_FIT_ARGS = ("--trainer.enable_progress_bar=false",)
 _ARGS_FILE = "fit_args.json"
+#: The files of a finished run that the tables, curves and resume checks read: what :func:`export_records` keeps.
+RECORD_FILES = ("config.yaml", _ARGS_FILE, "metrics.csv", "results.json")
 STOP_FILE = "stop_request"
 """A run directory's stop file: the sweep writes a signal's name into it to stop the fit (:mod:`coretune.stopfile`)."""
 
@@ -1129,6 +1132,28 @@ def write_summary(spec: BenchSpec) -> tuple[str, list[Path]]:
     return markdown, paths
 
 
+def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
+    """Copy the :data:`RECORD_FILES` of every finished run of ``spec`` into ``dest``, in the layout of
+    ``spec.output`` and without checkpoints or logs: a few KB per run to keep (in git, say) after the output folder
+    is gone. Copying them back into ``spec.output`` makes the sweep skip those runs and count them in its tables.
+
+    Returns the run directories written under ``dest``."""
+    dest = Path(dest)
+    if dest.resolve() == spec.output.resolve():
+        raise ValueError(f"--export {dest} is the spec's output folder; give another folder to copy the records into")
+    written = []
+    for run in spec.runs():
+        if not is_finished(run.run_dir):
+            continue
+        target = dest / run.run_dir.relative_to(spec.output)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in RECORD_FILES:
+            if (source := run.run_dir / name).is_file():
+                shutil.copy2(source, target / name)
+        written.append(target)
+    return written
+
+
 # -- command line --------------------------------------------------------------------------------------------------
 def print_status(spec: BenchSpec, console: Any) -> None:
     """A table of every run of ``spec``: finished (top-1, in the spec's metric), how far it got, or not started."""
@@ -1183,6 +1208,14 @@ def _parser() -> Any:
         help="List every run (of --only_objectives/--only_seeds if given): finished (its top-1), running, how far "
         "it got, or not started.",
     )
+    parser.add_argument(
+        "--export",
+        type=str | None,
+        default=None,
+        help="Copy the small files of every finished run (of --only_objectives/--only_seeds if given: config.yaml, "
+        "fit_args.json, metrics.csv, results.json; no checkpoints) into this folder, in the output folder's layout; "
+        "copied back into the output folder, they count as finished runs. Runs nothing.",
+    )
     return parser
 
 
@@ -1197,6 +1230,10 @@ def main(args: list[str]) -> None:
     subset = spec.subset(cfg.only_objectives, cfg.only_seeds)
     if cfg.status:
         print_status(subset, console)
+        return
+    if cfg.export is not None:
+        written = export_records(subset, cfg.export)
+        console.print(f"copied the records of {len(written)} finished run(s) to {cfg.export}", highlight=False)
         return
     report = None
     if not cfg.aggregate_only:

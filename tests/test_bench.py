@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from PIL import Image
 from rich.console import Console
 
 import coretune.bench as bench_module
@@ -517,6 +518,8 @@ def test_curves_are_the_per_epoch_mean_and_std_over_finished_seeds(tmp_path: Pat
             (run.run_dir / "results.json").write_text(json.dumps({"test": {"top1": 0.5}}))
     _, paths = write_summary(spec)
     assert (spec.output / "curves.png") in paths and (spec.output / "curves.csv") in paths
+    width, height = Image.open(spec.output / "curves.png").size
+    assert height > 0.75 * width  # two columns (10%, 100%), two rows of panels: the curves, then the paired Δ
     got = list(csv.DictReader((spec.output / "curves.csv").open()))
     expected = []  # reference: loop over cells and epochs, statistics of the finished seeds that validated
     for objective in ("ce", "core"):
@@ -524,9 +527,24 @@ def test_curves_are_the_per_epoch_mean_and_std_over_finished_seeds(tmp_path: Pat
             for epoch in range(4):
                 seeds = [s for s in (0, 1, 2) if (objective, fraction, s) != ("core", 0.1, 1)]
                 values = [100 * v for s in seeds if (v := curves[(objective, fraction, s)][epoch]) is not None]
-                expected.append((objective, fraction, epoch + 1, len(values), statistics.mean(values), values))
+                deltas = []  # paired with the baseline (ce) on the seeds both finished and validated this epoch
+                for s in seeds if objective != "ce" else ():
+                    v, b = curves[(objective, fraction, s)][epoch], curves[("ce", fraction, s)][epoch]
+                    if v is not None and b is not None:
+                        deltas.append(100 * v - 100 * b)
+                expected.append((objective, fraction, epoch + 1, len(values), statistics.mean(values), values, deltas))
     assert len(got) == len(expected)
-    for row, (objective, fraction, epoch, n, mean, values) in zip(got, expected, strict=True):
+    for row, (objective, fraction, epoch, n, mean, values, deltas) in zip(got, expected, strict=True):
+        assert row["baseline"] == "ce"
+        if deltas:
+            assert int(row["delta_n"]) == len(deltas)
+            assert float(row["delta_mean_pp"]) == pytest.approx(statistics.mean(deltas), abs=1e-3)
+            if len(deltas) > 1:
+                assert float(row["delta_std_pp"]) == pytest.approx(statistics.stdev(deltas), abs=1e-3)
+            else:
+                assert row["delta_std_pp"] == ""
+        else:
+            assert row["delta_n"] == row["delta_mean_pp"] == row["delta_std_pp"] == ""
         assert (row["objective"], float(row["label_fraction"]), int(row["epoch"]), int(row["n"])) == (
             objective,
             fraction,
@@ -538,6 +556,16 @@ def test_curves_are_the_per_epoch_mean_and_std_over_finished_seeds(tmp_path: Pat
             assert float(row["val_top1_std_pct"]) == pytest.approx(statistics.stdev(values), abs=1e-3)
         else:
             assert row["val_top1_std_pct"] == ""
+    # no row to pair with the baseline (a spec of one objective): no Δ columns filled, one row of panels
+    solo = spec_of(tmp_path / "solo", objectives=["ce"], label_fractions=[0.1, 1.0])
+    for run in solo.runs():
+        run.run_dir.mkdir(parents=True)
+        (run.run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.5\n1,0.6\n")
+        (run.run_dir / "results.json").write_text(json.dumps({"test": {"top1": 0.6}}))
+    write_summary(solo)
+    assert {r["delta_n"] for r in csv.DictReader((solo.output / "curves.csv").open())} == {""}
+    width, height = Image.open(solo.output / "curves.png").size
+    assert height < 0.6 * width
 
 
 def test_compare_pooled_std_reference() -> None:

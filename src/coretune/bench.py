@@ -993,22 +993,37 @@ def _summary_rows(cells: dict[tuple[str, str, float], Cell], layout: TableLayout
 def collect_curves(spec: BenchSpec) -> list[dict[str, Any]]:
     """The validated top-1 per epoch of every cell: mean and sample std (%) over its finished seeds that validated
     that epoch (``val/top1`` in each run's ``metrics.csv``: the validation split, or the test images for runs that
-    hold none out). One row per (data set, objective, label fraction, epoch), epochs counted from 1."""
-    per_epoch: dict[tuple[str, str, float], dict[int, list[float]]] = {}
+    hold none out), and the paired difference from the spec's baseline row in the same column: ``v − v_baseline``
+    on each seed both finished and validated at that epoch, mean and sample std (percentage points) and the number
+    of pairs (blank for the baseline row and without pairs). One row per (data set, objective, label fraction,
+    epoch), epochs counted from 1."""
+    per_run: dict[tuple[str, str, float], dict[int, dict[int, float]]] = {}  # cell → seed → epoch → top-1 (%)
     for run in spec.runs():
         if not is_finished(run.run_dir) or not (metrics := run.run_dir / "metrics.csv").is_file():
             continue
-        curve = per_epoch.setdefault((run.dataset, run.objective, run.label_fraction), {})
+        curve = per_run.setdefault((run.dataset, run.objective, run.label_fraction), {}).setdefault(run.seed, {})
         with metrics.open(newline="") as f:
             for row in csv.DictReader(f):
                 if row.get("val/top1") not in (None, ""):
-                    curve.setdefault(int(row["epoch"]) + 1, []).append(100 * float(row["val/top1"]))
+                    curve[int(row["epoch"]) + 1] = 100 * float(row["val/top1"])
+
+    def mean_std(values: list[float]) -> tuple[float | str, float | str]:
+        if not values:
+            return "", ""
+        std = round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else ""
+        return round(float(np.mean(values)), 4), std
+
     rows = []
     datasets, names = list(spec.datasets), [e.name for e in spec.objectives]
-    for (dataset, objective, fraction), curve in sorted(
-        per_epoch.items(), key=lambda item: (datasets.index(item[0][0]), names.index(item[0][1]), item[0][2])
+    for (dataset, objective, fraction), seeds in sorted(
+        per_run.items(), key=lambda item: (datasets.index(item[0][0]), names.index(item[0][1]), item[0][2])
     ):
-        for epoch, values in sorted(curve.items()):
+        base = {} if objective == spec.baseline else per_run.get((dataset, spec.baseline, fraction), {})
+        for epoch in sorted({e for curve in seeds.values() for e in curve}):
+            values = [curve[epoch] for curve in seeds.values() if epoch in curve]
+            deltas = [c[epoch] - base[s][epoch] for s, c in seeds.items() if epoch in c and epoch in base.get(s, {})]
+            mean, std = mean_std(values)
+            delta_mean, delta_std = mean_std(deltas)
             rows.append(
                 {
                     "dataset": dataset,
@@ -1016,8 +1031,12 @@ def collect_curves(spec: BenchSpec) -> list[dict[str, Any]]:
                     "label_fraction": fraction,
                     "epoch": epoch,
                     "n": len(values),
-                    "val_top1_mean_pct": round(float(np.mean(values)), 4),
-                    "val_top1_std_pct": round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else "",
+                    "val_top1_mean_pct": mean,
+                    "val_top1_std_pct": std,
+                    "baseline": spec.baseline,
+                    "delta_n": len(deltas) if deltas else "",
+                    "delta_mean_pp": delta_mean,
+                    "delta_std_pp": delta_std,
                 }
             )
     return rows
@@ -1078,7 +1097,9 @@ def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: Ta
 
 
 def _plot_curves(spec: BenchSpec, curves: list[dict[str, Any]], layout: TableLayout) -> Path:
-    """``curves.png``: validated top-1 against epoch, mean ± std band over seeds, one panel per table column."""
+    """``curves.png``: validated top-1 against epoch, mean ± std band over seeds, one panel per table column; below,
+    when any row shares seeds with the baseline, the paired difference from the baseline row (mean ± std band over
+    the shared seeds), which separates rows whose curves overlap."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1087,20 +1108,38 @@ def _plot_curves(spec: BenchSpec, curves: list[dict[str, Any]], layout: TableLay
     columns = [
         (col, label) for col, label in layout.columns if any((r["dataset"], r["label_fraction"]) == col for r in curves)
     ]
-    fig, axes = plt.subplots(1, len(columns), figsize=(5 * len(columns), 4), squeeze=False)
-    for ax, (col, col_label) in zip(axes[0], columns, strict=True):
-        for name, label in layout.rows:
+    with_deltas = any(r["delta_n"] != "" for r in curves)
+    panels = 2 if with_deltas else 1
+    fig, axes = plt.subplots(panels, len(columns), figsize=(5 * len(columns), 4 * panels), squeeze=False)
+    base_label = _plot_label(dict(layout.rows)[spec.baseline])
+
+    def band(ax: Any, rows: list[dict[str, Any]], stat: str, colour: str, label: str) -> None:
+        """Mean line and ± std band of ``stat`` (``val_top1_*_pct`` or ``delta_*_pp``) over the epochs it has."""
+        rows = [r for r in rows if r[stat.format("mean")] != ""]
+        if not rows:
+            return
+        epochs = np.array([r["epoch"] for r in rows])
+        mean = np.array([r[stat.format("mean")] for r in rows])
+        std = np.array([r[stat.format("std")] or 0.0 for r in rows])
+        ax.plot(epochs, mean, marker="o", markersize=3, color=colour, label=label)
+        ax.fill_between(epochs, mean - std, mean + std, color=colour, alpha=0.2)
+
+    for j, (col, col_label) in enumerate(columns):
+        for i, (name, label) in enumerate(layout.rows):
             rows = [r for r in curves if (r["dataset"], r["label_fraction"]) == col and r["objective"] == name]
-            if not rows:
-                continue
-            epochs = np.array([r["epoch"] for r in rows])
-            mean = np.array([r["val_top1_mean_pct"] for r in rows])
-            std = np.array([r["val_top1_std_pct"] or 0.0 for r in rows])
-            (line,) = ax.plot(epochs, mean, marker="o", markersize=3, label=_plot_label(label))
-            ax.fill_between(epochs, mean - std, mean + std, color=line.get_color(), alpha=0.2)
-        ax.set(xlabel="epoch", ylabel="val/top1 (%)", title=col_label)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+            band(axes[0, j], rows, "val_top1_{}_pct", f"C{i}", _plot_label(label))
+            if with_deltas:
+                if name == spec.baseline:
+                    axes[1, j].axhline(0.0, color=f"C{i}", linestyle="--", linewidth=1)
+                else:
+                    band(axes[1, j], rows, "delta_{}_pp", f"C{i}", _plot_label(label))
+        axes[0, j].set(xlabel="epoch", ylabel="val/top1 (%)", title=col_label)
+        if with_deltas:
+            title = f"{col_label}: Δ from {base_label}, paired by seed"
+            axes[1, j].set(xlabel="epoch", ylabel="Δ val/top1 (pp)", title=title)
+        axes[0, j].legend(fontsize=8)  # the Δ panel below uses the same colours
+        for ax in axes[:, j]:
+            ax.grid(alpha=0.3)
     fig.suptitle(f"{spec.name}: validated top-1 per epoch, mean ± std over seeds", fontsize=10)
     fig.tight_layout()
     path = spec.output / "curves.png"

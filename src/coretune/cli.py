@@ -175,6 +175,14 @@ def _print_run_summary(run_dir: Path) -> None:
             f"({results.get('train_images_per_s')} train images/s, {results.get('wall_time_s')} s)"
         )
     console.print(f"metrics: {run_dir / 'metrics.csv'}   curves: {run_dir / 'learning_curve.png'}")
+    if results.get("validated_on_test_images") and results.get("best_checkpoint"):
+        console.print(
+            "[yellow]note[/yellow]: validation read the test images (no separate val/ folder and no "
+            "--data.val_fraction), so best.ckpt and best_val_top1 were chosen on the test set; the top-1 above is "
+            "the final model's. To choose a checkpoint or setting, hold out a validation split: --data.val_fraction "
+            "0.1",
+            highlight=False,
+        )
 
 
 def fit(args: list[str]) -> None:

@@ -211,12 +211,14 @@ def test_val_and_test_folders(make_tree: MakeTree) -> None:
     dm = module(root)
     dm.setup()
     assert (len(dm.val_dataset), len(dm.test_dataset)) == (2, 4)
+    assert not dm.validates_on_test
 
 
 def test_a_single_held_out_folder_serves_validation_and_test(make_tree: MakeTree) -> None:
     dm = module(make_tree(train={"a": 3}, test={"a": 2}))
     dm.setup()
     assert dm.val_dataset.paths == dm.test_dataset.paths and len(dm.val_dataset) == 2
+    assert dm.validates_on_test  # a checkpoint chosen on val/top1 is chosen on the test images
 
 
 def test_explicit_split_folders_override_root(make_tree: MakeTree, tmp_path: Path) -> None:
@@ -228,6 +230,13 @@ def test_explicit_split_folders_override_root(make_tree: MakeTree, tmp_path: Pat
     dm = module(None, train_dir=str(root / "train"), test_dir=str(root / "val"))
     dm.setup()
     assert (len(dm.train_dataset), len(dm.val_dataset), len(dm.test_dataset)) == (6, 2, 2)
+    assert dm.validates_on_test
+    same = module(root, val_dir=str(tmp_path / "other_val"), test_dir=str(tmp_path / "other_val" / ".." / "other_val"))
+    same.setup()
+    assert same.validates_on_test and same.val_dataset.paths == same.test_dataset.paths
+    apart = module(root, test_dir=str(tmp_path / "other_val"))
+    apart.setup()
+    assert not apart.validates_on_test
 
 
 # -- label fraction and validation carve-out -----------------------------------------------------------------
@@ -263,6 +272,7 @@ def test_val_fraction_carves_a_disjoint_stratified_validation_split(make_tree: M
     assert not set(dm.train_dataset.paths) & set(dm.val_dataset.paths)
     assert all("/train/" in p for p in dm.val_dataset.paths)
     assert len(dm.test_dataset) == 6  # the test/ folder; selection never sees it
+    assert not dm.validates_on_test
     assert dm.val_dataset.transform is dm.eval_transform and dm.train_dataset.transform is dm.train_transform
     # with only val/, the val folder becomes the test split
     only_val = module(make_tree(train={"a": 10}, val={"a": 4}, name="v"), val_fraction=0.2)
@@ -490,6 +500,7 @@ def test_cifar_python_files_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert dm.class_names == names
     assert dm.class_counts() == dict.fromkeys(names, 2)  # 5 per class · 0.4
     assert len(dm.val_dataset) == len(dm.test_dataset) == 10  # CIFAR's test set
+    assert dm.validates_on_test
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (8, 3, 32, 32) and y.dtype == torch.int64
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from coretune.cli import main
+from coretune.cli import _print_run_summary, main
 from coretune.data import ImageClassificationData, ImageFileDataset, eval_transform
 from coretune.engine import FineTuner, make_trainer, read_metrics
 from coretune.export import load_exported
@@ -81,9 +81,23 @@ def test_fit_writes_a_complete_run_directory(fitted: tuple[Path, Path]) -> None:
     assert test["top1"] == pytest.approx(correct / 12)
     assert test["top5"] == 1.0  # top-5 with 3 classes is always right
     assert results["train_images_per_s"] > 0 and results["wall_time_s"] > 0
+    assert results["validated_on_test_images"] is True  # the tree has val/ only: it serves both loaders
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["objective"]["class_path"] == "coretune.objectives.core.CoreTuning"
     assert config["objective"]["init_args"]["eta"] == 0.5
+
+
+def test_the_run_summary_says_when_best_ckpt_was_chosen_on_the_test_images(
+    fitted: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree, run_dir = fitted
+    _print_run_summary(run_dir)
+    note = "validation read the test images"
+    assert note in capsys.readouterr().out  # no val_fraction, one held-out folder: best.ckpt is test-chosen
+    held_out = tmp_path / "held_out"
+    main(fit_args(tree, held_out, "--trainer.max_epochs=1", "--data.val_fraction=0.25"))
+    assert json.loads((held_out / "results.json").read_text())["validated_on_test_images"] is False
+    assert note not in capsys.readouterr().out
 
 
 def test_checkpoint_rebuilds_the_model(fitted: tuple[Path, Path]) -> None:

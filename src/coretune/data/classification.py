@@ -54,7 +54,9 @@ class ImageClassificationData(L.LightningDataModule):
     (:attr:`coretune.objectives.Objective.input_views`: Bi-tuning's momentum keys use a second view).
 
     After :meth:`setup`: ``num_classes``, ``class_names``, ``train_dataset``, ``val_dataset``,
-    ``test_dataset`` (:class:`LabeledImageDataset`; ``test_dataset`` may be None) and :meth:`class_counts`.
+    ``test_dataset`` (:class:`LabeledImageDataset`; ``test_dataset`` may be None), :meth:`class_counts` and
+    ``validates_on_test`` (True when the validation and test loaders read the same images: a checkpoint or
+    setting chosen on ``val/top1`` is then chosen on the test set).
     ``num_classes`` and ``class_names`` run :meth:`setup` when read before it (to size a classifier).
 
     Args:
@@ -130,6 +132,7 @@ class ImageClassificationData(L.LightningDataModule):
         self.train_transform = train_transform(image_size, self.mean, self.std, rotation, self.crop_scale, hflip)
         self.eval_transform = eval_transform(image_size, self.mean, self.std)
         self.train_views = 1
+        self.validates_on_test = False
         self.train_dataset: LabeledImageDataset | None = None
         self.val_dataset: LabeledImageDataset | None = None
         self.test_dataset: LabeledImageDataset | None = None
@@ -155,6 +158,7 @@ class ImageClassificationData(L.LightningDataModule):
             train, test = train.subset(fit_idx), _first(held_test, held_val)
         else:
             val, test = _first(held_val, held_test), _first(held_test, held_val)
+        self.validates_on_test = val is not None and val is test
         self.train_dataset = train.with_transform(
             self.train_transform, train_draft_size(self.image_size, self.crop_scale)
         )
@@ -206,6 +210,8 @@ class ImageClassificationData(L.LightningDataModule):
             [bad for ds in splits.values() for bad in ds.skipped],
             sum(len(ds) + len(ds.skipped) for ds in splits.values()),
         )
+        if val_dir is not None and test_dir is not None and os.path.realpath(val_dir) == os.path.realpath(test_dir):
+            splits["test"] = splits["val"]  # one folder given as both: the same images (validates_on_test)
         train = splits["train"]
         for split, folder in (("val", val_dir), ("test", test_dir)):
             if split in splits and splits[split].classes != train.classes:

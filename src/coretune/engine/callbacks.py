@@ -156,6 +156,7 @@ class RunArtifacts(L.Callback):
             epochs=trainer.current_epoch,
             best_val_top1=float(best.best_model_score) if best and best.best_model_score is not None else None,
             best_checkpoint=str(best.best_model_path) if best and best.best_model_path else None,
+            validated_on_test_images=getattr(trainer.datamodule, "validates_on_test", None),
         )
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

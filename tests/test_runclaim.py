@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,12 +94,43 @@ def test_stale_or_unreadable_claims_are_replaced(tmp_path: Path, record: str) ->
     assert read_claim(tmp_path) == RunClaim.of(os.getpid())
 
 
-def test_another_hosts_claim_counts_as_live(tmp_path: Path) -> None:
+def test_another_hosts_claim_is_live_while_refreshed(tmp_path: Path) -> None:
     write_claim(tmp_path, 4242, host="node7")
     claim = live_claim(tmp_path)
     assert claim is not None and not claim.local and claim.where() == "pid 4242 on node7"
-    with pytest.raises(RunInUse, match="pid 4242 on node7"):
+    with pytest.raises(RunInUse, match=r"pid 4242 on node7.* lapses 15 minutes after that host stops refreshing"):
         claim_run(tmp_path)
+    last = time.time() - runclaim.STALE_AFTER_S + 30  # refreshed 14½ minutes ago: still live
+    os.utime(tmp_path / CLAIM_FILE, (last, last))
+    assert live_claim(tmp_path) == claim
+    last -= 60  # 15½ minutes: node7 died or lost the file system; its run is taken over
+    os.utime(tmp_path / CLAIM_FILE, (last, last))
+    assert live_claim(tmp_path) is None
+    claim_run(tmp_path)
+    assert live_claim(tmp_path) == RunClaim.of(os.getpid())
+
+
+def test_holders_refresh_the_claim_until_they_release_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runclaim, "HEARTBEAT_S", 0.05)
+    path, old = tmp_path / CLAIM_FILE, time.time() - 3600
+
+    def refreshed_while_held() -> bool:
+        os.utime(path, (old, old))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and path.stat().st_mtime == old:
+            time.sleep(0.02)
+        return path.stat().st_mtime > old
+
+    with claimed(tmp_path):  # a sweep's claim
+        assert refreshed_while_held()
+        with fit_claim(tmp_path):  # the fit it runs (here: the same process) refreshes it as well
+            assert refreshed_while_held()
+    assert not path.exists()  # released: the heartbeat stopped with it
+    write_claim(tmp_path, 4242, host="node7")
+    os.utime(path, (old, old))
+    with runclaim.heartbeat(tmp_path):  # never refreshes another host's claim
+        time.sleep(0.3)
+    assert path.stat().st_mtime == old
 
 
 def _contend(run_dir: str, ready: object, done: object, results: object) -> None:

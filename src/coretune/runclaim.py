@@ -8,8 +8,10 @@ claim and skips that run instead of training it a second time into the same chec
 on its own claims its run directory too (:func:`fit_claim`), and refuses one that a live sweep or fit is running.
 
 A claim is live while its process runs: same host, same pid *and* the same process start time (a pid reused by an
-unrelated process after a killed sweep does not count). A claim from another host cannot be checked from here and
-is taken as live; if that machine died, delete the file. A stale claim (process gone) is replaced.
+unrelated process after a killed sweep does not count). A claim from another host cannot be checked from here: the
+processes holding a claim refresh its file's modification time every :data:`HEARTBEAT_S` (:func:`claimed`,
+:func:`fit_claim`), and another host's claim is live while it was refreshed within :data:`STALE_AFTER_S` — so the
+run of a machine that died is taken over by another sweep a quarter of an hour later. A stale claim is replaced.
 """
 
 from __future__ import annotations
@@ -18,21 +20,25 @@ import json
 import os
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
 __all__ = [
     "CLAIM_FILE",
+    "HEARTBEAT_S",
+    "STALE_AFTER_S",
     "RunClaim",
     "RunInUse",
     "claim_run",
     "claimed",
     "fit_claim",
+    "heartbeat",
     "live_claim",
     "point_claim",
     "release_claim",
@@ -41,6 +47,12 @@ __all__ = [
 CLAIM_FILE = "fit.pid"
 """A run directory's claim (JSON: ``pid``, ``host``, ``started``), present while a sweep's or a fit's process runs
 there."""
+
+HEARTBEAT_S = 60.0
+"""How often the processes holding a claim refresh its file's modification time."""
+STALE_AFTER_S = 15 * 60.0
+"""Another host's claim not refreshed for this long is stale: that machine died or lost the shared file system.
+Far above :data:`HEARTBEAT_S`, so that a busy file server or clocks a few minutes apart do not end a live claim."""
 
 _SAME_PROCESS_S = 1.0
 """Start times this close belong to the same process (a pid is not reused within a second)."""
@@ -54,11 +66,13 @@ class RunInUse(RuntimeError):
 
 @dataclass(frozen=True)
 class RunClaim:
-    """Process ``pid`` on ``host``, started at ``started`` (seconds since the epoch, as psutil reports it)."""
+    """Process ``pid`` on ``host``, started at ``started`` (seconds since the epoch, as psutil reports it);
+    ``refreshed``: the claim file's modification time when it was read (the holder's last heartbeat)."""
 
     pid: int
     host: str
     started: float
+    refreshed: float = field(default=0.0, compare=False)
 
     @classmethod
     def of(cls, pid: int) -> RunClaim:
@@ -70,9 +84,10 @@ class RunClaim:
         return self.host == socket.gethostname()
 
     def alive(self) -> bool:
-        """Whether the claiming process still runs (always True for another host's claim: not checkable here)."""
+        """Whether the claiming process still runs; for another host's claim, whether it was refreshed within
+        :data:`STALE_AFTER_S`."""
         if not self.local:
-            return True
+            return time.time() - self.refreshed < STALE_AFTER_S
         try:
             return abs(psutil.Process(self.pid).create_time() - self.started) < _SAME_PROCESS_S
         except psutil.NoSuchProcess:
@@ -87,9 +102,10 @@ class RunClaim:
 
 def read_claim(run_dir: str | Path) -> RunClaim | None:
     """The claim recorded in ``run_dir``, live or not; None without one (or an unreadable file: treated as stale)."""
+    path = Path(run_dir) / CLAIM_FILE
     try:
-        raw = json.loads((Path(run_dir) / CLAIM_FILE).read_text())
-        return RunClaim(int(raw["pid"]), str(raw["host"]), float(raw["started"]))
+        raw, refreshed = json.loads(path.read_text()), path.stat().st_mtime
+        return RunClaim(int(raw["pid"]), str(raw["host"]), float(raw["started"]), refreshed)
     except (FileNotFoundError, ValueError, TypeError, KeyError):
         return None
 
@@ -104,7 +120,7 @@ def _write(path: Path, claim: RunClaim, exclusive: bool) -> bool:
     """Write ``claim`` to ``path`` complete or not at all: a temporary file, then hard-linked into place when
     ``exclusive`` (fails if ``path`` exists: returns False) or renamed over it otherwise."""
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False) as f:
-        f.write(json.dumps(asdict(claim)) + "\n")
+        f.write(json.dumps({"pid": claim.pid, "host": claim.host, "started": claim.started}) + "\n")
     tmp = Path(f.name)
     try:
         if not exclusive:
@@ -144,9 +160,14 @@ def claim_run(run_dir: str | Path) -> None:
             break
         path.unlink(missing_ok=True)  # stale: the process that claimed it is gone
     holder = live_claim(run_dir)
+    lapses = (
+        f" (it lapses {STALE_AFTER_S / 60:g} minutes after that host stops refreshing it)"
+        if holder is not None and not holder.local
+        else ""
+    )
     raise RunInUse(
         f"{run_dir} is being run by another process ({holder.where() if holder else 'claimed concurrently'}): "
-        f"wait for it to finish. If no such process runs, delete {path} and try again"
+        f"wait for it to finish. If no such process runs, delete {path} and try again{lapses}"
     )
 
 
@@ -176,7 +197,8 @@ def fit_claim(run_dir: str | Path) -> Iterator[None]:
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     holder = live_claim(run_dir)
     if holder is not None and holder.local and holder.pid in (os.getpid(), os.getppid()):
-        yield
+        with heartbeat(run_dir):
+            yield
         return
     with claimed(run_dir):
         yield
@@ -187,6 +209,29 @@ def claimed(run_dir: str | Path) -> Iterator[None]:
     """:func:`claim_run` on entry (raises :class:`RunInUse`), :func:`release_claim` on exit."""
     claim_run(run_dir)
     try:
-        yield
+        with heartbeat(run_dir):
+            yield
     finally:
         release_claim(run_dir)
+
+
+@contextmanager
+def heartbeat(run_dir: str | Path) -> Iterator[None]:
+    """Refresh the modification time of ``run_dir``'s claim every :data:`HEARTBEAT_S` for the block (a daemon
+    thread), while the claim is this host's: other hosts see the claim live (:meth:`RunClaim.alive`)."""
+    path, stop = Path(run_dir) / CLAIM_FILE, threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            claim = read_claim(run_dir)
+            if claim is not None and claim.local:
+                with suppress(FileNotFoundError):  # released in between
+                    os.utime(path)
+
+    thread = threading.Thread(target=beat, name=f"claim heartbeat {run_dir}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 from rich.console import Console
 
@@ -38,10 +40,12 @@ from coretune.bench import (
     export_records,
     final_val_top1,
     fit_command,
+    format_duration,
     is_finished,
     launch_fit,
     run_sweep,
     table_layout,
+    training_time_left,
     visible_gpus,
     worker_envs,
     write_summary,
@@ -659,13 +663,16 @@ def test_status_lists_finished_started_and_missing_runs(
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
     gone = RunClaim(ended.pid, socket.gethostname(), time.time())
-    # seed 1 stopped after 3 of 20 epochs (its sweep was killed: a stale claim); seed 2 just launched; seed 4 runs
+    # seed 1 stopped after 3 of 20 epochs of a minute (its sweep was killed: a stale claim); seed 2 just launched;
+    # seed 4 runs, 5 epochs of 2 minutes done, the last written a minute ago
     for seed, epochs, checkpoint, claim in ((1, 3, True, gone), (2, 0, False, None), (4, 5, True, "live")):
         run_dir = spec.output / "d" / "ce" / "frac1" / f"seed{seed}"
         (run_dir / "checkpoints").mkdir(parents=True)
         (run_dir / "log.txt").write_text("# launched\n")
         (run_dir / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 20}}))
-        (run_dir / "metrics.csv").write_text("epoch,val/top1\n" + "".join(f"{e},\n" for e in range(epochs)))
+        rows = "".join(f"{e},,{60 * (1 + seed // 4)}\n" for e in range(epochs))
+        (run_dir / "metrics.csv").write_text("epoch,val/top1,epoch_time_s\n" + rows)
+        os.utime(run_dir / "metrics.csv", (time.time() - 60,) * 2)
         if checkpoint:
             (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
         if claim == "live":
@@ -675,8 +682,9 @@ def test_status_lists_finished_started_and_missing_runs(
     main(["bench", str(config), "--status"])
     out = capsys.readouterr().out
     assert re.search(r"│ d +│ ce +│ 100% +│ 0 +│ 75\.12 +│ 3 epochs", out)
-    assert re.search(r"│ 1 +│ +│ 3 of 20 epochs, resumable", out) and re.search(r"│ 2 +│ +│ 0 of 20 epochs +│", out)
-    assert re.search(r"│ 3 +│ +│ not started", out) and re.search(r"│ 4 +│ +│ running, 5 of 20 epochs done +│", out)
+    assert re.search(r"│ 1 +│ +│ 3 of 20 epochs, resumable, ~17 min to go +│", out)
+    assert re.search(r"│ 2 +│ +│ 0 of 20 epochs +│", out) and re.search(r"│ 3 +│ +│ not started", out)
+    assert re.search(r"│ 4 +│ +│ running, 5 of 20 epochs done, ~29 min left +│", out)
     assert "1 of 5 runs finished, 3 started (1 running now), 1 not started" in out
     statuses = [r["status"] for r in collect_cells(spec)[1]]
     assert statuses == ["finished", "unfinished", "unfinished", "missing", "running"]
@@ -685,6 +693,57 @@ def test_status_lists_finished_started_and_missing_runs(
     out = capsys.readouterr().out
     assert re.search(r"│ 1 +│ +│ 3 of 20 epochs", out) and re.search(r"│ 3 +│ +│ not started", out)
     assert "0 of 2 runs finished, 1 started (0 running now), 1 not started" in out
+
+
+@pytest.mark.parametrize("running", [False, True])
+@settings(max_examples=40, deadline=None)
+@given(
+    times=st.lists(st.floats(0.5, 5000), min_size=1, max_size=8),
+    extra=st.integers(0, 30),
+    since_last=st.floats(0, 20000),
+)
+def test_training_time_left_is_the_epochs_to_go_at_the_recent_pace(
+    tmp_path_factory: pytest.TempPathFactory, running: bool, times: list[float], extra: int, since_last: float
+) -> None:
+    """Reference: the median of the last three epoch wall times per epoch to go; a running run's current epoch
+    has already run for the time since metrics.csv was written, but the epochs after it still take their time."""
+    run_dir = tmp_path_factory.mktemp("run")
+    total = len(times) + extra
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": total}}))
+    rows = "".join(f"{e},{t!r}\n" for e, t in enumerate(times))
+    (run_dir / "metrics.csv").write_text("epoch,epoch_time_s\n" + rows)
+    now = (run_dir / "metrics.csv").stat().st_mtime + since_last
+    left = training_time_left(run_dir, running=running, now=now)
+    if extra == 0:
+        assert left is None  # the training is over (the test evaluation may still run)
+        return
+    recent = sorted(times[-3:])
+    pace = recent[len(recent) // 2] if len(recent) % 2 else (recent[0] + recent[1]) / 2
+    expected = extra * pace
+    if running:
+        current = max(pace - since_last, 0.0)  # what is left of the epoch in progress
+        expected = current + (extra - 1) * pace
+    assert left == pytest.approx(expected, rel=1e-9, abs=1e-6)
+
+
+def test_training_time_left_needs_a_timed_epoch_and_a_length(tmp_path: Path) -> None:
+    assert training_time_left(tmp_path, running=False) is None  # nothing written yet
+    (tmp_path / "metrics.csv").write_text("epoch,val/top1\n0,0.5\n")  # written before epoch times were logged
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 4}}))
+    assert training_time_left(tmp_path, running=True) is None
+    (tmp_path / "metrics.csv").write_text("epoch,val/top1,epoch_time_s\n0,0.5,90\n")
+    assert training_time_left(tmp_path, running=False) == 270
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"trainer": {}}))
+    assert training_time_left(tmp_path, running=False) is None
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "<1 min"), (29, "<1 min"), (31, "1 min"), (38 * 60, "38 min"), (3569, "59 min"), (3571, "1 h 00 min"),
+     (2 * 3600 + 5 * 60, "2 h 05 min"), (30 * 3600, "30 h 00 min")],
+)  # fmt: skip
+def test_format_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
 
 
 def test_export_keeps_the_records_of_finished_runs_which_count_when_copied_back(

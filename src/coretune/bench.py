@@ -55,11 +55,13 @@ __all__ = [
     "epochs_done",
     "final_val_top1",
     "fit_command",
+    "format_duration",
     "is_finished",
     "launch_fit",
     "main",
     "run_sweep",
     "run_top1",
+    "training_time_left",
     "visible_gpus",
     "worker_envs",
     "write_summary",
@@ -146,9 +148,42 @@ def run_progress(run_dir: str | Path) -> str:
         return "not started"
     done, total = epochs_done(run_dir)
     text = f"{done} of {total} epochs" if total else f"{done} epochs"
+    left = training_time_left(run_dir, running=claim is not None)
     if claim is not None:
-        return f"running{'' if claim.local else ' on ' + claim.host}, {text} done"
-    return text + (", resumable" if (run_dir / "checkpoints" / "last.ckpt").is_file() else "")
+        return f"running{'' if claim.local else ' on ' + claim.host}, {text} done" + (
+            f", ~{format_duration(left)} left" if left is not None else ""
+        )
+    resumable = ", resumable" if (run_dir / "checkpoints" / "last.ckpt").is_file() else ""
+    return text + resumable + (f", ~{format_duration(left)} to go" if left is not None else "")
+
+
+def training_time_left(run_dir: str | Path, running: bool, now: float | None = None) -> float | None:
+    """Seconds of training an unfinished run has left: its epochs still to go times the median wall time of its
+    last three epochs (``epoch_time_s`` in ``metrics.csv``); for a ``running`` one less what its current epoch has
+    run since the last row was written (never below the epochs after it). None before an epoch has finished or
+    when the run's length is unknown."""
+    from statistics import median
+
+    from .engine import read_metrics
+
+    run_dir = Path(run_dir)
+    done, total = epochs_done(run_dir)
+    times = [float(r["epoch_time_s"]) for r in read_metrics(run_dir / "metrics.csv") if r.get("epoch_time_s")]
+    if not times or total is None or done >= total:
+        return None
+    per_epoch, to_go = median(times[-3:]), total - done
+    if not running:
+        return to_go * per_epoch
+    since_last = (time.time() if now is None else now) - (run_dir / "metrics.csv").stat().st_mtime
+    return max(to_go * per_epoch - since_last, (to_go - 1) * per_epoch)
+
+
+def format_duration(seconds: float) -> str:
+    """``"<1 min"``, ``"38 min"``, ``"2 h 05 min"``."""
+    minutes = round(seconds / 60)
+    if minutes < 1:
+        return "<1 min"
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def epochs_done(run_dir: str | Path) -> tuple[int, int | None]:

@@ -73,6 +73,11 @@ def test_fit_writes_a_complete_run_directory(fitted: tuple[Path, Path]) -> None:
     ):
         assert all(r[key] != "" for r in rows), key
     assert float(rows[0]["lr"]) == pytest.approx(0.01)  # cosine schedule starts at the base lr
+    # each epoch's wall time includes its validation, which the training time behind images/s leaves out
+    results = json.loads((run_dir / "results.json").read_text())
+    epoch_times = [float(r["epoch_time_s"]) for r in rows]
+    assert all(t > 0 for t in epoch_times)
+    assert results["train_time_s"] - 0.02 <= sum(epoch_times) <= results["wall_time_s"] + 0.02
     results = json.loads((run_dir / "results.json").read_text())
     test = results["test"]
     assert set(test["per_class_accuracy"]) == {"cat", "dog", "eel"}

@@ -74,15 +74,17 @@ class RunArtifacts(L.Callback):
     """Writes ``metrics.csv`` (one row per epoch), ``results.json`` and ``learning_curve.png`` into ``run_dir``.
 
     ``metrics.csv`` holds every logged epoch-level value (each loss term, lr, train and val top-1/top-5; ``val/*``
-    only on the epochs that ran validation, empty on the others); a resumed run rewrites the rows from its restart
-    epoch on, so the file always describes one uninterrupted history.
+    only on the epochs that ran validation, empty on the others) and ``epoch_time_s``, the epoch's wall-clock
+    seconds with its validation (for the epoch a run resumed in the middle of: from the resume on); a resumed run
+    rewrites the rows from its restart epoch on, so the file always describes one uninterrupted history.
     """
 
     def __init__(self, run_dir: str | Path | None = None) -> None:
         self._run_dir = Path(run_dir) if run_dir is not None else None
         self._train_time = 0.0
         self._images = 0
-        self._epoch_start = 0.0
+        self._epoch_start = 0.0  # excludes validation: the training time behind images/s
+        self._epoch_wall_start = 0.0
         self._val_start = 0.0
         self._fit_start = 0.0
         self._epoch_lr = float("nan")
@@ -93,10 +95,11 @@ class RunArtifacts(L.Callback):
 
     # -- timing ---------------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._fit_start = self._epoch_start = time.perf_counter()  # a mid-epoch resume skips on_train_epoch_start
+        # a mid-epoch resume skips on_train_epoch_start
+        self._fit_start = self._epoch_start = self._epoch_wall_start = time.perf_counter()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._epoch_start = time.perf_counter()
+        self._epoch_start = self._epoch_wall_start = time.perf_counter()
         self._epoch_lr = trainer.optimizers[-1].param_groups[-1]["lr"] if trainer.optimizers else float("nan")
 
     def on_train_batch_end(
@@ -128,6 +131,7 @@ class RunArtifacts(L.Callback):
             return
         row: dict[str, Any] = {"epoch": trainer.current_epoch, "step": trainer.global_step}
         row["lr"] = self._epoch_lr  # the heads' learning rate at the epoch's first step
+        row["epoch_time_s"] = round(time.perf_counter() - self._epoch_wall_start, 2)
         for key, value in metrics:
             if key.startswith("train/") or (validated and key.startswith("val/")):
                 row[key] = float(value)

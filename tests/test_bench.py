@@ -173,6 +173,7 @@ def test_sweep_runs_fits_then_skips_finished_runs(image_tree: Path, tmp_path: Pa
         results = json.loads((run.run_dir / "results.json").read_text())
         assert 0 <= results["test"]["top1"] <= 1
         assert yaml.safe_load((run.run_dir / "config.yaml").read_text())["seed_everything"] == run.seed
+        assert "epoch 1 of 1 (step " in (run.run_dir / "log.txt").read_text()  # fits without a bar log each epoch
     mtimes = {run.run_dir: (run.run_dir / "results.json").stat().st_mtime_ns for run in spec.runs()}
 
     main(["bench", str(config)])  # re-run: everything is finished, nothing is launched

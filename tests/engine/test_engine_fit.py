@@ -14,7 +14,7 @@ import yaml
 
 from coretune.cli import _print_run_summary, main
 from coretune.data import ImageClassificationData, ImageFileDataset, eval_transform
-from coretune.engine import FineTuner, make_trainer, read_metrics
+from coretune.engine import FineTuner, epoch_summary, make_trainer, read_metrics
 from coretune.export import load_exported
 from coretune.objectives import create
 
@@ -115,6 +115,15 @@ def test_checkpoint_rebuilds_the_model(fitted: tuple[Path, Path]) -> None:
         assert torch.equal(value, ckpt["state_dict"][key]), key
 
 
+def test_epoch_summary_shows_loss_and_top1_of_the_row() -> None:
+    row = {"epoch": 4, "step": 3905, "lr": 0.01, "epoch_time_s": 402.0, "train/ce": 1.5, "train/loss": 1.23456}
+    row |= {"train/top1": 0.45618, "train/top5": 0.9, "val/loss": "", "val/top1": ""}  # an epoch without validation
+    assert epoch_summary(row, 20) == "epoch 5 of 20 (step 3905, 6.7 min): train/loss 1.2346, train/top1 45.62%"
+    row = {k: str(v) for k, v in row.items()} | {"val/loss": "0.8123", "val/top1": "0.723"}  # as read from the CSV
+    expected = "epoch 5 (step 3905, 6.7 min): train/loss 1.2346, train/top1 45.62%, val/loss 0.8123, val/top1 72.30%"
+    assert epoch_summary(row, None) == expected
+
+
 def test_rerunning_the_command_resumes_its_run_directory(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, recwarn: pytest.WarningsRecorder
 ) -> None:
@@ -130,6 +139,8 @@ def test_rerunning_the_command_resumes_its_run_directory(
     assert f"resuming the run in {run} from {run / 'checkpoints' / 'last.ckpt'}" in caplog.text
     rows = read_metrics(run / "metrics.csv")
     assert [int(r["epoch"]) for r in rows] == [0, 1] and rows[0] == first
+    # no progress bar: the epoch's line in the log, with the values of its metrics.csv row
+    assert epoch_summary(rows[1], 2) in caplog.text and "epoch 1 of 2" not in caplog.text
     assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]
 
     results = json.loads((run / "results.json").read_text())

@@ -1,6 +1,6 @@
 """The training engine: Lightning module, trainer set-up, run outputs, optimisers and schedules."""
 
-from .callbacks import RunArtifacts, plot_learning_curves, read_metrics, update_results
+from .callbacks import RunArtifacts, epoch_summary, plot_learning_curves, read_metrics, update_results
 from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, with_atomic_io
 from .interrupts import StopOnSignal, TrainingInterrupted
 from .module import FineTuner, NonFiniteLossError
@@ -27,6 +27,7 @@ __all__ = [
     "build_optimizer",
     "default_callbacks",
     "default_precision",
+    "epoch_summary",
     "lr_factor",
     "make_trainer",
     "plot_learning_curves",

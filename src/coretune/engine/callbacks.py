@@ -11,8 +11,12 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 
-__all__ = ["RunArtifacts", "plot_learning_curves", "read_metrics", "update_results"]
+__all__ = ["RunArtifacts", "epoch_summary", "plot_learning_curves", "read_metrics", "update_results"]
+
+#: The ``metrics.csv`` values an epoch's log line shows (those the row has), loss first.
+SUMMARY_KEYS = ("train/loss", "train/top1", "val/loss", "val/top1")
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -38,6 +42,19 @@ def update_results(run_dir: str | Path, **entries: Any) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     _atomic_write_text(path, json.dumps(results, indent=2, sort_keys=True) + "\n")
     return results
+
+
+def epoch_summary(row: dict[str, Any], max_epochs: int | None) -> str:
+    """One log line for a finished epoch, from its ``metrics.csv`` row: ``"epoch 5 of 20 (step 3905, 6.7 min):
+    train/loss 1.2345, train/top1 45.62%, val/loss 0.8123, val/top1 72.30%"`` (epochs counted from 1)."""
+    length = f" of {max_epochs}" if max_epochs is not None and max_epochs > 0 else ""
+    values = [
+        f"{key} {100 * float(row[key]):.2f}%" if key.endswith("top1") else f"{key} {float(row[key]):.4f}"
+        for key in SUMMARY_KEYS
+        if row.get(key) not in (None, "")
+    ]
+    when = f"step {row['step']}, {float(row['epoch_time_s']) / 60:.1f} min"
+    return f"epoch {int(row['epoch']) + 1}{length} ({when}): " + ", ".join(values)
 
 
 def plot_learning_curves(metrics_csv: str | Path, out_png: str | Path) -> None:
@@ -76,7 +93,9 @@ class RunArtifacts(L.Callback):
     ``metrics.csv`` holds every logged epoch-level value (each loss term, lr, train and val top-1/top-5; ``val/*``
     only on the epochs that ran validation, empty on the others) and ``epoch_time_s``, the epoch's wall-clock
     seconds with its validation (for the epoch a run resumed in the middle of: from the resume on); a resumed run
-    rewrites the rows from its restart epoch on, so the file always describes one uninterrupted history.
+    rewrites the rows from its restart epoch on, so the file always describes one uninterrupted history. Without a
+    progress bar (``--trainer.enable_progress_bar=false``: batch jobs, the fits of ``coretune bench``) each epoch
+    also logs one line (:func:`epoch_summary`), so a job's log shows how far it got.
     """
 
     def __init__(self, run_dir: str | Path | None = None) -> None:
@@ -145,6 +164,8 @@ class RunArtifacts(L.Callback):
             writer.writeheader()
             writer.writerows(rows)
         os.replace(tmp, path)
+        if trainer.progress_bar_callback is None:
+            rank_zero_info(epoch_summary(row, trainer.max_epochs))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:

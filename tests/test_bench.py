@@ -839,7 +839,8 @@ def test_epoch_bars_follow_the_running_fits(tmp_path: Path) -> None:
 
     spec = spec_of(tmp_path, seeds=[0])
     ce, core = spec.runs()
-    progress = Progress(console=Console(file=io.StringIO()))
+    out = io.StringIO()
+    progress = Progress(console=Console(file=out, width=300))
     bars = EpochBars(progress, every=0.0)
 
     def shown() -> dict[str, tuple[float, float | None]]:
@@ -851,12 +852,19 @@ def test_epoch_bars_follow_the_running_fits(tmp_path: Path) -> None:
     ce.run_dir.mkdir(parents=True)
     (ce.run_dir / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 20}}))
     (ce.run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.5\n1,\n2,\n")
+    core.run_dir.mkdir(parents=True)
+    (core.run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.5\n")  # an interrupted run, resumed
     bars.started(core)
     bars.refresh()
-    assert shown() == {"tiny/ce/frac1/seed0 (epochs)": (3, 20), "tiny/core/frac1/seed0 (epochs)": (0, None)}
+    assert shown() == {"tiny/ce/frac1/seed0 (epochs)": (3, 20), "tiny/core/frac1/seed0 (epochs)": (1, None)}
+    # One line per launch, for output that is not a terminal (no bars there): the run and its per-epoch log.
+    assert out.getvalue().splitlines() == [
+        f"▶ tiny/ce/frac1/seed0 started (log: {ce.run_dir / 'log.txt'})",
+        f"▶ tiny/core/frac1/seed0 resumes after epoch 1 (log: {core.run_dir / 'log.txt'})",
+    ]
     bars.ended(ce)
     bars.refresh()
-    assert shown() == {"tiny/core/frac1/seed0 (epochs)": (0, None)}
+    assert shown() == {"tiny/core/frac1/seed0 (epochs)": (1, None)}
     slow = EpochBars(progress, every=3600.0)
     slow.refresh()
     slow.started(ce)  # a new fit shows at once, throttled or not

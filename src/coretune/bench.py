@@ -744,6 +744,16 @@ class EpochBars:
         self._due = 0.0
 
     def started(self, run: Run) -> None:
+        """Also prints one line, so that a sweep whose output is not a terminal (``nohup``, a batch job: no bars)
+        still says which run it is on and where that run's per-epoch log is."""
+        done, total = epochs_done(run.run_dir)
+        where = f"(log: {run.run_dir / 'log.txt'})"
+        if done:
+            of = f" of {total}" if total else ""
+            line = f"▶ {run.label} resumes after epoch {done}{of} {where}"
+        else:
+            line = f"▶ {run.label} started {where}"
+        self.progress.console.print(line, highlight=False, markup=False, soft_wrap=True)
         with self._lock:
             self._running.add(run)
         self._due = 0.0  # show it at the next refresh

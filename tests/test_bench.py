@@ -870,6 +870,9 @@ def test_epoch_bars_follow_the_running_fits(tmp_path: Path) -> None:
     slow.started(ce)  # a new fit shows at once, throttled or not
     slow.refresh()
     assert "tiny/ce/frac1/seed0 (epochs)" in shown()
+    assert out.getvalue().splitlines()[-1] == (  # its length known from config.yaml
+        f"▶ tiny/ce/frac1/seed0 resumes after epoch 3 of 20 (log: {ce.run_dir / 'log.txt'})"
+    )
 
 
 def test_launch_fit_claims_the_run_for_its_fit_until_it_exits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -233,6 +233,7 @@ def _assert_same_state(a: object, b: object, key: str) -> None:
     [(1, "core"), (2, "core"), (1, "bi_tuning"), (1, "rifle")],
     ids=["validated-epoch", "unvalidated-epoch", "bi_tuning-momentum-keys", "rifle-reinit-at-the-resumed-epoch"],
 )
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")  # resuming into it, on purpose
 def test_resume_repeats_the_uninterrupted_run(image_tree: Path, tmp_path: Path, val_every: int, objective: str) -> None:
     """``last.ckpt`` holds the latest epoch even when that epoch ran no validation (check_val_every_n_epoch > 1),
     and the objective's state outside its parameters (Bi-tuning's queues and momentum key encoder)."""
@@ -272,11 +273,14 @@ def test_bi_tuning_keys_see_a_second_augmented_view(
     assert data.train_views == 2 and len(key_inputs) == len(queries) == 2
     for key, query in zip(key_inputs, queries, strict=True):
         assert key.shape == query.shape and not torch.equal(key, query)
-    trainer = make_trainer(tmp_path / "ce", progress=False, max_epochs=1, limit_train_batches=1)
+    trainer = make_trainer(
+        tmp_path / "ce", progress=False, max_epochs=1, limit_train_batches=1, enable_model_summary=False
+    )
     trainer.fit(FineTuner(create("ce"), backbone="small_cnn"), datamodule=data)  # the same data module, reused
     assert data.train_views == 1
 
 
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")  # none needed
 def test_a_two_view_objective_needs_a_data_module_that_makes_views(tmp_path: Path) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 

@@ -44,5 +44,11 @@ def test_quiet_lightning_keeps_other_warnings() -> None:
         quiet_lightning()
         warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", DeprecationWarning, stacklevel=1)
         warnings.warn("LightningCLI's args parameter is intended to run from within Python", UserWarning, stacklevel=1)
+        warnings.warn(
+            "Precision bf16-mixed is not supported by the model summary.  Estimated model size in MB will not be "
+            "accurate. Using 32 bits instead.",
+            UserWarning,
+            stacklevel=1,
+        )
         warnings.warn("something the user should see", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["something the user should see"]

@@ -36,13 +36,17 @@ class _DropCloudLoggingTip(logging.Filter):
 
 def quiet_lightning() -> None:
     """Silence Lightning output no coretune user can act on: the cloud-logging tip, the pytree deprecation inside
-    Lightning, and LightningCLI's note that ``args`` is given (coretune's commands rewrite ``sys.argv`` on purpose).
+    Lightning, LightningCLI's note that ``args`` is given (coretune's commands rewrite ``sys.argv`` on purpose) and
+    the model summary's note that it sizes a bf16-mixed model in fp32 (every fit on bf16 hardware printed it).
     Idempotent; every other warning and message stays."""
     log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, _DropCloudLoggingTip) for f in log.filters):
         log.addFilter(_DropCloudLoggingTip())
     warnings.filterwarnings("ignore", message=LIGHTNING_PYTREE_DEPRECATION)
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended", category=UserWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"Precision \S+ is not supported by the model summary", category=UserWarning
+    )
 
 
 def default_precision() -> str:

@@ -44,6 +44,7 @@ from coretune.bench import (
     is_finished,
     launch_fit,
     run_sweep,
+    sweep_time_left,
     table_layout,
     training_time_left,
     visible_gpus,
@@ -661,6 +662,8 @@ def test_status_lists_finished_started_and_missing_runs(
     config.write_text(yaml.safe_dump(entries))
     spec = BenchSpec.from_yaml(config)
     fabricate(spec.subset(seeds=[0]), {("ce", "d", 1.0): [0.7512]})
+    results = spec.output / "d" / "ce" / "frac1" / "seed0" / "results.json"
+    results.write_text(json.dumps({**json.loads(results.read_text()), "wall_time_s": 600.0}))
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
     gone = RunClaim(ended.pid, socket.gethostname(), time.time())
@@ -687,6 +690,8 @@ def test_status_lists_finished_started_and_missing_runs(
     assert re.search(r"│ 2 +│ +│ 0 of 20 epochs +│", out) and re.search(r"│ 3 +│ +│ not started", out)
     assert re.search(r"│ 4 +│ +│ running, 5 of 20 epochs done, ~29 min left +│", out)
     assert "1 of 5 runs finished, 3 started (1 running now), 1 not started" in out
+    # 17 + 29 min for seeds 1 and 4, seed 0's 10 min for seeds 2 (no epoch yet) and 3
+    assert "~1 h 06 min of fitting left for the 4 unfinished runs, one after another" in " ".join(out.split())
     statuses = [r["status"] for r in collect_cells(spec)[1]]
     assert statuses == ["finished", "unfinished", "unfinished", "missing", "running"]
     assert not (spec.output / "summary.md").exists()  # --status writes nothing
@@ -736,6 +741,29 @@ def test_training_time_left_needs_a_timed_epoch_and_a_length(tmp_path: Path) -> 
     assert training_time_left(tmp_path, running=False) == 270
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"trainer": {}}))
     assert training_time_left(tmp_path, running=False) is None
+
+
+def test_sweep_time_left_times_each_run_by_its_pace_or_its_cells_finished_seeds(tmp_path: Path) -> None:
+    def row(name: str, status: str, cell: str = "a", wall: float | str = "", done: int = 0) -> dict[str, object]:
+        run_dir = tmp_path / name
+        if status != "missing":
+            run_dir.mkdir()
+            (run_dir / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 4}}))
+            (run_dir / "metrics.csv").write_text("epoch,epoch_time_s\n" + "".join(f"{e},50\n" for e in range(done)))
+        return {"dataset": "d", "objective": cell, "label_fraction": 1.0, "status": status, "wall_time_s": wall,
+                "run_dir": str(run_dir)}  # fmt: skip
+
+    finished = [row("f1", "finished", wall=100.0), row("f2", "finished", wall=300.0), row("f3", "finished")]
+    assert sweep_time_left(finished) == (0.0, 0)
+    rows = [
+        *finished,
+        row("missing_a", "missing"),  # the median of its cell's timed finished seeds: 200 s
+        row("half", "unfinished", done=2),  # 2 epochs of 50 s to go
+        row("testing", "running", done=4),  # trained; its test evaluation runs
+        row("missing_b", "missing", cell="b"),  # no finished seed in its cell: left out
+        row("launched_b", "unfinished", cell="b"),
+    ]
+    assert sweep_time_left(rows) == (300.0, 3)
 
 
 @pytest.mark.parametrize(

@@ -178,6 +178,36 @@ def training_time_left(run_dir: str | Path, running: bool, now: float | None = N
     return max(to_go * per_epoch - since_last, (to_go - 1) * per_epoch)
 
 
+def sweep_time_left(rows: list[dict[str, Any]]) -> tuple[float, int]:
+    """Seconds of fitting the unfinished runs of :func:`collect_cells`' ``rows`` have left, one after another, and
+    how many of them the sum covers: a run with a timed epoch at its own recent pace (:func:`training_time_left`;
+    all epochs done: 0), one without at the median ``wall_time_s`` of its cell's finished seeds (the same fit but
+    for the seed). A run with neither is left out. The paces are those of the machines that ran them."""
+    from statistics import median
+
+    def cell(row: dict[str, Any]) -> tuple[str, str, float]:
+        return row["dataset"], row["objective"], row["label_fraction"]
+
+    finished: dict[tuple[str, str, float], list[float]] = {}
+    for row in rows:
+        if row["status"] == "finished" and row["wall_time_s"] != "":
+            finished.setdefault(cell(row), []).append(float(row["wall_time_s"]))
+    total, covered = 0.0, 0
+    for row in rows:
+        if row["status"] == "finished":
+            continue
+        left = None
+        if row["status"] != "missing":
+            done, epochs = epochs_done(row["run_dir"])
+            trained = epochs is not None and done >= epochs
+            left = 0.0 if trained else training_time_left(row["run_dir"], running=row["status"] == "running")
+        if left is None and cell(row) in finished:
+            left = median(finished[cell(row)])
+        if left is not None:
+            total, covered = total + left, covered + 1
+    return total, covered
+
+
 def format_duration(seconds: float) -> str:
     """``"<1 min"``, ``"38 min"``, ``"2 h 05 min"``."""
     minutes = round(seconds / 60)
@@ -1257,6 +1287,20 @@ def print_status(spec: BenchSpec, console: Any) -> None:
         f"started ({counts['running']} running now), {counts['missing']} not started ({spec.output})",
         highlight=False,
     )
+    if unfinished := len(rows) - counts["finished"]:
+        left, covered = sweep_time_left(rows)
+        unknown = "no timed epoch or finished seed of its cell to go by"
+        if covered == 0:
+            note = f"time left unknown: {unfinished} unfinished runs with {unknown}"
+        else:
+            runs = f"the {unfinished}" if covered == unfinished else f"{covered} of the {unfinished}"
+            note = (
+                f"~{format_duration(left)} of fitting left for {runs} unfinished runs, one after another (at their "
+                "own pace, or their cell's finished seeds')"
+            )
+            if covered < unfinished:
+                note += f"; {unfinished - covered} with {unknown}"
+        console.print(note, highlight=False)
 
 
 def _parser() -> Any:

@@ -292,6 +292,22 @@ def test_a_two_view_objective_needs_a_data_module_that_makes_views(tmp_path: Pat
         trainer.fit(model, train_dataloaders=loader)
 
 
+@pytest.mark.filterwarnings("ignore:Precision bf16-mixed is not supported by the model summary")
+def test_the_model_summary_counts_the_flops_of_one_image_at_the_datas_size(image_tree: Path, tmp_path: Path) -> None:
+    from lightning.pytorch.utilities.model_summary import ModelSummary
+    from torch.utils.flop_counter import FlopCounterMode
+
+    data = ImageClassificationData(root=str(image_tree), image_size=24, batch_size=8)
+    model = FineTuner(create("ce"), backbone="small_cnn")
+    trainer = make_trainer(tmp_path, progress=False, max_epochs=1, limit_train_batches=1, enable_model_summary=False)
+    trainer.fit(model, datamodule=data)
+    summary = ModelSummary(model)
+    assert summary.in_sizes[summary.layer_names.index("backbone")] == [1, 3, 24, 24]
+    with torch.no_grad(), FlopCounterMode(display=False) as reference:
+        model.eval()(torch.zeros(1, 3, 24, 24))  # one image through backbone and classifier
+    assert summary.total_flops == reference.get_total_flops() > 0
+
+
 def _step_draws(monkeypatch: pytest.MonkeyPatch, process: int) -> tuple[torch.Tensor, torch.Tensor]:
     """What the backbone (as dropout would) and the objective draw from torch's generator in one training step
     of process ``process`` (step 0, seed 0)."""

@@ -155,6 +155,8 @@ class FineTuner(L.LightningModule):
             self.num_classes,
         ):
             self.build(datamodule.num_classes, getattr(datamodule, "class_names", None))
+        if isinstance(size := getattr(datamodule, "image_size", None), int):
+            self.example_input_array = torch.zeros(1, 3, size, size)  # the model summary's FLOPs and sizes per image
         if stage == "fit":
             self.objective.attach_backbone(self.backbone)
             views = self.objective.input_views

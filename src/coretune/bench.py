@@ -1289,7 +1289,7 @@ def print_status(spec: BenchSpec, console: Any) -> None:
     )
     if unfinished := len(rows) - counts["finished"]:
         left, covered = sweep_time_left(rows)
-        unknown = "no timed epoch or finished seed of its cell to go by"
+        unknown = "no timed epoch or finished seed in their cell to go by"
         if covered == 0:
             note = f"time left unknown: {unfinished} unfinished runs with {unknown}"
         else:

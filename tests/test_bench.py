@@ -699,6 +699,11 @@ def test_status_lists_finished_started_and_missing_runs(
     out = capsys.readouterr().out
     assert re.search(r"│ 1 +│ +│ 3 of 20 epochs", out) and re.search(r"│ 3 +│ +│ not started", out)
     assert "0 of 2 runs finished, 1 started (0 running now), 1 not started" in out
+    # seed 3 not started: timed by seed 0, finished in the whole spec though not in the restricted table
+    assert "~27 min of fitting left for the 2 unfinished runs" in " ".join(out.split())
+    main(["bench", str(config), "--status", "--only_seeds=[3]"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "~10 min of fitting left for the 1 unfinished run, one after another (at its own pace, or its cell's" in out
 
 
 @pytest.mark.parametrize("running", [False, True])

@@ -178,18 +178,19 @@ def training_time_left(run_dir: str | Path, running: bool, now: float | None = N
     return max(to_go * per_epoch - since_last, (to_go - 1) * per_epoch)
 
 
-def sweep_time_left(rows: list[dict[str, Any]]) -> tuple[float, int]:
+def sweep_time_left(rows: list[dict[str, Any]], paces: list[dict[str, Any]] | None = None) -> tuple[float, int]:
     """Seconds of fitting the unfinished runs of :func:`collect_cells`' ``rows`` have left, one after another, and
     how many of them the sum covers: a run with a timed epoch at its own recent pace (:func:`training_time_left`;
-    all epochs done: 0), one without at the median ``wall_time_s`` of its cell's finished seeds (the same fit but
-    for the seed). A run with neither is left out. The paces are those of the machines that ran them."""
+    all epochs done: 0), one without at the median ``wall_time_s`` of its cell's finished seeds in ``paces``
+    (default ``rows``; the whole spec's rows when ``rows`` are a subset's: the same fit but for the seed). A run
+    with neither is left out. The paces are those of the machines that ran them."""
     from statistics import median
 
     def cell(row: dict[str, Any]) -> tuple[str, str, float]:
         return row["dataset"], row["objective"], row["label_fraction"]
 
     finished: dict[tuple[str, str, float], list[float]] = {}
-    for row in rows:
+    for row in rows if paces is None else paces:
         if row["status"] == "finished" and row["wall_time_s"] != "":
             finished.setdefault(cell(row), []).append(float(row["wall_time_s"]))
     total, covered = 0.0, 0
@@ -1269,8 +1270,10 @@ def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
 
 
 # -- command line --------------------------------------------------------------------------------------------------
-def print_status(spec: BenchSpec, console: Any) -> None:
-    """A table of every run of ``spec``: finished (top-1, in the spec's metric), how far it got, or not started."""
+def print_status(spec: BenchSpec, console: Any, whole: BenchSpec | None = None) -> None:
+    """A table of every run of ``spec``: finished (top-1, in the spec's metric), how far it got, or not started;
+    then the fitting left, timing not-started runs by the finished seeds of ``whole`` (the spec ``spec`` is a
+    subset of; default ``spec``)."""
     from rich.table import Table
 
     _, rows = collect_cells(spec)
@@ -1288,15 +1291,17 @@ def print_status(spec: BenchSpec, console: Any) -> None:
         highlight=False,
     )
     if unfinished := len(rows) - counts["finished"]:
-        left, covered = sweep_time_left(rows)
-        unknown = "no timed epoch or finished seed in their cell to go by"
+        left, covered = sweep_time_left(rows, None if whole is None else collect_cells(whole)[1])
+        one = unfinished == 1
+        runs, their = ("run", "its") if one else ("runs", "their")
+        unknown = f"no timed epoch or finished seed in {their} cell to go by"
         if covered == 0:
-            note = f"time left unknown: {unfinished} unfinished runs with {unknown}"
+            note = f"time left unknown: {unfinished} unfinished {runs} with {unknown}"
         else:
-            runs = f"the {unfinished}" if covered == unfinished else f"{covered} of the {unfinished}"
+            which = f"the {unfinished}" if covered == unfinished else f"{covered} of the {unfinished}"
             note = (
-                f"~{format_duration(left)} of fitting left for {runs} unfinished runs, one after another (at their "
-                "own pace, or their cell's finished seeds')"
+                f"~{format_duration(left)} of fitting left for {which} unfinished {runs}, one after another (at "
+                f"{their} own pace, or {their} cell's finished seeds')"
             )
             if covered < unfinished:
                 note += f"; {unfinished - covered} with {unknown}"
@@ -1357,7 +1362,7 @@ def main(args: list[str]) -> None:
     console = Console()
     subset = spec.subset(cfg.only_objectives, cfg.only_seeds)
     if cfg.status:
-        print_status(subset, console)
+        print_status(subset, console, whole=spec)
         return
     if cfg.export is not None:
         written = export_records(subset, cfg.export)

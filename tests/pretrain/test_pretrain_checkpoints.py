@@ -10,7 +10,14 @@ import torch
 from coretune.cli import main
 from coretune.engine import checkpoint_io
 from coretune.models import create_backbone, load_pretrained
-from coretune.pretrain import PRETRAINED_FILENAME, ContrastivePretrainer, MoCoV2, SimCLR
+from coretune.pretrain import (
+    PRETRAINED_FILENAME,
+    ContrastivePretrainer,
+    MoCoV2,
+    PretrainData,
+    SimCLR,
+    make_pretrain_trainer,
+)
 from coretune.pretrain.cli import translate_args
 from image_trees import make_image_folder
 
@@ -140,3 +147,25 @@ def test_queue_larger_than_the_data_is_refused(tmp_path: Path) -> None:
                 f"--run_dir {tmp_path / 'r'}"
             )
         )
+
+
+@pytest.mark.filterwarnings("ignore:Precision bf16-mixed is not supported by the model summary")
+@pytest.mark.parametrize("method", [SimCLR, MoCoV2])
+def test_the_model_summary_counts_the_flops_of_one_view_at_the_datas_size(
+    method: type[ContrastivePretrainer], tmp_path: Path
+) -> None:
+    from lightning.pytorch.utilities.model_summary import ModelSummary
+    from torch.utils.flop_counter import FlopCounterMode
+
+    data = PretrainData(str(make_image_folder(tmp_path / "images")), image_size=16, batch_size=4)
+    extra = {"queue_size": 8} if method is MoCoV2 else {}
+    model = method(backbone="small_cnn", proj_dim=16, **extra)
+    trainer = make_pretrain_trainer(
+        tmp_path / "run", max_epochs=1, limit_train_batches=1, enable_progress_bar=False, enable_model_summary=False
+    )
+    trainer.fit(model, datamodule=data)
+    summary = ModelSummary(model)
+    assert summary.in_sizes[summary.layer_names.index("backbone")] == [1, 3, 16, 16]
+    with torch.no_grad(), FlopCounterMode(display=False) as reference:
+        model.eval()(torch.zeros(1, 3, 16, 16))  # one view through the encoder and the projection head
+    assert summary.total_flops == reference.get_total_flops() > 0

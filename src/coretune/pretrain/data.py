@@ -117,8 +117,11 @@ class PretrainData(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
         )
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> tuple[Tensor, Tensor]:
-        """``(images uint8, indices)`` → ``(view1, view2)``, augmented on the batch's device."""
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """``(images uint8, indices)`` → ``(view1, view2)``, augmented on the batch's device. A bare tensor (the
+        model summary's example input, a float view already) passes unchanged."""
+        if isinstance(batch, Tensor):
+            return batch
         images = batch[0]
         self.augment.to(images.device)
         return self.augment(images), self.augment(images)

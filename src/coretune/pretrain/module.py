@@ -109,6 +109,14 @@ class ContrastivePretrainer(L.LightningModule):
         """Projections ``g(f(x))`` of a batch of views."""
         return self.projector(self.backbone(self._views(x)))
 
+    def forward(self, x: Tensor) -> Tensor:
+        """Projections ``g(f(x))`` of a batch of views (the query encoder's, for MoCo)."""
+        return self.embed(x)
+
+    def setup(self, stage: str) -> None:
+        if isinstance(size := getattr(getattr(self.trainer, "datamodule", None), "image_size", None), int):
+            self.example_input_array = torch.zeros(1, 3, size, size)  # the model summary's FLOPs and sizes per view
+
     def contrastive_loss(self, view1: Tensor, view2: Tensor) -> Tensor:
         raise NotImplementedError
 
@@ -266,6 +274,7 @@ class MoCoV2(ContrastivePretrainer):
         self.queue = KeyQueue(proj_dim, queue_size)
 
     def setup(self, stage: str) -> None:
+        super().setup(stage)
         dataset = getattr(getattr(self.trainer, "datamodule", None), "train_dataset", None)
         if dataset is not None and self.queue.size > len(dataset):
             raise ValueError(

@@ -43,6 +43,13 @@ def _split_views(x: Tensor | list[Tensor] | tuple[Tensor, ...]) -> tuple[Tensor,
     return (x[0], x[1]) if isinstance(x, (list, tuple)) else (x, x)
 
 
+def example_image(datamodule: Any) -> Tensor | None:
+    """One zero image at ``datamodule.image_size`` (``None`` without one): the model summary's example input, so it
+    shows FLOPs and layer sizes per image."""
+    size = getattr(datamodule, "image_size", None)
+    return torch.zeros(1, 3, size, size) if isinstance(size, int) else None
+
+
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite."""
 
@@ -155,8 +162,8 @@ class FineTuner(L.LightningModule):
             self.num_classes,
         ):
             self.build(datamodule.num_classes, getattr(datamodule, "class_names", None))
-        if isinstance(size := getattr(datamodule, "image_size", None), int):
-            self.example_input_array = torch.zeros(1, 3, size, size)  # the model summary's FLOPs and sizes per image
+        if (example := example_image(datamodule)) is not None:
+            self.example_input_array = example
         if stage == "fit":
             self.objective.attach_backbone(self.backbone)
             views = self.objective.input_views

@@ -33,6 +33,7 @@ from ..engine import (
     lr_factor,
     with_atomic_io,
 )
+from ..engine.module import example_image
 from ..engine.optim import OptimizerName, Schedule, optimizer_problems
 from ..heads import ProjectionHead
 from ..models import create_backbone
@@ -105,17 +106,13 @@ class ContrastivePretrainer(L.LightningModule):
     def _views(self, x: Tensor) -> Tensor:
         return x.contiguous(memory_format=torch.channels_last) if self.hparams.channels_last else x
 
-    def embed(self, x: Tensor) -> Tensor:
-        """Projections ``g(f(x))`` of a batch of views."""
-        return self.projector(self.backbone(self._views(x)))
-
     def forward(self, x: Tensor) -> Tensor:
         """Projections ``g(f(x))`` of a batch of views (the query encoder's, for MoCo)."""
-        return self.embed(x)
+        return self.projector(self.backbone(self._views(x)))
 
     def setup(self, stage: str) -> None:
-        if isinstance(size := getattr(getattr(self.trainer, "datamodule", None), "image_size", None), int):
-            self.example_input_array = torch.zeros(1, 3, size, size)  # the model summary's FLOPs and sizes per view
+        if (example := example_image(getattr(self.trainer, "datamodule", None))) is not None:
+            self.example_input_array = example
 
     def contrastive_loss(self, view1: Tensor, view2: Tensor) -> Tensor:
         raise NotImplementedError
@@ -198,7 +195,7 @@ class SimCLR(ContrastivePretrainer):
         self.gather = gather
 
     def contrastive_loss(self, view1: Tensor, view2: Tensor) -> Tensor:
-        z1, z2 = self.embed(torch.cat([view1, view2])).chunk(2)
+        z1, z2 = self(torch.cat([view1, view2])).chunk(2)
         return (global_nt_xent if self.gather else nt_xent)(z1, z2, self.hparams.temperature)
 
     def pretrained_checkpoint(self) -> dict[str, Any]:
@@ -300,7 +297,7 @@ class MoCoV2(ContrastivePretrainer):
 
     def contrastive_loss(self, view1: Tensor, view2: Tensor) -> Tensor:
         self._momentum_update()
-        q = self.embed(view1)
+        q = self(view1)
         k = self.keys(view2)
         loss = moco_infonce(q, k, self.queue.queue.clone(), self.hparams.temperature)
         if self._trainer is not None and self.trainer.world_size > 1:  # every process enqueues the global batch

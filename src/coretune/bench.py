@@ -1292,8 +1292,7 @@ def print_status(spec: BenchSpec, console: Any, whole: BenchSpec | None = None) 
     )
     if unfinished := len(rows) - counts["finished"]:
         left, covered = sweep_time_left(rows, None if whole is None else collect_cells(whole)[1])
-        one = unfinished == 1
-        runs, their = ("run", "its") if one else ("runs", "their")
+        runs, their = ("run", "its") if unfinished == 1 else ("runs", "their")
         unknown = f"no timed epoch or finished seed in {their} cell to go by"
         if covered == 0:
             note = f"time left unknown: {unfinished} unfinished {runs} with {unknown}"

@@ -37,6 +37,7 @@ from coretune.bench import (
     EpochBars,
     collect_cells,
     compare,
+    curves_metric,
     export_records,
     final_val_top1,
     fit_command,
@@ -521,7 +522,9 @@ def test_curves_are_the_per_epoch_mean_and_std_over_finished_seeds(tmp_path: Pat
         rows = "".join(f"{e},{'' if v is None else v}\n" for e, v in enumerate(curve))
         (run.run_dir / "metrics.csv").write_text("epoch,val/top1\n" + rows)
         if (run.objective, run.label_fraction, run.seed) != ("core", 0.1, 1):  # one unfinished run: left out
-            (run.run_dir / "results.json").write_text(json.dumps({"test": {"top1": 0.5}}))
+            # no validation split (seed 1: a record from before results.json said so)
+            on_test = {"validated_on_test_images": True} if run.seed != 1 else {}
+            (run.run_dir / "results.json").write_text(json.dumps({"test": {"top1": 0.5}, **on_test}))
     _, paths = write_summary(spec)
     assert (spec.output / "curves.png") in paths and (spec.output / "curves.csv") in paths
     width, height = Image.open(spec.output / "curves.png").size
@@ -557,19 +560,28 @@ def test_curves_are_the_per_epoch_mean_and_std_over_finished_seeds(tmp_path: Pat
             epoch,
             n,
         )
+        assert row["validated_on"] == "test"
         assert float(row["val_top1_mean_pct"]) == pytest.approx(mean, abs=1e-3)
         if n > 1:
             assert float(row["val_top1_std_pct"]) == pytest.approx(statistics.stdev(values), abs=1e-3)
         else:
             assert row["val_top1_std_pct"] == ""
+    assert curves_metric(got) == "test top-1 (no validation split)"
     # no row to pair with the baseline (a spec of one objective): no Δ columns filled, one row of panels
-    solo = spec_of(tmp_path / "solo", objectives=["ce"], label_fractions=[0.1, 1.0])
-    for run in solo.runs():
+    solo = spec_of(tmp_path / "solo", objectives=["ce"], label_fractions=[0.1, 1.0], seeds=[0, 1])
+    for run in solo.runs():  # 10%: a validation split; 100%: seed 0 on a split, seed 1 on the test images
+        on_test = run.label_fraction == 1.0 and run.seed == 1
         run.run_dir.mkdir(parents=True)
         (run.run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.5\n1,0.6\n")
-        (run.run_dir / "results.json").write_text(json.dumps({"test": {"top1": 0.6}}))
+        results = {"test": {"top1": 0.6}, "validated_on_test_images": on_test}
+        (run.run_dir / "results.json").write_text(json.dumps(results))
     write_summary(solo)
-    assert {r["delta_n"] for r in csv.DictReader((solo.output / "curves.csv").open())} == {""}
+    solo_curves = list(csv.DictReader((solo.output / "curves.csv").open()))
+    assert {r["delta_n"] for r in solo_curves} == {""}
+    assert {(r["label_fraction"], r["validated_on"]) for r in solo_curves} == {("0.1", "val"), ("1.0", "mixed")}
+    assert curves_metric(solo_curves) == "validated top-1 (validation split or test images)"
+    assert curves_metric([r for r in solo_curves if r["label_fraction"] == "0.1"]) == "validation top-1"
+    assert curves_metric([{**r, "validated_on": ""} for r in solo_curves]).startswith("validated top-1")
     width, height = Image.open(solo.output / "curves.png").size
     assert height < 0.6 * width
 

@@ -1072,12 +1072,18 @@ def collect_curves(spec: BenchSpec) -> list[dict[str, Any]]:
     hold none out), and the paired difference from the spec's baseline row in the same column: ``v − v_baseline``
     on each seed both finished and validated at that epoch, mean and sample std (percentage points) and the number
     of pairs (blank for the baseline row and without pairs). One row per (data set, objective, label fraction,
-    epoch), epochs counted from 1."""
+    epoch), epochs counted from 1. ``validated_on`` says what the cell's runs validated on (``results.json``'s
+    ``validated_on_test_images``): ``test`` (no validation split: the test images), ``val`` (a validation split),
+    ``mixed``, or blank when no run records it."""
     per_run: dict[tuple[str, str, float], dict[int, dict[int, float]]] = {}  # cell → seed → epoch → top-1 (%)
+    sources: dict[tuple[str, str, float], set[str]] = {}  # cell → what its runs validated on
     for run in spec.runs():
         if not is_finished(run.run_dir) or not (metrics := run.run_dir / "metrics.csv").is_file():
             continue
-        curve = per_run.setdefault((run.dataset, run.objective, run.label_fraction), {}).setdefault(run.seed, {})
+        key = (run.dataset, run.objective, run.label_fraction)
+        on_test = json.loads((run.run_dir / "results.json").read_text()).get("validated_on_test_images")
+        sources.setdefault(key, set()).update([] if on_test is None else ["test" if on_test else "val"])
+        curve = per_run.setdefault(key, {}).setdefault(run.seed, {})
         with metrics.open(newline="") as f:
             for row in csv.DictReader(f):
                 if row.get("val/top1") not in (None, ""):
@@ -1109,6 +1115,7 @@ def collect_curves(spec: BenchSpec) -> list[dict[str, Any]]:
                     "n": len(values),
                     "val_top1_mean_pct": mean,
                     "val_top1_std_pct": std,
+                    "validated_on": _validated_on(sources[(dataset, objective, fraction)]),
                     "baseline": spec.baseline,
                     "delta_n": len(deltas) if deltas else "",
                     "delta_mean_pp": delta_mean,
@@ -1116,6 +1123,19 @@ def collect_curves(spec: BenchSpec) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def _validated_on(sources: set[str]) -> str:
+    """``test``, ``val``, ``mixed`` or blank (none known) for the set of what some runs validated on."""
+    return "mixed" if len(sources) > 1 else next(iter(sources), "")
+
+
+def curves_metric(curves: list[dict[str, Any]]) -> str:
+    """What the curves of :func:`collect_curves` show, for the plot's axes: the test top-1 when every run that says
+    validated on the test images, the validation top-1 when every one validated on a split of the training set."""
+    texts = {"test": "test top-1 (no validation split)", "val": "validation top-1"}
+    validated_on = _validated_on({r["validated_on"] for r in curves} - {""})
+    return texts.get(validated_on, "validated top-1 (validation split or test images)")
 
 
 def _plot_label(label: str) -> str:
@@ -1188,6 +1208,7 @@ def _plot_curves(spec: BenchSpec, curves: list[dict[str, Any]], layout: TableLay
     panels = 2 if with_deltas else 1
     fig, axes = plt.subplots(panels, len(columns), figsize=(5 * len(columns), 4 * panels), squeeze=False)
     base_label = _plot_label(dict(layout.rows)[spec.baseline])
+    metric = curves_metric(curves)
 
     def band(ax: Any, rows: list[dict[str, Any]], stat: str, colour: str, label: str) -> None:
         """Mean line and ± std band of ``stat`` (``val_top1_*_pct`` or ``delta_*_pp``) over the epochs it has."""
@@ -1209,14 +1230,14 @@ def _plot_curves(spec: BenchSpec, curves: list[dict[str, Any]], layout: TableLay
                     axes[1, j].axhline(0.0, color=f"C{i}", linestyle="--", linewidth=1)
                 else:
                     band(axes[1, j], rows, "delta_{}_pp", f"C{i}", _plot_label(label))
-        axes[0, j].set(xlabel="epoch", ylabel="val/top1 (%)", title=col_label)
+        axes[0, j].set(xlabel="epoch", ylabel=f"{metric} (%)", title=col_label)
         if with_deltas:
             title = f"{col_label}: Δ from {base_label}, paired by seed"
-            axes[1, j].set(xlabel="epoch", ylabel="Δ val/top1 (pp)", title=title)
+            axes[1, j].set(xlabel="epoch", ylabel=f"Δ {metric.partition(' (')[0]} (pp)", title=title)
         axes[0, j].legend(fontsize=8)  # the Δ panel below uses the same colours
         for ax in axes[:, j]:
             ax.grid(alpha=0.3)
-    fig.suptitle(f"{spec.name}: validated top-1 per epoch, mean ± std over seeds", fontsize=10)
+    fig.suptitle(f"{spec.name}: {metric} per epoch, mean ± std over seeds", fontsize=10)
     fig.tight_layout()
     path = spec.output / "curves.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")  # the title may be wider than one panel

@@ -1131,8 +1131,9 @@ def _validated_on(sources: set[str]) -> str:
 
 
 def curves_metric(curves: list[dict[str, Any]]) -> str:
-    """What the curves of :func:`collect_curves` show, for the plot's axes: the test top-1 when every run that says
-    validated on the test images, the validation top-1 when every one validated on a split of the training set."""
+    """What the curves of :func:`collect_curves` show, for the plot's axes: the test top-1 when every run that records
+    it validated on the test images, the validation top-1 when every such run validated on a split of the training
+    set, a generic label when they differ or none records it."""
     texts = {"test": "test top-1 (no validation split)", "val": "validation top-1"}
     validated_on = _validated_on({r["validated_on"] for r in curves} - {""})
     return texts.get(validated_on, "validated top-1 (validation split or test images)")

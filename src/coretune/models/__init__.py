@@ -1,6 +1,6 @@
 """Encoders (torchvision, timm, a small CNN) and safe loading of self-supervised checkpoints into them."""
 
-from .backbones import TIMM_PREFIX, Encoder, SmallCNN, create_backbone, list_backbones, register_backbone
+from .backbones import SmallCNN, create_backbone, list_backbones, register_backbone
 from .checkpoints import (
     CheckpointError,
     Extraction,
@@ -13,6 +13,7 @@ from .checkpoints import (
     register_layout,
     require_checkpoint_file,
 )
+from .encoder import TIMM_PREFIX, Encoder
 
 __all__ = [
     "TIMM_PREFIX",

@@ -18,7 +18,6 @@ import yaml
 from jsonargparse import ArgumentParser
 
 from . import objectives
-from .bench import SweepInterrupted
 from .data import ImageClassificationData
 from .engine import (
     FineTuner,
@@ -32,6 +31,7 @@ from .engine import (
 )
 from .models import require_checkpoint_file
 from .runclaim import RunInUse
+from .sweeps.launch import SweepInterrupted
 
 __all__ = ["main"]
 
@@ -438,13 +438,13 @@ def demo(args: list[str]) -> None:
 
 
 def bench(args: list[str]) -> None:
-    from .bench import main as bench_main
+    from .sweeps.bench import main as bench_main
 
     bench_main(args)
 
 
 def tune(args: list[str]) -> None:
-    from .tune import main as tune_main
+    from .sweeps.tune import main as tune_main
 
     tune_main(args)
 

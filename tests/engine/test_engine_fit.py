@@ -17,8 +17,7 @@ from coretune.data import ImageClassificationData, ImageFileDataset, eval_transf
 from coretune.engine import FineTuner, epoch_summary, make_trainer, read_metrics
 from coretune.export import load_exported
 from coretune.objectives import create
-
-QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+from fit_flags import QUIET
 
 
 def fit_args(tree: Path, run_dir: Path, *extra: str) -> list[str]:

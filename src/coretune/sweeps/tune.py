@@ -25,15 +25,10 @@ from typing import Any, Literal
 
 import yaml
 
-from .bench import (
-    SweepInterrupted,
-    catch_stop_signals,
-    final_val_top1,
-    is_finished,
-    launch_fit,
-    unvalidated_final_epoch,
-)
-from .runclaim import RunInUse
+from ..runclaim import RunInUse
+from .launch import SweepInterrupted, catch_stop_signals, launch_fit
+from .records import final_val_top1, is_finished
+from .spec import unvalidated_final_epoch
 
 __all__ = ["TrialFailed", "main", "tune"]
 
@@ -68,7 +63,7 @@ def _check_fit_args(fit_args: list[str]) -> None:
 def _check_trial_args(trial_args: list[str]) -> None:
     """Before the first trial, refuse fit arguments ``coretune fit`` would refuse, or that would not validate the
     final epoch (a trial is scored by its final epoch's val/top1)."""
-    from .cli import FitArgsError, resolved_fit_config
+    from ..cli import FitArgsError, resolved_fit_config
 
     try:
         config = resolved_fit_config(trial_args)
@@ -80,7 +75,7 @@ def _check_trial_args(trial_args: list[str]) -> None:
 
 def _check_objective(name: str) -> dict[str, Any]:
     """The preset of a registered objective that takes ``eta`` and ``alpha``."""
-    from . import objectives
+    from .. import objectives
 
     tunable = [
         n for n in objectives.available() if {"eta", "alpha"} <= set(inspect.signature(objectives.get(n)[0]).parameters)
@@ -273,7 +268,7 @@ def _check_repeats(study: Any, repeats: int) -> None:
 
 
 def _write_outputs(study: Any, output: Path, objective: str, preset: dict[str, Any], val_fraction: float) -> None:
-    from . import objectives
+    from .. import objectives
 
     rows = _trial_rows(study)
     if rows:

@@ -11,7 +11,7 @@ import yaml
 
 from coretune.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
 #: record folder (docs/records/<name>) → its bench spec
 RECORDS = {

@@ -1,0 +1,130 @@
+"""Collecting a sweep's runs: finished runs into cells (:class:`~.stats.Cell`) and one row per run, and their
+validated top-1 per epoch into curves."""
+
+from __future__ import annotations
+
+import csv
+import json
+from typing import Any
+
+import numpy as np
+
+from ..runclaim import live_claim
+from .records import is_finished, run_progress, run_top1
+from .spec import BenchSpec, Run
+from .stats import Cell
+
+__all__ = ["collect_cells", "collect_curves"]
+
+
+def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], list[dict[str, Any]]]:
+    """Cells keyed by ``(objective, dataset, label_fraction)`` and one row per run (for ``runs.csv``)."""
+    values: dict[tuple[str, str, float], list[float]] = {}
+    seeds: dict[tuple[str, str, float], list[int]] = {}
+    rows = []
+    datasets, names = list(spec.datasets), [e.name for e in spec.objectives]
+
+    def position(run: Run) -> tuple[int, int, float, int]:
+        return datasets.index(run.dataset), names.index(run.objective), run.label_fraction, run.seed
+
+    for run in sorted(spec.runs(), key=position):
+        key = (run.objective, run.dataset, run.label_fraction)
+        values.setdefault(key, [])
+        seeds.setdefault(key, [])
+        results_path = run.run_dir / "results.json"
+        results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+        test = results.get("test") or {}
+        if test:
+            status = "finished"
+        elif live_claim(run.run_dir) is not None:
+            status = "running"
+        else:
+            status = "unfinished" if run.run_dir.is_dir() else "missing"
+        progress = f"{results.get('epochs', '')} epochs" if test else run_progress(run.run_dir)
+        top1 = run_top1(run.run_dir, spec.metric) if test else None
+        if top1 is not None:
+            values[key].append(top1)
+            seeds[key].append(run.seed)
+        rows.append(
+            {
+                "dataset": run.dataset,
+                "objective": run.objective,
+                "label_fraction": run.label_fraction,
+                "seed": run.seed,
+                "status": status,
+                "progress": progress,
+                "test_top1_pct": round(100 * test["top1"], 4) if test else "",
+                "test_top5_pct": round(100 * test["top5"], 4) if test.get("top5") is not None else "",
+                **({"val_top1_pct": "" if top1 is None else round(top1, 4)} if spec.metric == "val" else {}),
+                "epochs": results.get("epochs", ""),
+                "wall_time_s": results.get("wall_time_s", ""),
+                "train_images_per_s": results.get("train_images_per_s", ""),
+                "run_dir": str(run.run_dir),
+            }
+        )
+    cells = {key: Cell(*key, tuple(v), tuple(seeds[key])) for key, v in values.items()}
+    return cells, rows
+
+
+def collect_curves(spec: BenchSpec) -> list[dict[str, Any]]:
+    """The validated top-1 per epoch of every cell: mean and sample std (%) over its finished seeds that validated
+    that epoch (``val/top1`` in each run's ``metrics.csv``: the validation split, or the test images for runs that
+    hold none out), and the paired difference from the spec's baseline row in the same column: ``v − v_baseline``
+    on each seed both finished and validated at that epoch, mean and sample std (percentage points) and the number
+    of pairs (blank for the baseline row and without pairs). One row per (data set, objective, label fraction,
+    epoch), epochs counted from 1. ``validated_on`` says what the cell's runs validated on (``results.json``'s
+    ``validated_on_test_images``): ``test`` (no validation split: the test images), ``val`` (a validation split),
+    ``mixed``, or blank when no run records it."""
+    per_run: dict[tuple[str, str, float], dict[int, dict[int, float]]] = {}  # cell → seed → epoch → top-1 (%)
+    sources: dict[tuple[str, str, float], set[str]] = {}  # cell → what its runs validated on
+    for run in spec.runs():
+        if not is_finished(run.run_dir) or not (metrics := run.run_dir / "metrics.csv").is_file():
+            continue
+        key = (run.dataset, run.objective, run.label_fraction)
+        on_test = json.loads((run.run_dir / "results.json").read_text()).get("validated_on_test_images")
+        sources.setdefault(key, set()).update([] if on_test is None else ["test" if on_test else "val"])
+        curve = per_run.setdefault(key, {}).setdefault(run.seed, {})
+        with metrics.open(newline="") as f:
+            for row in csv.DictReader(f):
+                if row.get("val/top1") not in (None, ""):
+                    curve[int(row["epoch"]) + 1] = 100 * float(row["val/top1"])
+
+    def mean_std(values: list[float]) -> tuple[float | str, float | str]:
+        if not values:
+            return "", ""
+        std = round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else ""
+        return round(float(np.mean(values)), 4), std
+
+    rows = []
+    datasets, names = list(spec.datasets), [e.name for e in spec.objectives]
+    for (dataset, objective, fraction), seeds in sorted(
+        per_run.items(), key=lambda item: (datasets.index(item[0][0]), names.index(item[0][1]), item[0][2])
+    ):
+        base = {} if objective == spec.baseline else per_run.get((dataset, spec.baseline, fraction), {})
+        for epoch in sorted({e for curve in seeds.values() for e in curve}):
+            values = [curve[epoch] for curve in seeds.values() if epoch in curve]
+            deltas = [c[epoch] - base[s][epoch] for s, c in seeds.items() if epoch in c and epoch in base.get(s, {})]
+            mean, std = mean_std(values)
+            delta_mean, delta_std = mean_std(deltas)
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "objective": objective,
+                    "label_fraction": fraction,
+                    "epoch": epoch,
+                    "n": len(values),
+                    "val_top1_mean_pct": mean,
+                    "val_top1_std_pct": std,
+                    "validated_on": _validated_on(sources[(dataset, objective, fraction)]),
+                    "baseline": spec.baseline,
+                    "delta_n": len(deltas) if deltas else "",
+                    "delta_mean_pp": delta_mean,
+                    "delta_std_pp": delta_std,
+                }
+            )
+    return rows
+
+
+def _validated_on(sources: set[str]) -> str:
+    """``test``, ``val``, ``mixed`` or blank (none known) for the set of what some runs validated on."""
+    return "mixed" if len(sources) > 1 else next(iter(sources), "")

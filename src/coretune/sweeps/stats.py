@@ -52,7 +52,8 @@ class Comparison:
     ``paired``: ``a − b`` for each seed both cells finished (seed order). Runs with one seed share the label
     subset, the new heads' initialisation, the batches and the augmentations, so the per-seed differences are
     free of that variation. ``paired_t`` = mean / (std / √n) of those differences (n − 1 degrees of freedom) and
-    ``paired_p`` its two-sided p-value; NaN below two pairs or when every pair differs by the same amount.
+    ``paired_p`` its two-sided p-value (:func:`scipy.stats.ttest_rel`); NaN below two pairs or when every pair
+    differs by the same amount.
     """
 
     diff: float
@@ -72,13 +73,14 @@ def compare(a: Cell, b: Cell) -> Comparison:
     """
     diff = a.mean - b.mean
     by_seed = dict(zip(b.seeds, b.values, strict=False))  # seeds unknown (empty): nothing is paired
-    paired = tuple(v - by_seed[s] for s, v in zip(a.seeds, a.values, strict=False) if s in by_seed)
+    pairs = [(v, by_seed[s]) for s, v in zip(a.seeds, a.values, strict=False) if s in by_seed]
+    paired = tuple(x - y for x, y in pairs)
     t, p = math.nan, math.nan
-    if len(paired) >= 2 and (spread := float(np.std(paired, ddof=1))) > 0:
-        from scipy.stats import t as student_t
+    if len(paired) >= 2 and float(np.std(paired, ddof=1)) > 0:
+        from scipy.stats import ttest_rel
 
-        t = float(np.mean(paired)) / (spread / math.sqrt(len(paired)))
-        p = float(2 * student_t.sf(abs(t), len(paired) - 1))
+        test = ttest_rel(*zip(*pairs, strict=True))
+        t, p = float(test.statistic), float(test.pvalue)
     if a.n < 2 or b.n < 2:
         return Comparison(diff, math.nan, None, paired, t, p)
     pooled = math.sqrt(((a.n - 1) * a.std**2 + (b.n - 1) * b.std**2) / (a.n + b.n - 2))

@@ -12,9 +12,10 @@ import pytest
 import torch
 import yaml
 
-from coretune.cli import _print_run_summary, main
+from coretune.cli import main
 from coretune.data import ImageClassificationData, ImageFileDataset, eval_transform
 from coretune.engine import FineTuner, epoch_summary, make_trainer, read_metrics
+from coretune.engine.fitcli import _print_run_summary
 from coretune.export import load_exported
 from coretune.objectives import create
 from fit_flags import QUIET

@@ -15,7 +15,8 @@ import yaml
 from rich.console import Console
 from sweep_helpers import data_root, spec_of
 
-from coretune.cli import FitArgsError, main, resolved_fit_config
+from coretune.cli import main
+from coretune.engine.fitcli import FitArgsError, resolved_fit_config
 from coretune.sweeps import (
     BenchSpec,
     BenchSpecError,

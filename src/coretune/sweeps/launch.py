@@ -70,7 +70,7 @@ def check_fit_args(runs: Sequence[Run], metric: Metric = "test") -> None:
     """Before a sweep starts, resolve each run's fit configuration (``coretune fit --print_config``, in process) and
     refuse the spec when ``coretune fit`` would refuse a run's arguments or, for ``metric: val``, a run would not
     validate its final epoch on a split of the training set: a bad spec fails at once, not after the runs before it."""
-    from ..cli import FitArgsError, resolved_fit_config
+    from ..engine.fitcli import FitArgsError, resolved_fit_config
 
     for run in runs:
         try:

@@ -63,7 +63,7 @@ def _check_fit_args(fit_args: list[str]) -> None:
 def _check_trial_args(trial_args: list[str]) -> None:
     """Before the first trial, refuse fit arguments ``coretune fit`` would refuse, or that would not validate the
     final epoch (a trial is scored by its final epoch's val/top1)."""
-    from ..cli import FitArgsError, resolved_fit_config
+    from ..engine.fitcli import FitArgsError, resolved_fit_config
 
     try:
         config = resolved_fit_config(trial_args)

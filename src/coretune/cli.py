@@ -1,7 +1,7 @@
 """The ``coretune`` command line. Thin: it parses, builds and hands over; Python can do all of it by the same names.
 
-``coretune fit`` is a LightningCLI (YAML configs, ``--help`` with every default); ``--objective NAME`` takes a
-registered objective name (``coretune objectives`` lists them) and ``--objective.<param>`` its hyper-parameters.
+Each command imports what it runs when it runs: ``coretune fit`` is :mod:`coretune.engine.fitcli` (a LightningCLI),
+``bench`` and ``tune`` are :mod:`coretune.sweeps`, ``pretrain`` is :mod:`coretune.pretrain.cli`.
 """
 
 from __future__ import annotations
@@ -11,17 +11,6 @@ import sys
 from pathlib import Path
 
 from jsonargparse import ArgumentParser
-
-from . import objectives
-from .data import ImageClassificationData
-from .engine import (
-    FineTuner,
-    NonFiniteLossError,
-    TrainingInterrupted,
-    default_precision,
-)
-from .runclaim import RunInUse
-from .sweeps.launch import SweepInterrupted
 
 __all__ = ["main"]
 
@@ -48,6 +37,9 @@ def fit(args: list[str]) -> None:
 
 
 def _test_parser() -> ArgumentParser:
+    from .data import ImageClassificationData
+    from .engine import default_precision
+
     parser = ArgumentParser(
         allow_abbrev=False, prog="coretune test", description="Evaluate a fine-tuned checkpoint; writes results.json."
     )
@@ -66,7 +58,8 @@ def _test_parser() -> ArgumentParser:
 def test(args: list[str]) -> None:
     import lightning as L
 
-    from .engine import RunArtifacts
+    from .data import ImageClassificationData
+    from .engine import FineTuner, RunArtifacts
 
     cfg = _test_parser().parse_args(args)
     model = FineTuner.from_checkpoint(cfg.ckpt_path)
@@ -138,6 +131,8 @@ def list_objectives(args: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from . import objectives
+
     table = Table("name", "method")
     for name, doc in objectives.available().items():
         table.add_row(name, doc)
@@ -153,6 +148,7 @@ def pretrain(args: list[str]) -> None:
 def _eval_parser() -> ArgumentParser:
     from typing import Literal
 
+    from .data import ImageClassificationData
     from .evaluation import DEFAULT_WEIGHT_DECAYS
 
     parser = ArgumentParser(
@@ -210,6 +206,7 @@ def evaluate(args: list[str]) -> None:
     import torch
     from rich.console import Console
 
+    from .data import ImageClassificationData
     from .evaluation import evaluate_encoder
     from .models import create_backbone
 
@@ -285,19 +282,34 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"coretune: unknown command {command!r}\n\n{_USAGE}")
     try:
         COMMANDS[command](rest)
-    except (TrainingInterrupted, SweepInterrupted) as err:
+    except Exception as err:
+        _exit_on(command, err)
+        raise  # a bug, not a user error: keep the traceback
+
+
+def _exit_on(command: str, err: Exception) -> None:
+    """Exit with a signal's code after an interrupted fit or sweep, or with the message alone after an error a user
+    can cause and fix (:func:`_user_errors`; any ``RuntimeError`` too, except from ``fit`` and ``pretrain``). Returns
+    on anything else. The exception classes are imported here, once a command failed."""
+    from .engine import TrainingInterrupted
+    from .sweeps.launch import SweepInterrupted
+
+    if isinstance(err, (TrainingInterrupted, SweepInterrupted)):
         print(f"coretune {command}: {err}", file=sys.stderr)
         sys.exit(128 + err.signum)  # the shell convention for "ended by signal N"
-    except (*_USER_ERRORS, RuntimeError) as err:
-        if command in ("fit", "pretrain") and not isinstance(err, _USER_ERRORS):
-            raise  # a bug, not a user error: keep the traceback
+    user_error = isinstance(err, _user_errors())
+    if user_error or (isinstance(err, RuntimeError) and command not in ("fit", "pretrain")):
         sys.exit(f"coretune {command}: error: {_error_message(err)}")
 
 
-_USER_ERRORS = (ValueError, OSError, NonFiniteLossError, RunInUse)
-"""What a user can cause and fix: bad options, data, checkpoints (all ``ValueError``s), files and disks
-(``OSError``), a diverging loss, a run directory another process is running. ``coretune`` prints their message
-alone; anything else keeps its traceback."""
+def _user_errors() -> tuple[type[Exception], ...]:
+    """What a user can cause and fix: bad options, data, checkpoints (all ``ValueError``s), files and disks
+    (``OSError``), a diverging loss, a run directory another process is running. ``coretune`` prints their message
+    alone; anything else keeps its traceback."""
+    from .engine import NonFiniteLossError
+    from .runclaim import RunInUse
+
+    return ValueError, OSError, NonFiniteLossError, RunInUse
 
 
 def _error_message(err: BaseException) -> str:

@@ -19,6 +19,7 @@ demo: venv
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports
 
 test: lint
 	$(PY) -m pytest -q

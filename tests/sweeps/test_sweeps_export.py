@@ -43,4 +43,4 @@ def test_export_keeps_the_records_of_finished_runs_which_count_when_copied_back(
     shutil.copytree(records, spec.output)
     main(["bench", str(config), "--aggregate_only"])
     assert "| ce | **71.00 ± 1.41 (n=2)** |" in (spec.output / "summary.md").read_text()
-    assert [r["status"] for r in collect_cells(spec)[1]] == ["finished", "finished", "missing"]
+    assert [r.status for r in collect_cells(spec)[1]] == ["finished", "finished", "missing"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import re
 import statistics
@@ -15,7 +16,7 @@ from PIL import Image
 from sweep_helpers import data_root, fabricate, spec_of
 
 from coretune.cli import main
-from coretune.sweeps import BenchSpecError, curves_metric, table_layout, write_summary
+from coretune.sweeps import BenchSpecError, collect_curves, curves_metric, table_layout, write_summary
 from coretune.sweeps.plots import _plot_label
 
 
@@ -113,7 +114,7 @@ def test_curves_are_the_per_epoch_mean_and_std_over_finished_seeds(tmp_path: Pat
             assert float(row["val_top1_std_pct"]) == pytest.approx(statistics.stdev(values), abs=1e-3)
         else:
             assert row["val_top1_std_pct"] == ""
-    assert curves_metric(got) == "test top-1 (no validation split)"
+    assert curves_metric(collect_curves(spec)) == "test top-1 (no validation split)"
     # no row to pair with the baseline (a spec of one objective): no Δ columns filled, one row of panels
     solo = spec_of(tmp_path / "solo", objectives=["ce"], label_fractions=[0.1, 1.0], seeds=[0, 1])
     for run in solo.runs():  # 10%: a validation split; 100%: seed 0 on a split, seed 1 on the test images
@@ -126,9 +127,11 @@ def test_curves_are_the_per_epoch_mean_and_std_over_finished_seeds(tmp_path: Pat
     solo_curves = list(csv.DictReader((solo.output / "curves.csv").open()))
     assert {r["delta_n"] for r in solo_curves} == {""}
     assert {(r["label_fraction"], r["validated_on"]) for r in solo_curves} == {("0.1", "val"), ("1.0", "mixed")}
-    assert curves_metric(solo_curves) == "validated top-1 (validation split or test images)"
-    assert curves_metric([r for r in solo_curves if r["label_fraction"] == "0.1"]) == "validation top-1"
-    assert curves_metric([{**r, "validated_on": ""} for r in solo_curves]).startswith("validated top-1")
+    points = collect_curves(solo)
+    assert [{k: str(v) for k, v in p.csv_row().items()} for p in points] == solo_curves  # None: blank
+    assert curves_metric(points) == "validated top-1 (validation split or test images)"
+    assert curves_metric([p for p in points if p.label_fraction == 0.1]) == "validation top-1"
+    assert curves_metric([dataclasses.replace(p, validated_on=None) for p in points]).startswith("validated top-1")
     width, height = Image.open(solo.output / "curves.png").size
     assert height < 0.6 * width
 

@@ -19,6 +19,7 @@ from sweep_helpers import data_root, fabricate
 from coretune.cli import main
 from coretune.runclaim import RunClaim, claim_run
 from coretune.sweeps import BenchSpec, collect_cells, sweep_time_left
+from coretune.sweeps.records import RunRecord, RunStatus
 
 
 def test_status_lists_finished_started_and_missing_runs(
@@ -61,7 +62,7 @@ def test_status_lists_finished_started_and_missing_runs(
     assert "1 of 5 runs finished, 3 started (1 running now), 1 not started" in out
     # 17 + 29 min for seeds 1 and 4, seed 0's 10 min for seeds 2 (no epoch yet) and 3
     assert "~1 h 06 min of fitting left for the 4 unfinished runs, one after another" in " ".join(out.split())
-    statuses = [r["status"] for r in collect_cells(spec)[1]]
+    statuses = [r.status for r in collect_cells(spec)[1]]
     assert statuses == ["finished", "unfinished", "unfinished", "missing", "running"]
     assert not (spec.output / "summary.md").exists()  # --status writes nothing
     main(["bench", str(config), "--status", "--only_seeds=[1, 3]"])  # the runs a restricted sweep command runs
@@ -76,14 +77,14 @@ def test_status_lists_finished_started_and_missing_runs(
 
 
 def test_sweep_time_left_times_each_run_by_its_pace_or_its_cells_finished_seeds(tmp_path: Path) -> None:
-    def row(name: str, status: str, cell: str = "a", wall: float | str = "", done: int = 0) -> dict[str, object]:
+    def row(name: str, status: RunStatus, cell: str = "a", wall: float | None = None, done: int = 0) -> RunRecord:
         run_dir = tmp_path / name
         if status != "missing":
             run_dir.mkdir()
             (run_dir / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 4}}))
             (run_dir / "metrics.csv").write_text("epoch,epoch_time_s\n" + "".join(f"{e},50\n" for e in range(done)))
-        return {"dataset": "d", "objective": cell, "label_fraction": 1.0, "status": status, "wall_time_s": wall,
-                "run_dir": str(run_dir)}  # fmt: skip
+        none = dict.fromkeys(("test_top1_pct", "test_top5_pct", "val_top1_pct", "epochs", "train_images_per_s"))
+        return RunRecord("d", cell, 1.0, 0, status, "", **none, wall_time_s=wall, run_dir=run_dir)
 
     finished = [row("f1", "finished", wall=100.0), row("f2", "finished", wall=300.0), row("f3", "finished")]
     assert sweep_time_left(finished) == (0.0, 0)

@@ -5,20 +5,49 @@ from __future__ import annotations
 
 import csv
 import json
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 import numpy as np
 
 from ..runclaim import live_claim
-from .records import is_finished, run_progress, run_top1
+from .records import RunRecord, is_finished, run_progress, run_top1
 from .spec import BenchSpec, Run
 from .stats import Cell
 
-__all__ = ["collect_cells", "collect_curves"]
+__all__ = ["CurvePoint", "ValidatedOn", "collect_cells", "collect_curves"]
+
+ValidatedOn = Literal["test", "val", "mixed"]
+"""What a cell's runs validated on: the test images (no validation split), a validation split, or both."""
 
 
-def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], list[dict[str, Any]]]:
-    """Cells keyed by ``(objective, dataset, label_fraction)`` and one row per run (for ``runs.csv``)."""
+@dataclass(frozen=True)
+class CurvePoint:
+    """A cell's validated top-1 at one epoch (counted from 1), mean and sample std (%) over its ``n`` seeds, and the
+    paired difference from the ``baseline`` row over ``delta_n`` seeds (percentage points); ``None`` where there is
+    nothing to average (a std of one value, the baseline row's own difference, no validation record). A row of
+    ``curves.csv`` once written (:meth:`csv_row`)."""
+
+    dataset: str
+    objective: str
+    label_fraction: float
+    epoch: int
+    n: int
+    val_top1_mean_pct: float | None
+    val_top1_std_pct: float | None
+    validated_on: ValidatedOn | None
+    baseline: str
+    delta_n: int | None
+    delta_mean_pp: float | None
+    delta_std_pp: float | None
+
+    def csv_row(self) -> dict[str, Any]:
+        """The ``curves.csv`` row: blank where a value is missing."""
+        return {f.name: "" if (value := getattr(self, f.name)) is None else value for f in fields(self)}
+
+
+def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], list[RunRecord]]:
+    """Cells keyed by ``(objective, dataset, label_fraction)`` and the record of each run (``runs.csv``)."""
     values: dict[tuple[str, str, float], list[float]] = {}
     seeds: dict[tuple[str, str, float], list[int]] = {}
     rows = []
@@ -46,35 +75,35 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
             values[key].append(top1)
             seeds[key].append(run.seed)
         rows.append(
-            {
-                "dataset": run.dataset,
-                "objective": run.objective,
-                "label_fraction": run.label_fraction,
-                "seed": run.seed,
-                "status": status,
-                "progress": progress,
-                "test_top1_pct": round(100 * test["top1"], 4) if test else "",
-                "test_top5_pct": round(100 * test["top5"], 4) if test.get("top5") is not None else "",
-                **({"val_top1_pct": "" if top1 is None else round(top1, 4)} if spec.metric == "val" else {}),
-                "epochs": results.get("epochs", ""),
-                "wall_time_s": results.get("wall_time_s", ""),
-                "train_images_per_s": results.get("train_images_per_s", ""),
-                "run_dir": str(run.run_dir),
-            }
+            RunRecord(
+                dataset=run.dataset,
+                objective=run.objective,
+                label_fraction=run.label_fraction,
+                seed=run.seed,
+                status=status,
+                progress=progress,
+                test_top1_pct=round(100 * test["top1"], 4) if test else None,
+                test_top5_pct=round(100 * test["top5"], 4) if test.get("top5") is not None else None,
+                val_top1_pct=None if top1 is None or spec.metric != "val" else round(top1, 4),
+                epochs=results.get("epochs"),
+                wall_time_s=results.get("wall_time_s"),
+                train_images_per_s=results.get("train_images_per_s"),
+                run_dir=run.run_dir,
+            )
         )
     cells = {key: Cell(*key, tuple(v), tuple(seeds[key])) for key, v in values.items()}
     return cells, rows
 
 
-def collect_curves(spec: BenchSpec) -> list[dict[str, Any]]:
+def collect_curves(spec: BenchSpec) -> list[CurvePoint]:
     """The validated top-1 per epoch of every cell: mean and sample std (%) over its finished seeds that validated
     that epoch (``val/top1`` in each run's ``metrics.csv``: the validation split, or the test images for runs that
     hold none out), and the paired difference from the spec's baseline row in the same column: ``v − v_baseline``
     on each seed both finished and validated at that epoch, mean and sample std (percentage points) and the number
-    of pairs (blank for the baseline row and without pairs). One row per (data set, objective, label fraction,
+    of pairs (None for the baseline row and without pairs). One row per (data set, objective, label fraction,
     epoch), epochs counted from 1. ``validated_on`` says what the cell's runs validated on (``results.json``'s
     ``validated_on_test_images``): ``test`` (no validation split: the test images), ``val`` (a validation split),
-    ``mixed``, or blank when no run records it."""
+    ``mixed``, or None when no run records it."""
     per_run: dict[tuple[str, str, float], dict[int, dict[int, float]]] = {}  # cell → seed → epoch → top-1 (%)
     sources: dict[tuple[str, str, float], set[str]] = {}  # cell → what its runs validated on
     for run in spec.runs():
@@ -89,10 +118,10 @@ def collect_curves(spec: BenchSpec) -> list[dict[str, Any]]:
                 if row.get("val/top1") not in (None, ""):
                     curve[int(row["epoch"]) + 1] = 100 * float(row["val/top1"])
 
-    def mean_std(values: list[float]) -> tuple[float | str, float | str]:
+    def mean_std(values: list[float]) -> tuple[float | None, float | None]:
         if not values:
-            return "", ""
-        std = round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else ""
+            return None, None
+        std = round(float(np.std(values, ddof=1)), 4) if len(values) > 1 else None
         return round(float(np.mean(values)), 4), std
 
     rows = []
@@ -107,24 +136,24 @@ def collect_curves(spec: BenchSpec) -> list[dict[str, Any]]:
             mean, std = mean_std(values)
             delta_mean, delta_std = mean_std(deltas)
             rows.append(
-                {
-                    "dataset": dataset,
-                    "objective": objective,
-                    "label_fraction": fraction,
-                    "epoch": epoch,
-                    "n": len(values),
-                    "val_top1_mean_pct": mean,
-                    "val_top1_std_pct": std,
-                    "validated_on": _validated_on(sources[(dataset, objective, fraction)]),
-                    "baseline": spec.baseline,
-                    "delta_n": len(deltas) if deltas else "",
-                    "delta_mean_pp": delta_mean,
-                    "delta_std_pp": delta_std,
-                }
+                CurvePoint(
+                    dataset=dataset,
+                    objective=objective,
+                    label_fraction=fraction,
+                    epoch=epoch,
+                    n=len(values),
+                    val_top1_mean_pct=mean,
+                    val_top1_std_pct=std,
+                    validated_on=_validated_on(sources[(dataset, objective, fraction)]),
+                    baseline=spec.baseline,
+                    delta_n=len(deltas) if deltas else None,
+                    delta_mean_pp=delta_mean,
+                    delta_std_pp=delta_std,
+                )
             )
     return rows
 
 
-def _validated_on(sources: set[str]) -> str:
-    """``test``, ``val``, ``mixed`` or blank (none known) for the set of what some runs validated on."""
-    return "mixed" if len(sources) > 1 else next(iter(sources), "")
+def _validated_on(sources: set[str]) -> ValidatedOn | None:
+    """``test``, ``val``, ``mixed`` or None (none known) for the set of what some runs validated on."""
+    return "mixed" if len(sources) > 1 else next(iter(sources), None)

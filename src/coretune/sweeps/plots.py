@@ -9,19 +9,19 @@ from typing import Any
 
 import numpy as np
 
-from .collect import _validated_on
+from .collect import CurvePoint, _validated_on
 from .spec import _METRIC_TEXT, BenchSpec, TableLayout
 from .stats import Cell
 
 __all__ = ["curves_metric"]
 
 
-def curves_metric(curves: list[dict[str, Any]]) -> str:
+def curves_metric(curves: list[CurvePoint]) -> str:
     """What the curves of :func:`collect_curves` show, for the plot's axes: the test top-1 when every run that records
     it validated on the test images, the validation top-1 when every such run validated on a split of the training
     set, a generic label when they differ or none records it."""
     texts = {"test": "test top-1 (no validation split)", "val": "validation top-1"}
-    validated_on = _validated_on({r["validated_on"] for r in curves} - {""})
+    validated_on = _validated_on({r.validated_on for r in curves} - {None})
     return texts.get(validated_on, "validated top-1 (validation split or test images)")
 
 
@@ -79,7 +79,7 @@ def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: Ta
     return paths
 
 
-def _plot_curves(spec: BenchSpec, curves: list[dict[str, Any]], layout: TableLayout) -> Path:
+def _plot_curves(spec: BenchSpec, curves: list[CurvePoint], layout: TableLayout) -> Path:
     """``curves.png``: validated top-1 against epoch, mean ± std band over seeds, one panel per table column; below,
     when any row shares seeds with the baseline, the paired difference from the baseline row (mean ± std band over
     the shared seeds), which separates rows whose curves overlap."""
@@ -89,28 +89,28 @@ def _plot_curves(spec: BenchSpec, curves: list[dict[str, Any]], layout: TableLay
     import matplotlib.pyplot as plt
 
     columns = [
-        (col, label) for col, label in layout.columns if any((r["dataset"], r["label_fraction"]) == col for r in curves)
+        (col, label) for col, label in layout.columns if any((r.dataset, r.label_fraction) == col for r in curves)
     ]
-    with_deltas = any(r["delta_n"] != "" for r in curves)
+    with_deltas = any(r.delta_n is not None for r in curves)
     panels = 2 if with_deltas else 1
     fig, axes = plt.subplots(panels, len(columns), figsize=(5 * len(columns), 4 * panels), squeeze=False)
     base_label = _plot_label(dict(layout.rows)[spec.baseline])
     metric = curves_metric(curves)
 
-    def band(ax: Any, rows: list[dict[str, Any]], stat: str, colour: str, label: str) -> None:
+    def band(ax: Any, rows: list[CurvePoint], stat: str, colour: str, label: str) -> None:
         """Mean line and ± std band of ``stat`` (``val_top1_*_pct`` or ``delta_*_pp``) over the epochs it has."""
-        rows = [r for r in rows if r[stat.format("mean")] != ""]
+        rows = [r for r in rows if getattr(r, stat.format("mean")) is not None]
         if not rows:
             return
-        epochs = np.array([r["epoch"] for r in rows])
-        mean = np.array([r[stat.format("mean")] for r in rows])
-        std = np.array([r[stat.format("std")] or 0.0 for r in rows])
+        epochs = np.array([r.epoch for r in rows])
+        mean = np.array([getattr(r, stat.format("mean")) for r in rows])
+        std = np.array([getattr(r, stat.format("std")) or 0.0 for r in rows])
         ax.plot(epochs, mean, marker="o", markersize=3, color=colour, label=label)
         ax.fill_between(epochs, mean - std, mean + std, color=colour, alpha=0.2)
 
     for j, (col, col_label) in enumerate(columns):
         for i, (name, label) in enumerate(layout.rows):
-            rows = [r for r in curves if (r["dataset"], r["label_fraction"]) == col and r["objective"] == name]
+            rows = [r for r in curves if (r.dataset, r.label_fraction) == col and r.objective == name]
             band(axes[0, j], rows, "val_top1_{}_pct", f"C{i}", _plot_label(label))
             if with_deltas:
                 if name == spec.baseline:

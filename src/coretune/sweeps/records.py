@@ -6,7 +6,9 @@ from __future__ import annotations
 import csv
 import json
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any, Literal
 
 import yaml
 
@@ -14,6 +16,8 @@ from ..runclaim import live_claim
 from .spec import Metric, check_val_split
 
 __all__ = [
+    "RunRecord",
+    "RunStatus",
     "epochs_done",
     "final_val_top1",
     "format_duration",
@@ -25,6 +29,41 @@ __all__ = [
 
 
 _ARGS_FILE = "fit_args.json"
+
+
+RunStatus = Literal["finished", "running", "unfinished", "missing"]
+"""A run's state: test results written, claimed by a live process, started, or no run directory yet."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run of a sweep as its files record it (:func:`~.collect.collect_cells`): top-1 and top-5 in percent,
+    ``None`` where a value is missing (unfinished, or not recorded); a row of ``runs.csv`` once written
+    (:meth:`csv_row`)."""
+
+    dataset: str
+    objective: str
+    label_fraction: float
+    seed: int
+    status: RunStatus
+    progress: str
+    test_top1_pct: float | None
+    test_top5_pct: float | None
+    val_top1_pct: float | None
+    epochs: int | None
+    wall_time_s: float | None
+    train_images_per_s: float | None
+    run_dir: Path
+
+    def top1_pct(self, metric: Metric) -> float | None:
+        """The top-1 (%) the spec's ``metric`` tabulates."""
+        return self.val_top1_pct if metric == "val" else self.test_top1_pct
+
+    def csv_row(self, metric: Metric) -> dict[str, Any]:
+        """The ``runs.csv`` row: blank where a value is missing, ``val_top1_pct`` only with ``metric: val``."""
+        names = [f.name for f in fields(self) if f.name != "val_top1_pct" or metric == "val"]
+        row = {name: "" if (value := getattr(self, name)) is None else value for name in names}
+        return {**row, "run_dir": str(self.run_dir)}
 
 
 def is_finished(run_dir: str | Path) -> bool:

@@ -119,13 +119,13 @@ def write_summary(spec: BenchSpec) -> tuple[str, list[Path]]:
     spec.output.mkdir(parents=True, exist_ok=True)
     markdown = _markdown(spec, cells, layout)
     paths = [spec.output / "runs.csv", spec.output / "summary.csv", spec.output / "summary.md"]
-    _write_csv(paths[0], runs)
+    _write_csv(paths[0], [run.csv_row(spec.metric) for run in runs])
     _write_csv(paths[1], _summary_rows(cells, layout))
     paths[2].write_text(markdown)
     if any(cell.n for cell in cells.values()):
         paths += _plot(spec, cells, layout)
     if curves := collect_curves(spec):
         paths.append(spec.output / "curves.csv")
-        _write_csv(paths[-1], curves)
+        _write_csv(paths[-1], [point.csv_row() for point in curves])
         paths.append(_plot_curves(spec, curves, layout))
     return markdown, paths

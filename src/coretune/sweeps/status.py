@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from .collect import collect_cells
-from .records import epochs_done, format_duration, training_time_left
+from .records import RunRecord, epochs_done, format_duration, training_time_left
 from .spec import _METRIC_TEXT, BenchSpec
 
 __all__ = ["print_status", "sweep_time_left"]
 
 
-def sweep_time_left(rows: list[dict[str, Any]], paces: list[dict[str, Any]] | None = None) -> tuple[float, int]:
+def sweep_time_left(rows: list[RunRecord], paces: list[RunRecord] | None = None) -> tuple[float, int]:
     """Seconds of fitting the unfinished runs of :func:`collect_cells`' ``rows`` have left, one after another, and
     how many of them the sum covers: a run with a timed epoch at its own recent pace (:func:`training_time_left`;
     all epochs done: 0), one without at the median ``wall_time_s`` of its cell's finished seeds in ``paces``
@@ -21,21 +21,21 @@ def sweep_time_left(rows: list[dict[str, Any]], paces: list[dict[str, Any]] | No
     from statistics import median
 
     def cell(row: dict[str, Any]) -> tuple[str, str, float]:
-        return row["dataset"], row["objective"], row["label_fraction"]
+        return row.dataset, row.objective, row.label_fraction
 
     finished: dict[tuple[str, str, float], list[float]] = {}
     for row in rows if paces is None else paces:
-        if row["status"] == "finished" and row["wall_time_s"] != "":
-            finished.setdefault(cell(row), []).append(float(row["wall_time_s"]))
+        if row.status == "finished" and row.wall_time_s is not None:
+            finished.setdefault(cell(row), []).append(float(row.wall_time_s))
     total, covered = 0.0, 0
     for row in rows:
-        if row["status"] == "finished":
+        if row.status == "finished":
             continue
         left = None
-        if row["status"] != "missing":
-            done, epochs = epochs_done(row["run_dir"])
+        if row.status != "missing":
+            done, epochs = epochs_done(row.run_dir)
             trained = epochs is not None and done >= epochs
-            left = 0.0 if trained else training_time_left(row["run_dir"], running=row["status"] == "running")
+            left = 0.0 if trained else training_time_left(row.run_dir, running=row.status == "running")
         if left is None and cell(row) in finished:
             left = median(finished[cell(row)])
         if left is not None:
@@ -50,13 +50,12 @@ def print_status(spec: BenchSpec, console: Any, whole: BenchSpec | None = None) 
     from rich.table import Table
 
     _, rows = collect_cells(spec)
-    metric = "val_top1_pct" if spec.metric == "val" else "test_top1_pct"
     table = Table("data set", "objective", "labels", "seed", _METRIC_TEXT[spec.metric] + " (%)", "progress")
     for row in rows:
-        value = f"{row[metric]:.2f}" if row["status"] == "finished" else ""
-        fraction = f"{100 * row['label_fraction']:g}%"
-        table.add_row(row["dataset"], row["objective"], fraction, str(row["seed"]), value, row["progress"])
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("finished", "running", "unfinished", "missing")}
+        value = f"{row.top1_pct(spec.metric):.2f}" if row.status == "finished" else ""
+        fraction = f"{100 * row.label_fraction:g}%"
+        table.add_row(row.dataset, row.objective, fraction, str(row.seed), value, row.progress)
+    counts = {s: sum(r.status == s for r in rows) for s in ("finished", "running", "unfinished", "missing")}
     console.print(table)
     console.print(
         f"{spec.name}: {counts['finished']} of {len(rows)} runs finished, {counts['running'] + counts['unfinished']} "

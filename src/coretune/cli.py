@@ -60,6 +60,7 @@ def test(args: list[str]) -> None:
 
     from .data import ImageClassificationData
     from .engine import FineTuner, RunArtifacts
+    from .rundir import RunDir
 
     cfg = _test_parser().parse_args(args)
     model = FineTuner.from_checkpoint(cfg.ckpt_path)
@@ -73,7 +74,7 @@ def test(args: list[str]) -> None:
         enable_checkpointing=False,
     )
     trainer.test(model, datamodule=data)
-    print(f"results: {run_dir / 'results.json'}")
+    print(f"results: {RunDir(run_dir).results}")
 
 
 def _predict_parser() -> ArgumentParser:

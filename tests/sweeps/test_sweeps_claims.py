@@ -17,7 +17,8 @@ from sweep_helpers import data_root, spec_of
 
 from coretune.cli import main
 from coretune.runclaim import claim_run, point_claim
-from coretune.sweeps import BenchSpec, is_finished, launch_fit, run_sweep
+from coretune.rundir import RunDir
+from coretune.sweeps import BenchSpec, launch_fit, run_sweep
 
 
 def test_launch_fit_claims_the_run_for_its_fit_until_it_exits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,7 +86,7 @@ def test_a_sweep_skips_the_runs_another_process_is_running(
     other_process.wait()
     main(["bench", str(config)])  # the other process is gone (killed: its claim is stale): this sweep runs seed 1
     assert (tmp_path / "launches.txt").read_text().split()[2:] == [str(busy)]
-    assert is_finished(busy) and not (busy / "fit.pid").exists()
+    assert RunDir(busy).is_finished() and not (busy / "fit.pid").exists()
 
 
 def test_two_sweeps_of_one_spec_share_its_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,4 +98,4 @@ def test_two_sweeps_of_one_spec_share_its_runs(tmp_path: Path, monkeypatch: pyte
     launched = (tmp_path / "launches.txt").read_text().split()
     assert sorted(launched) == sorted(str(r.run_dir) for r in spec.runs())  # each run once
     assert all(not (r.failed or r.interrupted or r.not_started) for r in reports)
-    assert all(is_finished(r.run_dir) and not (r.run_dir / "fit.pid").exists() for r in spec.runs())
+    assert all(RunDir(r.run_dir).is_finished() and not (r.run_dir / "fit.pid").exists() for r in spec.runs())

@@ -17,7 +17,8 @@ import yaml
 from sweep_helpers import data_root, spec_of
 
 from coretune.cli import main
-from coretune.sweeps import is_finished, launch_fit, run_sweep
+from coretune.rundir import RunDir
+from coretune.sweeps import launch_fit, run_sweep
 from fit_flags import TINY_FIT
 
 
@@ -164,4 +165,4 @@ def test_sigterm_to_a_real_bench_process_alone_stops_its_real_fit_resumably(imag
     assert bench.returncode == 128 + signal.SIGTERM, err
     assert "sweep stopped by SIGTERM: 0 run(s) finished, 1 interrupted with a resumable checkpoint" in err
     assert "coretune fit: stopped by SIGTERM" in (run_dir / "log.txt").read_text()
-    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and not is_finished(run_dir)  # no test results
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and not RunDir(run_dir).is_finished()  # no test results

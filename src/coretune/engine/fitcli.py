@@ -20,6 +20,7 @@ import yaml
 from .. import objectives
 from ..data import ImageClassificationData
 from ..models import require_checkpoint_file
+from ..rundir import RunDir
 from .checkpoint_io import with_atomic_io
 from .module import FineTuner
 from .rundir import RunDirCLI
@@ -142,7 +143,7 @@ def _print_run_summary(run_dir: Path) -> None:
 
     from rich.console import Console
 
-    results = json.loads((run_dir / "results.json").read_text())
+    results = json.loads(RunDir(run_dir).results.read_text())
     test = results.get("test", {})
     console = Console()
     console.print(f"[bold]run directory[/bold]: {run_dir}")
@@ -151,7 +152,7 @@ def _print_run_summary(run_dir: Path) -> None:
             f"top-1 {100 * test['top1']:.2f}%  top-5 {100 * test['top5']:.2f}%  "
             f"({results.get('train_images_per_s')} train images/s, {results.get('wall_time_s')} s)"
         )
-    console.print(f"metrics: {run_dir / 'metrics.csv'}   curves: {run_dir / 'learning_curve.png'}")
+    console.print(f"metrics: {RunDir(run_dir).metrics}   curves: {RunDir(run_dir).learning_curve}")
     if results.get("validated_on_test_images") and results.get("best_checkpoint"):
         console.print(
             "[yellow]note[/yellow]: validation read the test images (no separate val/ folder and no "

@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from ..distributed import is_launching_process
 from ..runclaim import fit_claim
+from ..rundir import RunDir
 
 __all__ = ["RunDirCLI", "resolve_run_dir"]
 
@@ -29,7 +30,7 @@ def resolve_run_dir(config: Any, default_name: str) -> None:
     if config.get("run_dir") is None:
         config["run_dir"] = str(Path("runs") / f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     config["trainer"]["default_root_dir"] = config["run_dir"]
-    last = Path(config["run_dir"]) / "checkpoints" / "last.ckpt"
+    last = RunDir(config["run_dir"]).last_checkpoint
     if config.get("ckpt_path") is None and last.is_file():
         config["ckpt_path"] = str(last)
         rank_zero_info(

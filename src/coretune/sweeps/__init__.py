@@ -7,8 +7,8 @@ tables and summary files), :mod:`.plots`, :mod:`.status` (``--status``), :mod:`.
 commands, :mod:`.bench` and :mod:`.tune` (an Optuna study of η and α).
 """
 
-from .collect import collect_cells, collect_curves
-from .export import RECORD_FILES, export_records
+from .collect import CurvePoint, collect_cells, collect_curves
+from .export import export_records
 from .launch import (
     SUBPROCESS_FIT_ARGS,
     EpochBars,
@@ -23,7 +23,7 @@ from .launch import (
     worker_envs,
 )
 from .plots import curves_metric
-from .records import epochs_done, final_val_top1, format_duration, is_finished, run_top1, training_time_left
+from .records import RunRecord, final_val_top1, format_duration, run_top1, training_time_left
 from .report import write_summary
 from .spec import BenchSpec, BenchSpecError, ObjectiveEntry, Run, table_layout
 from .stats import Cell, Comparison, compare
@@ -31,15 +31,16 @@ from .status import print_status, sweep_time_left
 from .tune import TrialFailed
 
 __all__ = [
-    "RECORD_FILES",
     "SUBPROCESS_FIT_ARGS",
     "BenchSpec",
     "BenchSpecError",
     "Cell",
     "Comparison",
+    "CurvePoint",
     "EpochBars",
     "ObjectiveEntry",
     "Run",
+    "RunRecord",
     "StopSignal",
     "SweepInterrupted",
     "SweepReport",
@@ -49,12 +50,10 @@ __all__ = [
     "collect_curves",
     "compare",
     "curves_metric",
-    "epochs_done",
     "export_records",
     "final_val_top1",
     "fit_command",
     "format_duration",
-    "is_finished",
     "launch_fit",
     "print_status",
     "run_sweep",

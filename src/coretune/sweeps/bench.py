@@ -15,6 +15,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+from ..rundir import RunDir
 from .export import export_records
 from .launch import SweepInterrupted, run_sweep
 from .report import write_summary
@@ -111,7 +112,7 @@ def main(args: list[str]) -> None:
             highlight=False,
         )
     if report is not None and (report.failed or report.interrupted):
-        logs = "; ".join(str(run.run_dir / "log.txt") for run in report.failed)
+        logs = "; ".join(str(RunDir(run.run_dir).log) for run in report.failed)
         parts = [f"{len(report.failed)} failed (see {logs})"] if report.failed else []
         if report.interrupted:
             parts.append(f"{len(report.interrupted)} were interrupted (resumable)")

@@ -4,14 +4,13 @@ validated top-1 per epoch into curves."""
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import numpy as np
 
-from ..runclaim import live_claim
-from .records import RunRecord, is_finished, run_progress, run_top1
+from ..rundir import RunDir
+from .records import RunRecord, run_progress, run_top1
 from .spec import BenchSpec, Run
 from .stats import Cell
 
@@ -60,12 +59,12 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
         key = (run.objective, run.dataset, run.label_fraction)
         values.setdefault(key, [])
         seeds.setdefault(key, [])
-        results_path = run.run_dir / "results.json"
-        results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+        files = RunDir(run.run_dir)
+        results = files.read_results()
         test = results.get("test") or {}
         if test:
             status = "finished"
-        elif live_claim(run.run_dir) is not None:
+        elif files.live_claim() is not None:
             status = "running"
         else:
             status = "unfinished" if run.run_dir.is_dir() else "missing"
@@ -107,10 +106,11 @@ def collect_curves(spec: BenchSpec) -> list[CurvePoint]:
     per_run: dict[tuple[str, str, float], dict[int, dict[int, float]]] = {}  # cell → seed → epoch → top-1 (%)
     sources: dict[tuple[str, str, float], set[str]] = {}  # cell → what its runs validated on
     for run in spec.runs():
-        if not is_finished(run.run_dir) or not (metrics := run.run_dir / "metrics.csv").is_file():
+        files = RunDir(run.run_dir)
+        if not files.is_finished() or not (metrics := files.metrics).is_file():
             continue
         key = (run.dataset, run.objective, run.label_fraction)
-        on_test = json.loads((run.run_dir / "results.json").read_text()).get("validated_on_test_images")
+        on_test = files.read_results().get("validated_on_test_images")
         sources.setdefault(key, set()).update([] if on_test is None else ["test" if on_test else "val"])
         curve = per_run.setdefault(key, {}).setdefault(run.seed, {})
         with metrics.open(newline="") as f:

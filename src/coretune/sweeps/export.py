@@ -5,17 +5,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .records import _ARGS_FILE, is_finished
+from ..rundir import RunDir
 from .spec import BenchSpec
 
-__all__ = ["RECORD_FILES", "export_records"]
-
-
-RECORD_FILES = ("config.yaml", _ARGS_FILE, "metrics.csv", "results.json")
+__all__ = ["export_records"]
 
 
 def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
-    """Copy the :data:`RECORD_FILES` of every finished run of ``spec`` into ``dest``, in the layout of
+    """Copy the records (:meth:`RunDir.records`) of every finished run of ``spec`` into ``dest``, in the layout of
     ``spec.output`` and without checkpoints or logs: a few KB per run to keep (in git, say) after the output folder
     is gone. Copying them back into ``spec.output`` makes the sweep skip those runs and count them in its tables.
 
@@ -25,12 +22,12 @@ def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
         raise ValueError(f"--export {dest} is the spec's output folder; give another folder to copy the records into")
     written = []
     for run in spec.runs():
-        if not is_finished(run.run_dir):
+        if not RunDir(run.run_dir).is_finished():
             continue
         target = dest / run.run_dir.relative_to(spec.output)
         target.mkdir(parents=True, exist_ok=True)
-        for name in RECORD_FILES:
-            if (source := run.run_dir / name).is_file():
-                shutil.copy2(source, target / name)
+        for source, copy in zip(RunDir(run.run_dir).records(), RunDir(target).records(), strict=True):
+            if source.is_file():
+                shutil.copy2(source, copy)
         written.append(target)
     return written

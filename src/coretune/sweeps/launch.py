@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ..runclaim import RunInUse, claimed, point_claim
+from ..rundir import RunDir
 from ..stopfile import STOP_FILE_ENV, request_stop
-from .records import _ARGS_FILE, epochs_done, is_finished, run_top1
+from .records import run_top1
 from .spec import _METRIC_TEXT, BenchSpec, BenchSpecError, Metric, Run, check_val_split, unvalidated_final_epoch
 
 __all__ = [
@@ -43,10 +44,6 @@ __all__ = [
 
 
 SUBPROCESS_FIT_ARGS = ("--trainer.enable_progress_bar=false",)
-
-
-STOP_FILE = "stop_request"
-"""A run directory's stop file: the sweep writes a signal's name into it to stop the fit (:mod:`coretune.stopfile`)."""
 
 
 class SweepInterrupted(Exception):
@@ -93,14 +90,14 @@ def fit_command(args: Sequence[str], run_dir: str | Path) -> list[str]:
     """The ``coretune fit`` subprocess command of a run; it resumes from ``checkpoints/last.ckpt`` when present."""
     run_dir = Path(run_dir)
     cmd = [sys.executable, "-m", "coretune.cli", "fit", *SUBPROCESS_FIT_ARGS, *args, f"--run_dir={run_dir}"]
-    if (run_dir / "checkpoints" / "last.ckpt").is_file():
+    if RunDir(run_dir).last_checkpoint.is_file():
         cmd.append("--ckpt_path=last")
     return cmd
 
 
 def check_run_args(args: Sequence[str], run_dir: str | Path) -> None:
     """Refuse to skip or resume a run directory that was started with other fit arguments."""
-    path = Path(run_dir) / _ARGS_FILE
+    path = RunDir(run_dir).fit_args
     if not path.is_file():
         return
     before = json.loads(path.read_text())
@@ -117,7 +114,7 @@ def launch_fit(
 ) -> int:
     """Run one ``coretune fit`` subprocess into ``run_dir``, appending its stdout and stderr to ``log.txt``.
 
-    Returns the exit code; whether the run finished is :func:`is_finished` (results.json holds test results). Once
+    Returns the exit code; whether the run finished is :meth:`RunDir.is_finished` (test results written). Once
     ``stop`` holds a signal, or on Ctrl+C (``KeyboardInterrupt``) while waiting, the fit is asked through its stop
     file (:mod:`coretune.stopfile`) to save a resumable checkpoint and exit, and is awaited.
 
@@ -129,14 +126,15 @@ def launch_fit(
     check_run_args(args, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with claimed(run_dir):
-        if is_finished(run_dir):
+        files = RunDir(run_dir)
+        if files.is_finished():
             return 0
-        (run_dir / _ARGS_FILE).write_text(json.dumps(list(args), indent=1) + "\n")
-        stop_file = run_dir / STOP_FILE
+        files.fit_args.write_text(json.dumps(list(args), indent=1) + "\n")
+        stop_file = files.stop_file
         stop_file.unlink(missing_ok=True)  # an earlier sweep's request must not stop this fit
         env = {**(os.environ if env is None else env), STOP_FILE_ENV: str(stop_file)}
         cmd = fit_command(args, run_dir)
-        with (run_dir / "log.txt").open("a") as log:
+        with files.log.open("a") as log:
             log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')}  {shlex.join(cmd)}\n")
             log.flush()
             with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
@@ -240,7 +238,7 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
     todo = []
     for run in spec.runs():
         check_run_args(run.args, run.run_dir)
-        (report.skipped if is_finished(run.run_dir) else todo).append(run)
+        (report.skipped if RunDir(run.run_dir).is_finished() else todo).append(run)
     check_fit_args(todo, spec.metric)
     console.print(
         f"[bold]{spec.name}[/bold]: {len(report.skipped) + len(todo)} runs, {len(report.skipped)} finished (skipped), "
@@ -296,7 +294,7 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
                     progress.console.print(f"↷ {run.label} skipped: {error}", highlight=False)
                     progress.advance(task)
                     continue
-                if outcome is None and is_finished(run.run_dir):
+                if outcome is None and RunDir(run.run_dir).is_finished():
                     report.skipped.append(run)
                     progress.console.print(f"↷ {run.label}: finished by another process", highlight=False)
                     progress.advance(task)
@@ -333,7 +331,7 @@ def catch_stop_signals() -> Iterator[StopSignal]:
 
 
 def _report_run(run: Run, code: int, seconds: float, report: SweepReport, console: Any, metric: Metric) -> None:
-    if is_finished(run.run_dir):
+    if RunDir(run.run_dir).is_finished():
         report.finished.append(run)
         top1 = run_top1(run.run_dir, metric)
         console.print(f"✓ {run.label}: {_METRIC_TEXT[metric]} {top1:.2f}% ({seconds:.0f} s)", highlight=False)
@@ -341,13 +339,13 @@ def _report_run(run: Run, code: int, seconds: float, report: SweepReport, consol
         report.interrupted.append(run)
         console.print(
             f"⏸ {run.label} interrupted after {seconds:.0f} s (exit code {code}); it resumes from "
-            f"{run.run_dir / 'checkpoints' / 'last.ckpt'} when the sweep is re-run",
+            f"{RunDir(run.run_dir).last_checkpoint} when the sweep is re-run",
             highlight=False,
         )
     else:
         report.failed.append(run)
         console.print(
-            f"✗ {run.label} did not finish (exit code {code}): see {run.run_dir / 'log.txt'}", highlight=False
+            f"✗ {run.label} did not finish (exit code {code}): see {RunDir(run.run_dir).log}", highlight=False
         )
 
 
@@ -357,7 +355,7 @@ _INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 
 class EpochBars:
     """Beside a sweep's bar of runs, one bar per running fit: its epochs done of its length, read from its files
-    (:func:`epochs_done`) at most every ``every`` seconds. Worker threads call :meth:`started` and :meth:`ended`,
+    (:meth:`RunDir.epochs_done`) at most every ``every`` seconds. Worker threads call :meth:`started` and :meth:`ended`,
     the sweep's thread :meth:`refresh`."""
 
     def __init__(self, progress: Any, every: float = 2.0) -> None:
@@ -370,8 +368,8 @@ class EpochBars:
     def started(self, run: Run) -> None:
         """Also prints one line, so that a sweep whose output is not a terminal (``nohup``, a batch job: no bars)
         still says which run it is on and where that run's per-epoch log is."""
-        done, total = epochs_done(run.run_dir)
-        where = f"(log: {run.run_dir / 'log.txt'})"
+        done, total = RunDir(run.run_dir).epochs_done()
+        where = f"(log: {RunDir(run.run_dir).log})"
         if done:
             of = f" of {total}" if total else ""
             line = f"▶ {run.label} resumes after epoch {done}{of} {where}"
@@ -396,7 +394,7 @@ class EpochBars:
         for run in [r for r in self._bars if r not in running]:
             self.progress.remove_task(self._bars.pop(run))
         for run in sorted(running, key=lambda r: r.label):
-            done, total = epochs_done(run.run_dir)
+            done, total = RunDir(run.run_dir).epochs_done()
             if run in self._bars:
                 self.progress.update(self._bars[run], completed=done, total=total)
             else:
@@ -407,7 +405,7 @@ def _timed_launch(run: Run, slots: queue.SimpleQueue, stop: StopSignal, bars: Ep
     """Exit code and seconds of the run's fit, in the environment of a free worker slot (taken from ``slots`` and
     put back); ``None`` when it did not start: ``stop`` held a signal, or another sweep finished the run since this
     one listed it."""
-    if stop.signum is not None or is_finished(run.run_dir):
+    if stop.signum is not None or RunDir(run.run_dir).is_finished():
         return None
     env = slots.get()  # the pool has one thread per slot: never waits
     bars.started(run)

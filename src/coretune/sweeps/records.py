@@ -3,32 +3,23 @@ has left."""
 
 from __future__ import annotations
 
-import csv
-import json
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-from ..runclaim import live_claim
+from ..rundir import RunDir
 from .spec import Metric, check_val_split
 
 __all__ = [
     "RunRecord",
     "RunStatus",
-    "epochs_done",
     "final_val_top1",
     "format_duration",
-    "is_finished",
     "run_progress",
     "run_top1",
     "training_time_left",
 ]
-
-
-_ARGS_FILE = "fit_args.json"
 
 
 RunStatus = Literal["finished", "running", "unfinished", "missing"]
@@ -66,15 +57,6 @@ class RunRecord:
         return {**row, "run_dir": str(self.run_dir)}
 
 
-def is_finished(run_dir: str | Path) -> bool:
-    """A run is finished once its ``results.json`` holds the test results (written after training ends)."""
-    path = Path(run_dir) / "results.json"
-    try:
-        return "test" in json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return False
-
-
 def final_val_top1(metrics_csv: str | Path) -> float:
     """``val/top1`` of the last validated epoch in a run's ``metrics.csv`` (a fraction in [0, 1])."""
     from ..engine import read_metrics
@@ -91,18 +73,18 @@ def final_val_top1(metrics_csv: str | Path) -> float:
 def run_progress(run_dir: str | Path) -> str:
     """How far an unfinished run got, from its files: ``"12 of 20 epochs, resumable"`` (``metrics.csv`` has a row
     per finished epoch, ``config.yaml`` the run's length; ``checkpoints/last.ckpt`` is what a re-run resumes from)."""
-    run_dir = Path(run_dir)
-    claim = live_claim(run_dir)
-    if claim is None and not (run_dir / "log.txt").is_file():
+    run = RunDir(run_dir)
+    claim = run.live_claim()
+    if claim is None and not run.log.is_file():
         return "not started"
-    done, total = epochs_done(run_dir)
+    done, total = run.epochs_done()
     text = f"{done} of {total} epochs" if total else f"{done} epochs"
     left = training_time_left(run_dir, running=claim is not None)
     if claim is not None:
         return f"running{'' if claim.local else ' on ' + claim.host}, {text} done" + (
             f", ~{format_duration(left)} left" if left is not None else ""
         )
-    resumable = ", resumable" if (run_dir / "checkpoints" / "last.ckpt").is_file() else ""
+    resumable = ", resumable" if run.last_checkpoint.is_file() else ""
     return text + resumable + (f", ~{format_duration(left)} to go" if left is not None else "")
 
 
@@ -115,15 +97,15 @@ def training_time_left(run_dir: str | Path, running: bool, now: float | None = N
 
     from ..engine import read_metrics
 
-    run_dir = Path(run_dir)
-    done, total = epochs_done(run_dir)
-    times = [float(r["epoch_time_s"]) for r in read_metrics(run_dir / "metrics.csv") if r.get("epoch_time_s")]
+    run = RunDir(run_dir)
+    done, total = run.epochs_done()
+    times = [float(r["epoch_time_s"]) for r in read_metrics(run.metrics) if r.get("epoch_time_s")]
     if not times or total is None or done >= total:
         return None
     per_epoch, to_go = median(times[-3:]), total - done
     if not running:
         return to_go * per_epoch
-    since_last = (time.time() if now is None else now) - (run_dir / "metrics.csv").stat().st_mtime
+    since_last = (time.time() if now is None else now) - run.metrics.stat().st_mtime
     return max(to_go * per_epoch - since_last, (to_go - 1) * per_epoch)
 
 
@@ -135,25 +117,11 @@ def format_duration(seconds: float) -> str:
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def epochs_done(run_dir: str | Path) -> tuple[int, int | None]:
-    """A run's finished epochs (rows of its ``metrics.csv``) and its length (``trainer.max_epochs`` of its
-    ``config.yaml``; None until the fit has written it)."""
-    run_dir = Path(run_dir)
-    metrics, config = run_dir / "metrics.csv", run_dir / "config.yaml"
-    done = 0
-    if metrics.is_file():
-        with metrics.open(newline="") as f:
-            done = sum(1 for _ in csv.DictReader(f))
-    resolved = (yaml.safe_load(config.read_text()) if config.is_file() else None) or {}
-    return done, (resolved.get("trainer") or {}).get("max_epochs")
-
-
 def run_top1(run_dir: str | Path, metric: Metric = "test") -> float:
     """Top-1 (%) of a finished run: its test result, or (``"val"``) its final epoch's ``val/top1``, which must come
     from a validation split carved from the training set (``data.val_fraction`` > 0 in the run's config.yaml)."""
-    run_dir = Path(run_dir)
+    run = RunDir(run_dir)
     if metric == "test":
-        return 100 * float(json.loads((run_dir / "results.json").read_text())["test"]["top1"])
-    config = run_dir / "config.yaml"
-    check_val_split((yaml.safe_load(config.read_text()) if config.is_file() else None) or {}, f"{run_dir} ({config})")
-    return 100 * final_val_top1(run_dir / "metrics.csv")
+        return 100 * float(run.read_results()["test"]["top1"])
+    check_val_split(run.read_config(), f"{run.path} ({run.config})")
+    return 100 * final_val_top1(run.metrics)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..rundir import RunDir
 from .collect import collect_cells
-from .records import RunRecord, epochs_done, format_duration, training_time_left
+from .records import RunRecord, format_duration, training_time_left
 from .spec import _METRIC_TEXT, BenchSpec
 
 __all__ = ["print_status", "sweep_time_left"]
@@ -33,7 +34,7 @@ def sweep_time_left(rows: list[RunRecord], paces: list[RunRecord] | None = None)
             continue
         left = None
         if row.status != "missing":
-            done, epochs = epochs_done(row.run_dir)
+            done, epochs = RunDir(row.run_dir).epochs_done()
             trained = epochs is not None and done >= epochs
             left = 0.0 if trained else training_time_left(row.run_dir, running=row.status == "running")
         if left is None and cell(row) in finished:

@@ -26,8 +26,9 @@ from typing import Any, Literal
 import yaml
 
 from ..runclaim import RunInUse
+from ..rundir import RunDir
 from .launch import SweepInterrupted, catch_stop_signals, launch_fit
-from .records import final_val_top1, is_finished
+from .records import final_val_top1
 from .spec import unvalidated_final_epoch
 
 __all__ = ["TrialFailed", "main", "tune"]
@@ -209,7 +210,7 @@ def tune(
                 f"--data.val_fraction={val_fraction}",
                 f"--seed={run_seed}",
             ]
-            if not is_finished(run_dir):
+            if not RunDir(run_dir).is_finished():
                 if stop.signum is None:
                     try:
                         code = launch_fit(args, run_dir, stop=stop)
@@ -217,12 +218,12 @@ def tune(
                         raise TrialFailed(f"trial {trial.number}: {err}") from None
                 if stop.signum is not None:  # the fit saved a resumable checkpoint; Optuna marks the trial FAIL
                     raise SweepInterrupted(stop.signum, _interrupted_message(stop.signum))
-                if not is_finished(run_dir):
+                if not RunDir(run_dir).is_finished():
                     raise TrialFailed(
-                        f"trial {trial.number} did not finish (exit code {code}): see {run_dir / 'log.txt'}"
+                        f"trial {trial.number} did not finish (exit code {code}): see {RunDir(run_dir).log}"
                     )
             try:
-                values.append(final_val_top1(run_dir / "metrics.csv"))
+                values.append(final_val_top1(RunDir(run_dir).metrics))
             except ValueError as err:
                 raise TrialFailed(str(err)) from None
         trial.set_user_attr("per_seed", values)

@@ -160,7 +160,7 @@ class RunArtifacts(L.Callback):
         rows = [r for r in read_metrics(path) if int(r["epoch"]) < trainer.current_epoch] + [row]
         fields = list(dict.fromkeys(k for r in rows for k in r))
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(".metrics.csv.tmp")
+        tmp = path.with_name(f".{path.name}.tmp")
         with tmp.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()

@@ -77,7 +77,10 @@ def test_pretrained_weights_load_through_the_classification_loader_with_its_repo
 
     model = create_deeplabv3("resnet18", num_classes=4, output_stride=16, weights=str(path))
     err = capsys.readouterr().err
-    assert f"resnet18 ← {path}: layout 'moco' (state_dict['module.encoder_q.*']) — 120/120 tensors loaded, 0 missing" in err
+    assert (
+        f"resnet18 ← {path}: layout 'moco' (state_dict['module.encoder_q.*']) — 120/120 tensors loaded, 0 missing"
+        in err
+    )
     assert "dropped 1 non-backbone tensors (module.encoder_q.fc.*)" in err
     loaded = model.encoder.body.state_dict()
     for key, value in source.body.state_dict().items():

@@ -125,6 +125,20 @@ def test_the_training_loader_is_reproducible(voc_set: Path) -> None:
     assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
 
 
+def test_loader_workers_get_the_transforms_and_the_padding_collate(tmp_path: Path) -> None:
+    """Everything a worker process receives pickles: the v2 transforms (RandomScale included) and
+    pad_collate; whole images of two sizes come out padded to the larger."""
+    root = make_voc_set(tmp_path / "voc", {"train": 4, "val": 2})
+    make_voc_set(root, {"extra": 1}, size=(30, 44), seed=1)
+    (root / "ImageSets" / "Segmentation" / "test.txt").write_text("extra_000\nval_000\n")
+    dm = loaded(root, num_workers=1, eval_mode="whole")
+    images, masks = next(iter(dm.train_dataloader()))
+    assert (images.shape, masks.shape) == ((4, 3, 32, 32), (4, 32, 32))
+    images, masks = next(iter(dm.test_dataloader()))
+    assert (images.shape, masks.shape) == ((2, 3, 40, 56), (2, 40, 56))
+    assert (masks[0, 30:] == 255).all() and (masks[0, :, 44:] == 255).all()
+
+
 def test_options_parse_from_the_command_line(voc_set: Path) -> None:
     params = list(inspect.signature(SegmentationData.__init__).parameters.values())[1:]
     documented = {p.arg_name: p.description for p in docstring_parser.parse(SegmentationData.__doc__).params}

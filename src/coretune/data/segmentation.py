@@ -266,7 +266,7 @@ def _mask_path(root: str, image_id: str, image: str) -> str:
 
 def _mask_classes(image: str, mask: str, on_bad_image: OnBadImage) -> np.ndarray | str:
     """The distinct values of ``mask`` after checking it has the size of ``image``; with ``on_bad_image="skip"``
-    the reason (a string) when either file cannot be decoded."""
+    the reason (a string) when the mask cannot be decoded (images are checked by ``find_bad_images``)."""
     try:
         values = read_mask(mask)
     except DataError as err:

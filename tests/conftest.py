@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny generated ImageFolder trees (tests never read ../shared)."""
+"""Shared fixtures: tiny generated ImageFolder trees and VOC-layout sets (tests never read ../shared)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,18 @@ from pathlib import Path
 import pytest
 
 from image_trees import make_image_tree
+from segmentation_sets import make_voc_set
 
 
 @pytest.fixture
 def image_tree(tmp_path: Path) -> Path:
     return make_image_tree(tmp_path / "data")
+
+
+@pytest.fixture
+def voc_set(tmp_path: Path) -> Path:
+    """A tiny PASCAL VOC-layout set: 8 train and 4 val images of 40×56 px, 4 classes, palette masks."""
+    return make_voc_set(tmp_path / "voc")
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Data for fine-tuning: the image-classification LightningDataModule, its datasets, transforms and splits."""
+"""Data for fine-tuning: the image-classification and segmentation LightningDataModules, their datasets,
+transforms and splits."""
 
 from .classification import ImageClassificationData
 from .datasets import ImageFileDataset, LabeledImageDataset, load_cifar
@@ -11,10 +12,21 @@ from .images import (
     load_rgb,
     to_rgb,
 )
+from .segmentation import (
+    IGNORE_INDEX,
+    SegmentationData,
+    SegmentationDataset,
+    pad_collate,
+    read_class_names,
+    read_mask,
+    segmentation_eval_transform,
+    segmentation_train_transform,
+)
 from .splits import stratified_split, stratified_subset
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
 
 __all__ = [
+    "IGNORE_INDEX",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "IMAGE_EXTENSIONS",
@@ -23,12 +35,19 @@ __all__ = [
     "ImageDecodeError",
     "ImageFileDataset",
     "LabeledImageDataset",
+    "SegmentationData",
+    "SegmentationDataset",
     "SkippedImagesWarning",
     "eval_transform",
     "find_bad_images",
     "list_image_files",
     "load_cifar",
     "load_rgb",
+    "pad_collate",
+    "read_class_names",
+    "read_mask",
+    "segmentation_eval_transform",
+    "segmentation_train_transform",
     "stratified_split",
     "stratified_subset",
     "to_rgb",

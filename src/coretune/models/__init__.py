@@ -1,4 +1,5 @@
-"""Encoders (torchvision, timm, a small CNN) and safe loading of self-supervised checkpoints into them."""
+"""Encoders (torchvision, timm, a small CNN), safe loading of self-supervised checkpoints into them, and DeepLab-V3
+for segmentation."""
 
 from .backbones import SmallCNN, create_backbone, list_backbones, register_backbone
 from .checkpoints import (
@@ -14,16 +15,20 @@ from .checkpoints import (
     require_checkpoint_file,
 )
 from .encoder import TIMM_PREFIX, Encoder
+from .segmentation import DeepLabV3, create_deeplabv3, dilate_resnet
 
 __all__ = [
     "TIMM_PREFIX",
     "CheckpointError",
+    "DeepLabV3",
     "Encoder",
     "Extraction",
     "Layout",
     "LoadReport",
     "SmallCNN",
     "create_backbone",
+    "create_deeplabv3",
+    "dilate_resnet",
     "extract_backbone_state",
     "list_backbones",
     "list_layouts",

@@ -1,0 +1,271 @@
+"""Semantic segmentation's task-specific pieces: metrics from one confusion matrix, the image-level labels that
+give the contrastive regulariser its positives, and the colour palette with its mask files and figures.
+
+Masks are ``(B, H, W)`` int64 class indices with ``ignore_index`` (255) for pixels left out of everything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from torchmetrics.classification import MulticlassConfusionMatrix
+
+from ..data.segmentation import IGNORE_INDEX
+from ..losses import supcon_positive_mask
+
+__all__ = [
+    "ImageLabelRule",
+    "SegmentationMetrics",
+    "class_pixel_counts",
+    "colorize",
+    "image_labels",
+    "majority_labels",
+    "multilabel_labels",
+    "per_class_scores",
+    "positive_mask",
+    "save_palette_mask",
+    "save_predictions_figure",
+    "segmentation_scores",
+    "voc_palette",
+]
+
+ImageLabelRule = Literal["majority", "multilabel"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# metrics
+# ------------------------------------------------------------------------------------------------------------
+def segmentation_scores(confusion: Tensor) -> dict[str, Tensor]:
+    """Pixel accuracy, MPA, FWIoU, MIoU and per-class accuracy and IoU of a ``(K, K)`` confusion matrix
+    (rows: ground truth, columns: prediction, ignored pixels not counted), as fractions in [0, 1].
+
+    With ``n_c`` the ground-truth pixels of class ``c``, ``p_c`` its predicted pixels, ``t_c`` the correct ones
+    and ``N = Σ n_c``:
+
+    - ``pixel_acc = Σ t_c / N``;
+    - ``per_class_acc[c] = t_c / n_c`` and ``mpa`` its mean;
+    - ``per_class_iou[c] = t_c / (n_c + p_c − t_c)`` and ``miou`` its mean;
+    - ``fwiou = Σ (n_c / N) · per_class_iou[c]``.
+
+    Classes absent from the split, as the usual VOC/DeepLab evaluation treats them (``np.nanmean`` over classes):
+    a class with no ground-truth pixel has ``per_class_acc`` NaN, left out of MPA; if nothing is predicted as it
+    either, its IoU is NaN too and it is left out of MIoU; if it is predicted somewhere, its IoU is 0 and counts
+    in MIoU (those predictions are wrong). FWIoU weighs classes by ``n_c``, so absent classes weigh nothing.
+    Everything is NaN for a matrix without pixels.
+    """
+    confusion = confusion.to(torch.float64)
+    true_pixels, predicted, correct = confusion.sum(1), confusion.sum(0), confusion.diagonal()
+    total = true_pixels.sum()
+    nan = torch.tensor(math.nan, dtype=torch.float64)
+    per_class_acc = torch.where(true_pixels > 0, correct / true_pixels, nan)
+    union = true_pixels + predicted - correct
+    per_class_iou = torch.where(union > 0, correct / union, nan)
+    return {
+        "pixel_acc": correct.sum() / total if total > 0 else nan,
+        "mpa": per_class_acc.nanmean(),
+        "fwiou": (true_pixels / total * per_class_iou.nan_to_num()).sum() if total > 0 else nan,
+        "miou": per_class_iou.nanmean(),
+        "per_class_acc": per_class_acc,
+        "per_class_iou": per_class_iou,
+    }
+
+
+def per_class_scores(values: Tensor, class_names: Sequence[str]) -> dict[str, float | None]:
+    """``{class name: value}`` of a per-class score for ``results.json``: NaN (absent class) becomes None."""
+    return {name: None if math.isnan(v) else v for name, v in zip(class_names, values.tolist(), strict=True)}
+
+
+class SegmentationMetrics(MulticlassConfusionMatrix):
+    """One ``(K, K)`` confusion matrix accumulated over a whole split (torchmetrics, pixels equal to
+    ``ignore_index`` in the target left out), scored by :func:`segmentation_scores` at :meth:`compute`.
+
+    ``update(preds, target)`` takes logits ``(B, K, H, W)`` (arg-maxed over ``K``) or class indices ``(B, H, W)``,
+    and target masks ``(B, H, W)``. Scores over a whole split are not means of per-image or per-batch scores.
+    :meth:`compute` returns :func:`segmentation_scores`'s dict plus ``"confusion"`` (int64 counts).
+    """
+
+    def __init__(self, num_classes: int, ignore_index: int = IGNORE_INDEX, **kwargs: object) -> None:
+        super().__init__(num_classes, ignore_index=ignore_index, **kwargs)
+
+    def compute(self) -> dict[str, Tensor]:  # type: ignore[override]
+        confusion = super().compute()
+        return {**segmentation_scores(confusion), "confusion": confusion}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# image-level labels for the contrastive regulariser
+# ------------------------------------------------------------------------------------------------------------
+def class_pixel_counts(masks: Tensor, num_classes: int, ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """``(B, K)`` int64: how many pixels of each class every mask ``(B, H, W)`` holds (``ignore_index`` not
+    counted).
+
+    Raises:
+        ValueError: a mask value is neither in ``[0, K)`` nor ``ignore_index``.
+    """
+    flat = masks.reshape(masks.shape[0], -1).long()
+    valid = flat != ignore_index
+    if ((flat < 0) | (flat >= num_classes))[valid].any():
+        bad = flat[valid & ((flat < 0) | (flat >= num_classes))][0]
+        raise ValueError(f"mask value {int(bad)} is out of range for {num_classes} classes ({ignore_index} = ignore)")
+    counts = torch.zeros(masks.shape[0], num_classes + 1, dtype=torch.int64, device=masks.device)
+    counts.scatter_add_(1, torch.where(valid, flat, num_classes), torch.ones_like(flat))
+    return counts[:, :num_classes]
+
+
+def majority_labels(masks: Tensor, num_classes: int, ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """``(B,)`` int64: each crop's most frequent non-ignored class (the smallest index on a tie), ``-1`` for a
+    crop whose pixels are all ignored.
+
+    Why: the paper contrasts globally pooled features of the last feature map, one vector per crop, and does
+    not say which label such a vector has. The majority class is the one that dominates the pooled feature (it
+    covers most of the pooled area), so two crops are positives when the same thing dominates both — for VOC
+    usually the object class, as an image-classification label would be. Crops of mostly background
+    all share the background class; :func:`multilabel_labels` is the alternative when that is too coarse.
+    """
+    counts = class_pixel_counts(masks, num_classes, ignore_index)
+    return torch.where(counts.sum(1) > 0, counts.argmax(1), -1)
+
+
+def multilabel_labels(masks: Tensor, num_classes: int, ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """``(B, K)`` bool: the classes present in each crop (a K-hot vector; all False for an all-ignored crop).
+
+    Why: a pooled crop feature mixes every class in the crop, so the majority class discards the others (a
+    small person on a large sofa); here two crops are positives when they share any class, the multi-label
+    generalisation of SupCon's same-class rule. Its drawback: a class present in nearly every crop
+    (background) makes nearly every pair positive, leaving few negatives.
+    """
+    return class_pixel_counts(masks, num_classes, ignore_index) > 0
+
+
+def image_labels(
+    masks: Tensor, num_classes: int, rule: ImageLabelRule = "majority", ignore_index: int = IGNORE_INDEX
+) -> Tensor:
+    """Image-level labels of a batch of crops by ``rule``: :func:`majority_labels` ``(B,)`` or
+    :func:`multilabel_labels` ``(B, K)``."""
+    if rule == "majority":
+        return majority_labels(masks, num_classes, ignore_index)
+    if rule == "multilabel":
+        return multilabel_labels(masks, num_classes, ignore_index)
+    raise ValueError(f"image label rule must be 'majority' or 'multilabel', got {rule!r}")
+
+
+def positive_mask(labels: Tensor) -> Tensor:
+    """``(B, B)`` bool positives from image-level labels, diagonal excluded (like
+    :func:`coretune.losses.supcon_positive_mask`).
+
+    - majority labels ``(B,)``: ``i`` and ``j`` are positives when they have the same label;
+    - multi-label ``(B, K)`` bool: when they share at least one class.
+
+    A crop without a label (``-1``, or no class) is nobody's positive and has none: the contrastive loss then
+    skips it as an anchor (it has no positive) and keeps it as a negative of the others.
+    """
+    if labels.dim() == 1:
+        labelled = labels >= 0
+        return supcon_positive_mask(labels) & labelled[:, None] & labelled[None, :]
+    if labels.dim() == 2:
+        hot = labels.to(torch.float32)
+        eye = torch.eye(labels.shape[0], dtype=torch.bool, device=labels.device)
+        return (hot @ hot.T > 0) & ~eye
+    raise ValueError(f"labels must be (B,) class indices or (B, K) K-hot, got shape {tuple(labels.shape)}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# palette, mask files, figures
+# ------------------------------------------------------------------------------------------------------------
+def voc_palette(n: int = 256) -> np.ndarray:
+    """PASCAL VOC's colour map ``(n, 3)`` uint8: the bits of index ``k`` dealt in turn to R, G, B from the most
+    significant bit down (1 → dark red (128, 0, 0), 15 → person (192, 128, 128), 255 → (224, 224, 192))."""
+    palette = np.zeros((n, 3), dtype=np.uint8)
+    for k in range(n):
+        c, rgb = k, [0, 0, 0]
+        for bit in range(8):
+            for channel in range(3):
+                rgb[channel] |= ((c >> channel) & 1) << (7 - bit)
+            c >>= 3
+        palette[k] = rgb
+    return palette
+
+
+_PALETTE = voc_palette()
+
+
+def colorize(mask: Tensor | np.ndarray) -> np.ndarray:
+    """An ``(H, W)`` class-index mask as an ``(H, W, 3)`` uint8 RGB image in :func:`voc_palette`'s colours."""
+    return _PALETTE[np.asarray(mask, dtype=np.int64)]
+
+
+def save_palette_mask(mask: Tensor | np.ndarray, path: str | Path) -> None:
+    """Write an ``(H, W)`` class-index mask as a palette PNG (mode ``P``, :func:`voc_palette`): viewers show the
+    colours, :func:`coretune.data.read_mask` reads back the indices.
+
+    Raises:
+        ValueError: the mask is not 2-D or holds a value outside ``[0, 255]``.
+    """
+    array = np.asarray(mask)
+    if array.ndim != 2 or array.min(initial=0) < 0 or array.max(initial=0) > 255:
+        raise ValueError(
+            f"a palette mask must be (H, W) with values in [0, 255], got shape {array.shape}, "
+            f"values {array.min(initial=0)}…{array.max(initial=0)}"
+        )
+    image = Image.fromarray(array.astype(np.uint8), mode="P")
+    image.putpalette(_PALETTE.reshape(-1).tolist())
+    image.save(path)
+
+
+def save_predictions_figure(
+    images: Tensor,
+    targets: Tensor,
+    predictions: Tensor,
+    path: str | Path,
+    mean: Sequence[float],
+    std: Sequence[float],
+    class_names: Sequence[str] | None = None,
+    ignore_index: int = IGNORE_INDEX,
+) -> None:
+    """``predictions.png``: one row per image — the image, its ground truth, the prediction — in the fixed palette
+    (ignored pixels in 255's colour), with a legend of the classes shown.
+
+    Args:
+        images: ``(N, 3, H, W)`` normalised images (as the model saw them; ``mean``/``std`` undo it).
+        targets: ``(N, H, W)`` ground-truth masks.
+        predictions: ``(N, H, W)`` predicted class indices (or ``(N, K, H, W)`` logits, arg-maxed).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    if predictions.dim() == 4:
+        predictions = predictions.argmax(1)
+    mean_t = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
+    n = images.shape[0]
+    fig, axes = plt.subplots(n, 3, figsize=(7.5, 2.5 * n), squeeze=False)
+    for row in range(n):
+        rgb = (images[row].detach().float().cpu() * std_t + mean_t).clamp(0, 1).permute(1, 2, 0).numpy()
+        panels = (rgb, colorize(targets[row].cpu()), colorize(predictions[row].cpu()))
+        for ax, panel, title in zip(axes[row], panels, ("image", "ground truth", "prediction"), strict=True):
+            ax.imshow(panel, interpolation="nearest")
+            ax.set_axis_off()
+            if row == 0:
+                ax.set_title(title)
+    shown = sorted(set(torch.cat([targets.flatten(), predictions.flatten()]).cpu().tolist()))
+
+    def name(k: int) -> str:
+        if k == ignore_index:
+            return "ignore"
+        return class_names[k] if class_names is not None and k < len(class_names) else str(k)
+
+    handles = [Patch(color=_PALETTE[k] / 255, label=name(k)) for k in shown]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

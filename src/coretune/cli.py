@@ -249,7 +249,8 @@ def _test_parser() -> ArgumentParser:
         "--output",
         type=str | None,
         default=None,
-        help="JSON file to write the results to (default: test_results.json in the checkpoint's run directory).",
+        help="JSON file to write the results to (default: test_results.json in the checkpoint's run directory, the "
+        "folder holding its checkpoints/ folder, or beside the checkpoint).",
     )
     parser.add_argument("--precision", type=str, default=default_precision())
     return parser
@@ -263,7 +264,9 @@ def test(args: list[str]) -> None:
     from .engine import atomic_write
 
     cfg = _test_parser().parse_args(args)
-    output = Path(cfg.output or Path(cfg.ckpt_path).resolve().parent.parent / "test_results.json")
+    ckpt = Path(cfg.ckpt_path).resolve()
+    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    output = Path(cfg.output) if cfg.output else run_dir / "test_results.json"
     if output.name == "results.json" and output.is_file():
         raise ValueError(
             f"--output {output} would overwrite a fit's results.json, which coretune test leaves as it is: "
@@ -275,7 +278,7 @@ def test(args: list[str]) -> None:
         default_root_dir=str(output.parent), precision=cfg.precision, logger=False, enable_checkpointing=False
     )
     trainer.test(model, datamodule=data)
-    results = {"checkpoint": str(Path(cfg.ckpt_path).resolve()), "data": cfg.data.as_dict(), "test": model.test_results}
+    results = {"checkpoint": str(ckpt), "data": cfg.data.as_dict(), "test": model.test_results}
     with atomic_write(output) as f:
         f.write(json.dumps(results, indent=2, sort_keys=True) + "\n")
     print(f"test results: {output}")

@@ -524,13 +524,21 @@ def test_crafted_checkpoint_metadata_is_refused_before_anything_is_built(
     assert not (tmp_path / "p.csv").exists() and not (tmp_path / "export").exists()
 
 
-def test_checkpoint_settings_out_of_range_name_the_file(tree: Path, tmp_path: Path) -> None:
+def test_checkpoint_settings_out_of_range_or_weights_that_do_not_fit_name_the_file(tree: Path, tmp_path: Path) -> None:
     ckpt = fine_tuned_checkpoint(tmp_path / "crafted.ckpt", 3)
     content = torch.load(ckpt, weights_only=True)
     crafted(content, "an objective setting out of range")
     torch.save(content, ckpt)
     assert error(command("predict", ckpt, tree, tmp_path)) == (
         f"checkpoint {ckpt} holds settings coretune refuses: invalid Core-tuning settings: eta must be >= 0 (got -1.0)"
+    )
+    content = torch.load(fine_tuned_checkpoint(ckpt, 3), weights_only=True)
+    del content["state_dict"]["objective.classifier.bias"]
+    torch.save(content, ckpt)
+    assert error(command("predict", ckpt, tree, tmp_path)) == (
+        f"checkpoint {ckpt}: its weights do not fit the model its settings describe (Error(s) in loading state_dict "
+        'for FineTuner: Missing key(s) in state_dict: "objective.classifier.bias".): the file is damaged; use the '
+        "run's other checkpoint"
     )
 
 

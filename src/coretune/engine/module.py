@@ -107,12 +107,13 @@ _WEIGHT_FETCHING_OPTIONS = frozenset(
 
 def _checked_checkpoint(
     path: Path, ckpt: Any, cls: type[FineTuner]
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """``(coretune entry, objective settings, FineTuner settings)`` of a fine-tuning checkpoint, checked against
-    what :meth:`FineTuner.on_save_checkpoint` writes and the classes' signatures before anything is built.
+) -> tuple[dict[str, Any], type[Objective], dict[str, Any], dict[str, Any]]:
+    """``(coretune entry, objective class, objective settings, FineTuner settings)`` of a fine-tuning checkpoint,
+    checked against what :meth:`FineTuner.on_save_checkpoint` writes and the classes' signatures before anything
+    is built.
 
     Raises:
-        CheckpointError: one line naming the file and every problem found.
+        CheckpointError: one line naming the file and the first problem found.
     """
     from jsonargparse import ArgumentError, ArgumentParser
 
@@ -157,8 +158,9 @@ def _checked_checkpoint(
     hparams = settings(cls, ckpt.get("hyper_parameters", {}), "model settings", frozenset({"objective", "weights"}))
     backbone_args = hparams.get("backbone_args") or {}
     if fetching := sorted(_WEIGHT_FETCHING_OPTIONS & set(backbone_args)):
-        raise refuse(f"its backbone_args set {fetching}, which would fetch pre-trained weights (coretune never "
-                     "downloads)")  # fmt: skip
+        raise refuse(
+            f"its backbone_args set {fetching}, which would fetch pre-trained weights (coretune never downloads)"
+        )
     num_classes, names = meta.get("num_classes"), meta.get("class_names")
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
         raise refuse(f"its num_classes is {num_classes!r}, not a whole number >= 2")
@@ -179,7 +181,7 @@ def _checked_checkpoint(
             f"{broken[0]}): the run that wrote it diverged; use an earlier checkpoint, or fine-tune again with a "
             "lower learning rate (--model.lr)"
         )
-    return meta, objective_hparams, hparams
+    return meta, objective_cls, objective_hparams, hparams
 
 
 def _data_problem(data: Any) -> str | None:
@@ -350,8 +352,7 @@ class FineTuner(L.LightningModule):
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {path} not found: pass a .ckpt written by `coretune fit`")
         ckpt = load_checkpoint_file(path)  # CheckpointError for truncated files and pickles that would run code
-        meta, objective_hparams, hparams = _checked_checkpoint(path, ckpt, cls)
-        objective_cls, _ = get_objective(meta["objective"])
+        meta, objective_cls, objective_hparams, hparams = _checked_checkpoint(path, ckpt, cls)
         try:
             objective = objective_cls(**objective_hparams)
             model = cls(objective=objective, **hparams, weights=None)  # the weights come from the checkpoint itself

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,41 @@ def test_sigterm_mid_epoch_in_a_real_process_saves_and_resumes_exactly(
 
     main(fit_args(tree, run))  # what the message says: the same command (without the test's signal) resumes
     assert_same_run(whole, run)
+
+
+@pytest.mark.parametrize(("first", "second"), [(signal.SIGTERM, signal.SIGTERM), (signal.SIGINT, signal.SIGINT)])
+def test_a_second_signal_stops_a_process_whose_batch_never_ends_at_once(
+    setup: tuple[Path, Path, Path], tmp_path: Path, first: signal.Signals, second: signal.Signals
+) -> None:
+    # a loader blocked for ever (a named pipe in the data) kept the first signal waiting for the batch end, and
+    # Lightning's own SIGTERM handler, put back for the second, only set a flag too
+    tree, helper, _ = setup
+    hang = tmp_path / "hanging"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(helper), str(SRC), os.environ.get("PYTHONPATH", "")])}
+    args = fit_args(tree, tmp_path / "run", *signal_args(first, 1), f"--trainer.callbacks.hang_file={hang}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coretune.cli", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not hang.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert hang.exists(), "the process did not reach its hanging batch"
+        time.sleep(1)
+        assert proc.poll() is None  # the first signal waits for the batch end, which never comes
+        proc.send_signal(second)
+        assert proc.wait(timeout=20) == -second  # ended by the signal itself: the shell shows 128 + signum
+    finally:
+        proc.kill()
+        stderr = proc.communicate()[1].decode()
+    assert (
+        f"coretune: {first.name} received: stopping at the next batch end with a resumable checkpoint (send SIGTERM "
+        "or SIGINT again to stop at once)"
+    ) in stderr
+    assert (
+        f"coretune: second signal ({second.name}): stopping at once; the last complete checkpoint is intact" in stderr
+    )
+    assert "Traceback" not in stderr
 
 
 @pytest.mark.usefixtures("helper_on_path")

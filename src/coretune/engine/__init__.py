@@ -1,7 +1,7 @@
 """The training engine: Lightning module, trainer set-up, run outputs, optimisers and schedules."""
 
 from .callbacks import RunArtifacts, epoch_summary, plot_learning_curves, read_metrics, update_results
-from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, with_atomic_io
+from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, atomic_write, with_atomic_io
 from .interrupts import StopOnSignal, TrainingInterrupted
 from .module import FineTuner, NonFiniteLossError
 from .optim import build_optimizer, lr_factor
@@ -24,6 +24,7 @@ __all__ = [
     "StopOnSignal",
     "TrainingInterrupted",
     "atomic_torch_save",
+    "atomic_write",
     "build_optimizer",
     "default_callbacks",
     "default_precision",

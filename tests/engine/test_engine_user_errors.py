@@ -352,3 +352,42 @@ def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path
 )
 def test_bad_configuration_values(options: list[str], expected: str, tree: Path, tmp_path: Path) -> None:
     assert error(fit_args(tree, tmp_path / "run", *options)) == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (
+            ["--trainer.accumulate_grad_batches=0"],
+            "--trainer.accumulate_grad_batches must be a whole number >= 1 (got 0): the number of batches whose "
+            "gradients one optimiser step sums (1: step after every batch)",
+        ),
+        (
+            ["--trainer.accelerator=gpu"],
+            "--trainer.accelerator gpu is not available on this machine (available: cpu): pass "
+            "--trainer.accelerator auto to use the best one there is",
+        ),
+        (
+            ["--trainer.accelerator=mps"],
+            "--trainer.accelerator mps is not available on this machine (available: cpu): pass "
+            "--trainer.accelerator auto to use the best one there is",
+        ),
+        (
+            ["--trainer.sync_batchnorm=true", "--trainer.accumulate_grad_batches=-2"],
+            "--trainer.sync_batchnorm true needs GPUs (torch synchronises batch-norm statistics of CUDA tensors "
+            "only): drop it when training on CPU; --trainer.accumulate_grad_batches must be a whole number >= 1 (got "
+            "-2): the number of batches whose gradients one optimiser step sums (1: step after every batch)",
+        ),
+        (
+            ["--trainer.devices=0"],
+            "invalid trainer settings: `Trainer(devices='0')` value is not a valid input using cpu accelerator.",
+        ),
+    ],
+)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the messages name a machine without GPUs")
+def test_trainer_options_this_machine_cannot_run_are_one_line(
+    options: list[str], expected: str, tree: Path, tmp_path: Path
+) -> None:
+    """Were a ZeroDivisionError (accumulating over 0 batches) and Lightning's MisconfigurationException."""
+    assert error(fit_args(tree, tmp_path / "run", *options)) == expected
+    assert not [p for p in (tmp_path / "run").rglob("*") if p.is_file()]  # nothing written

@@ -8,6 +8,7 @@ from .optim import build_optimizer, lr_factor
 from .rundir import RunDirCLI, resolve_run_dir
 from .trainer import (
     LIGHTNING_PYTREE_DEPRECATION,
+    check_trainer_options,
     default_callbacks,
     default_precision,
     make_trainer,
@@ -25,6 +26,7 @@ __all__ = [
     "TrainingInterrupted",
     "atomic_torch_save",
     "build_optimizer",
+    "check_trainer_options",
     "default_callbacks",
     "default_precision",
     "epoch_summary",

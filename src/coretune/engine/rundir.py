@@ -10,6 +10,7 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from ..distributed import is_launching_process
 from ..runclaim import fit_claim
@@ -58,6 +59,14 @@ class RunDirCLI(LightningCLI):
         """Parse, run the subcommand, and release the run directory afterwards (also on errors)."""
         with contextlib.ExitStack() as hold:
             cls(*args, hold=hold, **kwargs)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """The trainer; a setting Lightning refuses (``MisconfigurationException``, e.g. ``--trainer.devices 0``)
+        is a ``ValueError`` with Lightning's message on one line."""
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except MisconfigurationException as err:
+            raise ValueError(f"invalid trainer settings: {' '.join(str(err).split())}") from None
 
     def settle_run_dir(self, default_name: str) -> None:
         config = self.config[self.subcommand]

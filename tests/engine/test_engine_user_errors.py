@@ -309,6 +309,33 @@ def test_unknown_layout_lists_the_layouts_tried(tree: Path, tmp_path: Path) -> N
     assert "force it with --model.weights_format (one of torchvision, timm, " in message
 
 
+def test_integer_weights_are_refused_unless_the_cast_is_forced(
+    tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A .safetensors whose float tensors were saved as int64 loaded silently ("24/24 tensors loaded") as floats."""
+    from safetensors.torch import save_file
+
+    state = create_backbone("small_cnn").body.state_dict()
+    floats = [k for k, v in state.items() if v.is_floating_point()]
+    weights = tmp_path / "int.safetensors"
+    save_file({k: (v * 100).long() if v.is_floating_point() else v for k, v in state.items()}, weights)
+    message = error(fit_args(tree, tmp_path / "run", f"--model.weights={weights}"))
+    assert message == (
+        f"checkpoint {weights} stores {len(floats)} floating-point tensors of backbone 'small_cnn' as int64 (e.g. "
+        f"{', '.join(floats[:3])}): integer or quantised weights are not the float weights the model needs. "
+        "Dequantise the checkpoint or export its float weights; if the integers are the real values, force the "
+        "conversion with --model.weights_allow_cast true (allow_cast=True in Python)"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    main(fit_args(tree, tmp_path / "run", f"--model.weights={weights}", "--model.weights_allow_cast=true"))
+    report = f"{len(state)}/{len(state)} tensors loaded, 0 missing, 0 unexpected; cast {len(floats)} non-floating "
+    assert report + "tensors to floating point (allow_cast)" in capsys.readouterr().err
+    half = tmp_path / "half.safetensors"  # another float precision is converted without a word
+    save_file({k: v.half() if v.is_floating_point() else v for k, v in state.items()}, half)
+    main(fit_args(tree, tmp_path / "half_run", f"--model.weights={half}"))
+    assert f"{len(state)}/{len(state)} tensors loaded, 0 missing, 0 unexpected\n" in capsys.readouterr().err
+
+
 def test_coretune_commands_refuse_a_pre_trained_backbone_checkpoint(tree: Path, tmp_path: Path) -> None:
     ckpt = tmp_path / "backbone.pth"
     torch.save(create_backbone("small_cnn").body.state_dict(), ckpt)

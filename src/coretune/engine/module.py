@@ -79,6 +79,8 @@ class FineTuner(L.LightningModule):
             ``small_cnn``, or ``timm/<model>``).
         weights: a local pre-trained checkpoint to load into the backbone (``None``: random initialisation).
         weights_format: checkpoint layout (``auto`` detects it).
+        weights_allow_cast: load ``weights`` whose floating-point tensors are stored as integers (or quantised),
+            converted to floats; refused by default, since such weights are rarely the float values.
         backbone_args: options of the backbone's constructor, e.g. ``{drop_path_rate: 0.1}`` for a timm ViT
             (``--model.backbone_args '{drop_path_rate: 0.1}'``). timm ViTs take any image size by default.
         optimizer: ``sgd`` (Nesterov momentum, the paper's), ``adam`` (domain generalisation) or ``adamw``.
@@ -101,6 +103,7 @@ class FineTuner(L.LightningModule):
         backbone: str = "resnet50",
         weights: str | None = None,
         weights_format: str = "auto",
+        weights_allow_cast: bool = False,
         backbone_args: dict[str, Any] | None = None,
         optimizer: OptimizerName = "sgd",
         lr: float = 0.01,
@@ -124,7 +127,11 @@ class FineTuner(L.LightningModule):
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective"])
         self.backbone = create_backbone(
-            backbone, weights=weights, weights_format=weights_format, **(backbone_args or {})
+            backbone,
+            weights=weights,
+            weights_format=weights_format,
+            allow_cast=weights_allow_cast,
+            **(backbone_args or {}),
         )
         self.objective = objective if objective is not None else CETuning()
         self.task = TASKS[task]()

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 from coretune import objectives
@@ -343,6 +344,125 @@ def test_coretune_commands_refuse_a_pre_trained_backbone_checkpoint(tree: Path, 
         f"{ckpt} is not a coretune fine-tuning checkpoint (no 'coretune' entry): pass a .ckpt written by "
         "`coretune fit` (a pre-trained backbone checkpoint goes to `coretune fit --model.weights`)"
     )
+
+
+# -- resuming a run directory ---------------------------------------------------------------------------------
+def snapshot(run: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 1-epoch run of the tree (copy it before changing it)."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    main(fit_args(tree, run))
+    return run
+
+
+def copy_run(run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
+@pytest.mark.parametrize(
+    ("options", "differences"),
+    [
+        (
+            ["--model.lr=0.5", "--seed=3", "--data.batch_size=2"],
+            "seed_everything 0 → 3; model.lr 0.01 → 0.5; data.batch_size 8 → 2",
+        ),
+        (["--model.backbone=resnet18"], "model.backbone small_cnn → resnet18"),
+        (
+            ["--objective=core"],
+            "objective.class_path coretune.objectives.ce.CETuning → coretune.objectives.core.CoreTuning",
+        ),
+    ],
+)
+def test_resuming_with_other_settings_is_refused_and_nothing_is_touched(
+    tree: Path, finished_run: Path, tmp_path: Path, options: list[str], differences: str
+) -> None:
+    """Re-running a run directory with other settings resumed the old run (or crashed in load_state_dict for another
+    backbone or objective) while config.yaml recorded the new values."""
+    run = copy_run(finished_run, tmp_path)
+    before = snapshot(run)
+    assert error(fit_args(tree, run, *options)) == (
+        f"the run in {run} was trained with other settings than these: {differences}. Resuming it from "
+        f"{run / 'checkpoints' / 'last.ckpt'} would go on with settings it was not trained with: resume it with its "
+        f"own (--config {run / 'config.yaml'} applies them), or start a new run with another --run_dir"
+    )
+    assert snapshot(run) == before
+
+
+def test_a_resume_may_extend_the_run_and_config_yaml_says_what_ran(
+    tree: Path, finished_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    with caplog.at_level("INFO"):
+        main(fit_args(tree, run, "--trainer.max_epochs=2", "--data.num_workers=1"))
+    assert (
+        f"resuming the run in {run} from {run / 'checkpoints' / 'last.ckpt'} with trainer.max_epochs 1 → 2; "
+        "data.num_workers 0 → 1 (re-running a command continues its run" in caplog.text
+    )
+    assert [int(r["epoch"]) for r in read_metrics(run / "metrics.csv")] == [0, 1]
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["trainer"]["max_epochs"] == 2 and config["data"]["num_workers"] == 1
+    assert config["model"]["lr"] == 0.01 and config["data"]["batch_size"] == 8
+    main(["fit", f"--config={run / 'config.yaml'}"])  # the fix the refusal names: the run's own settings
+    assert [int(r["epoch"]) for r in read_metrics(run / "metrics.csv")] == [0, 1]
+
+
+def test_a_data_root_that_gained_a_class_is_refused_on_resume(tree: Path, tmp_path: Path) -> None:
+    root = copy_tree(tree, tmp_path)
+    run = tmp_path / "run"
+    main(fit_args(root, run))
+    for split in ("train", "val"):
+        shutil.copytree(root / split / "eel", root / split / "fox")
+    before = snapshot(run)
+    assert error(fit_args(root, run)) == (
+        f"checkpoint {run / 'checkpoints' / 'last.ckpt'} holds another model than this run builds: classes: 3 → 4 "
+        "(added ['fox']). Resume it with the data and settings it was trained with, or start a new run with another "
+        "--run_dir"
+    )
+    assert snapshot(run) == before  # config.yaml too: it is written once the checkpoint is restored
+
+
+def test_a_truncated_last_ckpt_names_the_file_and_offers_best_ckpt(
+    tree: Path, finished_run: Path, tmp_path: Path
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    last, best = run / "checkpoints" / "last.ckpt", run / "checkpoints" / "best.ckpt"
+    last.write_bytes(last.read_bytes()[:3000])
+    before = snapshot(run)
+    message = error(fit_args(tree, run))
+    assert message.startswith(f"cannot resume the run in {run}: its checkpoint {last} is truncated or corrupt (")
+    assert message.endswith(
+        f"Nothing was changed: resume from its best checkpoint (perhaps an earlier epoch) with --ckpt_path {best}, or "
+        "start a new run with another --run_dir"
+    )
+    assert snapshot(run) == before
+    main(fit_args(tree, run, f"--ckpt_path={best}"))  # the fix it offers: best.ckpt, the finished run tested again
+    assert last.read_bytes() == before[last]
+    best.unlink()
+    assert error(fit_args(tree, run)).endswith("Nothing was changed: start a new run with another --run_dir")
+
+
+@pytest.mark.parametrize("where", ["last.ckpt", "--ckpt_path"])
+def test_a_pickle_that_runs_code_on_the_resume_path_is_refused(
+    tree: Path, finished_run: Path, tmp_path: Path, where: str
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    ckpt = malicious(tmp_path)
+    if where == "last.ckpt":
+        shutil.copy(ckpt, run / "checkpoints" / "last.ckpt")
+        ckpt, args = run / "checkpoints" / "last.ckpt", fit_args(tree, run)
+    else:
+        args = fit_args(tree, tmp_path / "new_run", f"--ckpt_path={ckpt}")
+    before = snapshot(run)
+    assert error(args).startswith(
+        f"checkpoint {ckpt} holds Python objects that torch.load(weights_only=True) refuses to unpickle (it stores "
+        "posix.system), because unpickling them could run arbitrary code."
+    )
+    assert not (tmp_path / "pwned").exists()
+    assert snapshot(run) == before
 
 
 # -- configuration --------------------------------------------------------------------------------------------

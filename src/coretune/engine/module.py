@@ -199,6 +199,32 @@ class FineTuner(L.LightningModule):
             "feature_dim": self.backbone.feature_dim,
         }
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse the checkpoint of another model before its tensors are copied in (torch would only say that
+        tensor sizes differ): a resumed run whose data gained or lost a class, another backbone or objective."""
+        meta = checkpoint.get("coretune") or {}
+        objective = f"{type(self.objective).__module__}.{type(self.objective).__qualname__}"
+        differ = [
+            f"{name} {old} → {new}"
+            for name, old, new in (
+                ("backbone", checkpoint.get("hyper_parameters", {}).get("backbone"), self.hparams.backbone),
+                ("objective", meta.get("objective_class"), objective),
+            )
+            if old is not None and old != new
+        ]
+        old_classes = meta.get("class_names")
+        if old_classes is not None and list(old_classes) != self.class_names:
+            added = [c for c in self.class_names if c not in old_classes]
+            removed = [c for c in old_classes if c not in self.class_names]
+            what = "; ".join([f"added {added}"] * bool(added) + [f"removed {removed}"] * bool(removed)) or "reordered"
+            differ.append(f"classes: {len(old_classes)} → {len(self.class_names)} ({what})")
+        if differ:
+            where = self._trainer.ckpt_path if self._trainer is not None else "the checkpoint"
+            raise ValueError(
+                f"checkpoint {where} holds another model than this run builds: {'; '.join(differ)}. Resume it with "
+                "the data and settings it was trained with, or start a new run with another --run_dir"
+            )
+
     @classmethod
     def from_checkpoint(cls, path: str | Path, map_location: str = "cpu") -> FineTuner:
         """Rebuild a fine-tuned model from a coretune checkpoint (safe: ``weights_only=True``)."""

@@ -32,6 +32,7 @@ __all__ = [
     "Extraction",
     "Layout",
     "LoadReport",
+    "UnreadableCheckpointError",
     "extract_backbone_state",
     "list_layouts",
     "load_checkpoint_file",
@@ -47,6 +48,17 @@ which only holds attributes and cannot run code."""
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read or does not fit the encoder; the message names cause and fix."""
+
+
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint file that is truncated or corrupt, or not a PyTorch checkpoint (``reason``: what torch said)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(
+            f"cannot read checkpoint {path} ({reason}): the file is truncated or corrupt, or not a PyTorch "
+            "checkpoint; copy or download it again"
+        )
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -100,10 +112,7 @@ def load_checkpoint_file(path: str | Path) -> Any:
 
 
 def _corrupt(path: Path, err: BaseException) -> CheckpointError:
-    return CheckpointError(
-        f"cannot read checkpoint {path} ({type(err).__name__}: {err or 'unexpected end of file'}): the file "
-        "is truncated or corrupt, or not a PyTorch checkpoint; copy or download it again"
-    )
+    return UnreadableCheckpointError(path, f"{type(err).__name__}: {err or 'unexpected end of file'}")
 
 
 # ------------------------------------------------------------------------------------------------------------

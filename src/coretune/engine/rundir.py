@@ -120,10 +120,10 @@ def _resume_source(config: Mapping[str, Any]) -> Path | None:
     return Path(ckpt) if ckpt is not None and Path(ckpt).is_file() else None
 
 
-def _recorded_settings(checkpoint: Any, config_file: Path | None) -> list[tuple[str, Mapping[str, Any]]]:
-    """What a run was trained with, by source: its ``config.yaml`` (if any) and its checkpoint's model and data
+def _recorded_settings(checkpoint: Any, config_file: Path | None) -> list[Mapping[str, Any]]:
+    """What a run was trained with: its ``config.yaml`` (if any) and its checkpoint's model and data
     hyper-parameters (as ``{"model": …, "data": …}``)."""
-    sources: list[tuple[str, Mapping[str, Any]]] = []
+    recorded: list[Mapping[str, Any]] = []
     if config_file is not None:
         try:
             settings = yaml.safe_load(config_file.read_text())
@@ -132,11 +132,11 @@ def _recorded_settings(checkpoint: Any, config_file: Path | None) -> list[tuple[
                 f"{config_file}, the settings the run was trained with, is not valid YAML ({type(err).__name__}): "
                 "restore it, or start a new run with another --run_dir"
             ) from None
-        sources.append((str(config_file), settings if isinstance(settings, Mapping) else {}))
+        recorded.append(settings if isinstance(settings, Mapping) else {})
     if isinstance(checkpoint, Mapping):
         hparams = {"model": checkpoint.get("hyper_parameters"), "data": checkpoint.get("datamodule_hyper_parameters")}
-        sources.append(("its checkpoint", {k: v for k, v in hparams.items() if isinstance(v, Mapping)}))
-    return sources
+        recorded.append({k: v for k, v in hparams.items() if isinstance(v, Mapping)})
+    return recorded
 
 
 def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -144,9 +144,8 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
     with other settings; return the settings that changed and may (:func:`setting_changes`).
 
     ``config`` is the parsed configuration (``run_dir``, ``ckpt_path``), ``current`` the same as ``config.yaml``
-    would record it.
-    The recorded settings are the run directory's ``config.yaml`` (else that of the checkpoint's run directory)
-    and the checkpoint's hyper-parameters.
+    would record it. The recorded settings are the run directory's ``config.yaml`` (else that of the checkpoint's
+    run directory) and the checkpoint's hyper-parameters.
 
     Raises:
         ValueError: settings that change the maths or the data differ (each named, old → new).
@@ -171,7 +170,7 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
     config_file = next((p for p in (run_dir / "config.yaml", ckpt.parent.parent / "config.yaml") if p.is_file()), None)
     allowed: dict[str, None] = {}
     refused: dict[str, None] = {}
-    for _, settings in _recorded_settings(checkpoint, config_file):
+    for settings in _recorded_settings(checkpoint, config_file):
         may, may_not = setting_changes(settings, current)
         allowed |= dict.fromkeys(may)
         refused |= dict.fromkeys(may_not)
@@ -219,11 +218,11 @@ class RunDirCLI(LightningCLI):
     """A LightningCLI whose run writes into ``--run_dir`` (added by the subclass), held while it runs.
 
     Start it with :meth:`run`: :meth:`settle_run_dir` (called by the subclass once the configuration is parsed)
-    resolves the directory (:func:`resolve_run_dir`), checks a resume (:func:`check_resume`: the checkpoint is
-    readable and the run was trained with these settings) and claims the directory
-    (:func:`coretune.runclaim.fit_claim`; only in the process a user or a sweep started, not in those a DDP launcher
-    adds) until the run ends, so that a second run into the same directory is refused instead of overwriting its
-    checkpoints. ``config.yaml`` is written when the fit starts (:class:`SaveConfigOnFitStart`).
+    resolves the directory (:func:`resolve_run_dir`), claims it (:func:`coretune.runclaim.fit_claim`; only in the
+    process a user or a sweep started, not in those a DDP launcher adds) until the run ends, so that a second run
+    into the same directory is refused instead of overwriting its checkpoints, and checks a resume
+    (:func:`check_resume`: the checkpoint is readable and the run was trained with these settings). ``config.yaml``
+    is written when the fit starts (:class:`SaveConfigOnFitStart`).
     """
 
     def __init__(self, *args: Any, hold: contextlib.ExitStack, **kwargs: Any) -> None:

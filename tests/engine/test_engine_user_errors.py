@@ -23,7 +23,7 @@ from PIL import Image
 from coretune import objectives
 from coretune.cli import main
 from coretune.data import SkippedImagesWarning
-from coretune.engine import FineTuner, NonFiniteLossError, read_metrics
+from coretune.engine import FineTuner, NonFiniteLossError, read_metrics, setting_changes
 from coretune.models import create_backbone
 from coretune.runclaim import claim_run, point_claim
 
@@ -392,6 +392,7 @@ def test_resuming_with_other_settings_is_refused_and_nothing_is_touched(
     assert snapshot(run) == before
 
 
+@pytest.mark.filterwarnings("ignore:The dirpath has changed")  # the run was copied: Lightning notes the move
 def test_a_resume_may_extend_the_run_and_config_yaml_says_what_ran(
     tree: Path, finished_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -410,6 +411,27 @@ def test_a_resume_may_extend_the_run_and_config_yaml_says_what_ran(
     assert [int(r["epoch"]) for r in read_metrics(run / "metrics.csv")] == [0, 1]
 
 
+def test_setting_changes_tells_the_changes_a_resume_may_make_from_the_others() -> None:
+    recorded = {
+        "trainer": {"devices": "auto", "max_epochs": 1},
+        "model": {"class_path": "coretune.pretrain.SimCLR", "init_args": {"lr": 0.1, "crop": [1, 2]}},
+        "objective": {"class_path": "coretune.objectives.CETuning"},
+        "ckpt_path": None,
+    }
+    current = {
+        "trainer": {"devices": "auto", "max_epochs": 3},
+        "model": {"class_path": "coretune.pretrain.module.SimCLR", "init_args": {"lr": 0.2, "crop": (1, 2)}},
+        "objective": {"class_path": "coretune.objectives.ce.CETuning", "init_args": {"new_option": 1}},
+        "ckpt_path": "RUN/checkpoints/last.ckpt",
+    }
+    assert setting_changes(recorded, current) == (["trainer.max_epochs 1 → 3"], ["model.lr 0.1 → 0.2"])
+    for old, new, resumable in ((1, [3], True), ("0,1", 2, True), ("auto", 1, False), ([0], [0, 1], False)):
+        changes = setting_changes({"trainer": {"devices": old}}, {"trainer": {"devices": new}})
+        assert changes == (
+            ([f"trainer.devices {old} → {new}"], []) if resumable else ([], [f"trainer.devices {old} → {new}"])
+        )
+
+
 def test_a_data_root_that_gained_a_class_is_refused_on_resume(tree: Path, tmp_path: Path) -> None:
     root = copy_tree(tree, tmp_path)
     run = tmp_path / "run"
@@ -425,6 +447,7 @@ def test_a_data_root_that_gained_a_class_is_refused_on_resume(tree: Path, tmp_pa
     assert snapshot(run) == before  # config.yaml too: it is written once the checkpoint is restored
 
 
+@pytest.mark.filterwarnings("ignore:The dirpath has changed")
 def test_a_truncated_last_ckpt_names_the_file_and_offers_best_ckpt(
     tree: Path, finished_run: Path, tmp_path: Path
 ) -> None:

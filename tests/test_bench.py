@@ -140,6 +140,23 @@ def test_spec_errors_name_the_problem(tmp_path: Path, entries: dict, message: st
         spec_of(tmp_path, **entries)
 
 
+@pytest.mark.parametrize(("what", "name"), [("dataset", ".."), ("dataset", "."), ("objective", "..")])
+def test_a_name_that_leads_out_of_the_output_folder_is_refused(tmp_path: Path, what: str, name: str) -> None:
+    """`..` or `.` passed the letters-and-dots check, and `OUT/..` put the runs beside the output folder."""
+    datasets = {name if what == "dataset" else "tiny": [f"--data.root={data_root(tmp_path)}"]}
+    objectives = [{"name": name, "objective": "ce"}] if what == "objective" else ["ce"]
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({"output": str(tmp_path / "out"), "datasets": datasets, "objectives": objectives}))
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as info:
+        main(["bench", str(config)])
+    assert str(info.value.code) == (
+        f"coretune bench: error: {config}: {what} name {name!r} must be a non-empty folder name of "
+        "letters, digits and _ . + - (not . or .., which would lead out of the output folder)"
+    )
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_resuming_refuses_other_arguments(tmp_path: Path) -> None:
     spec = spec_of(tmp_path)
     run = spec.runs()[0]

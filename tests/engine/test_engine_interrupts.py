@@ -7,6 +7,7 @@ handle an actual OS signal arriving in the middle of a batch.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -212,12 +213,40 @@ def test_signal_in_an_epochs_last_batch_stops_after_the_epoch(
     assert "test" not in json.loads((run / "results.json").read_text())  # stopped: no test phase
 
 
+class _FullDisk:
+    """A checkpoint file on a disk that fills up after ``room`` bytes: ``write`` raises ``OSError(ENOSPC)``, as a
+    real full disk does (torch's writer then reports ``RuntimeError: … unexpected pos …``)."""
+
+    def __init__(self, file: object, room: int) -> None:
+        self.file, self.room = file, room
+
+    def __enter__(self) -> _FullDisk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()  # type: ignore[attr-defined]
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self.room:
+            self.file.write(data[: self.room])  # type: ignore[attr-defined]
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.file.write(data)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.file, name)
+
+
+@pytest.mark.parametrize("failing", ["torch.save", "file.write"])
 def test_failed_checkpoint_write_keeps_the_previous_one(
-    setup: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    setup: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
+    """The disk fills up at epoch 1's checkpoint writes: ``torch.save`` raising ``OSError(ENOSPC)``, or the file's
+    ``write`` raising it inside torch's real writer, which turns it into a ``RuntimeError`` (``[enforce fail at
+    inline_container.cc:672] unexpected pos``)."""
     tree, _, _ = setup
     run = tmp_path / "run"
-    real_save, calls = torch.save, []
+    real_save, real_fdopen, calls = torch.save, os.fdopen, []
 
     def disk_full(obj: object, f: object, *args: object, **kwargs: object) -> None:
         calls.append(1)
@@ -226,12 +255,23 @@ def test_failed_checkpoint_write_keeps_the_previous_one(
             raise OSError(28, "No space left on device")
         real_save(obj, f, *args, **kwargs)
 
-    monkeypatch.setattr(torch, "save", disk_full)
+    def filling_disk(fd: int, *args: object, **kwargs: object) -> object:
+        calls.append(1)
+        file = real_fdopen(fd, *args, **kwargs)
+        return _FullDisk(file, room=1000) if len(calls) > 2 else file
+
+    if failing == "torch.save":
+        monkeypatch.setattr(torch, "save", disk_full)
+    else:
+        monkeypatch.setattr(os, "fdopen", filling_disk)
     with pytest.raises(SystemExit) as info:
         main(fit_args(tree, run))
     message = str(info.value.code)
     assert message.startswith("coretune fit: error: [Errno 28] No space left on device")
-    assert "free disk space, then run the same command again to resume" in message
+    assert message.endswith(
+        "free disk space, then run the same command again to resume (the last complete checkpoint is intact)"
+    )
+    assert "\n" not in message
     monkeypatch.undo()
     assert checkpoint_files(run) == ["best.ckpt", "last.ckpt"]  # the temporary file was removed
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)

@@ -20,12 +20,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 from coretune import objectives
 from coretune.cli import main
 from coretune.data import SkippedImagesWarning, list_image_files
-from coretune.engine import FineTuner, NonFiniteLossError, read_metrics
+from coretune.engine import FineTuner, NonFiniteLossError, read_metrics, setting_changes
 from coretune.models import create_backbone
 from coretune.runclaim import claim_run, point_claim
 
@@ -446,6 +447,33 @@ def test_unknown_layout_lists_the_layouts_tried(tree: Path, tmp_path: Path) -> N
     assert "force it with --model.weights_format (one of torchvision, timm, " in message
 
 
+def test_integer_weights_are_refused_unless_the_cast_is_forced(
+    tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A .safetensors whose float tensors were saved as int64 loaded silently ("24/24 tensors loaded") as floats."""
+    from safetensors.torch import save_file
+
+    state = create_backbone("small_cnn").body.state_dict()
+    floats = [k for k, v in state.items() if v.is_floating_point()]
+    weights = tmp_path / "int.safetensors"
+    save_file({k: (v * 100).long() if v.is_floating_point() else v for k, v in state.items()}, weights)
+    message = error(fit_args(tree, tmp_path / "run", f"--model.weights={weights}"))
+    assert message == (
+        f"checkpoint {weights} stores {len(floats)} floating-point tensors of backbone 'small_cnn' as int64 (e.g. "
+        f"{', '.join(floats[:3])}): integer or quantised weights are not the float weights the model needs. "
+        "Dequantise the checkpoint or export its float weights; if the integers are the real values, force the "
+        "conversion with --model.weights_allow_cast true (allow_cast=True in Python)"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    main(fit_args(tree, tmp_path / "run", f"--model.weights={weights}", "--model.weights_allow_cast=true"))
+    report = f"{len(state)}/{len(state)} tensors loaded, 0 missing, 0 unexpected; cast {len(floats)} non-floating "
+    assert report + "tensors to floating point (allow_cast)" in capsys.readouterr().err
+    half = tmp_path / "half.safetensors"  # another float precision is converted without a word
+    save_file({k: v.half() if v.is_floating_point() else v for k, v in state.items()}, half)
+    main(fit_args(tree, tmp_path / "half_run", f"--model.weights={half}"))
+    assert f"{len(state)}/{len(state)} tensors loaded, 0 missing, 0 unexpected\n" in capsys.readouterr().err
+
+
 def test_coretune_commands_refuse_a_pre_trained_backbone_checkpoint(tree: Path, tmp_path: Path) -> None:
     ckpt = tmp_path / "backbone.pth"
     torch.save(create_backbone("small_cnn").body.state_dict(), ckpt)
@@ -542,6 +570,148 @@ def test_checkpoint_settings_out_of_range_or_weights_that_do_not_fit_name_the_fi
     )
 
 
+# -- resuming a run directory ---------------------------------------------------------------------------------
+def snapshot(run: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 1-epoch run of the tree (copy it before changing it)."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    main(fit_args(tree, run))
+    return run
+
+
+def copy_run(run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
+@pytest.mark.parametrize(
+    ("options", "differences"),
+    [
+        (
+            ["--model.lr=0.5", "--seed=3", "--data.batch_size=2"],
+            "seed_everything 0 → 3; model.lr 0.01 → 0.5; data.batch_size 8 → 2",
+        ),
+        (["--model.backbone=resnet18"], "model.backbone small_cnn → resnet18"),
+        (
+            ["--objective=core"],
+            "objective.class_path coretune.objectives.ce.CETuning → coretune.objectives.core.CoreTuning",
+        ),
+    ],
+)
+def test_resuming_with_other_settings_is_refused_and_nothing_is_touched(
+    tree: Path, finished_run: Path, tmp_path: Path, options: list[str], differences: str
+) -> None:
+    """Re-running a run directory with other settings resumed the old run (or crashed in load_state_dict for another
+    backbone or objective) while config.yaml recorded the new values."""
+    run = copy_run(finished_run, tmp_path)
+    before = snapshot(run)
+    assert error(fit_args(tree, run, *options)) == (
+        f"the run in {run} was trained with other settings than these: {differences}. Resuming it from "
+        f"{run / 'checkpoints' / 'last.ckpt'} would go on with settings it was not trained with: resume it with its "
+        f"own (--config {run / 'config.yaml'} applies them), or start a new run with another --run_dir"
+    )
+    assert snapshot(run) == before
+
+
+@pytest.mark.filterwarnings("ignore:The dirpath has changed")  # the run was copied: Lightning notes the move
+def test_a_resume_may_extend_the_run_and_config_yaml_says_what_ran(
+    tree: Path, finished_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    with caplog.at_level("INFO"):
+        main(fit_args(tree, run, "--trainer.max_epochs=2", "--data.num_workers=1"))
+    assert (
+        f"resuming the run in {run} from {run / 'checkpoints' / 'last.ckpt'} with trainer.max_epochs 1 → 2; "
+        "data.num_workers 0 → 1 (re-running a command continues its run" in caplog.text
+    )
+    assert [int(r["epoch"]) for r in read_metrics(run / "metrics.csv")] == [0, 1]
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["trainer"]["max_epochs"] == 2 and config["data"]["num_workers"] == 1
+    assert config["model"]["lr"] == 0.01 and config["data"]["batch_size"] == 8
+    main(["fit", f"--config={run / 'config.yaml'}"])  # the fix the refusal names: the run's own settings
+    assert [int(r["epoch"]) for r in read_metrics(run / "metrics.csv")] == [0, 1]
+
+
+def test_setting_changes_tells_the_changes_a_resume_may_make_from_the_others() -> None:
+    recorded = {
+        "trainer": {"devices": "auto", "max_epochs": 1},
+        "model": {"class_path": "coretune.pretrain.SimCLR", "init_args": {"lr": 0.1, "crop": [1, 2]}},
+        "objective": {"class_path": "coretune.objectives.CETuning"},
+        "ckpt_path": None,
+    }
+    current = {
+        "trainer": {"devices": "auto", "max_epochs": 3},
+        "model": {"class_path": "coretune.pretrain.module.SimCLR", "init_args": {"lr": 0.2, "crop": (1, 2)}},
+        "objective": {"class_path": "coretune.objectives.ce.CETuning", "init_args": {"new_option": 1}},
+        "ckpt_path": "RUN/checkpoints/last.ckpt",
+    }
+    assert setting_changes(recorded, current) == (["trainer.max_epochs 1 → 3"], ["model.lr 0.1 → 0.2"])
+    for old, new, resumable in ((1, [3], True), ("0,1", 2, True), ("auto", 1, False), ([0], [0, 1], False)):
+        changes = setting_changes({"trainer": {"devices": old}}, {"trainer": {"devices": new}})
+        assert changes == (
+            ([f"trainer.devices {old} → {new}"], []) if resumable else ([], [f"trainer.devices {old} → {new}"])
+        )
+
+
+def test_a_data_root_that_gained_a_class_is_refused_on_resume(tree: Path, tmp_path: Path) -> None:
+    root = copy_tree(tree, tmp_path)
+    run = tmp_path / "run"
+    main(fit_args(root, run))
+    for split in ("train", "val"):
+        shutil.copytree(root / split / "eel", root / split / "fox")
+    before = snapshot(run)
+    assert error(fit_args(root, run)) == (
+        f"checkpoint {run / 'checkpoints' / 'last.ckpt'} holds another model than this run builds: classes: 3 → 4 "
+        "(added ['fox']). Resume it with the data and settings it was trained with, or start a new run with another "
+        "--run_dir"
+    )
+    assert snapshot(run) == before  # config.yaml too: it is written once the checkpoint is restored
+
+
+@pytest.mark.filterwarnings("ignore:The dirpath has changed")
+def test_a_truncated_last_ckpt_names_the_file_and_offers_best_ckpt(
+    tree: Path, finished_run: Path, tmp_path: Path
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    last, best = run / "checkpoints" / "last.ckpt", run / "checkpoints" / "best.ckpt"
+    last.write_bytes(last.read_bytes()[:3000])
+    before = snapshot(run)
+    message = error(fit_args(tree, run))
+    assert message.startswith(f"cannot resume the run in {run}: its checkpoint {last} is truncated or corrupt (")
+    assert message.endswith(
+        f"Nothing was changed: resume from its best checkpoint (perhaps an earlier epoch) with --ckpt_path {best}, or "
+        "start a new run with another --run_dir"
+    )
+    assert snapshot(run) == before
+    main(fit_args(tree, run, f"--ckpt_path={best}"))  # the fix it offers: best.ckpt, the finished run tested again
+    assert last.read_bytes() == before[last]
+    best.unlink()
+    assert error(fit_args(tree, run)).endswith("Nothing was changed: start a new run with another --run_dir")
+
+
+@pytest.mark.parametrize("where", ["last.ckpt", "--ckpt_path"])
+def test_a_pickle_that_runs_code_on_the_resume_path_is_refused(
+    tree: Path, finished_run: Path, tmp_path: Path, where: str
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    ckpt = malicious(tmp_path)
+    if where == "last.ckpt":
+        shutil.copy(ckpt, run / "checkpoints" / "last.ckpt")
+        ckpt, args = run / "checkpoints" / "last.ckpt", fit_args(tree, run)
+    else:
+        args = fit_args(tree, tmp_path / "new_run", f"--ckpt_path={ckpt}")
+    before = snapshot(run)
+    assert error(args).startswith(
+        f"checkpoint {ckpt} holds Python objects that torch.load(weights_only=True) refuses to unpickle (it stores "
+        "posix.system), because unpickling them could run arbitrary code."
+    )
+    assert not (tmp_path / "pwned").exists()
+    assert snapshot(run) == before
+
+
 # -- configuration --------------------------------------------------------------------------------------------
 def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path) -> None:
     message = error(fit_args(tree, tmp_path / "run", "--objective", "nosuch"))
@@ -576,3 +746,42 @@ def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path
 )
 def test_bad_configuration_values(options: list[str], expected: str, tree: Path, tmp_path: Path) -> None:
     assert error(fit_args(tree, tmp_path / "run", *options)) == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (
+            ["--trainer.accumulate_grad_batches=0"],
+            "--trainer.accumulate_grad_batches must be a whole number >= 1 (got 0): the number of batches whose "
+            "gradients one optimiser step sums (1: step after every batch)",
+        ),
+        (
+            ["--trainer.accelerator=gpu"],
+            "--trainer.accelerator gpu is not available on this machine (available: cpu): pass "
+            "--trainer.accelerator auto to use the best one there is",
+        ),
+        (
+            ["--trainer.accelerator=mps"],
+            "--trainer.accelerator mps is not available on this machine (available: cpu): pass "
+            "--trainer.accelerator auto to use the best one there is",
+        ),
+        (
+            ["--trainer.sync_batchnorm=true", "--trainer.accumulate_grad_batches=-2"],
+            "--trainer.sync_batchnorm true needs GPUs (torch synchronises batch-norm statistics of CUDA tensors "
+            "only): drop it when training on CPU; --trainer.accumulate_grad_batches must be a whole number >= 1 (got "
+            "-2): the number of batches whose gradients one optimiser step sums (1: step after every batch)",
+        ),
+        (
+            ["--trainer.devices=0"],
+            "invalid trainer settings: `Trainer(devices='0')` value is not a valid input using cpu accelerator.",
+        ),
+    ],
+)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the messages name a machine without GPUs")
+def test_trainer_options_this_machine_cannot_run_are_one_line(
+    options: list[str], expected: str, tree: Path, tmp_path: Path
+) -> None:
+    """Were a ZeroDivisionError (accumulating over 0 batches) and Lightning's MisconfigurationException."""
+    assert error(fit_args(tree, tmp_path / "run", *options)) == expected
+    assert not [p for p in (tmp_path / "run").rglob("*") if p.is_file()]  # nothing written

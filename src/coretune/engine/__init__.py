@@ -5,9 +5,10 @@ from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, atomic_write, 
 from .interrupts import StopOnSignal, TrainingInterrupted
 from .module import FineTuner, NonFiniteLossError
 from .optim import build_optimizer, lr_factor
-from .rundir import RunDirCLI, resolve_run_dir
+from .rundir import RESUMABLE_CHANGES, RunDirCLI, check_resume, resolve_run_dir, setting_changes
 from .trainer import (
     LIGHTNING_PYTREE_DEPRECATION,
+    check_trainer_options,
     default_callbacks,
     default_precision,
     make_trainer,
@@ -16,6 +17,7 @@ from .trainer import (
 
 __all__ = [
     "LIGHTNING_PYTREE_DEPRECATION",
+    "RESUMABLE_CHANGES",
     "AtomicCheckpointIO",
     "FineTuner",
     "NonFiniteLossError",
@@ -26,6 +28,8 @@ __all__ = [
     "atomic_torch_save",
     "atomic_write",
     "build_optimizer",
+    "check_resume",
+    "check_trainer_options",
     "default_callbacks",
     "default_precision",
     "epoch_summary",
@@ -35,6 +39,7 @@ __all__ = [
     "quiet_lightning",
     "read_metrics",
     "resolve_run_dir",
+    "setting_changes",
     "update_results",
     "with_atomic_io",
 ]

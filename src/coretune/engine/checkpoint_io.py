@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -34,10 +34,36 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Ite
         raise
 
 
+class _KeepWriteError:
+    """A binary file that keeps the ``OSError`` its ``write`` raised: torch's writer swallows it and reports a failed
+    write (a full disk) only as ``RuntimeError: [enforce fail at inline_container.cc:…] unexpected pos …``."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file beside ``path``, then ``os.replace``: the old file survives any failure."""
+    """``torch.save`` to a temporary file beside ``path``, then ``os.replace``: the old file survives any failure.
+    A failed write raises its own ``OSError`` (``ENOSPC`` for a full disk), not torch's ``RuntimeError``."""
     with atomic_write(path, "wb") as f:
-        torch.save(obj, f)
+        writer = _KeepWriteError(f)
+        try:
+            torch.save(obj, writer)
+        except RuntimeError as err:
+            if writer.error is None:
+                raise
+            raise writer.error from err
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -221,6 +221,8 @@ class FineTuner(L.LightningModule):
             ``small_cnn``, or ``timm/<model>``).
         weights: a local pre-trained checkpoint to load into the backbone (``None``: random initialisation).
         weights_format: checkpoint layout (``auto`` detects it).
+        weights_allow_cast: load ``weights`` whose floating-point tensors are stored as integers (or quantised),
+            converted to floats; refused by default, since such weights are rarely the float values.
         backbone_args: options of the backbone's constructor, e.g. ``{drop_path_rate: 0.1}`` for a timm ViT
             (``--model.backbone_args '{drop_path_rate: 0.1}'``). timm ViTs take any image size by default.
         optimizer: ``sgd`` (Nesterov momentum, the paper's), ``adam`` (domain generalisation) or ``adamw``.
@@ -243,6 +245,7 @@ class FineTuner(L.LightningModule):
         backbone: str = "resnet50",
         weights: str | None = None,
         weights_format: str = "auto",
+        weights_allow_cast: bool = False,
         backbone_args: dict[str, Any] | None = None,
         optimizer: OptimizerName = "sgd",
         lr: float = 0.01,
@@ -266,7 +269,11 @@ class FineTuner(L.LightningModule):
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective"])
         self.backbone = create_backbone(
-            backbone, weights=weights, weights_format=weights_format, **(backbone_args or {})
+            backbone,
+            weights=weights,
+            weights_format=weights_format,
+            allow_cast=weights_allow_cast,
+            **(backbone_args or {}),
         )
         self.objective = objective if objective is not None else CETuning()
         self.task = TASKS[task]()
@@ -335,6 +342,32 @@ class FineTuner(L.LightningModule):
             "class_names": self.class_names,
             "feature_dim": self.backbone.feature_dim,
         }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse the checkpoint of another model before its tensors are copied in (torch would only say that
+        tensor sizes differ): a resumed run whose data gained or lost a class, another backbone or objective."""
+        meta = checkpoint.get("coretune") or {}
+        objective = f"{type(self.objective).__module__}.{type(self.objective).__qualname__}"
+        differ = [
+            f"{name} {old} → {new}"
+            for name, old, new in (
+                ("backbone", checkpoint.get("hyper_parameters", {}).get("backbone"), self.hparams.backbone),
+                ("objective", meta.get("objective_class"), objective),
+            )
+            if old is not None and old != new
+        ]
+        old_classes = meta.get("class_names")
+        if old_classes is not None and list(old_classes) != self.class_names:
+            added = [c for c in self.class_names if c not in old_classes]
+            removed = [c for c in old_classes if c not in self.class_names]
+            what = "; ".join([f"added {added}"] * bool(added) + [f"removed {removed}"] * bool(removed)) or "reordered"
+            differ.append(f"classes: {len(old_classes)} → {len(self.class_names)} ({what})")
+        if differ:
+            where = self._trainer.ckpt_path if self._trainer is not None else "the checkpoint"
+            raise ValueError(
+                f"checkpoint {where} holds another model than this run builds: {'; '.join(differ)}. Resume it with "
+                "the data and settings it was trained with, or start a new run with another --run_dir"
+            )
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, map_location: str = "cpu") -> FineTuner:

@@ -41,43 +41,56 @@ def _test_parser() -> ArgumentParser:
     from .engine import default_precision
 
     parser = ArgumentParser(
-        allow_abbrev=False, prog="coretune test", description="Evaluate a fine-tuned checkpoint; writes results.json."
+        allow_abbrev=False,
+        prog="coretune test",
+        description="Evaluate a fine-tuned checkpoint on a data split; writes the results to a JSON file of their own "
+        "(the run's results.json, the fit's, is left as it is).",
     )
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_class_arguments(ImageClassificationData, "data")
     parser.add_argument(
-        "--run_dir",
+        "--output",
         type=str | None,
         default=None,
-        help="Where results.json goes (default: the checkpoint's run directory).",
+        help="JSON file to write the results to (default: test_results.json in the checkpoint's run directory, the "
+        "folder holding its checkpoints/ folder, or beside the checkpoint).",
     )
     parser.add_argument("--precision", type=str, default=default_precision())
     return parser
 
 
 def test(args: list[str]) -> None:
+    import json
+
     import lightning as L
 
     from .data import ImageClassificationData
-    from .engine import FineTuner, RunArtifacts
-    from .rundir import RunDir
+    from .engine import FineTuner, atomic_write
 
     cfg = _test_parser().parse_args(args)
+    ckpt = Path(cfg.ckpt_path).resolve()
+    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    output = Path(cfg.output) if cfg.output else run_dir / "test_results.json"
+    if output.name == "results.json" and output.is_file():
+        raise ValueError(
+            f"--output {output} would overwrite a fit's results.json, which coretune test leaves as it is: "
+            "give another file name"
+        )
     model = FineTuner.from_checkpoint(cfg.ckpt_path)
     data = ImageClassificationData(**cfg.data.as_dict())
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else Path(cfg.ckpt_path).resolve().parent.parent
     trainer = L.Trainer(
-        default_root_dir=str(run_dir),
-        precision=cfg.precision,
-        logger=False,
-        callbacks=[RunArtifacts(run_dir)],
-        enable_checkpointing=False,
+        default_root_dir=str(output.parent), precision=cfg.precision, logger=False, enable_checkpointing=False
     )
     trainer.test(model, datamodule=data)
-    print(f"results: {RunDir(run_dir).results}")
+    results = {"checkpoint": str(ckpt), "data": cfg.data.as_dict(), "test": model.test_results}
+    with atomic_write(output) as f:
+        f.write(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    print(f"test results: {output}")
 
 
 def _predict_parser() -> ArgumentParser:
+    from .data.datasets import OnBadImage
+
     parser = ArgumentParser(
         allow_abbrev=False,
         prog="coretune predict",
@@ -89,6 +102,14 @@ def _predict_parser() -> ArgumentParser:
     parser.add_argument("--image_size", type=int | None, default=None, help="Default: the training image size.")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--num_workers", type=int, default=0)
+    parser.add_argument(
+        "--on_bad_image",
+        "--data.on_bad_image",
+        type=OnBadImage,
+        default="error",
+        help="Unreadable image files: 'error' stops at the first (the output file is left as it was); 'skip' decodes "
+        "every file first, leaves the unreadable ones out of the CSV and lists them in one warning.",
+    )
     return parser
 
 
@@ -103,6 +124,7 @@ def predict(args: list[str]) -> None:
         image_size=cfg.image_size,
         batch_size=cfg.batch_size,
         num_workers=cfg.num_workers,
+        on_bad_image=cfg.on_bad_image,
     )
     print(f"predictions: {out}")
 

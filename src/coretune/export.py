@@ -43,7 +43,7 @@ def export_checkpoint(
     model = FineTuner.from_checkpoint(ckpt_path).eval()
     net = ExportedClassifier(model.backbone, model.objective.classifier).eval()
     net.to(memory_format=torch.contiguous_format)
-    meta = torch.load(ckpt_path, map_location="cpu", weights_only=True)["coretune"]
+    meta = model.checkpoint_info
     data = meta.get("data", {})
     config = {
         "format": EXPORT_FORMAT,

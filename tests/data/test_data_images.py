@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -124,6 +125,26 @@ def test_list_image_files_is_recursive_sorted_and_skips_hidden_and_other_files(t
         (tmp_path / rel).write_bytes(b"")
     found = [Path(p).relative_to(tmp_path).as_posix() for p in list_image_files(str(tmp_path))]
     assert found == ["a/1.jpg", "a/deep/3.webp", "b/2.PNG"]
+
+
+def test_list_image_files_follows_each_linked_folder_once_and_refuses_loops(tmp_path: Path) -> None:
+    for rel in ("data/a/1.png", "data/a/sub/2.png", "shared/3.png"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"")
+    data = tmp_path / "data"
+    (data / "a" / "x").symlink_to(tmp_path / "shared")  # a linked folder outside the tree is read …
+    (data / "a" / "y").symlink_to(tmp_path / "shared")  # … once, however many links lead to it
+    (data / "a" / "gone.png").symlink_to(tmp_path / "nowhere.png")  # kept: reading it names the missing file
+    os.mkfifo(data / "a" / "pipe.png")  # left out: opening a pipe blocks until something writes to it
+    found = [Path(p).relative_to(data).as_posix() for p in list_image_files(str(data / "a"))]
+    assert found == ["a/1.png", "a/gone.png", "a/sub/2.png", "a/x/3.png"]
+    (data / "a" / "sub" / "up").symlink_to("../..")  # points to data/, which contains it
+    with pytest.raises(DataError) as info:
+        list_image_files(str(data / "a"))
+    assert str(info.value) == (
+        f"symbolic link loop: {data / 'a' / 'sub' / 'up'} points to {data.resolve()}, which contains it, so its "
+        "images would be read again and again: remove the link, or point it at a folder that does not contain it"
+    )
 
 
 def test_image_file_dataset_returns_tensors_indices_and_paths(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import re
+import shutil
 from pathlib import Path
 
 import lightning as L
@@ -158,10 +160,10 @@ def test_test_predict_export_round_trip(fitted: tuple[Path, Path], tmp_path: Pat
             f"--ckpt_path={ckpt}",
             f"--data.root={tree}",
             "--data.image_size=32",
-            f"--run_dir={tmp_path}",
+            f"--output={tmp_path / 't.json'}",
         ]
     )
-    assert "top1" in json.loads((tmp_path / "results.json").read_text())["test"]
+    assert "top1" in json.loads((tmp_path / "t.json").read_text())["test"]
 
     model = FineTuner.from_checkpoint(ckpt).eval()
     files = ImageFileDataset(str(tree / "val"), eval_transform(32))
@@ -189,6 +191,31 @@ def test_test_predict_export_round_trip(fitted: tuple[Path, Path], tmp_path: Pat
         program = torch.export.load(tmp_path / "export" / "model.pt2").module()
         assert torch.allclose(program(images), logits, atol=1e-5)
         assert torch.allclose(program(images[:1]), logits[:1], atol=1e-5)  # the batch size is dynamic
+
+
+def test_coretune_test_writes_its_own_results_and_leaves_the_fits(
+    fitted: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `coretune test` on other data used to replace the fit's test results in results.json, under its training fields
+    from image_trees import make_image_tree
+
+    _, fitted_run = fitted
+    run = Path(shutil.copytree(fitted_run, tmp_path / "run"))
+    fit_results = (run / "results.json").read_bytes()
+    other = make_image_tree(tmp_path / "other", per_class=2, val_per_class=2, seed=1)
+    ckpt = run / "checkpoints" / "best.ckpt"
+    main(["test", f"--ckpt_path={ckpt}", f"--data.root={other}", "--data.image_size=32"])
+    assert capsys.readouterr().out.endswith(f"test results: {run / 'test_results.json'}\n")
+    assert (run / "results.json").read_bytes() == fit_results  # bench and the docs read the fit's test there
+    written = json.loads((run / "test_results.json").read_text())
+    assert written["checkpoint"] == str(ckpt) and written["data"]["root"] == str(other)
+    assert sum(map(sum, written["test"]["confusion_matrix"])) == 6  # the other tree's 3 × 2 validation images
+    message = (
+        f"--output {run / 'results.json'} would overwrite a fit's results.json, which coretune test leaves as it is"
+    )
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        main(["test", f"--ckpt_path={ckpt}", f"--data.root={other}", f"--output={run / 'results.json'}"])
+    assert (run / "results.json").read_bytes() == fit_results
 
 
 class _StopAfterFirstEpoch(L.Callback):

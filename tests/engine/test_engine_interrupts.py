@@ -7,11 +7,13 @@ handle an actual OS signal arriving in the middle of a batch.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +121,41 @@ def test_sigterm_mid_epoch_in_a_real_process_saves_and_resumes_exactly(
     assert_same_run(whole, run)
 
 
+@pytest.mark.parametrize(("first", "second"), [(signal.SIGTERM, signal.SIGTERM), (signal.SIGINT, signal.SIGINT)])
+def test_a_second_signal_stops_a_process_whose_batch_never_ends_at_once(
+    setup: tuple[Path, Path, Path], tmp_path: Path, first: signal.Signals, second: signal.Signals
+) -> None:
+    # a loader blocked for ever (a named pipe in the data) kept the first signal waiting for the batch end, and
+    # Lightning's own SIGTERM handler, put back for the second, only set a flag too
+    tree, helper, _ = setup
+    hang = tmp_path / "hanging"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(helper), str(SRC), os.environ.get("PYTHONPATH", "")])}
+    args = fit_args(tree, tmp_path / "run", *signal_args(first, 1), f"--trainer.callbacks.hang_file={hang}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coretune.cli", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not hang.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert hang.exists(), "the process did not reach its hanging batch"
+        time.sleep(1)
+        assert proc.poll() is None  # the first signal waits for the batch end, which never comes
+        proc.send_signal(second)
+        assert proc.wait(timeout=20) == -second  # ended by the signal itself: the shell shows 128 + signum
+    finally:
+        proc.kill()
+        stderr = proc.communicate()[1].decode()
+    assert (
+        f"coretune: {first.name} received: stopping at the next batch end with a resumable checkpoint (send SIGTERM "
+        "or SIGINT again to stop at once)"
+    ) in stderr
+    assert (
+        f"coretune: second signal ({second.name}): stopping at once; the last complete checkpoint is intact" in stderr
+    )
+    assert "Traceback" not in stderr
+
+
 @pytest.mark.usefixtures("helper_on_path")
 def test_sigint_mid_epoch_exits_130_and_resumes_exactly(
     setup: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -176,12 +213,40 @@ def test_signal_in_an_epochs_last_batch_stops_after_the_epoch(
     assert "test" not in json.loads((run / "results.json").read_text())  # stopped: no test phase
 
 
+class _FullDisk:
+    """A checkpoint file on a disk that fills up after ``room`` bytes: ``write`` raises ``OSError(ENOSPC)``, as a
+    real full disk does (torch's writer then reports ``RuntimeError: … unexpected pos …``)."""
+
+    def __init__(self, file: object, room: int) -> None:
+        self.file, self.room = file, room
+
+    def __enter__(self) -> _FullDisk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()  # type: ignore[attr-defined]
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self.room:
+            self.file.write(data[: self.room])  # type: ignore[attr-defined]
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.file.write(data)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.file, name)
+
+
+@pytest.mark.parametrize("failing", ["torch.save", "file.write"])
 def test_failed_checkpoint_write_keeps_the_previous_one(
-    setup: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    setup: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
+    """The disk fills up at epoch 1's checkpoint writes: ``torch.save`` raising ``OSError(ENOSPC)``, or the file's
+    ``write`` raising it inside torch's real writer, which turns it into a ``RuntimeError`` (``[enforce fail at
+    inline_container.cc:672] unexpected pos``)."""
     tree, _, _ = setup
     run = tmp_path / "run"
-    real_save, calls = torch.save, []
+    real_save, real_fdopen, calls = torch.save, os.fdopen, []
 
     def disk_full(obj: object, f: object, *args: object, **kwargs: object) -> None:
         calls.append(1)
@@ -190,12 +255,23 @@ def test_failed_checkpoint_write_keeps_the_previous_one(
             raise OSError(28, "No space left on device")
         real_save(obj, f, *args, **kwargs)
 
-    monkeypatch.setattr(torch, "save", disk_full)
+    def filling_disk(fd: int, *args: object, **kwargs: object) -> object:
+        calls.append(1)
+        file = real_fdopen(fd, *args, **kwargs)
+        return _FullDisk(file, room=1000) if len(calls) > 2 else file
+
+    if failing == "torch.save":
+        monkeypatch.setattr(torch, "save", disk_full)
+    else:
+        monkeypatch.setattr(os, "fdopen", filling_disk)
     with pytest.raises(SystemExit) as info:
         main(fit_args(tree, run))
     message = str(info.value.code)
     assert message.startswith("coretune fit: error: [Errno 28] No space left on device")
-    assert "free disk space, then run the same command again to resume" in message
+    assert message.endswith(
+        "free disk space, then run the same command again to resume (the last complete checkpoint is intact)"
+    )
+    assert "\n" not in message
     monkeypatch.undo()
     assert checkpoint_files(run) == ["best.ckpt", "last.ckpt"]  # the temporary file was removed
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)

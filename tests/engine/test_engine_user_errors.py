@@ -6,23 +6,27 @@ alone on stderr, no traceback); these tests assert the exact message of each cas
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 from coretune import objectives
 from coretune.cli import main
-from coretune.data import SkippedImagesWarning
-from coretune.engine import FineTuner, NonFiniteLossError, read_metrics
+from coretune.data import SkippedImagesWarning, list_image_files
+from coretune.engine import FineTuner, NonFiniteLossError, read_metrics, setting_changes
 from coretune.models import create_backbone
 from coretune.runclaim import claim_run, point_claim
 from fit_flags import QUIET
@@ -123,6 +127,54 @@ def test_skip_bad_images_and_read_grey_rgba_and_16_bit_images(tree: Path, tmp_pa
     assert sum(map(sum, results["test"]["confusion_matrix"])) == 11  # 12 validation images, 1 skipped
 
 
+def test_a_symlink_loop_in_the_data_tree_is_an_error_naming_it(tree: Path, tmp_path: Path) -> None:
+    # `ln -s .. DATA/train/cat/loop` made class cat read the whole training tree, dog's and eel's images included
+    root = copy_tree(tree, tmp_path)
+    (root / "train" / "cat" / "loop").symlink_to("..")
+    assert error(fit_args(root, tmp_path / "run")) == (
+        f"symbolic link loop: {root / 'train' / 'cat' / 'loop'} points to {(root / 'train').resolve()}, which "
+        "contains it, so its images would be read again and again: remove the link, or point it at a folder that "
+        "does not contain it"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_named_pipes_in_the_data_tree_are_skipped(tree: Path, tmp_path: Path) -> None:
+    # a FIFO named like an image blocked the loader for ever (open() waits for a writer)
+    root = copy_tree(tree, tmp_path)
+    for fifo in (root / "train" / "cat" / "pipe.png", root / "val" / "dog" / "pipe.jpg"):
+        os.mkfifo(fifo)
+    assert [Path(p).name for p in list_image_files(str(root / "val" / "dog"))] == [f"dog_{i}.png" for i in range(4)]
+    main(fit_args(root, tmp_path / "run", "--trainer.limit_val_batches=2"))
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert sum(map(sum, results["test"]["confusion_matrix"])) == 12  # the 12 validation images, no pipe
+    out = tmp_path / "preds.csv"
+    main(["predict", f"--ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}", f"--input={root / 'val'}",
+          f"--output={out}"])  # fmt: skip
+    assert len(list(csv.DictReader(out.open()))) == 12
+
+
+def test_predict_keeps_its_old_output_when_an_image_is_bad_or_skips_it(tree: Path, tmp_path: Path) -> None:
+    ckpt = fine_tuned_checkpoint(tmp_path / "model.ckpt", 3)
+    images = Path(shutil.copytree(tree / "val", tmp_path / "images"))
+    bad = sorted(images.glob("*/*.png"))[5]
+    bad.write_bytes(bad.read_bytes()[:60])  # the 6th of 12 images is truncated
+    out = tmp_path / "out" / "preds.csv"
+    out.parent.mkdir()
+    out.write_text("the previous predictions\n")
+    args = ["predict", f"--ckpt_path={ckpt}", f"--input={images}", f"--output={out}", "--batch_size=4"]
+    assert error(args) == (
+        f"cannot decode image {bad}: image file is truncated; fix or remove it, or pass --data.on_bad_image skip"
+    )
+    assert out.read_text() == "the previous predictions\n"  # was: a header and the 4 rows before the bad batch
+    assert [p.name for p in out.parent.iterdir()] == ["preds.csv"]  # no temporary file left
+    for option in ("--on_bad_image=skip", "--data.on_bad_image=skip"):  # the second is what the message says
+        with pytest.warns(SkippedImagesWarning, match=rf"^skipped 1 unreadable image file\(s\) of 12 .*{bad.name}"):
+            main([*args, option])
+        rows = list(csv.DictReader(out.open()))
+        assert len(rows) == 11 and str(bad) not in {r["path"] for r in rows}
+
+
 def test_label_fraction_too_small_for_one_image_per_class(tree: Path, tmp_path: Path) -> None:
     message = error(fit_args(tree, tmp_path / "run", "--data.label_fraction=0.01"))
     assert message == (
@@ -178,6 +230,81 @@ def test_diverging_loss_names_epoch_and_step(tree: Path, tmp_path: Path) -> None
     assert message.endswith("lower the learning rate (--model.lr), or train in float32 (--trainer.precision 32-true).")
 
 
+@pytest.mark.parametrize(
+    ("precision", "expected"),
+    [
+        (
+            "bf16-mixed",
+            r"the validation loss is nan at epoch 0, step 3 \(batch 0; 4 of 4 images have non-finite logits\)\. ",
+        ),
+        (
+            "32-true",
+            r"the model collapsed at epoch 0, step 3: all 6 validation images get the same logits \(1\.\d+e\+34, "
+            r"-1\.\d+e\+34\), so it predicts class 'a' for every image\. ",
+        ),
+    ],
+)
+def test_a_diverging_run_whose_training_loss_stays_finite_fails(precision: str, expected: str, tmp_path: Path) -> None:
+    # --model.lr 1e6: the training loss stays finite (1e15-1e18) but the model is broken; it used to end with
+    # "top-1 50%" (every image predicted as class a) and exit 0
+    from image_trees import make_image_tree
+
+    root = make_image_tree(tmp_path / "data", classes=("a", "b"), per_class=6, val_per_class=3, size=16)
+    args = ["fit", f"--data.root={root}", "--model.backbone=small_cnn", "--data.image_size=16",
+            "--trainer.max_epochs=1", "--data.batch_size=4", "--model.lr=1e6", f"--trainer.precision={precision}",
+            f"--run_dir={tmp_path / 'run'}", *QUIET]  # fmt: skip
+    message = error(args)
+    assert re.match(expected, message), message
+    assert message.endswith(
+        "Check the pre-trained weights, lower the learning rate (--model.lr), or train in float32 "
+        "(--trainer.precision 32-true)."
+    )
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+def dead_backbone(path: Path) -> Path:
+    """small_cnn weights whose last BatchNorm has zero scale and shift: every image's features are 0."""
+    body = create_backbone("small_cnn").body
+    state = body.state_dict()
+    state["layer4.1.weight"].zero_()
+    state["layer4.1.bias"].zero_()
+    torch.save(state, path)
+    return path
+
+
+def test_a_model_whose_outputs_do_not_depend_on_the_images_fails(tree: Path, tmp_path: Path) -> None:
+    weights = dead_backbone(tmp_path / "dead.pth")
+    message = error(fit_args(tree, tmp_path / "run", f"--model.weights={weights}", "--model.freeze_backbone=true"))
+    assert re.match(
+        r"the model collapsed at epoch 0, step 0: all 8 validation images get the same logits \(-?\d\.\d+, "
+        r"-?\d\.\d+, -?\d\.\d+\), so it predicts class '(cat|dog|eel)' for every image\. Check the pre-trained "
+        r"weights, lower the learning rate",
+        message,
+    ), message
+    # an epoch of identical images is not judged: a blank test set gives one prediction legitimately
+    blank = copy_tree(tree, tmp_path)
+    for image in blank.glob("*/*/*.png"):
+        Image.new("RGB", (32, 32), (128, 64, 32)).save(image)
+    main(fit_args(blank, tmp_path / "blank"))
+
+
+def overflowing(state: dict[str, Any]) -> None:
+    """Finite weights whose logits overflow to infinity (features of 1e30 through a classifier of 1e38)."""
+    state["backbone.body.layer4.1.bias"].fill_(1e30)
+    state["objective.classifier.weight"].fill_(1e38)
+
+
+def test_coretune_test_fails_on_non_finite_or_collapsed_outputs(tree: Path, tmp_path: Path) -> None:
+    dead = fine_tuned_checkpoint(tmp_path / "dead.ckpt", 3, lambda s: s["backbone.body.layer4.1.weight"].zero_())
+    message = error(command("test", dead, tree, tmp_path))
+    assert message.startswith("the model collapsed at epoch 0, step 0: all 12 test images get the same logits (")
+    huge = fine_tuned_checkpoint(tmp_path / "huge.ckpt", 3, overflowing)
+    assert re.match(
+        r"the test loss is nan at epoch 0, step 0 \(batch 0; 12 of 12 images have non-finite logits\)\. Check the ",
+        error(command("test", huge, tree, tmp_path)),
+    )
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_nan_or_inf_features_raise_naming_the_step(bad: float) -> None:
     model = FineTuner(objectives.create("core"), backbone="small_cnn")
@@ -224,12 +351,17 @@ def test_wrong_architecture_names_both_shapes(tree: Path, tmp_path: Path) -> Non
     assert message.endswith("wrong architecture? pass the matching --model.backbone")
 
 
-def fine_tuned_checkpoint(path: Path, num_classes: int) -> Path:
-    """A checkpoint as `coretune fit` writes it (model, hyper-parameters and the 'coretune' entry)."""
+def fine_tuned_checkpoint(
+    path: Path, num_classes: int, change: Callable[[dict[str, Any]], object] = lambda state: None
+) -> Path:
+    """A checkpoint as `coretune fit` writes it (model, hyper-parameters and the 'coretune' entry), with ``change``
+    applied to its state dict."""
     model = FineTuner(objectives.create("ce"), backbone="small_cnn")
     model.build(num_classes, [f"c{i}" for i in range(num_classes)])
     checkpoint = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}
     model.on_save_checkpoint(checkpoint)
+    checkpoint["coretune"]["data"] = {"image_size": 32, "mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)}
+    change(checkpoint["state_dict"])
     torch.save(checkpoint, path)
     return path
 
@@ -270,7 +402,13 @@ def malicious(tmp_path: Path) -> Path:
 def command(kind: str, ckpt: Path, tree: Path, tmp_path: Path) -> list[str]:
     return {
         "fit": fit_args(tree, tmp_path / "run", f"--model.weights={ckpt}"),
-        "test": ["test", f"--ckpt_path={ckpt}", f"--data.root={tree}", "--data.image_size=32"],
+        "test": [
+            "test",
+            f"--ckpt_path={ckpt}",
+            f"--data.root={tree}",
+            "--data.image_size=32",
+            f"--output={tmp_path / 'test_results.json'}",
+        ],
         "predict": ["predict", f"--ckpt_path={ckpt}", f"--input={tree / 'val'}", f"--output={tmp_path / 'p.csv'}"],
         "export": ["export", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'export'}"],
     }[kind]
@@ -309,6 +447,33 @@ def test_unknown_layout_lists_the_layouts_tried(tree: Path, tmp_path: Path) -> N
     assert "force it with --model.weights_format (one of torchvision, timm, " in message
 
 
+def test_integer_weights_are_refused_unless_the_cast_is_forced(
+    tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A .safetensors whose float tensors were saved as int64 loaded silently ("24/24 tensors loaded") as floats."""
+    from safetensors.torch import save_file
+
+    state = create_backbone("small_cnn").body.state_dict()
+    floats = [k for k, v in state.items() if v.is_floating_point()]
+    weights = tmp_path / "int.safetensors"
+    save_file({k: (v * 100).long() if v.is_floating_point() else v for k, v in state.items()}, weights)
+    message = error(fit_args(tree, tmp_path / "run", f"--model.weights={weights}"))
+    assert message == (
+        f"checkpoint {weights} stores {len(floats)} floating-point tensors of backbone 'small_cnn' as int64 (e.g. "
+        f"{', '.join(floats[:3])}): integer or quantised weights are not the float weights the model needs. "
+        "Dequantise the checkpoint or export its float weights; if the integers are the real values, force the "
+        "conversion with --model.weights_allow_cast true (allow_cast=True in Python)"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    main(fit_args(tree, tmp_path / "run", f"--model.weights={weights}", "--model.weights_allow_cast=true"))
+    report = f"{len(state)}/{len(state)} tensors loaded, 0 missing, 0 unexpected; cast {len(floats)} non-floating "
+    assert report + "tensors to floating point (allow_cast)" in capsys.readouterr().err
+    half = tmp_path / "half.safetensors"  # another float precision is converted without a word
+    save_file({k: v.half() if v.is_floating_point() else v for k, v in state.items()}, half)
+    main(fit_args(tree, tmp_path / "half_run", f"--model.weights={half}"))
+    assert f"{len(state)}/{len(state)} tensors loaded, 0 missing, 0 unexpected\n" in capsys.readouterr().err
+
+
 def test_coretune_commands_refuse_a_pre_trained_backbone_checkpoint(tree: Path, tmp_path: Path) -> None:
     ckpt = tmp_path / "backbone.pth"
     torch.save(create_backbone("small_cnn").body.state_dict(), ckpt)
@@ -316,6 +481,235 @@ def test_coretune_commands_refuse_a_pre_trained_backbone_checkpoint(tree: Path, 
         f"{ckpt} is not a coretune fine-tuning checkpoint (no 'coretune' entry): pass a .ckpt written by "
         "`coretune fit` (a pre-trained backbone checkpoint goes to `coretune fit --model.weights`)"
     )
+
+
+def test_predict_refuses_nan_weights_or_outputs_and_keeps_its_old_output(tree: Path, tmp_path: Path) -> None:
+    # a diverged run's checkpoint gave rows like `cat,nan,nan,nan` and exit 0
+    nan = fine_tuned_checkpoint(tmp_path / "nan.ckpt", 3, lambda s: s["objective.classifier.weight"].fill_(math.nan))
+    out = tmp_path / "p.csv"
+    out.write_text("the previous predictions\n")
+    assert error(command("predict", nan, tree, tmp_path)) == (
+        f"checkpoint {nan} holds NaN or infinite weights (1 of 26 tensors, e.g. objective.classifier.weight): the run "
+        "that wrote it diverged; use an earlier checkpoint, or fine-tune again with a lower learning rate (--model.lr)"
+    )
+    huge = fine_tuned_checkpoint(tmp_path / "huge.ckpt", 3, overflowing)  # finite weights, infinite logits
+    first = sorted((tree / "val").glob("*/*.png"))[0]
+    assert error(command("predict", huge, tree, tmp_path)) == (
+        f"checkpoint {huge} gives NaN or infinite outputs for {first} (and 11 more of its batch): its weights "
+        "overflow; use an earlier checkpoint of the run, or fine-tune again with a lower learning rate (--model.lr)"
+    )
+    assert out.read_text() == "the previous predictions\n"
+
+
+def crafted(ckpt: dict[str, Any], case: str) -> None:
+    """Damage the metadata of a fine-tuning checkpoint as ``case`` says."""
+    meta, hparams = ckpt["coretune"], ckpt["hyper_parameters"]
+    if case == "no objective":
+        del meta["objective"]
+    elif case == "metadata a string":
+        ckpt["coretune"] = "core"
+    elif case == "weights to download":
+        hparams["backbone_args"] = {"weights": "DEFAULT"}
+    elif case == "too few class names":
+        meta["class_names"] = meta["class_names"][:2]
+    elif case == "a setting of the wrong type":
+        hparams["lr"] = "fast"
+    elif case == "an objective setting out of range":
+        ckpt["coretune"] = {**meta, "objective": "core", "objective_hparams": {"eta": -1.0}}
+
+
+@pytest.mark.parametrize("kind", ["test", "predict", "export"])
+@pytest.mark.parametrize(
+    ("case", "problem"),
+    [
+        ("no objective", "its 'coretune' entry names no objective"),
+        ("metadata a string", "its 'coretune' entry is a str, not the dict of settings `coretune fit` writes"),
+        (
+            "weights to download",
+            "its backbone_args set ['weights'], which would fetch pre-trained weights (coretune never downloads)",
+        ),
+        ("too few class names", "its class_names (['c0', 'c1']) are not 3 names, one per class"),
+        (
+            "a setting of the wrong type",
+            "its model settings do not fit FineTuner: Parser key \"lr\": Expected a <class 'float'>. Got value: fast",
+        ),
+    ],
+)
+def test_crafted_checkpoint_metadata_is_refused_before_anything_is_built(
+    case: str, problem: str, kind: str, tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each used to crash predict (KeyError, AttributeError, an IndexError after half the CSV was written), and
+    # backbone_args {weights: DEFAULT} would have asked torchvision for a download
+    ckpt = fine_tuned_checkpoint(tmp_path / "crafted.ckpt", 3)
+    content = torch.load(ckpt, weights_only=True)
+    crafted(content, case)
+    torch.save(content, ckpt)
+    monkeypatch.setattr("coretune.engine.module.create_backbone", None)  # nothing may be built
+    assert error(command(kind, ckpt, tree, tmp_path)) == (
+        f"checkpoint {ckpt} is damaged or was not written by `coretune fit`: {problem}; use another checkpoint of "
+        "the run, or fine-tune again"
+    )
+    assert not (tmp_path / "p.csv").exists() and not (tmp_path / "export").exists()
+
+
+def test_checkpoint_settings_out_of_range_or_weights_that_do_not_fit_name_the_file(tree: Path, tmp_path: Path) -> None:
+    ckpt = fine_tuned_checkpoint(tmp_path / "crafted.ckpt", 3)
+    content = torch.load(ckpt, weights_only=True)
+    crafted(content, "an objective setting out of range")
+    torch.save(content, ckpt)
+    assert error(command("predict", ckpt, tree, tmp_path)) == (
+        f"checkpoint {ckpt} holds settings coretune refuses: invalid Core-tuning settings: eta must be >= 0 (got -1.0)"
+    )
+    content = torch.load(fine_tuned_checkpoint(ckpt, 3), weights_only=True)
+    del content["state_dict"]["objective.classifier.bias"]
+    torch.save(content, ckpt)
+    assert error(command("predict", ckpt, tree, tmp_path)) == (
+        f"checkpoint {ckpt}: its weights do not fit the model its settings describe (Error(s) in loading state_dict "
+        'for FineTuner: Missing key(s) in state_dict: "objective.classifier.bias".): the file is damaged; use the '
+        "run's other checkpoint"
+    )
+
+
+# -- resuming a run directory ---------------------------------------------------------------------------------
+def snapshot(run: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 1-epoch run of the tree (copy it before changing it)."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    main(fit_args(tree, run))
+    return run
+
+
+def copy_run(run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
+@pytest.mark.parametrize(
+    ("options", "differences"),
+    [
+        (
+            ["--model.lr=0.5", "--seed=3", "--data.batch_size=2"],
+            "seed_everything 0 → 3; model.lr 0.01 → 0.5; data.batch_size 8 → 2",
+        ),
+        (["--model.backbone=resnet18"], "model.backbone small_cnn → resnet18"),
+        (
+            ["--objective=core"],
+            "objective.class_path coretune.objectives.ce.CETuning → coretune.objectives.core.CoreTuning",
+        ),
+    ],
+)
+def test_resuming_with_other_settings_is_refused_and_nothing_is_touched(
+    tree: Path, finished_run: Path, tmp_path: Path, options: list[str], differences: str
+) -> None:
+    """Re-running a run directory with other settings resumed the old run (or crashed in load_state_dict for another
+    backbone or objective) while config.yaml recorded the new values."""
+    run = copy_run(finished_run, tmp_path)
+    before = snapshot(run)
+    assert error(fit_args(tree, run, *options)) == (
+        f"the run in {run} was trained with other settings than these: {differences}. Resuming it from "
+        f"{run / 'checkpoints' / 'last.ckpt'} would go on with settings it was not trained with: resume it with its "
+        f"own (--config {run / 'config.yaml'} applies them), or start a new run with another --run_dir"
+    )
+    assert snapshot(run) == before
+
+
+@pytest.mark.filterwarnings("ignore:The dirpath has changed")  # the run was copied: Lightning notes the move
+def test_a_resume_may_extend_the_run_and_config_yaml_says_what_ran(
+    tree: Path, finished_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    with caplog.at_level("INFO"):
+        main(fit_args(tree, run, "--trainer.max_epochs=2", "--data.num_workers=1"))
+    assert (
+        f"resuming the run in {run} from {run / 'checkpoints' / 'last.ckpt'} with trainer.max_epochs 1 → 2; "
+        "data.num_workers 0 → 1 (re-running a command continues its run" in caplog.text
+    )
+    assert [int(r["epoch"]) for r in read_metrics(run / "metrics.csv")] == [0, 1]
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["trainer"]["max_epochs"] == 2 and config["data"]["num_workers"] == 1
+    assert config["model"]["lr"] == 0.01 and config["data"]["batch_size"] == 8
+    main(["fit", f"--config={run / 'config.yaml'}"])  # the fix the refusal names: the run's own settings
+    assert [int(r["epoch"]) for r in read_metrics(run / "metrics.csv")] == [0, 1]
+
+
+def test_setting_changes_tells_the_changes_a_resume_may_make_from_the_others() -> None:
+    recorded = {
+        "trainer": {"devices": "auto", "max_epochs": 1},
+        "model": {"class_path": "coretune.pretrain.SimCLR", "init_args": {"lr": 0.1, "crop": [1, 2]}},
+        "objective": {"class_path": "coretune.objectives.CETuning"},
+        "ckpt_path": None,
+    }
+    current = {
+        "trainer": {"devices": "auto", "max_epochs": 3},
+        "model": {"class_path": "coretune.pretrain.module.SimCLR", "init_args": {"lr": 0.2, "crop": (1, 2)}},
+        "objective": {"class_path": "coretune.objectives.ce.CETuning", "init_args": {"new_option": 1}},
+        "ckpt_path": "RUN/checkpoints/last.ckpt",
+    }
+    assert setting_changes(recorded, current) == (["trainer.max_epochs 1 → 3"], ["model.lr 0.1 → 0.2"])
+    for old, new, resumable in ((1, [3], True), ("0,1", 2, True), ("auto", 1, False), ([0], [0, 1], False)):
+        changes = setting_changes({"trainer": {"devices": old}}, {"trainer": {"devices": new}})
+        assert changes == (
+            ([f"trainer.devices {old} → {new}"], []) if resumable else ([], [f"trainer.devices {old} → {new}"])
+        )
+
+
+def test_a_data_root_that_gained_a_class_is_refused_on_resume(tree: Path, tmp_path: Path) -> None:
+    root = copy_tree(tree, tmp_path)
+    run = tmp_path / "run"
+    main(fit_args(root, run))
+    for split in ("train", "val"):
+        shutil.copytree(root / split / "eel", root / split / "fox")
+    before = snapshot(run)
+    assert error(fit_args(root, run)) == (
+        f"checkpoint {run / 'checkpoints' / 'last.ckpt'} holds another model than this run builds: classes: 3 → 4 "
+        "(added ['fox']). Resume it with the data and settings it was trained with, or start a new run with another "
+        "--run_dir"
+    )
+    assert snapshot(run) == before  # config.yaml too: it is written once the checkpoint is restored
+
+
+@pytest.mark.filterwarnings("ignore:The dirpath has changed")
+def test_a_truncated_last_ckpt_names_the_file_and_offers_best_ckpt(
+    tree: Path, finished_run: Path, tmp_path: Path
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    last, best = run / "checkpoints" / "last.ckpt", run / "checkpoints" / "best.ckpt"
+    last.write_bytes(last.read_bytes()[:3000])
+    before = snapshot(run)
+    message = error(fit_args(tree, run))
+    assert message.startswith(f"cannot resume the run in {run}: its checkpoint {last} is truncated or corrupt (")
+    assert message.endswith(
+        f"Nothing was changed: resume from its best checkpoint (perhaps an earlier epoch) with --ckpt_path {best}, or "
+        "start a new run with another --run_dir"
+    )
+    assert snapshot(run) == before
+    main(fit_args(tree, run, f"--ckpt_path={best}"))  # the fix it offers: best.ckpt, the finished run tested again
+    assert last.read_bytes() == before[last]
+    best.unlink()
+    assert error(fit_args(tree, run)).endswith("Nothing was changed: start a new run with another --run_dir")
+
+
+@pytest.mark.parametrize("where", ["last.ckpt", "--ckpt_path"])
+def test_a_pickle_that_runs_code_on_the_resume_path_is_refused(
+    tree: Path, finished_run: Path, tmp_path: Path, where: str
+) -> None:
+    run = copy_run(finished_run, tmp_path)
+    ckpt = malicious(tmp_path)
+    if where == "last.ckpt":
+        shutil.copy(ckpt, run / "checkpoints" / "last.ckpt")
+        ckpt, args = run / "checkpoints" / "last.ckpt", fit_args(tree, run)
+    else:
+        args = fit_args(tree, tmp_path / "new_run", f"--ckpt_path={ckpt}")
+    before = snapshot(run)
+    assert error(args).startswith(
+        f"checkpoint {ckpt} holds Python objects that torch.load(weights_only=True) refuses to unpickle (it stores "
+        "posix.system), because unpickling them could run arbitrary code."
+    )
+    assert not (tmp_path / "pwned").exists()
+    assert snapshot(run) == before
 
 
 # -- configuration --------------------------------------------------------------------------------------------
@@ -352,3 +746,42 @@ def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path
 )
 def test_bad_configuration_values(options: list[str], expected: str, tree: Path, tmp_path: Path) -> None:
     assert error(fit_args(tree, tmp_path / "run", *options)) == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (
+            ["--trainer.accumulate_grad_batches=0"],
+            "--trainer.accumulate_grad_batches must be a whole number >= 1 (got 0): the number of batches whose "
+            "gradients one optimiser step sums (1: step after every batch)",
+        ),
+        (
+            ["--trainer.accelerator=gpu"],
+            "--trainer.accelerator gpu is not available on this machine (available: cpu): pass "
+            "--trainer.accelerator auto to use the best one there is",
+        ),
+        (
+            ["--trainer.accelerator=mps"],
+            "--trainer.accelerator mps is not available on this machine (available: cpu): pass "
+            "--trainer.accelerator auto to use the best one there is",
+        ),
+        (
+            ["--trainer.sync_batchnorm=true", "--trainer.accumulate_grad_batches=-2"],
+            "--trainer.sync_batchnorm true needs GPUs (torch synchronises batch-norm statistics of CUDA tensors "
+            "only): drop it when training on CPU; --trainer.accumulate_grad_batches must be a whole number >= 1 (got "
+            "-2): the number of batches whose gradients one optimiser step sums (1: step after every batch)",
+        ),
+        (
+            ["--trainer.devices=0"],
+            "invalid trainer settings: `Trainer(devices='0')` value is not a valid input using cpu accelerator.",
+        ),
+    ],
+)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the messages name a machine without GPUs")
+def test_trainer_options_this_machine_cannot_run_are_one_line(
+    options: list[str], expected: str, tree: Path, tmp_path: Path
+) -> None:
+    """Were a ZeroDivisionError (accumulating over 0 batches) and Lightning's MisconfigurationException."""
+    assert error(fit_args(tree, tmp_path / "run", *options)) == expected
+    assert not [p for p in (tmp_path / "run").rglob("*") if p.is_file()]  # nothing written

@@ -535,6 +535,22 @@ def test_unexpected_backbone_tensors_are_an_error_unless_allowed(tmp_path: Path)
     assert all(torch.equal(v, resnet34[k]) for k, v in encoder.body.state_dict().items())
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")  # deprecated in torch, still loadable
+def test_quantised_weights_are_refused_unless_the_cast_is_allowed(tmp_path: Path) -> None:
+    encoder = create_backbone("small_cnn")
+    state = encoder.body.state_dict()
+    key = next(k for k, v in state.items() if v.is_floating_point())
+    quantised = torch.quantize_per_tensor(state[key].float(), 0.01, 0, torch.qint8)
+    path = tmp_path / "q.pth"
+    torch.save({**state, key: quantised}, path)
+    with pytest.raises(
+        CheckpointError, match=rf"stores 1 floating-point tensors of backbone 'small_cnn' as qint8 \(e\.g\. {key}\)"
+    ):
+        load_pretrained(create_backbone("small_cnn"), path)
+    report = load_pretrained(encoder, path, allow_cast=True)
+    assert report.cast == [key] and encoder.body.state_dict()[key].dtype == torch.float32
+
+
 def test_vit_position_embedding_is_resampled_to_the_models_grid(tmp_path: Path) -> None:
     """A ViT pre-trained at 224 px (14×14 patches) loads into one built for 64 px (4×4): the grid part of
     ``pos_embed`` is interpolated bicubically (as timm does), the class token's embedding is kept."""

@@ -6,8 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
-from sweep_helpers import spec_of
+import yaml
+from sweep_helpers import data_root, spec_of
 
+from coretune.cli import main
 from coretune.sweeps import BenchSpec, BenchSpecError, fit_command
 
 
@@ -62,6 +64,23 @@ def test_runs_of_the_grid_and_their_fit_arguments(tmp_path: Path) -> None:
 def test_spec_errors_name_the_problem(tmp_path: Path, entries: dict, message: str) -> None:
     with pytest.raises(BenchSpecError, match=r"^bench spec: .*" + re.escape(message)):
         spec_of(tmp_path, **entries)
+
+
+@pytest.mark.parametrize(("what", "name"), [("dataset", ".."), ("dataset", "."), ("objective", "..")])
+def test_a_name_that_leads_out_of_the_output_folder_is_refused(tmp_path: Path, what: str, name: str) -> None:
+    """`..` or `.` passed the letters-and-dots check, and `OUT/..` put the runs beside the output folder."""
+    datasets = {name if what == "dataset" else "tiny": [f"--data.root={data_root(tmp_path)}"]}
+    objectives = [{"name": name, "objective": "ce"}] if what == "objective" else ["ce"]
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({"output": str(tmp_path / "out"), "datasets": datasets, "objectives": objectives}))
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as info:
+        main(["bench", str(config)])
+    assert str(info.value.code) == (
+        f"coretune bench: error: {config}: {what} name {name!r} must be a non-empty folder name of "
+        "letters, digits and _ . + - (not . or .., which would lead out of the output folder)"
+    )
+    assert sorted(tmp_path.rglob("*")) == before
 
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).parents[2].glob("configs/bench/*.yaml")), ids=lambda p: p.name)

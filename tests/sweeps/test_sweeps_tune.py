@@ -210,6 +210,38 @@ def test_refuses_a_missing_data_folder_or_checkpoint(
     assert launched == [] and not (tmp_path / "out" / "study.db").exists()
 
 
+@pytest.mark.parametrize(
+    ("storage", "expected"),
+    [
+        (
+            "sqlite:///{tmp}/nonexistent/dir/x.db",
+            "--storage sqlite:///{tmp}/nonexistent/dir/x.db: folder {tmp}/nonexistent/dir does not exist: create it, "
+            "or give a database file in an existing folder",
+        ),
+        (
+            "study.db",
+            "--storage 'study.db' is not a database URL: give one such as sqlite:///runs/tune/study.db (a file) or "
+            "postgresql://user:password@host/database",
+        ),
+        (
+            "foo://host/db",
+            "cannot open the study storage --storage foo://host/db (Can't load plugin: sqlalchemy.dialects:foo): "
+            "check the URL, that its database server runs and that its driver is installed",
+        ),
+    ],
+)
+def test_a_storage_that_cannot_be_opened_is_one_line_before_any_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str, storage: str, expected: str
+) -> None:
+    launched: list[object] = []
+    monkeypatch.setattr(tune_module, "launch_fit", lambda *a, **k: launched.append(a) or 0)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as info:
+        main(["tune", f"--output={out}", f"--storage={storage.format(tmp=tmp_path)}", "--", data_arg, *TINY_FIT])
+    assert str(info.value.code) == "coretune tune: error: " + expected.format(tmp=tmp_path)
+    assert launched == [] and not (tmp_path / "nonexistent").exists()
+
+
 def test_a_fit_that_never_validated_fails_its_trial(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
 ) -> None:

@@ -46,12 +46,44 @@ def is_image_file(path: str) -> bool:
 
 
 def list_image_files(folder: str) -> list[str]:
-    """Every image file under ``folder``, recursively, sorted; hidden files and folders are ignored."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if is_image_file(f))
+    """Every image file under ``folder``, recursively, sorted (a folder's files, then its sub-folders); hidden files
+    and folders are ignored.
+
+    Symbolic links are followed, each real folder once: a link to a folder that contains it (a loop, which would
+    read the tree again and again, labelled by the class holding the link) is a :class:`DataError` naming it, and
+    a second link to a folder already listed is not read again. Entries that are not regular files (named pipes,
+    sockets, devices: opening a pipe blocks until something writes to it) are left out; a broken link is kept,
+    so reading it names the problem.
+
+    Raises:
+        DataError: a symbolic link loop.
+    """
+    found: list[str] = []
+    listed: set[str] = set()
+
+    def walk(path: str, inside: tuple[str, ...]) -> None:
+        entries = sorted((e for e in os.scandir(path) if not e.name.startswith(".")), key=lambda e: e.name)
+        found.extend(e.path for e in entries if is_image_file(e.name) and _regular_or_broken(e))
+        for entry in entries:
+            if not entry.is_dir():
+                continue
+            real = os.path.realpath(entry.path)
+            if any(os.path.commonpath([real, folder]) == real for folder in inside):
+                raise DataError(
+                    f"symbolic link loop: {entry.path} points to {real}, which contains it, so its images would be "
+                    "read again and again: remove the link, or point it at a folder that does not contain it"
+                )
+            if real not in listed:
+                listed.add(real)
+                walk(entry.path, (*inside, real))
+
+    walk(folder, (os.path.realpath(folder),))
     return found
+
+
+def _regular_or_broken(entry: os.DirEntry[str]) -> bool:
+    """A regular file (through links), or a broken link (kept: reading it then says the file is missing)."""
+    return entry.is_file() or (entry.is_symlink() and not os.path.exists(entry.path))
 
 
 def to_rgb(img: Image.Image) -> Image.Image:

@@ -2,14 +2,15 @@
 (:mod:`.fitcli`)."""
 
 from .callbacks import RunArtifacts, epoch_summary, plot_learning_curves, read_metrics, update_results
-from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, with_atomic_io
+from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, atomic_write, with_atomic_io
 from .fitcli import FitArgsError, FitCLI, resolved_fit_config, translate_args
 from .interrupts import StopOnSignal, TrainingInterrupted
 from .module import FineTuner, NonFiniteLossError
 from .optim import build_optimizer, lr_factor
-from .rundir import RunDirCLI, resolve_run_dir
+from .rundir import RESUMABLE_CHANGES, RunDirCLI, check_resume, resolve_run_dir, setting_changes
 from .trainer import (
     LIGHTNING_PYTREE_DEPRECATION,
+    check_trainer_options,
     default_callbacks,
     default_precision,
     make_trainer,
@@ -18,6 +19,7 @@ from .trainer import (
 
 __all__ = [
     "LIGHTNING_PYTREE_DEPRECATION",
+    "RESUMABLE_CHANGES",
     "AtomicCheckpointIO",
     "FineTuner",
     "FitArgsError",
@@ -28,7 +30,10 @@ __all__ = [
     "StopOnSignal",
     "TrainingInterrupted",
     "atomic_torch_save",
+    "atomic_write",
     "build_optimizer",
+    "check_resume",
+    "check_trainer_options",
     "default_callbacks",
     "default_precision",
     "epoch_summary",
@@ -39,6 +44,7 @@ __all__ = [
     "read_metrics",
     "resolve_run_dir",
     "resolved_fit_config",
+    "setting_changes",
     "translate_args",
     "update_results",
     "with_atomic_io",

@@ -1,32 +1,69 @@
-"""Checkpoint writes that never leave a half-written file: write to a temporary file, fsync, then rename."""
+"""Checkpoint (and other file) writes that never leave a half-written file: write to a temporary file, fsync, then
+rename."""
 
 from __future__ import annotations
 
 import os
-import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-__all__ = ["AtomicCheckpointIO", "atomic_torch_save", "with_atomic_io"]
+__all__ = ["AtomicCheckpointIO", "atomic_torch_save", "atomic_write", "with_atomic_io"]
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file beside ``path``, then ``os.replace``: the old file survives any failure."""
+@contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
+    """Open a temporary file beside ``path`` for writing (``mode`` ``"w"`` or ``"wb"``, ``kwargs`` as for
+    ``open``); when the block ends without an error, ``fsync`` it and ``os.replace`` it onto ``path``, else remove it.
+    ``path`` thus holds either its old content or the complete new one, never a part."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+        with open(tmp, mode, **kwargs) as f:  # a stale file of this pid is a dead process's: overwritten
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+class _KeepWriteError:
+    """A binary file that keeps the ``OSError`` its ``write`` raised: torch's writer swallows it and reports a failed
+    write (a full disk) only as ``RuntimeError: [enforce fail at inline_container.cc:…] unexpected pos …``."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to a temporary file beside ``path``, then ``os.replace``: the old file survives any failure.
+    A failed write raises its own ``OSError`` (``ENOSPC`` for a full disk), not torch's ``RuntimeError``."""
+    with atomic_write(path, "wb") as f:
+        writer = _KeepWriteError(f)
+        try:
+            torch.save(obj, writer)
+        except RuntimeError as err:
+            if writer.error is None:
+                raise
+            raise writer.error from err
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -24,7 +24,7 @@ from ..rundir import RunDir
 from .checkpoint_io import with_atomic_io
 from .module import FineTuner
 from .rundir import RunDirCLI
-from .trainer import default_callbacks, default_precision, quiet_lightning
+from .trainer import check_trainer_options, default_callbacks, default_precision, quiet_lightning
 
 __all__ = ["FitArgsError", "FitCLI", "fit", "resolved_fit_config", "translate_args"]
 
@@ -101,13 +101,14 @@ class FitCLI(RunDirCLI):
             type=str | None,
             default=None,
             help="Run directory (default: runs/<objective>-<date>-<time>). Reuse it to resume from its "
-            "checkpoints/last.ckpt (a finished run is only tested again). Refused while another fit or sweep runs it "
-            "(its claim, fit.pid).",
+            "checkpoints/last.ckpt (a finished run is only tested again), with the settings it was trained with "
+            "(--config RUN/config.yaml; only max_epochs, hardware, precision, progress and loader options may "
+            "change). Refused while another fit or sweep runs it (its claim, fit.pid).",
         )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
-        _check_sync_batchnorm(config["trainer"])
+        check_trainer_options(config["trainer"])
         self.settle_run_dir(str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower())
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
@@ -123,19 +124,6 @@ class FitCLI(RunDirCLI):
         self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
         if self.trainer.is_global_zero:
             _print_run_summary(Path(self.trainer.default_root_dir))
-
-
-def _check_sync_batchnorm(trainer: Any) -> None:
-    """SyncBatchNorm (``--trainer.sync_batchnorm``) synchronises statistics of GPU tensors only: fail early on CPU."""
-    import torch
-
-    accelerator = str(trainer.get("accelerator", "auto"))
-    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    if trainer.get("sync_batchnorm") and on_cpu:
-        raise ValueError(
-            "--trainer.sync_batchnorm true needs GPUs (torch synchronises batch-norm statistics of CUDA tensors "
-            "only): drop it when training on CPU"
-        )
 
 
 def _print_run_summary(run_dir: Path) -> None:

@@ -25,6 +25,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from ..distributed import rank
 from ..rundir import RunDir
 from ..stopfile import STOP_FILE_ENV, requested_signal
 
@@ -55,25 +56,31 @@ class TrainingInterrupted(Exception):
 class StopOnSignal(L.Callback):
     """On SIGTERM or SIGINT during ``fit``: finish the batch, save ``last.ckpt``, raise :class:`TrainingInterrupted`.
 
-    The signal only sets a flag; the checkpoint is written at the next batch end (mid-epoch checkpoint), or, when
-    the signal comes during an epoch's last batch or its validation, once the epoch is complete and saved as
-    usual. A second signal while waiting gets the default behaviour (Ctrl+C: ``KeyboardInterrupt``; SIGTERM:
-    the process ends; the previous checkpoint survives either way, since checkpoint writes are atomic). Under
-    data parallelism the processes agree on stopping at the same batch. The stop file named by
-    :data:`coretune.stopfile.STOP_FILE_ENV`, when set, is checked at every batch end and counts as a first signal.
+    The signal only sets a flag (and says so on stderr); the checkpoint is written at the next batch end (mid-epoch
+    checkpoint), or, when the signal comes during an epoch's last batch or its validation, once the epoch is
+    complete and saved as usual. A second SIGTERM or SIGINT while waiting ends the process at once, by the
+    signal's default action, even when the batch never ends (a data loader blocked on a file): the previous
+    checkpoint survives, since checkpoint writes are atomic. Under data parallelism the processes agree on
+    stopping at the same batch. The stop file named by :data:`coretune.stopfile.STOP_FILE_ENV`, when set, is
+    checked at every batch end and counts as a first signal.
     """
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self._stop_file: Path | None = None
-        self._previous: dict[int, Any] = {}
         self._trainer: L.Trainer | None = None
         self._carry: dict[str, Any] | None = None  # the partial epoch's logged values, from a mid-epoch checkpoint
 
     # -- signal handling ------------------------------------------------------------------------------------
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.signum = signum
-        self._restore_handlers()  # a second signal is not deferred
+        for each in _SIGNALS:  # a second signal is not deferred (Lightning's SIGTERM handler would only set a flag)
+            signal.signal(each, _stop_at_once)
+        if rank() == 0:
+            _say(
+                f"coretune: {signal.Signals(signum).name} received: stopping at the next batch end with a resumable "
+                "checkpoint (send SIGTERM or SIGINT again to stop at once)"
+            )
 
     def _install_handlers(self) -> None:
         """Install the handlers over Lightning's (which it registers after ``on_fit_start``, records every
@@ -81,21 +88,13 @@ class StopOnSignal(L.Callback):
         if threading.current_thread() is not threading.main_thread() or self.signum is not None:
             return
         for signum in _SIGNALS:
-            if (current := signal.getsignal(signum)) != self._handle:
-                self._previous[signum] = current
-                signal.signal(signum, self._handle)
-
-    def _restore_handlers(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            for signum, handler in self._previous.items():
-                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        self._previous = {}
+            signal.signal(signum, self._handle)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._trainer = trainer
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.signum, self._previous = None, {}
+        self.signum = None
         self._stop_file = Path(path) if (path := os.environ.get(STOP_FILE_ENV)) else None
 
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -177,6 +176,21 @@ class StopOnSignal(L.Callback):
         for key, state in carry["metrics"].items():
             if (result := results.get(key)) is not None:
                 result.value.merge_state({k: _to(v, result.value.device) for k, v in state.items()})
+
+
+def _stop_at_once(signum: int, frame: FrameType | None) -> None:
+    """A second SIGTERM or SIGINT: end the process now by the signal's default action (exit status 128 + signum)."""
+    _say(
+        f"coretune: second signal ({signal.Signals(signum).name}): stopping at once; the last complete checkpoint "
+        "is intact"
+    )
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _say(line: str) -> None:
+    """Write ``line`` to stderr from a signal handler (``os.write``: ``print`` may be in the middle of a write)."""
+    os.write(2, f"{line}\n".encode())
 
 
 def _epoch_results(trainer: L.Trainer) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..distributed import rank, scale_grad, world_size
-from ..models import create_backbone, load_checkpoint_file
+from ..models import CheckpointError, create_backbone, load_checkpoint_file
 from ..objectives import CETuning, Objective
 from ..objectives import get as get_objective
 from ..tasks import TASKS
@@ -51,7 +52,36 @@ def example_image(datamodule: Any) -> Tensor | None:
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The training loss became NaN or infinite."""
+    """The training loss, or the validation or test loss, became NaN or infinite, or the model's outputs collapsed
+    (the same logits for every image of an evaluation epoch)."""
+
+
+_DIVERGED_FIX = "lower the learning rate (--model.lr), or train in float32 (--trainer.precision 32-true)."
+
+
+class _OutputWatch:
+    """Whether an evaluation epoch's logits are all the same row while its images are not all the same image.
+
+    A classifier whose outputs no longer depend on its input has collapsed (dead or saturated activations after a
+    diverging step) and predicts one class for everything, yet ends with a plausible accuracy (the share of that
+    class). The rule is exact equality over the whole epoch, on 2 or more differing images, so a working model is
+    never flagged: two different images giving bit-identical logits does not happen by chance, and an epoch of
+    identical images (a blank test set) is never judged. Flags are kept as tensors: no device sync per batch.
+    """
+
+    def __init__(self, x: Tensor, logits: Tensor) -> None:
+        self.image, self.logits = x[0], logits[0]  # the epoch's first image and its logits
+        self.images_differ: Tensor | bool = False
+        self.logits_differ: Tensor | bool = False
+        self.count = 0
+
+    def update(self, x: Tensor, logits: Tensor) -> None:
+        self.images_differ = (x != self.image).any() | self.images_differ
+        self.logits_differ = (logits != self.logits).any() | self.logits_differ
+        self.count += len(x)
+
+    def collapsed(self) -> bool:
+        return bool(self.images_differ) and not bool(self.logits_differ)
 
 
 def _train_features(backbone: torch.nn.Module, x: Tensor) -> Tensor:
@@ -68,6 +98,118 @@ def _train_features(backbone: torch.nn.Module, x: Tensor) -> Tensor:
         ) from None
 
 
+# Backbone options that would fetch pre-trained weights (torchvision, timm): coretune never downloads, and a
+# crafted checkpoint must not make it.
+_WEIGHT_FETCHING_OPTIONS = frozenset(
+    {"weights", "weights_backbone", "pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path"}
+)
+
+
+def _checked_checkpoint(
+    path: Path, ckpt: Any, cls: type[FineTuner]
+) -> tuple[dict[str, Any], type[Objective], dict[str, Any], dict[str, Any]]:
+    """``(coretune entry, objective class, objective settings, FineTuner settings)`` of a fine-tuning checkpoint,
+    checked against what :meth:`FineTuner.on_save_checkpoint` writes and the classes' signatures before anything
+    is built.
+
+    Raises:
+        CheckpointError: one line naming the file and the first problem found.
+    """
+    from jsonargparse import ArgumentError, ArgumentParser
+
+    meta = ckpt.get("coretune") if isinstance(ckpt, dict) else None
+    if meta is None:
+        raise CheckpointError(
+            f"{path} is not a coretune fine-tuning checkpoint (no 'coretune' entry): pass a .ckpt written by "
+            "`coretune fit` (a pre-trained backbone checkpoint goes to `coretune fit --model.weights`)"
+        )
+
+    def refuse(problem: str) -> CheckpointError:
+        return CheckpointError(
+            f"checkpoint {path} is damaged or was not written by `coretune fit`: {problem}; use another checkpoint "
+            "of the run, or fine-tune again"
+        )
+
+    def settings(of: type, values: Any, what: str, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """The ``values`` ``of`` takes (others, e.g. an older version's, are dropped), their types checked by
+        jsonargparse against its signature."""
+        if not isinstance(values, dict):
+            raise refuse(f"its {what} are a {type(values).__name__}, not a dict")
+        accepted = set(inspect.signature(of).parameters) - skip
+        known = {k: v for k, v in values.items() if k in accepted}
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_class_arguments(of, skip=set(skip))
+        try:
+            parser.parse_object(known)
+        except ArgumentError as err:  # several lines
+            raise refuse(f"its {what} do not fit {of.__name__}: {' '.join(str(err).split())}") from None
+        return known
+
+    if not isinstance(meta, dict):
+        raise refuse(f"its 'coretune' entry is a {type(meta).__name__}, not the dict of settings `coretune fit` writes")
+    name = meta.get("objective")
+    if not isinstance(name, str):
+        raise refuse("its 'coretune' entry names no objective" if name is None else f"its objective is {name!r}")
+    try:
+        objective_cls, _ = get_objective(name)
+    except ValueError as err:
+        raise refuse(str(err)) from None
+    objective_hparams = settings(objective_cls, meta.get("objective_hparams", {}), "objective settings")
+    hparams = settings(cls, ckpt.get("hyper_parameters", {}), "model settings", frozenset({"objective", "weights"}))
+    backbone_args = hparams.get("backbone_args") or {}
+    if fetching := sorted(_WEIGHT_FETCHING_OPTIONS & set(backbone_args)):
+        raise refuse(
+            f"its backbone_args set {fetching}, which would fetch pre-trained weights (coretune never downloads)"
+        )
+    num_classes, names = meta.get("num_classes"), meta.get("class_names")
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
+        raise refuse(f"its num_classes is {num_classes!r}, not a whole number >= 2")
+    if names is not None and (
+        not isinstance(names, list) or len(names) != num_classes or not all(isinstance(n, str) for n in names)
+    ):
+        raise refuse(f"its class_names ({_preview(names)}) are not {num_classes} names, one per class")
+    if names is not None and len(set(names)) != len(names):
+        raise refuse(f"its class_names ({_preview(names)}) repeat a name")
+    if problem := _data_problem(meta.get("data", {})):
+        raise refuse(problem)
+    weights = ckpt.get("state_dict")
+    if not isinstance(weights, dict) or not all(isinstance(v, Tensor) for v in weights.values()):
+        raise refuse("its state_dict is missing or holds something other than tensors")
+    if broken := [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]:
+        raise CheckpointError(
+            f"checkpoint {path} holds NaN or infinite weights ({len(broken)} of {len(weights)} tensors, e.g. "
+            f"{broken[0]}): the run that wrote it diverged; use an earlier checkpoint, or fine-tune again with a "
+            "lower learning rate (--model.lr)"
+        )
+    return meta, objective_cls, objective_hparams, hparams
+
+
+def _data_problem(data: Any) -> str | None:
+    """What is wrong with a checkpoint's ``data`` entry (image size, mean and std), or ``None``."""
+    if not isinstance(data, dict):
+        return f"its data settings are a {type(data).__name__}, not a dict"
+    size = data.get("image_size")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+        return f"its image_size is {size!r}, not a whole number >= 1"
+    for key in ("mean", "std"):
+        value = data.get(key)
+        numbers = (
+            isinstance(value, list | tuple)
+            and len(value) == 3
+            and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+        )
+        if value is not None and (not numbers or (key == "std" and min(value) <= 0)):
+            return f"its {key} is {value!r}, not 3 finite numbers" + (" > 0" if key == "std" else "")
+    return None
+
+
+def _preview(value: Any, show: int = 4) -> str:
+    """``repr(value)``, a long list cut to its first ``show`` items (for messages)."""
+    if isinstance(value, list) and len(value) > show:
+        return f"[{', '.join(map(repr, value[:show]))}, … ({len(value)} in all)]"
+    return repr(value)
+
+
 class FineTuner(L.LightningModule):
     """A backbone ``G_e`` and an objective (its heads and loss), trained with the paper's optimiser (Appendix C).
 
@@ -79,6 +221,8 @@ class FineTuner(L.LightningModule):
             ``small_cnn``, or ``timm/<model>``).
         weights: a local pre-trained checkpoint to load into the backbone (``None``: random initialisation).
         weights_format: checkpoint layout (``auto`` detects it).
+        weights_allow_cast: load ``weights`` whose floating-point tensors are stored as integers (or quantised),
+            converted to floats; refused by default, since such weights are rarely the float values.
         backbone_args: options of the backbone's constructor, e.g. ``{drop_path_rate: 0.1}`` for a timm ViT
             (``--model.backbone_args '{drop_path_rate: 0.1}'``). timm ViTs take any image size by default.
         optimizer: ``sgd`` (Nesterov momentum, the paper's), ``adam`` (domain generalisation) or ``adamw``.
@@ -101,6 +245,7 @@ class FineTuner(L.LightningModule):
         backbone: str = "resnet50",
         weights: str | None = None,
         weights_format: str = "auto",
+        weights_allow_cast: bool = False,
         backbone_args: dict[str, Any] | None = None,
         optimizer: OptimizerName = "sgd",
         lr: float = 0.01,
@@ -124,11 +269,17 @@ class FineTuner(L.LightningModule):
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective"])
         self.backbone = create_backbone(
-            backbone, weights=weights, weights_format=weights_format, **(backbone_args or {})
+            backbone,
+            weights=weights,
+            weights_format=weights_format,
+            allow_cast=weights_allow_cast,
+            **(backbone_args or {}),
         )
         self.objective = objective if objective is not None else CETuning()
         self.task = TASKS[task]()
         self.class_names: list[str] | None = None
+        self._watch: _OutputWatch | None = None  # the current evaluation epoch's outputs (collapse check)
+        self.checkpoint_info: dict[str, Any] = {}  # the checkpoint's 'coretune' entry (from_checkpoint)
         if channels_last:
             self.backbone.to(memory_format=torch.channels_last)
         if freeze_backbone:
@@ -192,28 +343,64 @@ class FineTuner(L.LightningModule):
             "feature_dim": self.backbone.feature_dim,
         }
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse the checkpoint of another model before its tensors are copied in (torch would only say that
+        tensor sizes differ): a resumed run whose data gained or lost a class, another backbone or objective."""
+        meta = checkpoint.get("coretune") or {}
+        objective = f"{type(self.objective).__module__}.{type(self.objective).__qualname__}"
+        differ = [
+            f"{name} {old} → {new}"
+            for name, old, new in (
+                ("backbone", checkpoint.get("hyper_parameters", {}).get("backbone"), self.hparams.backbone),
+                ("objective", meta.get("objective_class"), objective),
+            )
+            if old is not None and old != new
+        ]
+        old_classes = meta.get("class_names")
+        if old_classes is not None and list(old_classes) != self.class_names:
+            added = [c for c in self.class_names if c not in old_classes]
+            removed = [c for c in old_classes if c not in self.class_names]
+            what = "; ".join([f"added {added}"] * bool(added) + [f"removed {removed}"] * bool(removed)) or "reordered"
+            differ.append(f"classes: {len(old_classes)} → {len(self.class_names)} ({what})")
+        if differ:
+            where = self._trainer.ckpt_path if self._trainer is not None else "the checkpoint"
+            raise ValueError(
+                f"checkpoint {where} holds another model than this run builds: {'; '.join(differ)}. Resume it with "
+                "the data and settings it was trained with, or start a new run with another --run_dir"
+            )
+
     @classmethod
     def from_checkpoint(cls, path: str | Path, map_location: str = "cpu") -> FineTuner:
-        """Rebuild a fine-tuned model from a coretune checkpoint (safe: ``weights_only=True``)."""
+        """Rebuild a fine-tuned model from a coretune checkpoint (safe: ``weights_only=True``).
+
+        The checkpoint's ``coretune`` entry and settings are checked before anything is built
+        (:func:`_checked_checkpoint`); the model keeps the entry as ``checkpoint_info`` (``data`` holds the image
+        size and normalisation it was trained with).
+
+        Raises:
+            CheckpointError: the file is unreadable or unsafe, or its metadata, settings or weights are unusable
+                (one line naming the file and the problem).
+        """
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {path} not found: pass a .ckpt written by `coretune fit`")
         ckpt = load_checkpoint_file(path)  # CheckpointError for truncated files and pickles that would run code
-        meta = ckpt.get("coretune") if isinstance(ckpt, dict) else None
-        if meta is None:
-            raise ValueError(
-                f"{path} is not a coretune fine-tuning checkpoint (no 'coretune' entry): pass a .ckpt written by "
-                "`coretune fit` (a pre-trained backbone checkpoint goes to `coretune fit --model.weights`)"
-            )
-        objective_cls, _ = get_objective(meta["objective"])
-        objective = objective_cls(**meta["objective_hparams"])
+        meta, objective_cls, objective_hparams, hparams = _checked_checkpoint(path, ckpt, cls)
+        try:
+            objective = objective_cls(**objective_hparams)
+            model = cls(objective=objective, **hparams, weights=None)  # the weights come from the checkpoint itself
+        except ValueError as err:  # a setting out of range: the class's own message
+            raise CheckpointError(f"checkpoint {path} holds settings coretune refuses: {err}") from err
         objective.registered_name = meta["objective"]
-        accepted = inspect.signature(cls.__init__).parameters
-        hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if k in accepted}
-        hparams.update(weights=None)  # the fine-tuned weights come from the checkpoint itself
-        model = cls(objective=objective, **hparams)
         model.build(meta["num_classes"], meta["class_names"])
-        model.load_state_dict(ckpt["state_dict"])
+        try:
+            model.load_state_dict(ckpt["state_dict"])
+        except RuntimeError as err:  # torch lists every missing, unexpected and mis-shaped tensor, one per line
+            raise CheckpointError(
+                f"checkpoint {path}: its weights do not fit the model its settings describe "
+                f"({' '.join(str(err).split())[:300]}): the file is damaged; use the run's other checkpoint"
+            ) from err
+        model.checkpoint_info = meta
         return model.to(map_location)
 
     # -- steps ----------------------------------------------------------------------------------------------
@@ -249,8 +436,7 @@ class FineTuner(L.LightningModule):
             raise NonFiniteLossError(
                 f"the training loss is {float(out.loss.detach())} at epoch {self.current_epoch}, "
                 f"step {self.global_step} "
-                f"(batch {batch_idx}; {terms}). Check the images for NaN/Inf, lower the learning rate "
-                "(--model.lr), or train in float32 (--trainer.precision 32-true)."
+                f"(batch {batch_idx}; {terms}). Check the images for NaN/Inf, {_DIVERGED_FIX}"
             )
         bs = y.shape[0]
         self.log_dict(
@@ -274,19 +460,24 @@ class FineTuner(L.LightningModule):
         x, y = self.task.unpack(batch)
         logits = self(x)
         loss = torch.nn.functional.cross_entropy(logits.float(), y)
+        self._watch_outputs("validation", x, logits, batch_idx, loss)
         self.log("val/loss", loss, on_step=False, on_epoch=True, batch_size=y.shape[0], sync_dist=True)
         self.val_metrics.update(logits, y)
 
     def on_validation_epoch_end(self) -> None:
+        self._check_collapse("validation")
         # compute() already reduced over processes; sync_dist averages equal values (and tells Lightning so).
         self.log_dict({f"val/{k}": v for k, v in self.val_metrics.compute().items()}, prog_bar=True, sync_dist=True)
         self.val_metrics.reset()
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         x, y = self.task.unpack(batch)
-        self.test_metrics.update(self(x), y)
+        logits = self(x)
+        self._watch_outputs("test", x, logits, batch_idx, torch.nn.functional.cross_entropy(logits.float(), y))
+        self.test_metrics.update(logits, y)
 
     def on_test_epoch_end(self) -> None:
+        self._check_collapse("test")
         values = self.test_metrics.compute()
         self.test_results = {
             "top1": float(values["top1"]),
@@ -296,6 +487,33 @@ class FineTuner(L.LightningModule):
         }
         self.log_dict({"test/top1": values["top1"], "test/top5": values["top5"]}, sync_dist=True)
         self.test_metrics.reset()
+
+    def _watch_outputs(self, stage: str, x: Tensor, logits: Tensor, batch_idx: int, loss: Tensor) -> None:
+        """Raise :class:`NonFiniteLossError` for a non-finite ``stage`` loss, as training does; remember the batch
+        for the epoch's collapse check (:class:`_OutputWatch`)."""
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(
+                f"the {stage} loss is {float(loss)} at epoch {self.current_epoch}, step {self.global_step} (batch "
+                f"{batch_idx}; {int((~torch.isfinite(logits)).any(dim=1).sum())} of {len(logits)} images have "
+                f"non-finite logits). Check the pre-trained weights, {_DIVERGED_FIX}"
+            )
+        if batch_idx == 0 or self._watch is None:
+            self._watch = _OutputWatch(x, logits.detach())
+        self._watch.update(x, logits.detach())
+
+    def _check_collapse(self, stage: str) -> None:
+        """Raise :class:`NonFiniteLossError` when the ``stage`` epoch's outputs collapsed (on every process)."""
+        watch, self._watch = self._watch, None
+        collapsed = watch is not None and watch.collapsed()
+        if not self.trainer.strategy.reduce_boolean_decision(collapsed, all=True) or watch is None:
+            return
+        row = ", ".join(f"{v:.4g}" for v in watch.logits.float().tolist()[:5])
+        name = self.class_names[int(watch.logits.argmax())] if self.class_names else "?"
+        raise NonFiniteLossError(
+            f"the model collapsed at epoch {self.current_epoch}, step {self.global_step}: all {watch.count} {stage} "
+            f"images get the same logits ({row}{', …' if len(watch.logits) > 5 else ''}), so it predicts class "
+            f"{name!r} for every image. Check the pre-trained weights, {_DIVERGED_FIX}"
+        )
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         x = batch[0] if isinstance(batch, list | tuple) else batch

@@ -3,19 +3,186 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.cli import LightningCLI
+import yaml
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from ..distributed import is_launching_process
+from ..models import CheckpointError, UnreadableCheckpointError, load_checkpoint_file
 from ..runclaim import fit_claim
 from ..rundir import RunDir
 
-__all__ = ["RunDirCLI", "resolve_run_dir"]
+__all__ = ["RESUMABLE_CHANGES", "RunDirCLI", "check_resume", "resolve_run_dir", "setting_changes"]
+
+_WHERE = frozenset({"ckpt_path", "weights_only", "run_dir", "trainer.default_root_dir"})
+"""Where a run resumes from and writes to: not settings of the run, never compared."""
+
+RESUMABLE_CHANGES = frozenset(
+    {
+        "trainer.max_epochs",
+        "trainer.max_steps",
+        "trainer.max_time",
+        "trainer.min_epochs",
+        "trainer.min_steps",
+        "trainer.accelerator",
+        "trainer.devices",
+        "trainer.precision",
+        "trainer.enable_progress_bar",
+        "trainer.enable_model_summary",
+        "trainer.log_every_n_steps",
+        "trainer.num_sanity_val_steps",
+        "trainer.profiler",
+        "trainer.detect_anomaly",
+        "trainer.enable_autolog_hparams",
+        "trainer.callbacks",
+        "trainer.logger",
+        "data.num_workers",
+        "data.pin_memory",
+        "data.cache_images",
+        "data.eval_batch_size",
+        "model.channels_last",
+    }
+)
+"""Settings a run may be resumed with after a change (a class's ``init_args.x`` named as its ``x``): how long it
+trains (``trainer.max_epochs`` extends a run), the hardware and numeric precision it runs on (``trainer.devices``
+only with the same number of devices), what it prints and logs (added callbacks, such as a monitor), and how images
+are loaded. Every other setting changes the model, the objective, the data or the optimisation, so a resume with
+another value is refused."""
+
+
+def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"trainer": {"max_epochs": 2}}`` as ``{"trainer.max_epochs": 2}``; a class's ``init_args`` are its own
+    (``model.init_args.lr`` is ``model.lr``, as a checkpoint's hyper-parameters name it), tuples are lists."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if key == "init_args" and isinstance(value, Mapping):
+            flat |= _flat(value, prefix)
+        elif isinstance(value, Mapping) and value:
+            flat |= _flat(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = _class_of(value) if key == "class_path" else _plain(value)
+    return flat
+
+
+def _plain(value: Any) -> Any:
+    """Tuples (in hyper-parameters) as the lists a YAML config holds."""
+    return [_plain(v) for v in value] if isinstance(value, tuple | list) else value
+
+
+def _class_of(path: Any) -> Any:
+    """The full name of the class a ``class_path`` names (``coretune.objectives.CETuning`` is
+    ``coretune.objectives.ce.CETuning``), or ``path`` itself if it names none."""
+    module, _, name = str(path).rpartition(".")
+    with contextlib.suppress(ImportError, ValueError):
+        cls = getattr(importlib.import_module(module), name, None)
+        if isinstance(cls, type):
+            return f"{cls.__module__}.{cls.__qualname__}"
+    return path
+
+
+def _device_count(devices: Any) -> Any:
+    """How many devices a ``--trainer.devices`` value asks for (``[1]`` and ``1`` are one), or the value itself."""
+    if isinstance(devices, list):
+        return len(devices)
+    with contextlib.suppress(TypeError, ValueError):
+        return len([d for d in devices.split(",") if d.strip()]) if "," in str(devices) else int(devices)
+    return devices
+
+
+def setting_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The settings whose values differ between two run configurations (nested dicts, as in ``config.yaml``), as
+    ``"key old → new"``, split into those a resume may change (:data:`RESUMABLE_CHANGES`) and the others. Settings
+    only one side has (options added by a later version) are left out."""
+    old, new = _flat(recorded), _flat(current)
+    allowed, refused = [], []
+    for key in [k for k in new if k in old and old[k] != new[k] and k not in _WHERE]:
+        if key == "trainer.devices" and _device_count(old[key]) != _device_count(new[key]):
+            resumable = False
+        else:
+            resumable = key in RESUMABLE_CHANGES
+        (allowed if resumable else refused).append(f"{key} {old[key]} → {new[key]}")
+    return allowed, refused
+
+
+def _resume_source(config: Mapping[str, Any]) -> Path | None:
+    """The checkpoint file a run with this configuration resumes from (Lightning's ``ckpt_path="last"`` is the run
+    directory's ``checkpoints/last.ckpt``), or None (a new run, or a ``ckpt_path`` Lightning resolves itself)."""
+    ckpt = config.get("ckpt_path")
+    if ckpt == "last":
+        ckpt = Path(config["run_dir"]) / "checkpoints" / "last.ckpt"
+    return Path(ckpt) if ckpt is not None and Path(ckpt).is_file() else None
+
+
+def _recorded_settings(checkpoint: Any, config_file: Path | None) -> list[Mapping[str, Any]]:
+    """What a run was trained with: its ``config.yaml`` (if any) and its checkpoint's model and data
+    hyper-parameters (as ``{"model": …, "data": …}``)."""
+    recorded: list[Mapping[str, Any]] = []
+    if config_file is not None:
+        try:
+            settings = yaml.safe_load(config_file.read_text())
+        except yaml.YAMLError as err:
+            raise ValueError(
+                f"{config_file}, the settings the run was trained with, is not valid YAML ({type(err).__name__}): "
+                "restore it, or start a new run with another --run_dir"
+            ) from None
+        recorded.append(settings if isinstance(settings, Mapping) else {})
+    if isinstance(checkpoint, Mapping):
+        hparams = {"model": checkpoint.get("hyper_parameters"), "data": checkpoint.get("datamodule_hyper_parameters")}
+        recorded.append({k: v for k, v in hparams.items() if isinstance(v, Mapping)})
+    return recorded
+
+
+def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Refuse, before anything is written, to resume a run whose checkpoint cannot be read or which was trained
+    with other settings; return the settings that changed and may (:func:`setting_changes`).
+
+    ``config`` is the parsed configuration (``run_dir``, ``ckpt_path``), ``current`` the same as ``config.yaml``
+    would record it. The recorded settings are the run directory's ``config.yaml`` (else that of the checkpoint's
+    run directory) and the checkpoint's hyper-parameters.
+
+    Raises:
+        ValueError: settings that change the maths or the data differ (each named, old → new).
+        CheckpointError: the checkpoint is truncated or corrupt (the run's ``best.ckpt`` offered when it is the
+            run's ``last.ckpt``), or a pickle that would run code.
+    """
+    ckpt = _resume_source(config)
+    if ckpt is None:
+        return []
+    run_dir = Path(config["run_dir"])
+    try:
+        checkpoint = load_checkpoint_file(ckpt)
+    except UnreadableCheckpointError as err:
+        if ckpt.resolve() != (run_dir / "checkpoints" / "last.ckpt").resolve():
+            raise
+        best = ckpt.with_name("best.ckpt")
+        instead = f"resume from its best checkpoint (perhaps an earlier epoch) with --ckpt_path {best}, or "
+        raise CheckpointError(
+            f"cannot resume the run in {run_dir}: its checkpoint {ckpt} is truncated or corrupt ({err.reason}). "
+            f"Nothing was changed: {instead if best.is_file() else ''}start a new run with another --run_dir"
+        ) from None
+    config_file = next((p for p in (run_dir / "config.yaml", ckpt.parent.parent / "config.yaml") if p.is_file()), None)
+    allowed: dict[str, None] = {}
+    refused: dict[str, None] = {}
+    for settings in _recorded_settings(checkpoint, config_file):
+        may, may_not = setting_changes(settings, current)
+        allowed |= dict.fromkeys(may)
+        refused |= dict.fromkeys(may_not)
+    if refused:
+        fix = f" (--config {config_file} applies them)" if config_file is not None else ""
+        raise ValueError(
+            f"the run in {run_dir} was trained with other settings than these: {'; '.join(refused)}. Resuming it "
+            f"from {ckpt} would go on with settings it was not trained with: resume it with its own{fix}, or start "
+            "a new run with another --run_dir"
+        )
+    return list(allowed)
 
 
 def resolve_run_dir(config: Any, default_name: str) -> None:
@@ -33,21 +200,30 @@ def resolve_run_dir(config: Any, default_name: str) -> None:
     last = RunDir(config["run_dir"]).last_checkpoint
     if config.get("ckpt_path") is None and last.is_file():
         config["ckpt_path"] = str(last)
-        rank_zero_info(
-            f"resuming the run in {config['run_dir']} from {last} (re-running a command continues its run; to start "
-            "over, pass another --run_dir or delete that folder)"
-        )
     if config.get("ckpt_path") is not None:
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+
+
+class SaveConfigOnFitStart(SaveConfigCallback):
+    """LightningCLI's ``config.yaml``, written once the run's checkpoint is restored (``on_fit_start``) instead of at
+    set-up: a resume refused while loading its checkpoint (the data gained a class) leaves the file as it was."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Nothing yet: see :meth:`on_fit_start`."""
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        super().setup(trainer, pl_module, "fit")
 
 
 class RunDirCLI(LightningCLI):
     """A LightningCLI whose run writes into ``--run_dir`` (added by the subclass), held while it runs.
 
     Start it with :meth:`run`: :meth:`settle_run_dir` (called by the subclass once the configuration is parsed)
-    resolves the directory (:func:`resolve_run_dir`) and claims it (:func:`coretune.runclaim.fit_claim`; only in
-    the process a user or a sweep started, not in those a DDP launcher adds) until the run ends, so that a second
-    run into the same directory is refused instead of overwriting its checkpoints.
+    resolves the directory (:func:`resolve_run_dir`), claims it (:func:`coretune.runclaim.fit_claim`; only in the
+    process a user or a sweep started, not in those a DDP launcher adds) until the run ends, so that a second run
+    into the same directory is refused instead of overwriting its checkpoints, and checks a resume
+    (:func:`check_resume`: the checkpoint is readable and the run was trained with these settings). ``config.yaml``
+    is written when the fit starts (:class:`SaveConfigOnFitStart`).
     """
 
     def __init__(self, *args: Any, hold: contextlib.ExitStack, **kwargs: Any) -> None:
@@ -57,11 +233,34 @@ class RunDirCLI(LightningCLI):
     @classmethod
     def run(cls, *args: Any, **kwargs: Any) -> None:
         """Parse, run the subcommand, and release the run directory afterwards (also on errors)."""
+        kwargs.setdefault("save_config_callback", SaveConfigOnFitStart)
         with contextlib.ExitStack() as hold:
             cls(*args, hold=hold, **kwargs)
 
+    def _parse_ckpt_path(self) -> None:
+        """Nothing: LightningCLI would replace the command line's model settings by those of a ``--ckpt_path``
+        checkpoint, silently (and read it with torch's multi-line errors); :func:`check_resume` refuses a
+        difference instead."""
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """The trainer; a setting Lightning refuses (``MisconfigurationException``, e.g. ``--trainer.devices 0``)
+        is a ``ValueError`` with Lightning's message on one line."""
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except MisconfigurationException as err:
+            raise ValueError(f"invalid trainer settings: {' '.join(str(err).split())}") from None
+
     def settle_run_dir(self, default_name: str) -> None:
         config = self.config[self.subcommand]
+        found = config.get("ckpt_path") is None
         resolve_run_dir(config, default_name)
+        found = found and config.get("ckpt_path") is not None
         if is_launching_process():
             self._hold.enter_context(fit_claim(config["run_dir"]))
+        changes = check_resume(config, yaml.safe_load(self._parser(self.subcommand).dump(config, skip_unset=False)))
+        if found or changes:
+            changed = f" with {'; '.join(changes)}" if changes else ""
+            rank_zero_info(
+                f"resuming the run in {config['run_dir']} from {config['ckpt_path']}{changed} (re-running a command "
+                "continues its run; to start over, pass another --run_dir or delete that folder)"
+            )

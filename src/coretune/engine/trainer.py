@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
 
 from ..rundir import RunDir
@@ -18,6 +20,7 @@ from .interrupts import StopOnSignal
 
 __all__ = [
     "LIGHTNING_PYTREE_DEPRECATION",
+    "check_trainer_options",
     "default_callbacks",
     "default_precision",
     "make_trainer",
@@ -56,6 +59,40 @@ def default_precision() -> str:
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     cpu = torch.backends.cpu.get_cpu_capability()
     return "bf16-mixed" if torch.cpu._is_avx512_bf16_supported() or "AMX" in cpu else "32-true"
+
+
+def _accelerator_available(name: str) -> bool:
+    """Whether Lightning's accelerator ``name`` (``gpu`` = CUDA or MPS) can run on this machine."""
+    names = ("cuda", "mps") if name == "gpu" else (name,)
+    return any(n in AcceleratorRegistry and AcceleratorRegistry[n]["accelerator"].is_available() for n in names)
+
+
+def check_trainer_options(trainer: Mapping[str, Any]) -> None:
+    """Refuse, before anything is built or written, the ``--trainer.*`` options of a CLI run that cannot run here:
+    an accelerator this machine lacks, SyncBatchNorm on CPU (torch synchronises CUDA tensors only), a gradient
+    accumulation below 1 batch. One ``ValueError`` lists every problem with its fix."""
+    problems = []
+    accelerator = trainer.get("accelerator", "auto")
+    if isinstance(accelerator, str) and accelerator not in ("auto", "cpu") and not _accelerator_available(accelerator):
+        available = [n for n in sorted(AcceleratorRegistry) if _accelerator_available(n)]
+        problems.append(
+            f"--trainer.accelerator {accelerator} is not available on this machine (available: "
+            f"{', '.join(available)}): pass --trainer.accelerator auto to use the best one there is"
+        )
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if trainer.get("sync_batchnorm") and on_cpu:
+        problems.append(
+            "--trainer.sync_batchnorm true needs GPUs (torch synchronises batch-norm statistics of CUDA tensors "
+            "only): drop it when training on CPU"
+        )
+    accumulate = trainer.get("accumulate_grad_batches", 1)
+    if not isinstance(accumulate, int) or accumulate < 1:
+        problems.append(
+            f"--trainer.accumulate_grad_batches must be a whole number >= 1 (got {accumulate}): the number of "
+            "batches whose gradients one optimiser step sums (1: step after every batch)"
+        )
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) -> list[Callback]:

@@ -67,6 +67,7 @@ def create_backbone(
     *,
     allow_missing: bool = False,
     allow_unexpected: bool = False,
+    allow_cast: bool = False,
     **kwargs: Any,
 ) -> Encoder:
     """Build the encoder ``name`` (randomly initialised) and optionally load pre-trained ``weights``.
@@ -78,6 +79,7 @@ def create_backbone(
         verbose: print the one-line load summary.
         allow_missing / allow_unexpected: accept a checkpoint that lacks backbone tensors / has extra ones
             (they are reported either way).
+        allow_cast: accept integer or quantised tensors where the backbone has floats, converted (reported).
         **kwargs: passed to the model constructor, e.g. ``img_size=32`` for a timm ViT.
     """
     if name.startswith(TIMM_PREFIX):
@@ -95,7 +97,12 @@ def create_backbone(
         )
     if weights is not None:
         report = load_pretrained(
-            encoder, weights, weights_format, allow_missing=allow_missing, allow_unexpected=allow_unexpected
+            encoder,
+            weights,
+            weights_format,
+            allow_missing=allow_missing,
+            allow_unexpected=allow_unexpected,
+            allow_cast=allow_cast,
         )
         if verbose:
             from rich.console import Console

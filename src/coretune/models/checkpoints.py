@@ -32,6 +32,7 @@ __all__ = [
     "Extraction",
     "Layout",
     "LoadReport",
+    "UnreadableCheckpointError",
     "extract_backbone_state",
     "list_layouts",
     "load_checkpoint_file",
@@ -47,6 +48,17 @@ which only holds attributes and cannot run code."""
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read or does not fit the encoder; the message names cause and fix."""
+
+
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint file that is truncated or corrupt, or not a PyTorch checkpoint (``reason``: what torch said)."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(
+            f"cannot read checkpoint {path} ({reason}): the file is truncated or corrupt, or not a PyTorch "
+            "checkpoint; copy or download it again"
+        )
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -100,10 +112,7 @@ def load_checkpoint_file(path: str | Path) -> Any:
 
 
 def _corrupt(path: Path, err: BaseException) -> CheckpointError:
-    return CheckpointError(
-        f"cannot read checkpoint {path} ({type(err).__name__}: {err or 'unexpected end of file'}): the file "
-        "is truncated or corrupt, or not a PyTorch checkpoint; copy or download it again"
-    )
+    return UnreadableCheckpointError(path, f"{type(err).__name__}: {err or 'unexpected end of file'}")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -394,6 +403,8 @@ class LoadReport:
         prefix: the prefix the layout stripped (groups ``dropped`` in :meth:`summary`).
         resampled: position embeddings interpolated to the model's patch grid (``key: old grid → new grid``),
             e.g. a ViT pre-trained at 224 px loaded into one built for 64 px.
+        cast: loaded keys stored in a non-floating dtype (integer, quantised) where the backbone has floats,
+            converted because ``allow_cast`` was given.
     """
 
     layout: str
@@ -405,6 +416,7 @@ class LoadReport:
     total: int = 0
     prefix: str = ""
     resampled: list[str] = field(default_factory=list)
+    cast: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         """One line, e.g. ``layout 'moco' (state_dict['module.encoder_q.*']) — 120/120 tensors loaded, …``."""
@@ -418,6 +430,8 @@ class LoadReport:
             text += f"; dropped {len(self.dropped)} non-backbone tensors ({shown})"
         if self.resampled:
             text += "; resampled " + ", ".join(self.resampled)
+        if self.cast:
+            text += f"; cast {len(self.cast)} non-floating tensors to floating point (allow_cast)"
         return text
 
 
@@ -527,16 +541,18 @@ def load_pretrained(
     *,
     allow_missing: bool = False,
     allow_unexpected: bool = False,
+    allow_cast: bool = False,
 ) -> LoadReport:
     """Load the backbone tensors of checkpoint ``path`` into ``encoder.body`` and report what happened.
 
-    Names and shapes are checked first; only then is ``load_state_dict(strict=False)`` called with the matched
-    tensors (BN running statistics included).
+    Names, shapes and dtypes are checked first; only then is ``load_state_dict(strict=False)`` called with the
+    matched tensors (BN running statistics included). Floating-point tensors of another precision (fp16, bf16)
+    are converted; integer or quantised tensors where the backbone has floats are refused unless ``allow_cast``.
 
     Raises:
         CheckpointError: unreadable file, no layout matches, a shape differs (wrong architecture), the
-            checkpoint lacks backbone tensors (unless ``allow_missing``) or has extra ones (unless
-            ``allow_unexpected``).
+            checkpoint lacks backbone tensors (unless ``allow_missing``), has extra ones (unless
+            ``allow_unexpected``) or stores floating-point weights as integers (unless ``allow_cast``).
     """
     raw = load_checkpoint_file(path)
     layout, extraction = extract_backbone_state(raw, encoder, weights_format, path)
@@ -554,6 +570,18 @@ def load_pretrained(
             f"{key} {tuple(extraction.state[key].shape)} vs model {tuple(model_state[key].shape)}{more}: "
             "wrong architecture? pass the matching --model.backbone"
         )
+    cast = [k for k in loaded if model_state[k].is_floating_point() and not extraction.state[k].is_floating_point()]
+    if cast and not allow_cast:
+        dtypes = sorted({str(extraction.state[k].dtype).removeprefix("torch.") for k in cast})
+        raise CheckpointError(
+            f"checkpoint {path} stores {len(cast)} floating-point tensors of backbone {encoder.name!r} as "
+            f"{', '.join(dtypes)} (e.g. {', '.join(cast[:3])}): integer or quantised weights are not the float "
+            "weights the model needs. Dequantise the checkpoint or export its float weights; if the integers are "
+            "the real values, force the conversion with --model.weights_allow_cast true (allow_cast=True in Python)"
+        )
+    for key in cast:  # allowed: quantised tensors by their real values, integers as they are
+        if extraction.state[key].is_quantized:
+            extraction.state[key] = extraction.state[key].dequantize()
     report = LoadReport(
         layout.name,
         extraction.entry,
@@ -564,6 +592,7 @@ def load_pretrained(
         len(model_state),
         extraction.prefix,
         resampled,
+        cast,
     )
     required = [k for k in missing if _is_required(k)]
     if required and not allow_missing:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..engine import RunDirCLI, quiet_lightning, with_atomic_io
+from ..engine import RunDirCLI, check_trainer_options, quiet_lightning, with_atomic_io
 from .data import PretrainData
 from .module import PRETRAINED_FILENAME, ContrastivePretrainer, MoCoV2, SimCLR, pretrain_trainer_defaults
 
@@ -58,6 +58,7 @@ class PretrainCLI(RunDirCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
+        check_trainer_options(config["trainer"])
         self.settle_run_dir("pretrain-" + str(config["model"]["class_path"]).rsplit(".", 1)[-1].lower())
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:

@@ -239,8 +239,11 @@ def _parse_numbers(value: Any, kind: type, what: str, fail: Any) -> tuple[Any, .
 
 
 def _check_name(name: Any, what: str, fail: Any) -> str:
-    if not isinstance(name, str) or not _SAFE_NAME.match(name):
-        raise fail(f"{what} name {name!r} must be a non-empty folder name of letters, digits and _ . + -")
+    if not isinstance(name, str) or not _SAFE_NAME.match(name) or name in (".", ".."):
+        raise fail(
+            f"{what} name {name!r} must be a non-empty folder name of letters, digits and _ . + - (not . or .., "
+            "which would lead out of the output folder)"
+        )
     return name
 
 

@@ -46,6 +46,26 @@ class TrialFailed(RuntimeError):
     """A trial's ``coretune fit`` did not finish or logged no validation accuracy."""
 
 
+def _check_storage(storage: str) -> None:
+    """A ``--storage`` URL that SQLAlchemy can parse and, for SQLite, whose file's folder exists (ValueError
+    naming the fix otherwise); nothing is created."""
+    import sqlalchemy
+
+    try:
+        url = sqlalchemy.engine.make_url(storage)
+    except sqlalchemy.exc.ArgumentError:
+        raise ValueError(
+            f"--storage {storage!r} is not a database URL: give one such as sqlite:///runs/tune/study.db (a file) "
+            "or postgresql://user:password@host/database"
+        ) from None
+    folder = Path(url.database).parent if url.get_backend_name() == "sqlite" and url.database else None
+    if folder is not None and not folder.is_dir():
+        raise ValueError(
+            f"--storage {storage}: folder {folder} does not exist: create it, or give a database file in an existing "
+            "folder"
+        )
+
+
 def _import_optuna() -> Any:
     try:
         import optuna
@@ -167,6 +187,8 @@ def tune(
         raise ValueError(f"--repeats must be >= 1 (got {repeats}): the number of fits, one per seed, a trial averages")
     if sampler == "grid" and n_trials is not None:
         raise ValueError("--n_trials applies to --sampler tpe; the grid runs each of its points once")
+    if storage is not None:
+        _check_storage(storage)
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     storage = storage or f"sqlite:///{output / 'study.db'}"
@@ -174,12 +196,21 @@ def tune(
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         # a trial whose process died without a word (kill -9, a lost machine) is failed after the grace period
         # and queued again
-        db = optuna.storages.RDBStorage(
-            storage,
-            heartbeat_interval=60,
-            grace_period=300,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
-        )
+        import sqlalchemy
+
+        try:
+            db = optuna.storages.RDBStorage(
+                storage,
+                heartbeat_interval=60,
+                grace_period=300,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
+            )
+        except (ImportError, sqlalchemy.exc.SQLAlchemyError) as err:
+            reason = str(err).splitlines()[0]
+            raise ValueError(
+                f"cannot open the study storage --storage {storage} ({reason}): check the URL, that its database "
+                "server runs and that its driver is installed"
+            ) from None
         retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)
     space = {"eta": sorted({float(v) for v in eta}), "alpha": sorted({float(v) for v in alpha})}
     study = optuna.create_study(

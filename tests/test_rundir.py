@@ -43,3 +43,10 @@ def test_epochs_done_counts_metrics_rows_against_the_configured_length(tmp_path:
     assert run.epochs_done() == (2, None)
     run.config.write_text(yaml.safe_dump({"trainer": {"max_epochs": 20}}))
     assert run.epochs_done() == (2, 20) and run.read_config()["trainer"] == {"max_epochs": 20}
+
+
+def test_the_run_directory_of_a_checkpoint(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    assert RunDir.of_checkpoint(run.last_checkpoint) == run and run.best_checkpoint.parent == run.checkpoints
+    assert RunDir.of_checkpoint(tmp_path / "copies" / "model.ckpt") == RunDir(tmp_path / "copies")
+    assert run.test_results.name == "test_results.json"

@@ -66,12 +66,13 @@ def test(args: list[str]) -> None:
 
     from .data import ImageClassificationData
     from .engine import FineTuner, atomic_write
+    from .rundir import RunDir
 
     cfg = _test_parser().parse_args(args)
     ckpt = Path(cfg.ckpt_path).resolve()
-    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
-    output = Path(cfg.output) if cfg.output else run_dir / "test_results.json"
-    if output.name == "results.json" and output.is_file():
+    run = RunDir.of_checkpoint(ckpt)
+    output = Path(cfg.output) if cfg.output else run.test_results
+    if output.name == run.results.name and output.is_file():
         raise ValueError(
             f"--output {output} would overwrite a fit's results.json, which coretune test leaves as it is: "
             "give another file name"

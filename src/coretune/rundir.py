@@ -6,6 +6,7 @@
     config.yaml          the resolved configuration of the fit (LightningCLI)
     metrics.csv          one row per finished epoch
     results.json         test results, timings …; holds "test" once the fit has ended
+    test_results.json    what ``coretune test`` found (the fit's results.json is left as it is)
     learning_curve.png
     checkpoints/         best.ckpt, last.ckpt (what a re-run resumes from)
     fit.pid              the claim of the process running it (:mod:`coretune.runclaim`)
@@ -37,6 +38,14 @@ class RunDir:
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path))
 
+    @classmethod
+    def of_checkpoint(cls, checkpoint: str | Path) -> RunDir:
+        """The run directory a checkpoint belongs to: the folder holding its ``checkpoints/`` folder, else (a
+        checkpoint copied elsewhere) the checkpoint's own folder."""
+        checkpoint = Path(checkpoint)
+        run = cls(checkpoint.parent.parent)
+        return run if run.checkpoints == checkpoint.parent else cls(checkpoint.parent)
+
     @property
     def config(self) -> Path:
         return self.path / "config.yaml"
@@ -50,6 +59,10 @@ class RunDir:
         return self.path / "results.json"
 
     @property
+    def test_results(self) -> Path:
+        return self.path / "test_results.json"
+
+    @property
     def learning_curve(self) -> Path:
         return self.path / "learning_curve.png"
 
@@ -60,6 +73,10 @@ class RunDir:
     @property
     def last_checkpoint(self) -> Path:
         return self.checkpoints / "last.ckpt"
+
+    @property
+    def best_checkpoint(self) -> Path:
+        return self.checkpoints / "best.ckpt"
 
     @property
     def claim(self) -> Path:

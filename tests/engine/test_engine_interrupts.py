@@ -22,7 +22,7 @@ from torch.utils.data import TensorDataset
 
 from coretune.cli import main
 from coretune.data.samplers import EpochShuffleSampler, ResumableLoader, SeededItems
-from coretune.engine import read_metrics
+from coretune.engine import checkpoint_io, read_metrics
 from coretune.stopfile import STOP_FILE_ENV
 from fit_flags import QUIET
 
@@ -246,7 +246,7 @@ def test_failed_checkpoint_write_keeps_the_previous_one(
     inline_container.cc:672] unexpected pos``)."""
     tree, _, _ = setup
     run = tmp_path / "run"
-    real_save, real_fdopen, calls = torch.save, os.fdopen, []
+    real_save, calls = torch.save, []
 
     def disk_full(obj: object, f: object, *args: object, **kwargs: object) -> None:
         calls.append(1)
@@ -255,15 +255,15 @@ def test_failed_checkpoint_write_keeps_the_previous_one(
             raise OSError(28, "No space left on device")
         real_save(obj, f, *args, **kwargs)
 
-    def filling_disk(fd: int, *args: object, **kwargs: object) -> object:
+    def filling_disk(path: Path, *args: object, **kwargs: object) -> object:
         calls.append(1)
-        file = real_fdopen(fd, *args, **kwargs)
+        file = open(path, *args, **kwargs)  # noqa: SIM115 - returned to atomic_write's with block
         return _FullDisk(file, room=1000) if len(calls) > 2 else file
 
     if failing == "torch.save":
         monkeypatch.setattr(torch, "save", disk_full)
     else:
-        monkeypatch.setattr(os, "fdopen", filling_disk)
+        monkeypatch.setattr(checkpoint_io, "open", filling_disk, raising=False)  # atomic_write's open
     with pytest.raises(SystemExit) as info:
         main(fit_args(tree, run))
     message = str(info.value.code)

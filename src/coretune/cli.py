@@ -41,7 +41,7 @@ commands:
   fit         fine-tune a backbone on an image folder (coretune fit --help)
   test        evaluate a fine-tuned checkpoint on a data split
   predict     predict the classes of an image folder into a CSV
-  export      export a fine-tuned checkpoint to safetensors + JSON config, torch.export and TorchScript
+  export      export a fine-tuned checkpoint to safetensors + JSON config, torch.export, TorchScript (and ONNX)
   objectives  list the fine-tuning methods (objectives)
   pretrain    contrastive pre-training (SimCLR, MoCo v2) on an unlabelled image folder
   eval        kNN or linear-probe accuracy of a backbone and checkpoint (coretune eval knn|linear --help)
@@ -307,7 +307,7 @@ def export(args: list[str]) -> None:
     parser = ArgumentParser(
         allow_abbrev=False,
         prog="coretune export",
-        description="Export a fine-tuned model: model.safetensors + config.json, torch.export and TorchScript.",
+        description="Export a fine-tuned model: model.safetensors + config.json, torch.export, TorchScript and ONNX.",
     )
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_argument("--output", type=str, required=True, help="Folder to write the exported files into.")
@@ -315,9 +315,12 @@ def export(args: list[str]) -> None:
         "--exported_program", type=bool, default=True, help="Also write model.pt2 (torch.export, dynamic batch)."
     )
     parser.add_argument("--torchscript", type=bool, default=True, help="Also write model.torchscript.pt.")
+    parser.add_argument(
+        "--onnx", type=bool, default=False, help="Also write model.onnx (dynamic batch; pip install 'coretune[onnx]')."
+    )
     cfg = parser.parse_args(args)
     for path in export_checkpoint(
-        cfg.ckpt_path, cfg.output, torchscript=cfg.torchscript, exported_program=cfg.exported_program
+        cfg.ckpt_path, cfg.output, torchscript=cfg.torchscript, exported_program=cfg.exported_program, onnx=cfg.onnx
     ):
         print(path)
 

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentParser
 
-from . import objectives
+from . import __version__, objectives
 from .bench import SweepInterrupted
 from .data import ImageClassificationData
 from .engine import (
@@ -48,6 +48,9 @@ commands:
   demo        run the embedded demo end to end
   bench       run a grid of fit runs from a YAML spec; mean ± std tables and plots (coretune bench CONFIG.yaml)
   tune        choose η and α with an Optuna study on a validation split (coretune tune [options] -- FIT_ARGS)
+
+options:
+  -V, --version  print coretune's version
 """
 
 
@@ -470,6 +473,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_USAGE)
+        return
+    if argv[0] in ("-V", "--version"):
+        print(f"coretune {__version__}")
         return
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:

@@ -157,6 +157,18 @@ def test_bad_settings_fail_before_any_work(kwargs: dict, message: str) -> None:
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("attack", ["pgd", "torchattacks-pgd"])
+def test_normalised_images_are_refused_for_every_attack(attack: str) -> None:
+    _, _, x, y = digits()
+    loader = DataLoader(TensorDataset((x[:8] - 0.3) / 0.4, y[:8]), batch_size=8)
+    with pytest.raises(ValueError) as info:
+        robust_accuracy(trained_digits_cnn(), loader, [("linf", 0.1)], attack=attack)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "robust_accuracy needs pixel images in [0, 1], got values in [-0.75, 1.75]: feed unnormalised images and "
+        "wrap the model in coretune.attacks.NormalizedModel(model, mean, std)"
+    )
+
+
 def test_an_empty_loader_is_an_error() -> None:
     with pytest.raises(ValueError) as info:
         robust_accuracy(trained_digits_cnn(), [])

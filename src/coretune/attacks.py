@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["PGD", "Norm", "NormalizedModel", "eval_mode", "pgd"]
+__all__ = ["PGD", "Norm", "NormalizedModel", "check_pixel_images", "eval_mode", "pgd"]
 
 Norm = Literal["linf", "l2"]
 NORMS: tuple[str, ...] = get_args(Norm)
@@ -47,6 +47,15 @@ class NormalizedModel(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model((images - self.mean) / self.std)
+
+
+def check_pixel_images(images: Tensor, who: str) -> None:
+    """Raise a one-line ``ValueError`` naming ``who`` and the fix unless ``images`` lie in ``[0, 1]``."""
+    if images.numel() and (images.min() < 0 or images.max() > 1):
+        raise ValueError(
+            f"{who} needs pixel images in [0, 1], got values in [{images.min():.3g}, {images.max():.3g}]: feed "
+            "unnormalised images and wrap the model in coretune.attacks.NormalizedModel(model, mean, std)"
+        )
 
 
 @contextmanager
@@ -130,11 +139,7 @@ class PGD:
             )
         dtype = torch.float64 if images.dtype == torch.float64 else torch.float32
         x = images.detach().to(dtype)
-        if x.numel() and (x.min() < 0 or x.max() > 1):
-            raise ValueError(
-                f"PGD needs pixel images in [0, 1], got values in [{x.min():.3g}, {x.max():.3g}]: feed unnormalised "
-                "images and wrap the model in coretune.attacks.NormalizedModel(model, mean, std)"
-            )
+        check_pixel_images(x, "PGD")
         labels = labels.detach()
         if self.eps == 0 or not x.numel():
             return x.clone()

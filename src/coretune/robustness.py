@@ -29,7 +29,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor, nn
 
-from .attacks import PGD, Norm, eval_mode
+from .attacks import PGD, Norm, check_pixel_images, eval_mode
 
 __all__ = ["ATTACKS", "PAPER_THREAT_MODELS", "RobustnessReport", "ThreatResult", "format_threat", "robust_accuracy"]
 
@@ -167,6 +167,7 @@ def robust_accuracy(
         torch.manual_seed(seed)  # torchattacks draws its random starts from the global RNG
         for batch in loader:
             images = batch[0].to(device)
+            check_pixel_images(images, "robust_accuracy")  # torchattacks would silently clip normalised images
             labels = torch.as_tensor(batch[1]).long().to(device)
             if max_images is not None:
                 images, labels = images[: max_images - seen], labels[: max_images - seen]

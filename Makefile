@@ -1,15 +1,16 @@
-# The two commands: `make demo` and `make test`. Both create .venv if missing and are idempotent.
+# The two commands: `make demo` and `make test` (which also builds the docs site, `make docs`, into site/).
+# Both create .venv if missing and are idempotent.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint docs venv clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,tune]'
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,tune,docs]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -21,8 +22,11 @@ lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/lint-imports
 
-test: lint
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+test: lint docs
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info

@@ -1,10 +1,13 @@
 """coretune: fine-tune contrastive self-supervised vision models with Core-tuning and its baselines."""
 
+from importlib.metadata import version
+
 from . import objectives
 from .losses import contrastive_loss, core_positive_mask, soft_cross_entropy, supcon_positive_mask
 from .mining import HardPairs, mine_hard_pairs
 
-__version__ = "0.1.0"
+__version__ = version("coretune")
+"""The installed distribution's version (its metadata, from pyproject.toml), as ``coretune --version`` prints it."""
 
 __all__ = [
     "HardPairs",

@@ -20,13 +20,16 @@ commands:
   fit         fine-tune a backbone on an image folder (coretune fit --help)
   test        evaluate a fine-tuned checkpoint on a data split
   predict     predict the classes of an image folder into a CSV
-  export      export a fine-tuned checkpoint to safetensors + JSON config, torch.export and TorchScript
+  export      export a fine-tuned checkpoint to safetensors + JSON config, torch.export, TorchScript (and ONNX)
   objectives  list the fine-tuning methods (objectives)
   pretrain    contrastive pre-training (SimCLR, MoCo v2) on an unlabelled image folder
   eval        kNN or linear-probe accuracy of a backbone and checkpoint (coretune eval knn|linear --help)
   demo        run the embedded demo end to end
   bench       run a grid of fit runs from a YAML spec; mean ± std tables and plots (coretune bench CONFIG.yaml)
   tune        choose η and α with an Optuna study on a validation split (coretune tune [options] -- FIT_ARGS)
+
+options:
+  -V, --version  print coretune's version
 """
 
 
@@ -136,7 +139,7 @@ def export(args: list[str]) -> None:
     parser = ArgumentParser(
         allow_abbrev=False,
         prog="coretune export",
-        description="Export a fine-tuned model: model.safetensors + config.json, torch.export and TorchScript.",
+        description="Export a fine-tuned model: model.safetensors + config.json, torch.export, TorchScript and ONNX.",
     )
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_argument("--output", type=str, required=True, help="Folder to write the exported files into.")
@@ -144,9 +147,12 @@ def export(args: list[str]) -> None:
         "--exported_program", type=bool, default=True, help="Also write model.pt2 (torch.export, dynamic batch)."
     )
     parser.add_argument("--torchscript", type=bool, default=True, help="Also write model.torchscript.pt.")
+    parser.add_argument(
+        "--onnx", type=bool, default=False, help="Also write model.onnx (dynamic batch; pip install 'coretune[onnx]')."
+    )
     cfg = parser.parse_args(args)
     for path in export_checkpoint(
-        cfg.ckpt_path, cfg.output, torchscript=cfg.torchscript, exported_program=cfg.exported_program
+        cfg.ckpt_path, cfg.output, torchscript=cfg.torchscript, exported_program=cfg.exported_program, onnx=cfg.onnx
     ):
         print(path)
 
@@ -300,6 +306,11 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_USAGE)
+        return
+    if argv[0] in ("-V", "--version"):
+        from . import __version__
+
+        print(f"coretune {__version__}")
         return
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:

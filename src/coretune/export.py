@@ -1,5 +1,5 @@
-"""Export a fine-tuned model as ``model.safetensors`` + ``config.json`` (plus a ``torch.export`` program and
-TorchScript), and load it back."""
+"""Export a fine-tuned model as ``model.safetensors`` + ``config.json`` (plus a ``torch.export`` program,
+TorchScript and ONNX), and load it back."""
 
 from __future__ import annotations
 
@@ -30,16 +30,35 @@ class ExportedClassifier(nn.Module):
         return self.classifier(self.backbone(x))
 
 
+def _require_onnx() -> None:
+    """Refuse ``onnx=True`` before anything is written when the exporter's packages are missing."""
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError as err:
+        raise RuntimeError(
+            f"ONNX export needs the onnx extra ({err.name} is not installed): pip install 'coretune[onnx]'"
+        ) from None
+
+
 def export_checkpoint(
-    ckpt_path: str | Path, output: str | Path, torchscript: bool = True, exported_program: bool = True
+    ckpt_path: str | Path,
+    output: str | Path,
+    torchscript: bool = True,
+    exported_program: bool = True,
+    onnx: bool = False,
 ) -> list[Path]:
-    """Write ``model.safetensors``, ``config.json`` and optionally ``model.pt2`` and ``model.torchscript.pt`` into
-    ``output``.
+    """Write ``model.safetensors``, ``config.json`` and optionally ``model.pt2``, ``model.torchscript.pt`` and
+    ``model.onnx`` into ``output``.
 
     ``model.pt2`` is a ``torch.export`` program with a dynamic batch dimension (load it with
     ``torch.export.load(path).module()``); ``model.torchscript.pt`` is traced with ``torch.jit``, which PyTorch
-    has deprecated but many serving stacks still read.
+    has deprecated but many serving stacks still read; ``model.onnx`` (input ``images``, output ``logits``, dynamic
+    batch dimension, weights in the one file) comes from ``torch.onnx``'s ``torch.export``-based exporter and needs
+    the ``onnx`` extra.
     """
+    if onnx:
+        _require_onnx()
     model = FineTuner.from_checkpoint(ckpt_path).eval()
     net = ExportedClassifier(model.backbone, model.objective.classifier).eval()
     net.to(memory_format=torch.contiguous_format)
@@ -62,10 +81,9 @@ def export_checkpoint(
     save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()}, str(written[0]))
     written[1].write_text(json.dumps(config, indent=2) + "\n")
     size = config["image_size"] or 224
+    inputs, dynamic_batch = (torch.zeros(2, 3, size, size),), ({0: torch.export.Dim("batch")},)
     if exported_program:
-        program = torch.export.export(
-            net, (torch.zeros(2, 3, size, size),), dynamic_shapes=({0: torch.export.Dim("batch")},)
-        )
+        program = torch.export.export(net, inputs, dynamic_shapes=dynamic_batch)
         written.append(output / "model.pt2")
         torch.export.save(program, written[-1])
     if torchscript:
@@ -74,6 +92,19 @@ def export_checkpoint(
             scripted = torch.jit.trace(net, example)
         written.append(output / "model.torchscript.pt")
         scripted.save(str(written[-1]))
+    if onnx:
+        written.append(output / "model.onnx")
+        torch.onnx.export(
+            net,
+            inputs,
+            written[-1],
+            dynamo=True,
+            dynamic_shapes=dynamic_batch,
+            input_names=["images"],
+            output_names=["logits"],
+            external_data=False,
+            verbose=False,
+        )
     return written
 
 

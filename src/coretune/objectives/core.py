@@ -155,7 +155,6 @@ class CoreTuning(Objective):
         return ObjectiveOutput(loss, logits[rows], terms)
 
 
-#: Table 2's rows, in the paper's order: (row label, registered objective name).
 TABLE2_ROWS: tuple[tuple[str, str], ...] = (
     ("CE", "ce"),
     ("CE + L_con", "ce_con"),
@@ -163,3 +162,4 @@ TABLE2_ROWS: tuple[tuple[str, str], ...] = (
     ("CE + L_con + mix-H", "ce_con_mixh"),
     ("CE + L^f_con + mix-H (Core-tuning)", "core"),
 )
+"""Table 2's rows, in the paper's order: (row label, registered objective name)."""

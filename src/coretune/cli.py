@@ -1,39 +1,16 @@
 """The ``coretune`` command line. Thin: it parses, builds and hands over; Python can do all of it by the same names.
 
-``coretune fit`` is a LightningCLI (YAML configs, ``--help`` with every default); ``--objective NAME`` takes a
-registered objective name (``coretune objectives`` lists them) and ``--objective.<param>`` its hyper-parameters.
+Each command imports what it runs when it runs: ``coretune fit`` is :mod:`coretune.engine.fitcli` (a LightningCLI),
+``bench`` and ``tune`` are :mod:`coretune.sweeps`, ``pretrain`` is :mod:`coretune.pretrain.cli`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import io
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import yaml
 from jsonargparse import ArgumentParser
-
-from . import __version__, objectives
-from .bench import SweepInterrupted
-from .data import ImageClassificationData
-from .data.datasets import OnBadImage
-from .engine import (
-    FineTuner,
-    NonFiniteLossError,
-    RunDirCLI,
-    TrainingInterrupted,
-    check_trainer_options,
-    default_callbacks,
-    default_precision,
-    quiet_lightning,
-    with_atomic_io,
-)
-from .models import require_checkpoint_file
-from .runclaim import RunInUse
 
 __all__ = ["main"]
 
@@ -56,179 +33,16 @@ options:
 """
 
 
-def _objective_class_path(name: str) -> tuple[str, list[str]]:
-    """Class path and preset arguments of a registered objective name (class paths pass through)."""
-    if name in objectives.available():
-        cls, preset = objectives.get(name)
-        args = [f"--objective.{k}={_cli_value(v)}" for k, v in preset.items()]
-        return f"{cls.__module__}.{cls.__qualname__}", args
-    if "." not in name and name not in {objectives.get(n)[0].__name__ for n in objectives.available()}:
-        objectives.get(name)  # neither a name nor a class (path): "unknown objective 'x'; choose one of: ..."
-    return name, []
-
-
-def _cli_value(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _translate_config(path: str) -> str:
-    """A ``--config`` value whose ``objective`` names a registered objective (``objective: core`` or
-    ``objective: {class_path: ce_con, init_args: {...}}``), rewritten as the YAML text of the same config with the
-    class path and the preset's settings (the file's own ``init_args`` win). Other configs pass through."""
-    file = Path(path)
-    if not file.is_file():
-        return path
-    config = yaml.safe_load(file.read_text())
-    spec = config.get("objective") if isinstance(config, dict) else None
-    name = spec if isinstance(spec, str) else spec.get("class_path") if isinstance(spec, dict) else None
-    if not isinstance(name, str) or name not in objectives.available():
-        return path
-    cls, preset = objectives.get(name)
-    init_args = {**preset, **(spec.get("init_args") or {} if isinstance(spec, dict) else {})}
-    config["objective"] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init_args}
-    return yaml.safe_dump(config, sort_keys=False)
-
-
-def translate_args(args: list[str]) -> list[str]:
-    """Rewrite the friendly aliases: ``--objective NAME`` (registry names and Table 2 presets, also inside
-    ``--config`` files), ``--seed N``."""
-    out: list[str] = []
-    it = iter(args)
-    for arg in it:
-        key, eq, value = arg.partition("=")
-        if key in ("--config", "-c"):
-            out.append(f"--config={_translate_config(value if eq else next(it, ''))}")
-        elif key in ("--objective", "--objective.help"):
-            value = value if eq else next(it, "")
-            class_path, preset = _objective_class_path(value)
-            out.append(f"{key}={class_path}")
-            if key == "--objective":
-                out.extend(preset)
-        elif key == "--seed":
-            out.append(f"--seed_everything={value if eq else next(it, '')}")
-        else:
-            out.append(arg)
-    return out
-
-
-class FitCLI(RunDirCLI):
-    """``coretune fit``: a LightningCLI over :class:`FineTuner` and :class:`ImageClassificationData`."""
-
-    def add_arguments_to_parser(self, parser: Any) -> None:
-        parser.add_subclass_arguments(
-            objectives.Objective,
-            "objective",
-            default={"class_path": "coretune.objectives.CETuning"},
-            help="Fine-tuning method: a registered name (" + ", ".join(objectives.available()) + ") or class path.",
-        )
-        parser.link_arguments("objective", "model.objective", apply_on="instantiate")
-        parser.link_arguments("seed_everything", "data.seed")
-        parser.add_argument(
-            "--run_dir",
-            type=str | None,
-            default=None,
-            help="Run directory (default: runs/<objective>-<date>-<time>). Reuse it to resume from its "
-            "checkpoints/last.ckpt (a finished run is only tested again), with the settings it was trained with "
-            "(--config RUN/config.yaml; only max_epochs, hardware, precision, progress and loader options may "
-            "change). Refused while another fit or sweep runs it (its claim, fit.pid).",
-        )
-
-    def before_instantiate_classes(self) -> None:
-        config = self.config[self.subcommand]
-        check_trainer_options(config["trainer"])
-        self.settle_run_dir(str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower())
-
-    def instantiate_trainer(self, **kwargs: Any) -> Any:
-        trainer = self._get(self.config_init, "trainer", default={})
-        show_progress = trainer.get("enable_progress_bar") is not False
-        self.trainer_defaults["callbacks"] = default_callbacks(None, progress=show_progress)
-        kwargs["plugins"] = with_atomic_io(trainer.get("plugins"))
-        return super().instantiate_trainer(**kwargs)
-
-    def after_fit(self) -> None:
-        if self.trainer.interrupted:
-            return
-        self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
-        if self.trainer.is_global_zero:
-            _print_run_summary(Path(self.trainer.default_root_dir))
-
-
-def _print_run_summary(run_dir: Path) -> None:
-    import json
-
-    from rich.console import Console
-
-    results = json.loads((run_dir / "results.json").read_text())
-    test = results.get("test", {})
-    console = Console()
-    console.print(f"[bold]run directory[/bold]: {run_dir}")
-    if test:
-        console.print(
-            f"top-1 {100 * test['top1']:.2f}%  top-5 {100 * test['top5']:.2f}%  "
-            f"({results.get('train_images_per_s')} train images/s, {results.get('wall_time_s')} s)"
-        )
-    console.print(f"metrics: {run_dir / 'metrics.csv'}   curves: {run_dir / 'learning_curve.png'}")
-    if results.get("validated_on_test_images") and results.get("best_checkpoint"):
-        console.print(
-            "[yellow]note[/yellow]: validation read the test images (no separate val/ folder and no "
-            "--data.val_fraction), so best.ckpt and best_val_top1 were chosen on the test set; the top-1 above is "
-            "the final model's. To choose a checkpoint or setting, hold out a validation split: --data.val_fraction "
-            "0.1",
-            highlight=False,
-        )
-
-
 def fit(args: list[str]) -> None:
-    quiet_lightning()
-    FitCLI.run(
-        FineTuner,
-        ImageClassificationData,
-        args=["fit", *translate_args(args)],
-        seed_everything_default=0,
-        trainer_defaults={"precision": default_precision(), "logger": False},
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"allow_abbrev": False, "fit": {"default_env": False, "allow_abbrev": False}},
-        auto_configure_optimizers=False,
-    )
+    from .engine.fitcli import fit as run_fit
 
-
-class FitArgsError(ValueError):
-    """``coretune fit`` would refuse these arguments at its start; the message is its error."""
-
-
-def resolved_fit_config(args: Sequence[str]) -> dict[str, Any]:
-    """The configuration ``coretune fit ARGS`` would run with (its ``--print_config``, configs and presets applied),
-    without running it. Raises :class:`FitArgsError` with fit's own message when it would refuse the arguments (an
-    unknown option or objective, a value of the wrong type, an unreadable config file, a data folder or
-    ``--model.weights`` file that does not exist; no image or checkpoint is read)."""
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            fit([*args, "--print_config"])
-    except SystemExit as exit_:
-        if exit_.code not in (0, None):
-            message = err.getvalue().rpartition("error:")[2] or f"it exits with {exit_.code}"
-            raise FitArgsError(" ".join(message.split())) from None
-    except (ValueError, OSError, yaml.YAMLError) as error:
-        raise FitArgsError(" ".join(str(error).split())) from None
-    config = yaml.safe_load(out.getvalue()) or {}
-    try:
-        _check_local_paths(config)
-    except ValueError as error:
-        raise FitArgsError(" ".join(str(error).split())) from None
-    return config
-
-
-def _check_local_paths(config: dict[str, Any]) -> None:
-    """The data folders and the pre-trained checkpoint file of a resolved fit config exist (DataError or
-    CheckpointError, both ValueErrors, otherwise)."""
-    if "data" in config:
-        ImageClassificationData(**config["data"]).check_folders()
-    if weights := config.get("model", {}).get("weights"):
-        require_checkpoint_file(weights)
+    run_fit(args)
 
 
 def _test_parser() -> ArgumentParser:
+    from .data import ImageClassificationData
+    from .engine import default_precision
+
     parser = ArgumentParser(
         allow_abbrev=False,
         prog="coretune test",
@@ -253,13 +67,15 @@ def test(args: list[str]) -> None:
 
     import lightning as L
 
-    from .engine import atomic_write
+    from .data import ImageClassificationData
+    from .engine import FineTuner, atomic_write
+    from .rundir import RunDir
 
     cfg = _test_parser().parse_args(args)
     ckpt = Path(cfg.ckpt_path).resolve()
-    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
-    output = Path(cfg.output) if cfg.output else run_dir / "test_results.json"
-    if output.name == "results.json" and output.is_file():
+    run = RunDir.of_checkpoint(ckpt)
+    output = Path(cfg.output) if cfg.output else run.test_results
+    if output.name == run.results.name and output.is_file():
         raise ValueError(
             f"--output {output} would overwrite a fit's results.json, which coretune test leaves as it is: "
             "give another file name"
@@ -277,6 +93,8 @@ def test(args: list[str]) -> None:
 
 
 def _predict_parser() -> ArgumentParser:
+    from .data.datasets import OnBadImage
+
     parser = ArgumentParser(
         allow_abbrev=False,
         prog="coretune predict",
@@ -343,6 +161,8 @@ def list_objectives(args: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from . import objectives
+
     table = Table("name", "method")
     for name, doc in objectives.available().items():
         table.add_row(name, doc)
@@ -358,6 +178,7 @@ def pretrain(args: list[str]) -> None:
 def _eval_parser() -> ArgumentParser:
     from typing import Literal
 
+    from .data import ImageClassificationData
     from .evaluation import DEFAULT_WEIGHT_DECAYS
 
     parser = ArgumentParser(
@@ -415,6 +236,7 @@ def evaluate(args: list[str]) -> None:
     import torch
     from rich.console import Console
 
+    from .data import ImageClassificationData
     from .evaluation import evaluate_encoder
     from .models import create_backbone
 
@@ -455,13 +277,13 @@ def demo(args: list[str]) -> None:
 
 
 def bench(args: list[str]) -> None:
-    from .bench import main as bench_main
+    from .sweeps.bench import main as bench_main
 
     bench_main(args)
 
 
 def tune(args: list[str]) -> None:
-    from .tune import main as tune_main
+    from .sweeps.tune import main as tune_main
 
     tune_main(args)
 
@@ -486,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
         print(_USAGE)
         return
     if argv[0] in ("-V", "--version"):
+        from . import __version__
+
         print(f"coretune {__version__}")
         return
     command, rest = argv[0], argv[1:]
@@ -493,19 +317,34 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"coretune: unknown command {command!r}\n\n{_USAGE}")
     try:
         COMMANDS[command](rest)
-    except (TrainingInterrupted, SweepInterrupted) as err:
+    except Exception as err:
+        _exit_on(command, err)
+        raise  # a bug, not a user error: keep the traceback
+
+
+def _exit_on(command: str, err: Exception) -> None:
+    """Exit with a signal's code after an interrupted fit or sweep, or with the message alone after an error a user
+    can cause and fix (:func:`_user_errors`; any ``RuntimeError`` too, except from ``fit`` and ``pretrain``). Returns
+    on anything else. The exception classes are imported here, once a command failed."""
+    from .engine import TrainingInterrupted
+    from .sweeps.launch import SweepInterrupted
+
+    if isinstance(err, (TrainingInterrupted, SweepInterrupted)):
         print(f"coretune {command}: {err}", file=sys.stderr)
         sys.exit(128 + err.signum)  # the shell convention for "ended by signal N"
-    except (*_USER_ERRORS, RuntimeError) as err:
-        if command in ("fit", "pretrain") and not isinstance(err, _USER_ERRORS):
-            raise  # a bug, not a user error: keep the traceback
+    user_error = isinstance(err, _user_errors())
+    if user_error or (isinstance(err, RuntimeError) and command not in ("fit", "pretrain")):
         sys.exit(f"coretune {command}: error: {_error_message(err)}")
 
 
-_USER_ERRORS = (ValueError, OSError, NonFiniteLossError, RunInUse)
-"""What a user can cause and fix: bad options, data, checkpoints (all ``ValueError``s), files and disks
-(``OSError``), a diverging loss, a run directory another process is running. ``coretune`` prints their message
-alone; anything else keeps its traceback."""
+def _user_errors() -> tuple[type[Exception], ...]:
+    """What a user can cause and fix: bad options, data, checkpoints (all ``ValueError``s), files and disks
+    (``OSError``), a diverging loss, a run directory another process is running. ``coretune`` prints their message
+    alone; anything else keeps its traceback."""
+    from .engine import NonFiniteLossError
+    from .runclaim import RunInUse
+
+    return ValueError, OSError, NonFiniteLossError, RunInUse
 
 
 def _error_message(err: BaseException) -> str:

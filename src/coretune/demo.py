@@ -258,6 +258,7 @@ def _finetune(
     from . import objectives
     from .data import ImageClassificationData
     from .engine import FineTuner, make_trainer
+    from .rundir import RunDir
 
     L.seed_everything(seed, verbose=False)
     _fresh(run_dir)
@@ -274,7 +275,7 @@ def _finetune(
     )  # fmt: skip
     trainer.fit(model, datamodule=data)
     trainer.test(model, datamodule=data, verbose=False)
-    return json.loads((run_dir / "results.json").read_text())
+    return json.loads(RunDir(run_dir).results.read_text())
 
 
 def _summary_markdown(demo: DemoResult) -> str:

@@ -1,6 +1,6 @@
 """A run directory's *claim*: which process is running it, so that two sweeps (or fits) never train one run at once.
 
-``coretune bench`` and ``coretune tune`` launch each fit through :func:`coretune.bench.launch_fit`, which first
+``coretune bench`` and ``coretune tune`` launch each fit through :func:`coretune.sweeps.launch.launch_fit`, which first
 claims the run directory (:func:`claim_run`): it atomically creates :data:`CLAIM_FILE` holding the claiming
 process's id, host name and start time, then points the claim at the fit it starts, and removes it when the fit has
 exited. A second sweep over the same spec (another terminal, another machine on a shared file system) finds a live

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coretune.cli import main, translate_args
+from coretune.cli import main
+from coretune.engine.fitcli import translate_args
 
 
 def test_objective_names_become_class_paths_with_presets() -> None:

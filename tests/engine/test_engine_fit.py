@@ -14,13 +14,13 @@ import pytest
 import torch
 import yaml
 
-from coretune.cli import _print_run_summary, main
+from coretune.cli import main
 from coretune.data import ImageClassificationData, ImageFileDataset, eval_transform
 from coretune.engine import FineTuner, epoch_summary, make_trainer, read_metrics
+from coretune.engine.fitcli import _print_run_summary
 from coretune.export import load_exported
 from coretune.objectives import create
-
-QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+from fit_flags import QUIET
 
 
 def fit_args(tree: Path, run_dir: Path, *extra: str) -> list[str]:

@@ -24,8 +24,8 @@ from coretune.cli import main
 from coretune.data.samplers import EpochShuffleSampler, ResumableLoader, SeededItems
 from coretune.engine import checkpoint_io, read_metrics
 from coretune.stopfile import STOP_FILE_ENV
+from fit_flags import QUIET
 
-QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 SRC = Path(__file__).resolve().parents[2] / "src"
 TESTS = Path(__file__).resolve().parents[1]  # holds signal_helper.py
 

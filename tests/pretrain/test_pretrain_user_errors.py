@@ -15,9 +15,8 @@ from coretune.cli import main
 from coretune.engine import read_metrics
 from coretune.pretrain import PRETRAINED_FILENAME
 from coretune.runclaim import claim_run, point_claim
+from fit_flags import QUIET
 from image_trees import make_image_folder
-
-QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
 def pretrain_args(root: Path, run_dir: Path, *extra: str) -> list[str]:

@@ -1,7 +1,9 @@
-"""The training engine: Lightning module, trainer set-up, run outputs, optimisers and schedules."""
+"""The training engine: Lightning module, trainer set-up, run outputs, optimisers and schedules, and ``coretune fit``
+(:mod:`.fitcli`)."""
 
 from .callbacks import RunArtifacts, epoch_summary, plot_learning_curves, read_metrics, update_results
 from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, atomic_write, with_atomic_io
+from .fitcli import FitArgsError, FitCLI, resolved_fit_config, translate_args
 from .interrupts import StopOnSignal, TrainingInterrupted
 from .module import FineTuner, NonFiniteLossError
 from .optim import build_optimizer, lr_factor
@@ -20,6 +22,8 @@ __all__ = [
     "RESUMABLE_CHANGES",
     "AtomicCheckpointIO",
     "FineTuner",
+    "FitArgsError",
+    "FitCLI",
     "NonFiniteLossError",
     "RunArtifacts",
     "RunDirCLI",
@@ -39,7 +43,9 @@ __all__ = [
     "quiet_lightning",
     "read_metrics",
     "resolve_run_dir",
+    "resolved_fit_config",
     "setting_changes",
+    "translate_args",
     "update_results",
     "with_atomic_io",
 ]

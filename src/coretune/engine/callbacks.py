@@ -13,6 +13,8 @@ import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
+from ..rundir import RunDir
+
 __all__ = ["RunArtifacts", "epoch_summary", "plot_learning_curves", "read_metrics", "update_results"]
 
 #: The ``metrics.csv`` values an epoch's log line shows (those the row has), loss first.
@@ -36,7 +38,7 @@ def read_metrics(path: str | Path) -> list[dict[str, str]]:
 
 def update_results(run_dir: str | Path, **entries: Any) -> dict[str, Any]:
     """Merge ``entries`` into ``run_dir/results.json`` (atomic write) and return the merged content."""
-    path = Path(run_dir) / "results.json"
+    path = RunDir(run_dir).results
     results = json.loads(path.read_text()) if path.is_file() else {}
     results.update(entries)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,11 +156,11 @@ class RunArtifacts(L.Callback):
         for key, value in metrics:
             if key.startswith("train/") or (validated and key.startswith("val/")):
                 row[key] = float(value)
-        path = self.run_dir(trainer) / "metrics.csv"
+        path = RunDir(self.run_dir(trainer)).metrics
         rows = [r for r in read_metrics(path) if int(r["epoch"]) < trainer.current_epoch] + [row]
         fields = list(dict.fromkeys(k for r in rows for k in r))
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(".metrics.csv.tmp")
+        tmp = path.with_name(f".{path.name}.tmp")
         with tmp.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
@@ -171,7 +173,7 @@ class RunArtifacts(L.Callback):
         if not trainer.is_global_zero:
             return
         run_dir = self.run_dir(trainer)
-        plot_learning_curves(run_dir / "metrics.csv", run_dir / "learning_curve.png")
+        plot_learning_curves(RunDir(run_dir).metrics, RunDir(run_dir).learning_curve)
         best = trainer.checkpoint_callback
         update_results(
             run_dir,

@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ..distributed import rank
+from ..rundir import RunDir
 from ..stopfile import STOP_FILE_ENV, requested_signal
 
 __all__ = ["StopOnSignal", "TrainingInterrupted"]
@@ -210,4 +211,4 @@ def _last_checkpoint_path(trainer: L.Trainer) -> Path:
     callback = trainer.checkpoint_callback
     if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
         return Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
-    return Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    return RunDir(trainer.default_root_dir).last_checkpoint

@@ -335,7 +335,7 @@ class FineTuner(L.LightningModule):
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         checkpoint["coretune"] = {
             "data": {k: getattr(datamodule, k) for k in ("image_size", "mean", "std") if hasattr(datamodule, k)},
-            "objective": getattr(self.objective, "registered_name", self.objective.name),
+            "objective": self.objective.registered_name,
             "objective_class": f"{type(self.objective).__module__}.{type(self.objective).__qualname__}",
             "objective_hparams": self.objective.hparams(),
             "num_classes": self.num_classes,

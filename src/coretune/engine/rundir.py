@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from ..distributed import is_launching_process
 from ..models import CheckpointError, UnreadableCheckpointError, load_checkpoint_file
 from ..runclaim import fit_claim
+from ..rundir import RunDir
 
 __all__ = ["RESUMABLE_CHANGES", "RunDirCLI", "check_resume", "resolve_run_dir", "setting_changes"]
 
@@ -116,7 +117,7 @@ def _resume_source(config: Mapping[str, Any]) -> Path | None:
     directory's ``checkpoints/last.ckpt``), or None (a new run, or a ``ckpt_path`` Lightning resolves itself)."""
     ckpt = config.get("ckpt_path")
     if ckpt == "last":
-        ckpt = Path(config["run_dir"]) / "checkpoints" / "last.ckpt"
+        ckpt = RunDir(config["run_dir"]).last_checkpoint
     return Path(ckpt) if ckpt is not None and Path(ckpt).is_file() else None
 
 
@@ -155,19 +156,19 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
     ckpt = _resume_source(config)
     if ckpt is None:
         return []
-    run_dir = Path(config["run_dir"])
+    run = RunDir(config["run_dir"])
     try:
         checkpoint = load_checkpoint_file(ckpt)
     except UnreadableCheckpointError as err:
-        if ckpt.resolve() != (run_dir / "checkpoints" / "last.ckpt").resolve():
+        if ckpt.resolve() != run.last_checkpoint.resolve():
             raise
-        best = ckpt.with_name("best.ckpt")
+        best = ckpt.with_name(run.best_checkpoint.name)
         instead = f"resume from its best checkpoint (perhaps an earlier epoch) with --ckpt_path {best}, or "
         raise CheckpointError(
-            f"cannot resume the run in {run_dir}: its checkpoint {ckpt} is truncated or corrupt ({err.reason}). "
+            f"cannot resume the run in {run.path}: its checkpoint {ckpt} is truncated or corrupt ({err.reason}). "
             f"Nothing was changed: {instead if best.is_file() else ''}start a new run with another --run_dir"
         ) from None
-    config_file = next((p for p in (run_dir / "config.yaml", ckpt.parent.parent / "config.yaml") if p.is_file()), None)
+    config_file = next((p for p in (run.config, RunDir(ckpt.parent.parent).config) if p.is_file()), None)
     allowed: dict[str, None] = {}
     refused: dict[str, None] = {}
     for settings in _recorded_settings(checkpoint, config_file):
@@ -177,7 +178,7 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
     if refused:
         fix = f" (--config {config_file} applies them)" if config_file is not None else ""
         raise ValueError(
-            f"the run in {run_dir} was trained with other settings than these: {'; '.join(refused)}. Resuming it "
+            f"the run in {run.path} was trained with other settings than these: {'; '.join(refused)}. Resuming it "
             f"from {ckpt} would go on with settings it was not trained with: resume it with its own{fix}, or start "
             "a new run with another --run_dir"
         )
@@ -196,7 +197,7 @@ def resolve_run_dir(config: Any, default_name: str) -> None:
     if config.get("run_dir") is None:
         config["run_dir"] = str(Path("runs") / f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     config["trainer"]["default_root_dir"] = config["run_dir"]
-    last = Path(config["run_dir"]) / "checkpoints" / "last.ckpt"
+    last = RunDir(config["run_dir"]).last_checkpoint
     if config.get("ckpt_path") is None and last.is_file():
         config["ckpt_path"] = str(last)
     if config.get("ckpt_path") is not None:

@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
 
+from ..rundir import RunDir
 from .callbacks import RunArtifacts
 from .checkpoint_io import AtomicCheckpointIO
 from .interrupts import StopOnSignal
@@ -97,7 +98,7 @@ def check_trainer_options(trainer: Mapping[str, Any]) -> None:
 def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) -> list[Callback]:
     """Best and last checkpoints (by ``val/top1``), run outputs, a resumable checkpoint on SIGTERM/SIGINT, and a
     rich progress bar with ETA."""
-    checkpoint_dir = Path(run_dir) / "checkpoints" if run_dir is not None else None
+    checkpoint_dir = RunDir(run_dir).checkpoints if run_dir is not None else None
     callbacks: list[Callback] = [
         ModelCheckpoint(
             dirpath=checkpoint_dir,

@@ -1,7 +1,7 @@
 """Encoders (torchvision, timm, a small CNN), safe loading of self-supervised checkpoints into them, and DeepLab-V3
 for segmentation."""
 
-from .backbones import TIMM_PREFIX, Encoder, SmallCNN, create_backbone, list_backbones, register_backbone
+from .backbones import SmallCNN, create_backbone, list_backbones, register_backbone
 from .checkpoints import (
     CheckpointError,
     Extraction,
@@ -15,6 +15,7 @@ from .checkpoints import (
     register_layout,
     require_checkpoint_file,
 )
+from .encoder import TIMM_PREFIX, Encoder
 from .segmentation import DeepLabV3, create_deeplabv3, dilate_resnet
 
 __all__ = [

@@ -21,10 +21,10 @@ import timm
 import torchvision
 from torch import Tensor, nn
 
-__all__ = ["TIMM_PREFIX", "Encoder", "SmallCNN", "create_backbone", "list_backbones", "register_backbone"]
+from .checkpoints import load_pretrained
+from .encoder import TIMM_PREFIX, Encoder
 
-TIMM_PREFIX = "timm/"
-"""Names of the form ``timm/<model>`` build any timm model, e.g. ``timm/deit_small_patch16_224``."""
+__all__ = ["TIMM_PREFIX", "Encoder", "SmallCNN", "create_backbone", "list_backbones", "register_backbone"]
 
 _REGISTRY: dict[str, Callable[..., Encoder]] = {}
 
@@ -38,53 +38,6 @@ _TORCHVISION_RESNETS = (
     "resnext101_32x8d",
     "wide_resnet50_2",
 )
-
-
-class Encoder(nn.Module):
-    """A backbone producing pooled features: ``forward(x (B, 3, H, W)) -> (B, feature_dim)``.
-
-    Attributes:
-        body: the wrapped torchvision / timm / coretune network with its classifier removed; its
-            ``state_dict`` keys are the library's own keys, so checkpoints load into it.
-        feature_dim: width ``d`` of the pooled features.
-        name: the name the encoder was created with (``resnet18``, ``timm/vit_tiny_patch16_224`` …).
-        classifier_names: names of the classifier module(s) that were removed from ``body`` (``("fc",)`` for
-            ResNets); checkpoint tensors under these names are dropped when loading.
-        stage_names: qualified names (in ``body``) of the intermediate stages returned by :meth:`stages`.
-    """
-
-    def __init__(
-        self,
-        body: nn.Module,
-        feature_dim: int,
-        name: str,
-        classifier_names: tuple[str, ...] = (),
-        stage_names: tuple[str, ...] = (),
-    ) -> None:
-        super().__init__()
-        self.body = body
-        self.feature_dim = feature_dim
-        self.name = name
-        self.classifier_names = classifier_names
-        self.stage_names = stage_names
-
-    @property
-    def is_timm(self) -> bool:
-        """Whether ``body`` is a timm model (checkpoint layouts differ between libraries)."""
-        return self.name.startswith(TIMM_PREFIX)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.body(x)
-
-    def stages(self) -> list[nn.Module]:
-        """The intermediate stage modules (ResNet ``layer1``..``layer4``; timm ``feature_info`` modules).
-
-        Feature-map regularisers such as DELTA (Li et al., ICLR 2019) register forward hooks on them.
-        """
-        return [self.body.get_submodule(n) for n in self.stage_names]
-
-    def extra_repr(self) -> str:
-        return f"name={self.name!r}, feature_dim={self.feature_dim}"
 
 
 def register_backbone(name: str) -> Callable[[Callable[..., Encoder]], Callable[..., Encoder]]:
@@ -143,8 +96,6 @@ def create_backbone(
             "timm.list_models() lists them)"
         )
     if weights is not None:
-        from .checkpoints import load_pretrained
-
         report = load_pretrained(
             encoder,
             weights,

@@ -1,4 +1,4 @@
-"""Reading pre-trained checkpoints safely and mapping their keys onto an :class:`~.backbones.Encoder`.
+"""Reading pre-trained checkpoints safely and mapping their keys onto an :class:`~.encoder.Encoder`.
 
 All checkpoint key handling lives here (like timm's ``_builder``/``_helpers``): self-supervised trainers
 save the encoder under their own nested entry and prefix, next to heads, momentum copies and queues. A
@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from .backbones import Encoder
+from .encoder import Encoder
 
 __all__ = [
     "CheckpointError",

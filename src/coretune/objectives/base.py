@@ -51,11 +51,17 @@ class Objective(nn.Module):
     """
 
     name: ClassVar[str] = ""
+    #: Whether the loss is computed on the batch gathered from every process under DDP (the ``gather``
+    #: hyper-parameter of the objectives that offer it; see :attr:`gathers`).
+    gather: bool = False
 
     def __init__(self) -> None:
         super().__init__()
         self.feature_dim: int | None = None
         self.num_classes: int | None = None
+        #: The registry name the objective was made under (:func:`create`, a checkpoint): a preset such as
+        #: ``ce_con`` shares its class with ``core``. The class's :attr:`name` when built from a class path.
+        self.registered_name: str = self.name
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def build(self, feature_dim: int, num_classes: int) -> None:
@@ -104,7 +110,7 @@ class Objective(nn.Module):
         """Whether the loss is computed on the batch gathered from every process (an objective's ``gather``
         hyper-parameter, under a ``torch.distributed`` run of 2+ processes); the engine then rescales the
         backbone's gradient (:func:`coretune.distributed.scale_grad`)."""
-        return bool(getattr(self, "gather", False)) and world_size() > 1
+        return bool(self.gather) and world_size() > 1
 
     # -- computation ----------------------------------------------------------------------------------------
     def predict(self, features: Tensor) -> Tensor:
@@ -130,22 +136,21 @@ _REGISTRY: dict[str, tuple[type[Objective], dict[str, Any], str]] = {}
 
 
 def register(name: str, defaults: dict[str, Any] | None = None, doc: str = "") -> Callable[[type], type]:
-    """Class decorator registering an objective under ``name`` (``defaults`` make named presets)."""
+    """Class decorator registering an objective under ``name`` with preset hyper-parameters ``defaults``.
+
+    Stacked, it registers named presets of one class (Table 2's rows); the decorator nearest the class gives the
+    class its :attr:`~Objective.name`.
+    """
 
     def wrap(cls: type[Objective]) -> type[Objective]:
-        add(name, cls, defaults, doc)
+        if name in _REGISTRY:
+            raise ValueError(f"objective {name!r} is already registered")
+        _REGISTRY[name] = (cls, dict(defaults or {}), doc or (cls.__doc__ or "").strip().splitlines()[0])
         if not cls.name:
             cls.name = name
         return cls
 
     return wrap
-
-
-def add(name: str, cls: type[Objective], defaults: dict[str, Any] | None = None, doc: str = "") -> None:
-    """Register ``cls`` under ``name`` with preset hyper-parameters ``defaults``."""
-    if name in _REGISTRY:
-        raise ValueError(f"objective {name!r} is already registered")
-    _REGISTRY[name] = (cls, dict(defaults or {}), doc or (cls.__doc__ or "").strip().splitlines()[0])
 
 
 def available() -> dict[str, str]:

@@ -12,7 +12,7 @@ from ..distributed import gather_batch
 from ..heads import ProjectionHead
 from ..losses import contrastive_loss, core_positive_mask, soft_cross_entropy, supcon_positive_mask
 from ..mining import beta_draws, mine_hard_pairs, representable
-from .base import Objective, ObjectiveOutput, add
+from .base import Objective, ObjectiveOutput, register
 
 __all__ = ["TABLE2_ROWS", "CoreTuning"]
 
@@ -20,6 +20,10 @@ Mixing = Literal["hard", "manifold", "none"]
 ClassifierPairs = Literal["both", "negatives"]
 
 
+@register("ce_con_mixh", {"focal": False}, "Table 2 row 4: CE + L_con + hardness-directed mixup.")
+@register("ce_mix", {"eta": 0.0, "mixing": "manifold"}, "Table 2 row 3: CE + manifold mixup.")
+@register("ce_con", {"focal": False, "mixing": "none"}, "Table 2 row 2: CE + L_con (SupCon).")
+@register("core", doc="Core-tuning: focal contrastive loss + hardness-directed mixup + smooth classifier.")
 class CoreTuning(Objective):
     r"""Core-tuning: :math:`\mathcal{L} = \mathcal{L}^m_{ce} + \eta\,\mathcal{L}^f_{con}` (paper §4.2).
 
@@ -159,13 +163,3 @@ TABLE2_ROWS: tuple[tuple[str, str], ...] = (
     ("CE + L^f_con + mix-H (Core-tuning)", "core"),
 )
 """Table 2's rows, in the paper's order: (row label, registered objective name)."""
-
-add(
-    "core",
-    CoreTuning,
-    doc="Core-tuning: focal contrastive loss + hardness-directed mixup + smooth classifier.",
-)
-add("ce_con", CoreTuning, {"focal": False, "mixing": "none"}, "Table 2 row 2: CE + L_con (SupCon).")
-add("ce_mix", CoreTuning, {"eta": 0.0, "mixing": "manifold"}, "Table 2 row 3: CE + manifold mixup.")
-add("ce_con_mixh", CoreTuning, {"focal": False}, "Table 2 row 4: CE + L_con + hardness-directed mixup.")
-CoreTuning.name = "core"

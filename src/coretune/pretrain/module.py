@@ -37,6 +37,7 @@ from ..engine.module import example_image
 from ..engine.optim import OptimizerName, Schedule, optimizer_problems
 from ..heads import ProjectionHead
 from ..models import create_backbone
+from ..rundir import RunDir
 from .losses import KeyQueue, global_nt_xent, moco_infonce, nt_xent
 
 __all__ = [
@@ -346,7 +347,9 @@ def pretrain_callbacks(run_dir: str | Path | None = None) -> list[Callback]:
     ``default_root_dir``. (Lightning adds its rich progress bar unless ``enable_progress_bar=False``.)"""
     root = Path(run_dir) if run_dir is not None else None
     return [
-        ModelCheckpoint(dirpath=root / "checkpoints" if root else None, filename="last", enable_version_counter=False),
+        ModelCheckpoint(
+            dirpath=RunDir(root).checkpoints if root else None, filename="last", enable_version_counter=False
+        ),
         ExportPretrained(root / PRETRAINED_FILENAME if root else None),
         RunArtifacts(run_dir),
         StopOnSignal(),

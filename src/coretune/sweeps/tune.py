@@ -25,15 +25,11 @@ from typing import Any, Literal
 
 import yaml
 
-from .bench import (
-    SweepInterrupted,
-    catch_stop_signals,
-    final_val_top1,
-    is_finished,
-    launch_fit,
-    unvalidated_final_epoch,
-)
-from .runclaim import RunInUse
+from ..runclaim import RunInUse
+from ..rundir import RunDir
+from .launch import SweepInterrupted, catch_stop_signals, launch_fit
+from .records import final_val_top1
+from .spec import unvalidated_final_epoch
 
 __all__ = ["TrialFailed", "main", "tune"]
 
@@ -88,7 +84,7 @@ def _check_fit_args(fit_args: list[str]) -> None:
 def _check_trial_args(trial_args: list[str]) -> None:
     """Before the first trial, refuse fit arguments ``coretune fit`` would refuse, or that would not validate the
     final epoch (a trial is scored by its final epoch's val/top1)."""
-    from .cli import FitArgsError, resolved_fit_config
+    from ..engine.fitcli import FitArgsError, resolved_fit_config
 
     try:
         config = resolved_fit_config(trial_args)
@@ -100,7 +96,7 @@ def _check_trial_args(trial_args: list[str]) -> None:
 
 def _check_objective(name: str) -> dict[str, Any]:
     """The preset of a registered objective that takes ``eta`` and ``alpha``."""
-    from . import objectives
+    from .. import objectives
 
     tunable = [
         n for n in objectives.available() if {"eta", "alpha"} <= set(inspect.signature(objectives.get(n)[0]).parameters)
@@ -245,7 +241,7 @@ def tune(
                 f"--data.val_fraction={val_fraction}",
                 f"--seed={run_seed}",
             ]
-            if not is_finished(run_dir):
+            if not RunDir(run_dir).is_finished():
                 if stop.signum is None:
                     try:
                         code = launch_fit(args, run_dir, stop=stop)
@@ -253,12 +249,12 @@ def tune(
                         raise TrialFailed(f"trial {trial.number}: {err}") from None
                 if stop.signum is not None:  # the fit saved a resumable checkpoint; Optuna marks the trial FAIL
                     raise SweepInterrupted(stop.signum, _interrupted_message(stop.signum))
-                if not is_finished(run_dir):
+                if not RunDir(run_dir).is_finished():
                     raise TrialFailed(
-                        f"trial {trial.number} did not finish (exit code {code}): see {run_dir / 'log.txt'}"
+                        f"trial {trial.number} did not finish (exit code {code}): see {RunDir(run_dir).log}"
                     )
             try:
-                values.append(final_val_top1(run_dir / "metrics.csv"))
+                values.append(final_val_top1(RunDir(run_dir).metrics))
             except ValueError as err:
                 raise TrialFailed(str(err)) from None
         trial.set_user_attr("per_seed", values)
@@ -304,7 +300,7 @@ def _check_repeats(study: Any, repeats: int) -> None:
 
 
 def _write_outputs(study: Any, output: Path, objective: str, preset: dict[str, Any], val_fraction: float) -> None:
-    from . import objectives
+    from .. import objectives
 
     rows = _trial_rows(study)
     if rows:

@@ -11,21 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-import coretune.tune as tune_module
+import coretune.sweeps.tune as tune_module
 from coretune.cli import main
 from coretune.engine import read_metrics
 from coretune.runclaim import RunInUse
-from coretune.tune import TrialFailed, tune
+from coretune.sweeps.tune import TrialFailed, tune
+from fit_flags import TINY_FIT
 
 pytest.importorskip("optuna")
-
-TINY_FIT = [
-    "--model.backbone=small_cnn",
-    "--data.image_size=16",
-    "--data.batch_size=8",
-    "--trainer.max_epochs=1",
-    "--trainer.enable_model_summary=false",
-]
 
 
 @pytest.fixture

@@ -1,0 +1,201 @@
+"""``coretune fit``: a LightningCLI over :class:`~coretune.engine.FineTuner` and
+:class:`~coretune.data.ImageClassificationData`, and the wiring that resolves its arguments without running it.
+
+``--objective NAME`` takes a registered objective name (``coretune objectives`` lists them) and
+``--objective.<param>`` its hyper-parameters; :func:`translate_args` rewrites those aliases (and ``--seed``) for
+LightningCLI. :func:`resolved_fit_config` is the configuration a fit would run with (``--print_config``), for sweeps
+that check every run's arguments before the first starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .. import objectives
+from ..data import ImageClassificationData
+from ..models import require_checkpoint_file
+from ..rundir import RunDir
+from .checkpoint_io import with_atomic_io
+from .module import FineTuner
+from .rundir import RunDirCLI
+from .trainer import check_trainer_options, default_callbacks, default_precision, quiet_lightning
+
+__all__ = ["FitArgsError", "FitCLI", "fit", "resolved_fit_config", "translate_args"]
+
+
+def _objective_class_path(name: str) -> tuple[str, list[str]]:
+    """Class path and preset arguments of a registered objective name (class paths pass through)."""
+    if name in objectives.available():
+        cls, preset = objectives.get(name)
+        args = [f"--objective.{k}={_cli_value(v)}" for k, v in preset.items()]
+        return f"{cls.__module__}.{cls.__qualname__}", args
+    if "." not in name and name not in {objectives.get(n)[0].__name__ for n in objectives.available()}:
+        objectives.get(name)  # neither a name nor a class (path): "unknown objective 'x'; choose one of: ..."
+    return name, []
+
+
+def _cli_value(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _translate_config(path: str) -> str:
+    """A ``--config`` value whose ``objective`` names a registered objective (``objective: core`` or
+    ``objective: {class_path: ce_con, init_args: {...}}``), rewritten as the YAML text of the same config with the
+    class path and the preset's settings (the file's own ``init_args`` win). Other configs pass through."""
+    file = Path(path)
+    if not file.is_file():
+        return path
+    config = yaml.safe_load(file.read_text())
+    spec = config.get("objective") if isinstance(config, dict) else None
+    name = spec if isinstance(spec, str) else spec.get("class_path") if isinstance(spec, dict) else None
+    if not isinstance(name, str) or name not in objectives.available():
+        return path
+    cls, preset = objectives.get(name)
+    init_args = {**preset, **(spec.get("init_args") or {} if isinstance(spec, dict) else {})}
+    config["objective"] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init_args}
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def translate_args(args: list[str]) -> list[str]:
+    """Rewrite the friendly aliases: ``--objective NAME`` (registry names and Table 2 presets, also inside
+    ``--config`` files), ``--seed N``."""
+    out: list[str] = []
+    it = iter(args)
+    for arg in it:
+        key, eq, value = arg.partition("=")
+        if key in ("--config", "-c"):
+            out.append(f"--config={_translate_config(value if eq else next(it, ''))}")
+        elif key in ("--objective", "--objective.help"):
+            value = value if eq else next(it, "")
+            class_path, preset = _objective_class_path(value)
+            out.append(f"{key}={class_path}")
+            if key == "--objective":
+                out.extend(preset)
+        elif key == "--seed":
+            out.append(f"--seed_everything={value if eq else next(it, '')}")
+        else:
+            out.append(arg)
+    return out
+
+
+class FitCLI(RunDirCLI):
+    """``coretune fit``: a LightningCLI over :class:`FineTuner` and :class:`ImageClassificationData`."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.add_subclass_arguments(
+            objectives.Objective,
+            "objective",
+            default={"class_path": "coretune.objectives.CETuning"},
+            help="Fine-tuning method: a registered name (" + ", ".join(objectives.available()) + ") or class path.",
+        )
+        parser.link_arguments("objective", "model.objective", apply_on="instantiate")
+        parser.link_arguments("seed_everything", "data.seed")
+        parser.add_argument(
+            "--run_dir",
+            type=str | None,
+            default=None,
+            help="Run directory (default: runs/<objective>-<date>-<time>). Reuse it to resume from its "
+            "checkpoints/last.ckpt (a finished run is only tested again), with the settings it was trained with "
+            "(--config RUN/config.yaml; only max_epochs, hardware, precision, progress and loader options may "
+            "change). Refused while another fit or sweep runs it (its claim, fit.pid).",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        check_trainer_options(config["trainer"])
+        self.settle_run_dir(str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower())
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        trainer = self._get(self.config_init, "trainer", default={})
+        show_progress = trainer.get("enable_progress_bar") is not False
+        self.trainer_defaults["callbacks"] = default_callbacks(None, progress=show_progress)
+        kwargs["plugins"] = with_atomic_io(trainer.get("plugins"))
+        return super().instantiate_trainer(**kwargs)
+
+    def after_fit(self) -> None:
+        if self.trainer.interrupted:
+            return
+        self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
+        if self.trainer.is_global_zero:
+            _print_run_summary(Path(self.trainer.default_root_dir))
+
+
+def _print_run_summary(run_dir: Path) -> None:
+    import json
+
+    from rich.console import Console
+
+    results = json.loads(RunDir(run_dir).results.read_text())
+    test = results.get("test", {})
+    console = Console()
+    console.print(f"[bold]run directory[/bold]: {run_dir}")
+    if test:
+        console.print(
+            f"top-1 {100 * test['top1']:.2f}%  top-5 {100 * test['top5']:.2f}%  "
+            f"({results.get('train_images_per_s')} train images/s, {results.get('wall_time_s')} s)"
+        )
+    console.print(f"metrics: {RunDir(run_dir).metrics}   curves: {RunDir(run_dir).learning_curve}")
+    if results.get("validated_on_test_images") and results.get("best_checkpoint"):
+        console.print(
+            "[yellow]note[/yellow]: validation read the test images (no separate val/ folder and no "
+            "--data.val_fraction), so best.ckpt and best_val_top1 were chosen on the test set; the top-1 above is "
+            "the final model's. To choose a checkpoint or setting, hold out a validation split: --data.val_fraction "
+            "0.1",
+            highlight=False,
+        )
+
+
+def fit(args: list[str]) -> None:
+    quiet_lightning()
+    FitCLI.run(
+        FineTuner,
+        ImageClassificationData,
+        args=["fit", *translate_args(args)],
+        seed_everything_default=0,
+        trainer_defaults={"precision": default_precision(), "logger": False},
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"allow_abbrev": False, "fit": {"default_env": False, "allow_abbrev": False}},
+        auto_configure_optimizers=False,
+    )
+
+
+class FitArgsError(ValueError):
+    """``coretune fit`` would refuse these arguments at its start; the message is its error."""
+
+
+def resolved_fit_config(args: Sequence[str]) -> dict[str, Any]:
+    """The configuration ``coretune fit ARGS`` would run with (its ``--print_config``, configs and presets applied),
+    without running it. Raises :class:`FitArgsError` with fit's own message when it would refuse the arguments (an
+    unknown option or objective, a value of the wrong type, an unreadable config file, a data folder or
+    ``--model.weights`` file that does not exist; no image or checkpoint is read)."""
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            fit([*args, "--print_config"])
+    except SystemExit as exit_:
+        if exit_.code not in (0, None):
+            message = err.getvalue().rpartition("error:")[2] or f"it exits with {exit_.code}"
+            raise FitArgsError(" ".join(message.split())) from None
+    except (ValueError, OSError, yaml.YAMLError) as error:
+        raise FitArgsError(" ".join(str(error).split())) from None
+    config = yaml.safe_load(out.getvalue()) or {}
+    try:
+        _check_local_paths(config)
+    except ValueError as error:
+        raise FitArgsError(" ".join(str(error).split())) from None
+    return config
+
+
+def _check_local_paths(config: dict[str, Any]) -> None:
+    """The data folders and the pre-trained checkpoint file of a resolved fit config exist (DataError or
+    CheckpointError, both ValueErrors, otherwise)."""
+    if "data" in config:
+        ImageClassificationData(**config["data"]).check_folders()
+    if weights := config.get("model", {}).get("weights"):
+        require_checkpoint_file(weights)

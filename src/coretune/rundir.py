@@ -1,0 +1,127 @@
+"""A run directory's layout: :class:`RunDir`, the one object that names its files.
+
+``coretune fit`` (and ``coretune pretrain``) write a run into one directory, ``--run_dir``; the engine writes it and
+``coretune bench`` / ``coretune tune`` read it back through this object, never by file names of their own::
+
+    config.yaml          the resolved configuration of the fit (LightningCLI)
+    metrics.csv          one row per finished epoch
+    results.json         test results, timings …; holds "test" once the fit has ended
+    test_results.json    what ``coretune test`` found (the fit's results.json is left as it is)
+    learning_curve.png
+    checkpoints/         best.ckpt, last.ckpt (what a re-run resumes from)
+    fit.pid              the claim of the process running it (:mod:`coretune.runclaim`)
+    log.txt, fit_args.json, stop_request
+                         a sweep's log of the fit, its fit arguments and its stop file (:mod:`coretune.stopfile`)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .runclaim import CLAIM_FILE, RunClaim, live_claim
+
+__all__ = ["RunDir"]
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The files of the run in ``path`` (a ``str`` is taken as a path), and what they say about the run."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: str | Path) -> RunDir:
+        """The run directory a checkpoint belongs to: the folder holding its ``checkpoints/`` folder, else (a
+        checkpoint copied elsewhere) the checkpoint's own folder."""
+        checkpoint = Path(checkpoint)
+        run = cls(checkpoint.parent.parent)
+        return run if run.checkpoints == checkpoint.parent else cls(checkpoint.parent)
+
+    @property
+    def config(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.csv"
+
+    @property
+    def results(self) -> Path:
+        return self.path / "results.json"
+
+    @property
+    def test_results(self) -> Path:
+        return self.path / "test_results.json"
+
+    @property
+    def learning_curve(self) -> Path:
+        return self.path / "learning_curve.png"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return self.checkpoints / "last.ckpt"
+
+    @property
+    def best_checkpoint(self) -> Path:
+        return self.checkpoints / "best.ckpt"
+
+    @property
+    def claim(self) -> Path:
+        return self.path / CLAIM_FILE
+
+    @property
+    def log(self) -> Path:
+        return self.path / "log.txt"
+
+    @property
+    def fit_args(self) -> Path:
+        return self.path / "fit_args.json"
+
+    @property
+    def stop_file(self) -> Path:
+        return self.path / "stop_request"
+
+    def records(self) -> tuple[Path, ...]:
+        """The small files of a run that its tables, curves and resume checks read (no checkpoints or logs)."""
+        return self.config, self.fit_args, self.metrics, self.results
+
+    def read_results(self) -> dict[str, Any]:
+        """``results.json`` (empty before the fit has written it)."""
+        return json.loads(self.results.read_text()) if self.results.is_file() else {}
+
+    def read_config(self) -> dict[str, Any]:
+        """``config.yaml`` (empty before the fit has written it)."""
+        return (yaml.safe_load(self.config.read_text()) if self.config.is_file() else None) or {}
+
+    def is_finished(self) -> bool:
+        """A run is finished once its ``results.json`` holds the test results (written after training ends)."""
+        try:
+            return "test" in json.loads(self.results.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return False
+
+    def epochs_done(self) -> tuple[int, int | None]:
+        """The run's finished epochs (rows of its ``metrics.csv``) and its length (``trainer.max_epochs`` of its
+        ``config.yaml``; None until the fit has written it)."""
+        done = 0
+        if self.metrics.is_file():
+            with self.metrics.open(newline="") as f:
+                done = sum(1 for _ in csv.DictReader(f))
+        return done, (self.read_config().get("trainer") or {}).get("max_epochs")
+
+    def live_claim(self) -> RunClaim | None:
+        """The claim of the live process running the run (:func:`coretune.runclaim.live_claim`), if any."""
+        return live_claim(self.path)

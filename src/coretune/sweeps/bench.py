@@ -1,0 +1,123 @@
+"""``coretune bench``: a grid of ``coretune fit`` runs (objectives × data sets × label fractions × seeds) and its
+tables of mean ± std top-1 in the layouts of the paper's Table 1 (methods × data sets), Table 2 (the ablation rows)
+and its table of various numbers of labeled data (methods × label fractions; ``table4``, numbered Table 5 in the
+NeurIPS version).
+
+Every run is an ordinary ``coretune fit`` in its own subprocess (a crash ends that run only; ``workers`` runs go at
+once), writing into ``<output>/<dataset>/<objective>/frac<f>/seed<s>``. The sweep is resumable: a run whose
+``results.json`` holds test results is skipped, a started one resumes from its ``checkpoints/last.ckpt``.
+With ``metric: val`` the tables hold each run's final-epoch top-1 on a validation split carved from the training
+set (``--data.val_fraction``), for studies that must not look at the test split.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from ..rundir import RunDir
+from .export import export_records
+from .launch import SweepInterrupted, run_sweep
+from .report import write_summary
+from .spec import BenchSpec
+from .status import print_status
+
+__all__ = ["main"]
+
+
+def _parser() -> Any:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(
+        allow_abbrev=False,
+        prog="coretune bench",
+        description="Run a grid of coretune fit runs (objectives × data sets × label fractions × seeds) from a YAML "
+        "spec (see configs/bench/), resumably, and tabulate mean ± std top-1 per cell (test; with 'metric: val' the "
+        "final epoch's on a validation split) in summary.md, summary.csv, runs.csv, bars.png and "
+        "label_fraction.png in the spec's output folder.",
+    )
+    parser.add_argument("config", type=str, help="The bench spec (YAML).")
+    parser.add_argument(
+        "--workers",
+        type=int | None,
+        default=None,
+        help="Concurrent fit subprocesses (default: the spec's workers). Use 1 on a 2-core CPU.",
+    )
+    parser.add_argument(
+        "--only_objectives",
+        type=list[str] | None,
+        default=None,
+        help="Run only these objective names of the spec (the tables still cover the whole grid).",
+    )
+    parser.add_argument("--only_seeds", type=list[int] | None, default=None, help="Run only these seeds of the spec.")
+    parser.add_argument("--dry_run", action="store_true", help="Print the fit commands of the unfinished runs.")
+    parser.add_argument("--aggregate_only", action="store_true", help="Only (re)write the tables and plots.")
+    parser.add_argument(
+        "--status",
+        action="store_true",
+        help="List every run (of --only_objectives/--only_seeds if given): finished (its top-1), running, how far "
+        "it got, or not started.",
+    )
+    parser.add_argument(
+        "--export",
+        type=str | None,
+        default=None,
+        help="Copy the small files of every finished run (of --only_objectives/--only_seeds if given: config.yaml, "
+        "fit_args.json, metrics.csv, results.json; no checkpoints) into this folder, in the output folder's layout; "
+        "copied back into the output folder, they count as finished runs. Runs nothing.",
+    )
+    return parser
+
+
+def main(args: list[str]) -> None:
+    from rich.console import Console
+
+    cfg = _parser().parse_args(args)
+    spec = BenchSpec.from_yaml(cfg.config)
+    if cfg.workers is not None and cfg.workers < 1:
+        raise ValueError(f"--workers must be >= 1 (got {cfg.workers})")
+    console = Console()
+    subset = spec.subset(cfg.only_objectives, cfg.only_seeds)
+    if cfg.status:
+        print_status(subset, console, whole=spec)
+        return
+    if cfg.export is not None:
+        written = export_records(subset, cfg.export)
+        console.print(f"copied the records of {len(written)} finished run(s) to {cfg.export}", highlight=False)
+        return
+    report = None
+    if not cfg.aggregate_only:
+        report = run_sweep(subset, workers=cfg.workers, dry_run=cfg.dry_run, console=console)
+        if cfg.dry_run:
+            return
+    markdown, paths = write_summary(spec)
+    console.print(markdown, highlight=False, markup=False, soft_wrap=True)
+    console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, soft_wrap=True)
+    if report is not None and report.signum is not None:
+        counts = (
+            f"{len(report.finished)} run(s) finished, {len(report.interrupted)} interrupted with a resumable "
+            f"checkpoint, {len(report.not_started)} not started"
+            + (f", {len(report.failed)} failed" if report.failed else "")
+            + (f", {len(report.in_use)} run by another process" if report.in_use else "")
+        )
+        raise SweepInterrupted(
+            report.signum,
+            f"sweep stopped by {signal.Signals(report.signum).name}: {counts}. Re-run the same command to resume: "
+            "finished runs are skipped, interrupted ones continue from checkpoints/last.ckpt",
+        )
+    if report is not None and report.in_use:
+        console.print(
+            f"{len(report.in_use)} run(s) skipped: another process is running them (`--status` shows how far they "
+            "got; `--aggregate_only` updates the tables once they finish)",
+            highlight=False,
+        )
+    if report is not None and (report.failed or report.interrupted):
+        logs = "; ".join(str(RunDir(run.run_dir).log) for run in report.failed)
+        parts = [f"{len(report.failed)} failed (see {logs})"] if report.failed else []
+        if report.interrupted:
+            parts.append(f"{len(report.interrupted)} were interrupted (resumable)")
+        raise RuntimeError(
+            f"of {len(report.failed) + len(report.interrupted) + len(report.finished)} runs, {' and '.join(parts)}; "
+            + ("fix the cause and " if report.failed else "")
+            + "re-run the same command to run them again"
+        )

@@ -1,0 +1,33 @@
+"""``coretune bench --export``: the small files of a spec's finished runs, copied out to keep (in git, say)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from ..rundir import RunDir
+from .spec import BenchSpec
+
+__all__ = ["export_records"]
+
+
+def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
+    """Copy the records (:meth:`RunDir.records`) of every finished run of ``spec`` into ``dest``, in the layout of
+    ``spec.output`` and without checkpoints or logs: a few KB per run to keep (in git, say) after the output folder
+    is gone. Copying them back into ``spec.output`` makes the sweep skip those runs and count them in its tables.
+
+    Returns the run directories written under ``dest``."""
+    dest = Path(dest)
+    if dest.resolve() == spec.output.resolve():
+        raise ValueError(f"--export {dest} is the spec's output folder; give another folder to copy the records into")
+    written = []
+    for run in spec.runs():
+        if not RunDir(run.run_dir).is_finished():
+            continue
+        target = dest / run.run_dir.relative_to(spec.output)
+        target.mkdir(parents=True, exist_ok=True)
+        for source, copy in zip(RunDir(run.run_dir).records(), RunDir(target).records(), strict=True):
+            if source.is_file():
+                shutil.copy2(source, copy)
+        written.append(target)
+    return written

@@ -1,0 +1,418 @@
+"""Launching a sweep's fits: each run is an ordinary ``coretune fit`` subprocess (:func:`launch_fit`), in a run
+directory it claims (:mod:`coretune.runclaim`) and stops through its stop file (:mod:`coretune.stopfile`) on
+SIGINT/SIGTERM; :func:`run_sweep` runs a spec's unfinished runs, ``workers`` at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..runclaim import RunInUse, claimed, point_claim
+from ..rundir import RunDir
+from ..stopfile import STOP_FILE_ENV, request_stop
+from .records import run_top1
+from .spec import _METRIC_TEXT, BenchSpec, BenchSpecError, Metric, Run, check_val_split, unvalidated_final_epoch
+
+__all__ = [
+    "SUBPROCESS_FIT_ARGS",
+    "EpochBars",
+    "StopSignal",
+    "SweepInterrupted",
+    "SweepReport",
+    "catch_stop_signals",
+    "check_fit_args",
+    "check_run_args",
+    "fit_command",
+    "launch_fit",
+    "run_sweep",
+    "visible_gpus",
+    "worker_envs",
+]
+
+
+SUBPROCESS_FIT_ARGS = ("--trainer.enable_progress_bar=false",)
+
+
+class SweepInterrupted(Exception):
+    """A sweep (``bench``, ``tune``) stopped on SIGINT or SIGTERM: no further run started and the running fits saved
+    a resumable ``last.ckpt``; re-running the same command resumes. ``signum``: the signal (exit ``128 + signum``)."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        self.signum = signum
+        super().__init__(message)
+
+
+@dataclass
+class StopSignal:
+    """The first SIGINT or SIGTERM a sweep received (``signum``, ``None`` until then): no further fit starts and the
+    running ones are asked to save a resumable checkpoint and exit (:func:`launch_fit`)."""
+
+    signum: int | None = None
+
+
+def check_fit_args(runs: Sequence[Run], metric: Metric = "test") -> None:
+    """Before a sweep starts, resolve each run's fit configuration (``coretune fit --print_config``, in process) and
+    refuse the spec when ``coretune fit`` would refuse a run's arguments or, for ``metric: val``, a run would not
+    validate its final epoch on a split of the training set: a bad spec fails at once, not after the runs before it."""
+    from ..engine.fitcli import FitArgsError, resolved_fit_config
+
+    for run in runs:
+        try:
+            config = resolved_fit_config(run.args)
+        except FitArgsError as error:
+            raise BenchSpecError(
+                f"coretune fit would refuse the arguments of run {run.label}: {error}. Fix them in the spec "
+                "(base_args, the data set's or the objective's args)"
+            ) from None
+        if metric == "val":
+            check_val_split(config, f"run {run.label}")
+            if problem := unvalidated_final_epoch(config):
+                raise BenchSpecError(
+                    f"metric 'val' tabulates the final epoch's validation top-1, but run {run.label} would not "
+                    f"validate its final epoch: {problem}"
+                )
+
+
+def fit_command(args: Sequence[str], run_dir: str | Path) -> list[str]:
+    """The ``coretune fit`` subprocess command of a run; it resumes from ``checkpoints/last.ckpt`` when present."""
+    run_dir = Path(run_dir)
+    cmd = [sys.executable, "-m", "coretune.cli", "fit", *SUBPROCESS_FIT_ARGS, *args, f"--run_dir={run_dir}"]
+    if RunDir(run_dir).last_checkpoint.is_file():
+        cmd.append("--ckpt_path=last")
+    return cmd
+
+
+def check_run_args(args: Sequence[str], run_dir: str | Path) -> None:
+    """Refuse to skip or resume a run directory that was started with other fit arguments."""
+    path = RunDir(run_dir).fit_args
+    if not path.is_file():
+        return
+    before = json.loads(path.read_text())
+    if before != list(args):
+        raise ValueError(
+            f"run directory {run_dir} was started with other fit arguments (recorded in {path}): "
+            f"{shlex.join(before)}  ≠  {shlex.join(args)}. Delete that directory to redo the run with the new "
+            "arguments, or point the sweep at a new output folder"
+        )
+
+
+def launch_fit(
+    args: Sequence[str], run_dir: str | Path, env: dict[str, str] | None = None, stop: StopSignal | None = None
+) -> int:
+    """Run one ``coretune fit`` subprocess into ``run_dir``, appending its stdout and stderr to ``log.txt``.
+
+    Returns the exit code; whether the run finished is :meth:`RunDir.is_finished` (test results written). Once
+    ``stop`` holds a signal, or on Ctrl+C (``KeyboardInterrupt``) while waiting, the fit is asked through its stop
+    file (:mod:`coretune.stopfile`) to save a resumable checkpoint and exit, and is awaited.
+
+    The run directory is claimed for the fit while it runs (:mod:`coretune.runclaim`): raises
+    :class:`~coretune.runclaim.RunInUse`, touching nothing, when another live process is running it, and returns 0
+    without starting a fit when another one finished it before the claim.
+    """
+    run_dir = Path(run_dir)
+    check_run_args(args, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with claimed(run_dir):
+        files = RunDir(run_dir)
+        if files.is_finished():
+            return 0
+        files.fit_args.write_text(json.dumps(list(args), indent=1) + "\n")
+        stop_file = files.stop_file
+        stop_file.unlink(missing_ok=True)  # an earlier sweep's request must not stop this fit
+        env = {**(os.environ if env is None else env), STOP_FILE_ENV: str(stop_file)}
+        cmd = fit_command(args, run_dir)
+        with files.log.open("a") as log:
+            log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')}  {shlex.join(cmd)}\n")
+            log.flush()
+            with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
+                point_claim(run_dir, proc.pid)  # a fit still running after a second Ctrl+C keeps the claim
+                try:
+                    while (code := _wait(proc, 0.2)) is None:
+                        if stop is not None and stop.signum is not None and not stop_file.exists():
+                            request_stop(stop_file, stop.signum)
+                    return code
+                except KeyboardInterrupt:
+                    # Ctrl+C at a terminal reached the fit too, `kill -INT <our pid>` only us: ask it to stop either
+                    # way (the request only repeats the signal's), then wait for its checkpoint instead of killing it
+                    # as subprocess.run would. A second Ctrl+C at the terminal aborts both.
+                    request_stop(stop_file, signal.SIGINT)
+                    proc.wait()
+                    raise
+
+
+def _wait(proc: subprocess.Popen, seconds: float) -> int | None:
+    """``proc``'s exit code, or ``None`` if it still runs after ``seconds``."""
+    try:
+        return proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+@dataclass
+class SweepReport:
+    """What a sweep did: runs skipped as already finished, launched and finished, launched but failed, skipped
+    because another process was running them (``in_use``: another sweep of the same spec); and after a signal
+    (``signum``), the runs it interrupted (exit ``128 + SIGINT/SIGTERM``, resumable) and those never started.
+    """
+
+    skipped: list[Run] = field(default_factory=list)
+    in_use: list[Run] = field(default_factory=list)
+    finished: list[Run] = field(default_factory=list)
+    failed: list[Run] = field(default_factory=list)
+    interrupted: list[Run] = field(default_factory=list)
+    not_started: list[Run] = field(default_factory=list)
+    signum: int | None = None
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs)."""
+    if (listed := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return [] if listed.strip() == "-1" else [d.strip() for d in listed.split(",") if d.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def worker_envs(workers: int, gpus: Sequence[str] = ()) -> list[dict[str, str] | None]:
+    """The environment of each of ``workers`` concurrent fits (``None``: this process's own).
+
+    One worker: unchanged (the fit sees every GPU and CPU thread). Several: each fit gets ``cpu_count // workers``
+    CPU threads (unless ``OMP_NUM_THREADS`` is set) and, through ``CUDA_VISIBLE_DEVICES``, its own
+    ``len(gpus) // workers`` of the visible ``gpus`` (consecutive; a fit with several runs DDP over them if its
+    arguments ask for it), or with fewer GPUs than workers one GPU, shared in turn (worker ``k`` gets GPU
+    ``k mod len(gpus)``).
+    """
+    if workers == 1:
+        return [None]
+    base = dict(os.environ)
+    base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    if not gpus:
+        return [base] * workers
+    per = len(gpus) // workers
+    groups = [gpus[k * per : (k + 1) * per] if per else [gpus[k % len(gpus)]] for k in range(workers)]
+    return [{**base, "CUDA_VISIBLE_DEVICES": ",".join(group)} for group in groups]
+
+
+def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False, console: Any = None) -> SweepReport:
+    """Run every unfinished run of ``spec`` as a ``coretune fit`` subprocess, ``workers`` at a time.
+
+    On a 2-core CPU use ``workers=1``: one fit already keeps both cores busy, and concurrent runs only split them
+    (each gets ``cpu_count // workers`` threads) while holding several data sets and models in memory. On a
+    machine with GPUs, each of several workers gets its own share of them (:func:`worker_envs`).
+
+    On SIGINT (Ctrl+C) or SIGTERM no further run starts and the running fits are asked (through their stop files,
+    whoever sent the signal) to save a resumable ``last.ckpt`` and exit, and are awaited; the report's ``signum``,
+    ``interrupted`` and ``not_started`` say so.
+
+    A run that another live process is running (a second sweep of the same spec, in another terminal or on another
+    machine sharing the output folder) is skipped when its turn comes (``in_use``), so several sweeps of one spec
+    share out its runs instead of training one twice (:mod:`coretune.runclaim`).
+    """
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    console = console or Console()
+    workers = workers or spec.workers
+    report = SweepReport()
+    todo = []
+    for run in spec.runs():
+        check_run_args(run.args, run.run_dir)
+        (report.skipped if RunDir(run.run_dir).is_finished() else todo).append(run)
+    check_fit_args(todo, spec.metric)
+    console.print(
+        f"[bold]{spec.name}[/bold]: {len(report.skipped) + len(todo)} runs, {len(report.skipped)} finished (skipped), "
+        f"{len(todo)} to run with {workers} worker(s) → {spec.output}",
+        soft_wrap=True,
+    )
+    if dry_run:
+        for run in todo:
+            console.print(escape(shlex.join(fit_command(run.args, run.run_dir))), soft_wrap=True, highlight=False)
+    if dry_run or not todo:
+        return report
+    slots: queue.SimpleQueue[dict[str, str] | None] = queue.SimpleQueue()  # one environment per worker
+    for env in worker_envs(workers, visible_gpus() if workers > 1 else ()):
+        slots.put(env)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with (
+        Progress(*columns, console=console) as progress,
+        ThreadPoolExecutor(max_workers=workers) as pool,
+        catch_stop_signals() as stop,
+    ):
+        task = progress.add_task("runs", total=len(todo))
+        bars = EpochBars(progress)
+        started = {pool.submit(_timed_launch, run, slots, stop, bars): run for run in todo}
+        pending = set(started)
+        while pending:  # wake up often: a signal only sets `stop`
+            done = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED).done
+            pending -= done
+            bars.refresh()
+            if stop.signum is not None and report.signum is None:
+                # Start no further run; the running fits are asked to save a resumable checkpoint (launch_fit).
+                report.signum = stop.signum
+                progress.console.print(
+                    f"{signal.Signals(report.signum).name}: no further run starts; waiting for the running fits to "
+                    "save a resumable checkpoint (a second signal aborts)…",
+                    highlight=False,
+                )
+                cancelled = {f for f in pending if f.cancel()}
+                report.not_started.extend(started[f] for f in cancelled)
+                pending -= cancelled
+            for future in sorted(done, key=lambda f: todo.index(started[f])):
+                run = started[future]
+                try:
+                    outcome = future.result()
+                except RunInUse as error:
+                    report.in_use.append(run)
+                    progress.console.print(f"↷ {run.label} skipped: {error}", highlight=False)
+                    progress.advance(task)
+                    continue
+                if outcome is None and RunDir(run.run_dir).is_finished():
+                    report.skipped.append(run)
+                    progress.console.print(f"↷ {run.label}: finished by another process", highlight=False)
+                    progress.advance(task)
+                elif outcome is None:  # queued behind the signal
+                    report.not_started.append(run)
+                else:
+                    _report_run(run, *outcome, report, progress.console, spec.metric)
+                    progress.advance(task)
+    report.not_started.sort(key=todo.index)
+    return report
+
+
+@contextmanager
+def catch_stop_signals() -> Iterator[StopSignal]:
+    """Within the block, the first SIGINT or SIGTERM is recorded in the yielded :class:`StopSignal` instead of
+    raising; a second one gets the previous behaviour. Outside the main thread (no handlers) nothing changes."""
+    stop = StopSignal()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {}
+
+    def handle(signum: int, frame: Any) -> None:
+        stop.signum = signum
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    previous.update({sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)})
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _report_run(run: Run, code: int, seconds: float, report: SweepReport, console: Any, metric: Metric) -> None:
+    if RunDir(run.run_dir).is_finished():
+        report.finished.append(run)
+        top1 = run_top1(run.run_dir, metric)
+        console.print(f"✓ {run.label}: {_METRIC_TEXT[metric]} {top1:.2f}% ({seconds:.0f} s)", highlight=False)
+    elif code in _INTERRUPTED_CODES:
+        report.interrupted.append(run)
+        console.print(
+            f"⏸ {run.label} interrupted after {seconds:.0f} s (exit code {code}); it resumes from "
+            f"{RunDir(run.run_dir).last_checkpoint} when the sweep is re-run",
+            highlight=False,
+        )
+    else:
+        report.failed.append(run)
+        console.print(
+            f"✗ {run.label} did not finish (exit code {code}): see {RunDir(run.run_dir).log}", highlight=False
+        )
+
+
+_INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+"""Exit codes of a ``coretune fit`` stopped by a signal after saving ``last.ckpt`` (``TrainingInterrupted``)."""
+
+
+class EpochBars:
+    """Beside a sweep's bar of runs, one bar per running fit: its epochs done of its length, read from its files
+    (:meth:`RunDir.epochs_done`) at most every ``every`` seconds. Worker threads call :meth:`started` and :meth:`ended`,
+    the sweep's thread :meth:`refresh`."""
+
+    def __init__(self, progress: Any, every: float = 2.0) -> None:
+        self.progress, self.every = progress, every
+        self._running: set[Run] = set()
+        self._bars: dict[Run, Any] = {}  # run → rich task id
+        self._lock = threading.Lock()
+        self._due = 0.0
+
+    def started(self, run: Run) -> None:
+        """Also prints one line, so that a sweep whose output is not a terminal (``nohup``, a batch job: no bars)
+        still says which run it is on and where that run's per-epoch log is."""
+        done, total = RunDir(run.run_dir).epochs_done()
+        where = f"(log: {RunDir(run.run_dir).log})"
+        if done:
+            of = f" of {total}" if total else ""
+            line = f"▶ {run.label} resumes after epoch {done}{of} {where}"
+        else:
+            line = f"▶ {run.label} started {where}"
+        self.progress.console.print(line, highlight=False, markup=False, soft_wrap=True)
+        with self._lock:
+            self._running.add(run)
+        self._due = 0.0  # show it at the next refresh
+
+    def ended(self, run: Run) -> None:
+        with self._lock:
+            self._running.discard(run)
+        self._due = 0.0
+
+    def refresh(self) -> None:
+        if time.monotonic() < self._due:
+            return
+        self._due = time.monotonic() + self.every
+        with self._lock:
+            running = set(self._running)
+        for run in [r for r in self._bars if r not in running]:
+            self.progress.remove_task(self._bars.pop(run))
+        for run in sorted(running, key=lambda r: r.label):
+            done, total = RunDir(run.run_dir).epochs_done()
+            if run in self._bars:
+                self.progress.update(self._bars[run], completed=done, total=total)
+            else:
+                self._bars[run] = self.progress.add_task(f"  {run.label} (epochs)", completed=done, total=total)
+
+
+def _timed_launch(run: Run, slots: queue.SimpleQueue, stop: StopSignal, bars: EpochBars) -> tuple[int, float] | None:
+    """Exit code and seconds of the run's fit, in the environment of a free worker slot (taken from ``slots`` and
+    put back); ``None`` when it did not start: ``stop`` held a signal, or another sweep finished the run since this
+    one listed it."""
+    if stop.signum is not None or RunDir(run.run_dir).is_finished():
+        return None
+    env = slots.get()  # the pool has one thread per slot: never waits
+    bars.started(run)
+    try:
+        start = time.perf_counter()
+        code = launch_fit(run.args, run.run_dir, env, stop)
+        return code, time.perf_counter() - start
+    finally:
+        bars.ended(run)
+        slots.put(env)

@@ -1,0 +1,132 @@
+"""A sweep's plots: ``bars.png`` (mean ± std per cell), ``label_fraction.png`` and ``curves.png`` (validated top-1
+per epoch, and the paired difference from the baseline row)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .collect import CurvePoint, _validated_on
+from .spec import _METRIC_TEXT, BenchSpec, TableLayout
+from .stats import Cell
+
+__all__ = ["curves_metric"]
+
+
+def curves_metric(curves: list[CurvePoint]) -> str:
+    """What the curves of :func:`collect_curves` show, for the plot's axes: the test top-1 when every run that records
+    it validated on the test images, the validation top-1 when every such run validated on a split of the training
+    set, a generic label when they differ or none records it."""
+    texts = {"test": "test top-1 (no validation split)", "val": "validation top-1"}
+    validated_on = _validated_on({r.validated_on for r in curves} - {None})
+    return texts.get(validated_on, "validated top-1 (validation split or test images)")
+
+
+def _plot_label(label: str) -> str:
+    """A table row's label for matplotlib: ``L_con`` and ``L^f_con`` as mathtext (``ℒ_con``, ``ℒ^f_con``)."""
+    return label.replace("L^f_con", r"$\mathcal{L}^f_{con}$").replace("L_con", r"$\mathcal{L}_{con}$")
+
+
+def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def stats(name: str, col: tuple[str, float]) -> tuple[float, float]:
+        cell = cells[(name, *col)]
+        return cell.mean, (0.0 if math.isnan(cell.std) else cell.std)
+
+    paths = []
+    cols = [key for key, _ in layout.columns]
+    x = np.arange(len(cols))
+    width = 0.8 / len(layout.rows)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.0 + 0.35 * len(cols) * len(layout.rows)), 4.5))
+    lows = []
+    for i, (name, label) in enumerate(layout.rows):
+        means, stds = zip(*(stats(name, col) for col in cols), strict=True)
+        lows += [m - s for m, s in zip(means, stds, strict=True) if not math.isnan(m)]
+        offset = (i - (len(layout.rows) - 1) / 2) * width
+        ax.bar(x + offset, means, width, yerr=stds, capsize=3, label=_plot_label(label))
+    if lows:
+        ax.set_ylim(bottom=max(0.0, 5 * math.floor(min(lows) / 5) - 5))
+    ax.set_xticks(x, [label for _, label in layout.columns])
+    ax.set(ylabel=f"{_METRIC_TEXT[spec.metric]} (%)", title=f"{spec.name}: mean ± std over seeds")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
+    paths.append(spec.output / "bars.png")
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+    if len(spec.label_fractions) > 1:
+        fractions = sorted(spec.label_fractions)
+        fig, axes = plt.subplots(1, len(spec.datasets), figsize=(5 * len(spec.datasets), 4), squeeze=False)
+        for ax, dataset in zip(axes[0], spec.datasets, strict=True):
+            for name, label in layout.rows:
+                means, stds = zip(*(stats(name, (dataset, f)) for f in fractions), strict=True)
+                percent = [100 * f for f in fractions]
+                ax.errorbar(percent, means, yerr=stds, marker="o", capsize=3, label=_plot_label(label))
+            ax.set(xlabel="labels used (%)", ylabel=f"{_METRIC_TEXT[spec.metric]} (%)", title=dataset)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(spec.output / "label_fraction.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def _plot_curves(spec: BenchSpec, curves: list[CurvePoint], layout: TableLayout) -> Path:
+    """``curves.png``: validated top-1 against epoch, mean ± std band over seeds, one panel per table column; below,
+    when any row shares seeds with the baseline, the paired difference from the baseline row (mean ± std band over
+    the shared seeds), which separates rows whose curves overlap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = [
+        (col, label) for col, label in layout.columns if any((r.dataset, r.label_fraction) == col for r in curves)
+    ]
+    with_deltas = any(r.delta_n is not None for r in curves)
+    panels = 2 if with_deltas else 1
+    fig, axes = plt.subplots(panels, len(columns), figsize=(5 * len(columns), 4 * panels), squeeze=False)
+    base_label = _plot_label(dict(layout.rows)[spec.baseline])
+    metric = curves_metric(curves)
+
+    def band(ax: Any, rows: list[CurvePoint], stat: str, colour: str, label: str) -> None:
+        """Mean line and ± std band of ``stat`` (``val_top1_*_pct`` or ``delta_*_pp``) over the epochs it has."""
+        rows = [r for r in rows if getattr(r, stat.format("mean")) is not None]
+        if not rows:
+            return
+        epochs = np.array([r.epoch for r in rows])
+        mean = np.array([getattr(r, stat.format("mean")) for r in rows])
+        std = np.array([getattr(r, stat.format("std")) or 0.0 for r in rows])
+        ax.plot(epochs, mean, marker="o", markersize=3, color=colour, label=label)
+        ax.fill_between(epochs, mean - std, mean + std, color=colour, alpha=0.2)
+
+    for j, (col, col_label) in enumerate(columns):
+        for i, (name, label) in enumerate(layout.rows):
+            rows = [r for r in curves if (r.dataset, r.label_fraction) == col and r.objective == name]
+            band(axes[0, j], rows, "val_top1_{}_pct", f"C{i}", _plot_label(label))
+            if with_deltas:
+                if name == spec.baseline:
+                    axes[1, j].axhline(0.0, color=f"C{i}", linestyle="--", linewidth=1)
+                else:
+                    band(axes[1, j], rows, "delta_{}_pp", f"C{i}", _plot_label(label))
+        axes[0, j].set(xlabel="epoch", ylabel=f"{metric} (%)", title=col_label)
+        if with_deltas:
+            title = f"{col_label}: Δ from {base_label}, paired by seed"
+            axes[1, j].set(xlabel="epoch", ylabel=f"Δ {metric.partition(' (')[0]} (pp)", title=title)
+        axes[0, j].legend(fontsize=8)  # the Δ panel below uses the same colours
+        for ax in axes[:, j]:
+            ax.grid(alpha=0.3)
+    fig.suptitle(f"{spec.name}: {metric} per epoch, mean ± std over seeds", fontsize=10)
+    fig.tight_layout()
+    path = spec.output / "curves.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the title may be wider than one panel
+    plt.close(fig)
+    return path

@@ -1,0 +1,127 @@
+"""A run's record, read back from its run directory: finished or not, its top-1, how far it got and how long it
+has left."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from ..rundir import RunDir
+from .spec import Metric, check_val_split
+
+__all__ = [
+    "RunRecord",
+    "RunStatus",
+    "final_val_top1",
+    "format_duration",
+    "run_progress",
+    "run_top1",
+    "training_time_left",
+]
+
+
+RunStatus = Literal["finished", "running", "unfinished", "missing"]
+"""A run's state: test results written, claimed by a live process, started, or no run directory yet."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run of a sweep as its files record it (:func:`~.collect.collect_cells`): top-1 and top-5 in percent,
+    ``None`` where a value is missing (unfinished, or not recorded); a row of ``runs.csv`` once written
+    (:meth:`csv_row`)."""
+
+    dataset: str
+    objective: str
+    label_fraction: float
+    seed: int
+    status: RunStatus
+    progress: str
+    test_top1_pct: float | None
+    test_top5_pct: float | None
+    val_top1_pct: float | None
+    epochs: int | None
+    wall_time_s: float | None
+    train_images_per_s: float | None
+    run_dir: Path
+
+    def top1_pct(self, metric: Metric) -> float | None:
+        """The top-1 (%) the spec's ``metric`` tabulates."""
+        return self.val_top1_pct if metric == "val" else self.test_top1_pct
+
+    def csv_row(self, metric: Metric) -> dict[str, Any]:
+        """The ``runs.csv`` row: blank where a value is missing, ``val_top1_pct`` only with ``metric: val``."""
+        names = [f.name for f in fields(self) if f.name != "val_top1_pct" or metric == "val"]
+        row = {name: "" if (value := getattr(self, name)) is None else value for name in names}
+        return {**row, "run_dir": str(self.run_dir)}
+
+
+def final_val_top1(metrics_csv: str | Path) -> float:
+    """``val/top1`` of the last validated epoch in a run's ``metrics.csv`` (a fraction in [0, 1])."""
+    from ..engine import read_metrics
+
+    values = [float(r["val/top1"]) for r in read_metrics(metrics_csv) if r.get("val/top1") not in (None, "")]
+    if not values:
+        raise ValueError(
+            f"{metrics_csv} has no val/top1: validation never ran. Make --trainer.max_epochs a multiple of "
+            "--trainer.check_val_every_n_epoch so the last epoch is validated"
+        )
+    return values[-1]
+
+
+def run_progress(run_dir: str | Path) -> str:
+    """How far an unfinished run got, from its files: ``"12 of 20 epochs, resumable"`` (``metrics.csv`` has a row
+    per finished epoch, ``config.yaml`` the run's length; ``checkpoints/last.ckpt`` is what a re-run resumes from)."""
+    run = RunDir(run_dir)
+    claim = run.live_claim()
+    if claim is None and not run.log.is_file():
+        return "not started"
+    done, total = run.epochs_done()
+    text = f"{done} of {total} epochs" if total else f"{done} epochs"
+    left = training_time_left(run_dir, running=claim is not None)
+    if claim is not None:
+        return f"running{'' if claim.local else ' on ' + claim.host}, {text} done" + (
+            f", ~{format_duration(left)} left" if left is not None else ""
+        )
+    resumable = ", resumable" if run.last_checkpoint.is_file() else ""
+    return text + resumable + (f", ~{format_duration(left)} to go" if left is not None else "")
+
+
+def training_time_left(run_dir: str | Path, running: bool, now: float | None = None) -> float | None:
+    """Seconds of training an unfinished run has left: its epochs still to go times the median wall time of its
+    last three epochs (``epoch_time_s`` in ``metrics.csv``); for a ``running`` one less what its current epoch has
+    run since the last row was written (never below the epochs after it). None before an epoch has finished or
+    when the run's length is unknown."""
+    from statistics import median
+
+    from ..engine import read_metrics
+
+    run = RunDir(run_dir)
+    done, total = run.epochs_done()
+    times = [float(r["epoch_time_s"]) for r in read_metrics(run.metrics) if r.get("epoch_time_s")]
+    if not times or total is None or done >= total:
+        return None
+    per_epoch, to_go = median(times[-3:]), total - done
+    if not running:
+        return to_go * per_epoch
+    since_last = (time.time() if now is None else now) - run.metrics.stat().st_mtime
+    return max(to_go * per_epoch - since_last, (to_go - 1) * per_epoch)
+
+
+def format_duration(seconds: float) -> str:
+    """``"<1 min"``, ``"38 min"``, ``"2 h 05 min"``."""
+    minutes = round(seconds / 60)
+    if minutes < 1:
+        return "<1 min"
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def run_top1(run_dir: str | Path, metric: Metric = "test") -> float:
+    """Top-1 (%) of a finished run: its test result, or (``"val"``) its final epoch's ``val/top1``, which must come
+    from a validation split carved from the training set (``data.val_fraction`` > 0 in the run's config.yaml)."""
+    run = RunDir(run_dir)
+    if metric == "test":
+        return 100 * float(run.read_results()["test"]["top1"])
+    check_val_split(run.read_config(), f"{run.path} ({run.config})")
+    return 100 * final_val_top1(run.metrics)

@@ -1,0 +1,293 @@
+"""Launching a sweep: resumable sweeps of real fit subprocesses, fit arguments checked before any run starts,
+and the workers' CPU threads, GPUs and progress bars."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+from sweep_helpers import data_root, spec_of
+
+from coretune.cli import main
+from coretune.engine.fitcli import FitArgsError, resolved_fit_config
+from coretune.sweeps import (
+    BenchSpec,
+    BenchSpecError,
+    EpochBars,
+    final_val_top1,
+    launch_fit,
+    run_sweep,
+    visible_gpus,
+    worker_envs,
+    write_summary,
+)
+from fit_flags import TINY_FIT
+
+
+def test_resuming_refuses_other_arguments(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path)
+    run = spec.runs()[0]
+    run.run_dir.mkdir(parents=True)
+    (run.run_dir / "fit_args.json").write_text(json.dumps(["--trainer.max_epochs=9"]))
+    with pytest.raises(ValueError, match="was started with other fit arguments"):
+        run_sweep(spec, dry_run=True)
+    with pytest.raises(ValueError, match="was started with other fit arguments"):
+        launch_fit(run.args, run.run_dir)
+
+
+def test_sweep_runs_fits_then_skips_finished_runs(image_tree: Path, tmp_path: Path) -> None:
+    config = tmp_path / "bench.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny",
+                "output": str(tmp_path / "out"),
+                "base_args": TINY_FIT,
+                "datasets": {"tiny": [f"--data.root={image_tree}"]},
+                "objectives": ["ce", "core"],
+                "seeds": [0, 1],
+                "workers": 2,
+            }
+        )
+    )
+    spec = BenchSpec.from_yaml(config)
+    assert run_sweep(spec, dry_run=True).skipped == [] and not spec.output.exists()  # a dry run runs nothing
+
+    first = run_sweep(spec)
+    assert first.failed == [] and len(first.finished) == 4
+    for run in spec.runs():
+        results = json.loads((run.run_dir / "results.json").read_text())
+        assert 0 <= results["test"]["top1"] <= 1
+        assert yaml.safe_load((run.run_dir / "config.yaml").read_text())["seed_everything"] == run.seed
+        assert "epoch 1 of 1 (step " in (run.run_dir / "log.txt").read_text()  # fits without a bar log each epoch
+    mtimes = {run.run_dir: (run.run_dir / "results.json").stat().st_mtime_ns for run in spec.runs()}
+
+    main(["bench", str(config)])  # re-run: everything is finished, nothing is launched
+    second = run_sweep(spec)
+    assert len(second.skipped) == 4 and second.finished == second.failed == []
+    assert {d: (d / "results.json").stat().st_mtime_ns for d in mtimes} == mtimes
+    assert all((d / "log.txt").read_text().count("\n# ") == 1 for d in mtimes)  # one launch per run
+    rows = list(csv.DictReader((spec.output / "runs.csv").open()))
+    assert [r["status"] for r in rows] == ["finished"] * 4
+    assert (spec.output / "summary.md").is_file() and (spec.output / "bars.png").is_file()
+
+
+def test_metric_val_tabulates_the_final_epoch_on_the_validation_split(image_tree: Path, tmp_path: Path) -> None:
+    from rich.console import Console
+
+    spec = BenchSpec.from_dict(
+        {
+            "output": str(tmp_path / "out"),
+            "base_args": [*TINY_FIT, "--trainer.max_epochs=2", "--data.val_fraction=0.5"],
+            "datasets": {"tiny": [f"--data.root={image_tree}"]},
+            "objectives": ["ce"],
+            "metric": "val",
+        }
+    )
+    console = Console(record=True, width=200)
+    assert len(run_sweep(spec, console=console).finished) == 1
+    run_dir = spec.runs()[0].run_dir
+    val = 100 * final_val_top1(run_dir / "metrics.csv")
+    assert f"✓ tiny/ce/frac1/seed0: final-epoch validation top-1 {val:.2f}%" in console.export_text()
+    markdown, _ = write_summary(spec)
+    assert markdown.splitlines()[2].startswith("final-epoch validation top-1 (%) of each fine-tuning method")
+    summary = next(csv.DictReader((spec.output / "summary.csv").open()))
+    assert float(summary["tiny mean (%)"]) == pytest.approx(val, abs=1e-4)
+    (row,) = csv.DictReader((spec.output / "runs.csv").open())
+    assert float(row["val_top1_pct"]) == pytest.approx(val, abs=1e-4)
+    test = json.loads((run_dir / "results.json").read_text())["test"]["top1"]
+    assert float(row["test_top1_pct"]) == pytest.approx(100 * test, abs=1e-4)  # still recorded, not tabulated
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--trainer.max_epochs=2"], r"run tiny/ce/frac1/seed0 has none .* add --data.val_fraction=0.2"),
+        (
+            ["--data.val_fraction=0.5", "--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=2"],
+            r"trains 3 epochs and validates every 2: make --trainer.max_epochs a multiple",
+        ),
+    ],
+)
+def test_metric_val_refuses_a_spec_before_any_run_starts(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str
+) -> None:
+    """The resolved fit configuration is checked up front: no hour-long run is wasted on an unusable spec."""
+    launched: list[object] = []
+    monkeypatch.setattr("coretune.sweeps.launch.launch_fit", lambda *a, **k: launched.append(a) or 0)
+    spec = spec_of(
+        tmp_path,
+        metric="val",
+        objectives=["ce"],
+        base_args=[*TINY_FIT, *extra],
+        datasets={"tiny": [f"--data.root={image_tree}"]},
+    )
+    with pytest.raises(BenchSpecError, match=message):
+        run_sweep(spec)
+    assert launched == [] and not spec.output.exists()
+
+
+def test_resolved_fit_config_applies_configs_and_presets(tmp_path: Path) -> None:
+    config = tmp_path / "fit.yaml"
+    config.write_text(yaml.safe_dump({"data": {"val_fraction": 0.25}, "trainer": {"max_epochs": 7}}))
+    root = f"--data.root={data_root(tmp_path)}"
+    resolved = resolved_fit_config([f"--config={config}", root, "--objective", "core", "--trainer.max_epochs=8"])
+    assert resolved["data"]["val_fraction"] == 0.25 and resolved["trainer"]["max_epochs"] == 8
+    assert resolved["objective"]["class_path"].endswith("CoreTuning")
+    with pytest.raises(FitArgsError, match="no_such_method"):
+        resolved_fit_config(["--objective", "no_such_method"])
+    with pytest.raises(FitArgsError, match=r"^Parser key \"trainer.max_epochs\".*many"):
+        resolved_fit_config(["--trainer.max_epochs=many"])
+    with pytest.raises(FitArgsError, match=r"^unrecognized arguments: --trainer.max_epochz=3$"):
+        resolved_fit_config(["--trainer.max_epochz=3"])
+    with pytest.raises(FitArgsError, match=r"Option 'etaa' is not accepted"):
+        resolved_fit_config(["--objective", "core", "--objective.etaa=1"])
+    with pytest.raises(FitArgsError, match=r"missing\.yaml"):
+        resolved_fit_config([f"--config={tmp_path / 'missing.yaml'}"])
+
+
+@pytest.mark.parametrize("metric", ["test", "val"])
+def test_a_spec_whose_fit_arguments_fit_would_refuse_fails_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metric: str
+) -> None:
+    """A typo in the last objective's args is found before the first run, not hours later when that run starts."""
+    launched: list[object] = []
+    monkeypatch.setattr("coretune.sweeps.launch.launch_fit", lambda *a, **k: launched.append(a) or 0)
+    objectives = ["ce", {"name": "core", "args": ["--objective.etaa=0.1"]}]
+    spec = spec_of(tmp_path, metric=metric, objectives=objectives, base_args=["--data.val_fraction=0.2"])
+    message = r"coretune fit would refuse the arguments of run tiny/core/frac1/seed0: .*'etaa' is not accepted\. Fix"
+    with pytest.raises(BenchSpecError, match=message):
+        run_sweep(spec)
+    with pytest.raises(BenchSpecError, match=message):
+        run_sweep(spec, dry_run=True)
+    assert launched == [] and not spec.output.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data.root=MISSING"], r"data root MISSING does not exist: pass an existing folder"),
+        (["--data.dataset=cifar10", "--data.root=ROOT"], r"cifar10 data not found under ROOT: expected ROOT/cifar-10"),
+        (["--data.root=ROOT", "--model.weights=ROOT/w.pth"], r"checkpoint ROOT/w\.pth does not exist: check the path"),
+        (["--data.root=ROOT", "--model.weights=ROOT"], r"checkpoint ROOT is a directory: pass the checkpoint file"),
+    ],
+)
+def test_a_missing_data_folder_or_checkpoint_fails_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    """No image or checkpoint is read up front, but a path that does not exist (a typo, data not unpacked on this
+    machine) stops the sweep at once instead of failing every run in turn."""
+    launched: list[object] = []
+    monkeypatch.setattr("coretune.sweeps.launch.launch_fit", lambda *a, **k: launched.append(a) or 0)
+    root = str(data_root(tmp_path))
+    spec = spec_of(tmp_path, objectives=["ce"], datasets={"d": [a.replace("ROOT", root) for a in args]})
+    pattern = r"coretune fit would refuse the arguments of run d/ce/frac1/seed0: " + message.replace("ROOT", root)
+    with pytest.raises(BenchSpecError, match=pattern):
+        run_sweep(spec, dry_run=True)
+    assert launched == [] and not spec.output.exists()
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"not read up front")
+    spec = spec_of(tmp_path, objectives=["ce"], datasets={"d": [f"--data.root={root}", f"--model.weights={weights}"]})
+    assert run_sweep(spec, dry_run=True).skipped == []
+
+
+def test_worker_envs_split_cpu_threads_and_deal_out_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert worker_envs(1, ["0", "1"]) == [None]  # one fit: every GPU and thread, DDP if its arguments ask
+    assert [e["OMP_NUM_THREADS"] for e in worker_envs(4)] == ["2"] * 4
+    assert all("CUDA_VISIBLE_DEVICES" not in e for e in worker_envs(4))
+
+    def gpus(workers: int, visible: list[str]) -> list[str]:
+        return [e["CUDA_VISIBLE_DEVICES"] for e in worker_envs(workers, visible)]
+
+    assert gpus(2, ["0", "1", "2", "3"]) == ["0,1", "2,3"]
+    assert gpus(3, ["0", "1", "2", "3"]) == ["0", "1", "2"]  # an equal share each; GPU 3 idles
+    assert gpus(4, ["4", "6"]) == ["4", "6", "4", "6"]  # fewer GPUs than workers: shared in turn
+    assert gpus(2, ["GPU-a1", "GPU-b2"]) == ["GPU-a1", "GPU-b2"]  # UUIDs pass through
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert [e["OMP_NUM_THREADS"] for e in worker_envs(2)] == ["3", "3"]  # the user's choice stands
+
+
+@pytest.mark.parametrize(("listed", "expected"), [("2,5", ["2", "5"]), ("", []), ("-1", []), (None, [])])
+def test_visible_gpus_follow_cuda_visible_devices(
+    monkeypatch: pytest.MonkeyPatch, listed: str | None, expected: list[str]
+) -> None:
+    if listed is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        monkeypatch.setattr("torch.cuda.device_count", lambda: 0)  # this CPU machine
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+    assert visible_gpus() == expected
+
+
+def test_concurrent_fits_of_a_sweep_never_share_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = spec_of(tmp_path, seeds=[0, 1, 2])  # 6 runs on 2 workers
+    monkeypatch.setattr("coretune.sweeps.launch.visible_gpus", lambda: ["0", "1", "2", "3"])
+    lock, busy, used = threading.Lock(), set(), []
+
+    def launch(args: list[str], run_dir: Path, env: dict[str, str] | None = None, stop: object = None) -> int:
+        assert env is not None
+        with lock:
+            group = env["CUDA_VISIBLE_DEVICES"]
+            assert group not in busy  # no other running fit has these GPUs
+            busy.add(group)
+            used.append(group)
+        time.sleep(0.1)
+        (Path(run_dir) / "results.json").parent.mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "results.json").write_text(json.dumps({"test": {"top1": 0.5}}))
+        with lock:
+            busy.remove(group)
+        return 0
+
+    monkeypatch.setattr("coretune.sweeps.launch.launch_fit", launch)
+    report = run_sweep(spec, workers=2, console=Console(file=io.StringIO()))
+    assert len(report.finished) == 6 and sorted(set(used)) == ["0,1", "2,3"]
+
+
+def test_epoch_bars_follow_the_running_fits(tmp_path: Path) -> None:
+    from rich.progress import Progress
+
+    spec = spec_of(tmp_path, seeds=[0])
+    ce, core = spec.runs()
+    out = io.StringIO()
+    progress = Progress(console=Console(file=out, width=300))
+    bars = EpochBars(progress, every=0.0)
+
+    def shown() -> dict[str, tuple[float, float | None]]:
+        return {t.description.strip(): (t.completed, t.total) for t in progress.tasks}
+
+    bars.started(ce)
+    bars.refresh()  # launched: no files yet
+    assert shown() == {"tiny/ce/frac1/seed0 (epochs)": (0, None)}
+    ce.run_dir.mkdir(parents=True)
+    (ce.run_dir / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 20}}))
+    (ce.run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.5\n1,\n2,\n")
+    core.run_dir.mkdir(parents=True)
+    (core.run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.5\n")  # an interrupted run, resumed
+    bars.started(core)
+    bars.refresh()
+    assert shown() == {"tiny/ce/frac1/seed0 (epochs)": (3, 20), "tiny/core/frac1/seed0 (epochs)": (1, None)}
+    # One line per launch, for output that is not a terminal (no bars there): the run and its per-epoch log.
+    assert out.getvalue().splitlines() == [
+        f"▶ tiny/ce/frac1/seed0 started (log: {ce.run_dir / 'log.txt'})",
+        f"▶ tiny/core/frac1/seed0 resumes after epoch 1 (log: {core.run_dir / 'log.txt'})",
+    ]
+    bars.ended(ce)
+    bars.refresh()
+    assert shown() == {"tiny/core/frac1/seed0 (epochs)": (1, None)}
+    slow = EpochBars(progress, every=3600.0)
+    slow.refresh()
+    slow.started(ce)  # a new fit shows at once, throttled or not
+    slow.refresh()
+    assert "tiny/ce/frac1/seed0 (epochs)" in shown()
+    assert out.getvalue().splitlines()[-1] == (  # its length known from config.yaml
+        f"▶ tiny/ce/frac1/seed0 resumes after epoch 3 of 20 (log: {ce.run_dir / 'log.txt'})"
+    )

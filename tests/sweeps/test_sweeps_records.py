@@ -1,0 +1,85 @@
+"""A run read back from its directory: its final validation top-1, its metric, its time left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sweep_helpers import fabricate, spec_of
+
+from coretune.sweeps import BenchSpecError, final_val_top1, format_duration, training_time_left, write_summary
+
+
+def test_metric_val_refuses_runs_that_validated_on_the_test_split(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, metric="val", objectives=["ce"])
+    fabricate(spec, {("ce", "tiny", 1.0): [0.5]})
+    run_dir = spec.runs()[0].run_dir
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"data": {"root": "DATA", "val_fraction": 0.0}}))
+    (run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.5\n")
+    with pytest.raises(BenchSpecError, match=r"metric 'val' needs a validation split .* add --data.val_fraction=0.2"):
+        write_summary(spec)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"data": {"root": "DATA", "val_fraction": 0.2}}))
+    (run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.9\n1,0.7\n")
+    assert "| ce | **70.00 (n=1)** |" in write_summary(spec)[0]  # the last validated epoch, not the test's 50
+
+
+def test_final_val_top1_is_the_last_validated_epoch(tmp_path: Path) -> None:
+    (tmp_path / "metrics.csv").write_text("epoch,val/top1\n0,0.7\n1,0.9\n2,0.8\n3,\n")
+    assert final_val_top1(tmp_path / "metrics.csv") == 0.8  # final (not best) validated epoch
+    (tmp_path / "metrics.csv").write_text("epoch,val/top1\n0,\n")
+    with pytest.raises(ValueError, match="has no val/top1: validation never ran"):
+        final_val_top1(tmp_path / "metrics.csv")
+
+
+@pytest.mark.parametrize("running", [False, True])
+@settings(max_examples=40, deadline=None)
+@given(
+    times=st.lists(st.floats(0.5, 5000), min_size=1, max_size=8),
+    extra=st.integers(0, 30),
+    since_last=st.floats(0, 20000),
+)
+def test_training_time_left_is_the_epochs_to_go_at_the_recent_pace(
+    tmp_path_factory: pytest.TempPathFactory, running: bool, times: list[float], extra: int, since_last: float
+) -> None:
+    """Reference: the median of the last three epoch wall times per epoch to go; a running run's current epoch
+    has already run for the time since metrics.csv was written, but the epochs after it still take their time."""
+    run_dir = tmp_path_factory.mktemp("run")
+    total = len(times) + extra
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": total}}))
+    rows = "".join(f"{e},{t!r}\n" for e, t in enumerate(times))
+    (run_dir / "metrics.csv").write_text("epoch,epoch_time_s\n" + rows)
+    now = (run_dir / "metrics.csv").stat().st_mtime + since_last
+    left = training_time_left(run_dir, running=running, now=now)
+    if extra == 0:
+        assert left is None  # the training is over (the test evaluation may still run)
+        return
+    recent = sorted(times[-3:])
+    pace = recent[len(recent) // 2] if len(recent) % 2 else (recent[0] + recent[1]) / 2
+    expected = extra * pace
+    if running:
+        current = max(pace - since_last, 0.0)  # what is left of the epoch in progress
+        expected = current + (extra - 1) * pace
+    assert left == pytest.approx(expected, rel=1e-9, abs=1e-6)
+
+
+def test_training_time_left_needs_a_timed_epoch_and_a_length(tmp_path: Path) -> None:
+    assert training_time_left(tmp_path, running=False) is None  # nothing written yet
+    (tmp_path / "metrics.csv").write_text("epoch,val/top1\n0,0.5\n")  # written before epoch times were logged
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 4}}))
+    assert training_time_left(tmp_path, running=True) is None
+    (tmp_path / "metrics.csv").write_text("epoch,val/top1,epoch_time_s\n0,0.5,90\n")
+    assert training_time_left(tmp_path, running=False) == 270
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"trainer": {}}))
+    assert training_time_left(tmp_path, running=False) is None
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "<1 min"), (29, "<1 min"), (31, "1 min"), (38 * 60, "38 min"), (3569, "59 min"), (3571, "1 h 00 min"),
+     (2 * 3600 + 5 * 60, "2 h 05 min"), (30 * 3600, "30 h 00 min")],
+)  # fmt: skip
+def test_format_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text

@@ -1,0 +1,183 @@
+"""The report: mean ± std tables in the paper's layouts, the curves, and the command's --dry_run / --aggregate_only."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import re
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+from sweep_helpers import data_root, fabricate, spec_of
+
+from coretune.cli import main
+from coretune.sweeps import BenchSpecError, collect_curves, curves_metric, table_layout, write_summary
+from coretune.sweeps.plots import _plot_label
+
+
+def test_aggregation_is_mean_and_sample_std(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, seeds=[0, 1, 2], datasets={"a": [], "b": []})
+    values = {
+        ("ce", "a", 1.0): [0.80, 0.82, 0.87],
+        ("core", "a", 1.0): [0.90, 0.91, 0.95],
+        ("ce", "b", 1.0): [0.50, 0.60, None],  # one seed unfinished
+        ("core", "b", 1.0): [0.70, None, None],
+    }
+    fabricate(spec, values)
+    markdown, paths = write_summary(spec)
+    assert {p.name for p in paths} == {"runs.csv", "summary.csv", "summary.md", "bars.png"}
+    # Δ = 92 − 83; s_p² = (2·13 + 2·7) / 4; paired 10, 9, 8 → t = 9 / (1 / √3); cell b pairs seed 0 only
+    assert "| a | core | +9.00 | 6.32 | yes | +10.00 / +9.00 / +8.00 | 15.6 (0.0041) |" in markdown
+    assert "| b | core | +15.00 | – | n/a | +20.00 | – |" in markdown
+    summary = {r["objective"]: r for r in csv.DictReader((spec.output / "summary.csv").open())}
+    for (objective, dataset, _), seeds in values.items():
+        done = 100 * np.array([v for v in seeds if v is not None])
+        row = summary[objective]
+        assert float(row[f"{dataset} mean (%)"]) == pytest.approx(done.mean(), abs=1e-4)
+        assert int(row[f"{dataset} n"]) == len(done)
+        if len(done) > 1:
+            assert float(row[f"{dataset} std (%)"]) == pytest.approx(done.std(ddof=1), abs=1e-4)
+        else:
+            assert row[f"{dataset} std (%)"] == ""
+    # Table 1 layout: methods × data sets + the average of the cell means; best mean in bold
+    assert "| Method | a | b | Avg. |" in markdown
+    assert "| ce | 83.00 ± 3.61 (n=3) | 55.00 ± 7.07 (n=2) | 69.00 |" in markdown
+    assert "| core | **92.00 ± 2.65 (n=3)** | **70.00 (n=1)** | 81.00 |" in markdown
+    # core − ce on a: Δ = 9, s_p = sqrt((2·13 + 2·7)/4) = sqrt(10), 2 s_p = 6.32 → beyond 2σ; b has n = 1
+    assert "| a | core | +9.00 | 6.32 | yes |" in markdown
+    assert "| b | core | +15.00 | – | n/a |" in markdown
+    runs = list(csv.DictReader((spec.output / "runs.csv").open()))
+    assert [r["status"] for r in runs if r["dataset"] == "b" and r["objective"] == "core"] == ["finished"] + [
+        "missing"
+    ] * 2
+
+
+def test_curves_are_the_per_epoch_mean_and_std_over_finished_seeds(tmp_path: Path) -> None:
+    spec = spec_of(tmp_path, seeds=[0, 1, 2], label_fractions=[0.1, 1.0])
+    rng = np.random.default_rng(0)
+    curves: dict[tuple[str, float, int], list[float | None]] = {}  # per run: val/top1 per epoch (None: not validated)
+    for run in spec.runs():
+        curve = [float(v) for v in rng.uniform(0.3, 0.9, size=4)]
+        if run.seed == 2:
+            curve[1] = None  # this seed validated every other epoch only
+        curves[(run.objective, run.label_fraction, run.seed)] = curve
+        run.run_dir.mkdir(parents=True)
+        rows = "".join(f"{e},{'' if v is None else v}\n" for e, v in enumerate(curve))
+        (run.run_dir / "metrics.csv").write_text("epoch,val/top1\n" + rows)
+        if (run.objective, run.label_fraction, run.seed) != ("core", 0.1, 1):  # one unfinished run: left out
+            # no validation split (seed 1: a record from before results.json said so)
+            on_test = {"validated_on_test_images": True} if run.seed != 1 else {}
+            (run.run_dir / "results.json").write_text(json.dumps({"test": {"top1": 0.5}, **on_test}))
+    _, paths = write_summary(spec)
+    assert (spec.output / "curves.png") in paths and (spec.output / "curves.csv") in paths
+    width, height = Image.open(spec.output / "curves.png").size
+    assert height > 0.75 * width  # two columns (10%, 100%), two rows of panels: the curves, then the paired Δ
+    got = list(csv.DictReader((spec.output / "curves.csv").open()))
+    expected = []  # reference: loop over cells and epochs, statistics of the finished seeds that validated
+    for objective in ("ce", "core"):
+        for fraction in (0.1, 1.0):
+            for epoch in range(4):
+                seeds = [s for s in (0, 1, 2) if (objective, fraction, s) != ("core", 0.1, 1)]
+                values = [100 * v for s in seeds if (v := curves[(objective, fraction, s)][epoch]) is not None]
+                deltas = []  # paired with the baseline (ce) on the seeds both finished and validated this epoch
+                for s in seeds if objective != "ce" else ():
+                    v, b = curves[(objective, fraction, s)][epoch], curves[("ce", fraction, s)][epoch]
+                    if v is not None and b is not None:
+                        deltas.append(100 * v - 100 * b)
+                expected.append((objective, fraction, epoch + 1, len(values), statistics.mean(values), values, deltas))
+    assert len(got) == len(expected)
+    for row, (objective, fraction, epoch, n, mean, values, deltas) in zip(got, expected, strict=True):
+        assert row["baseline"] == "ce"
+        if deltas:
+            assert int(row["delta_n"]) == len(deltas)
+            assert float(row["delta_mean_pp"]) == pytest.approx(statistics.mean(deltas), abs=1e-3)
+            if len(deltas) > 1:
+                assert float(row["delta_std_pp"]) == pytest.approx(statistics.stdev(deltas), abs=1e-3)
+            else:
+                assert row["delta_std_pp"] == ""
+        else:
+            assert row["delta_n"] == row["delta_mean_pp"] == row["delta_std_pp"] == ""
+        assert (row["objective"], float(row["label_fraction"]), int(row["epoch"]), int(row["n"])) == (
+            objective,
+            fraction,
+            epoch,
+            n,
+        )
+        assert row["validated_on"] == "test"
+        assert float(row["val_top1_mean_pct"]) == pytest.approx(mean, abs=1e-3)
+        if n > 1:
+            assert float(row["val_top1_std_pct"]) == pytest.approx(statistics.stdev(values), abs=1e-3)
+        else:
+            assert row["val_top1_std_pct"] == ""
+    assert curves_metric(collect_curves(spec)) == "test top-1 (no validation split)"
+    # no row to pair with the baseline (a spec of one objective): no Δ columns filled, one row of panels
+    solo = spec_of(tmp_path / "solo", objectives=["ce"], label_fractions=[0.1, 1.0], seeds=[0, 1])
+    for run in solo.runs():  # 10%: a validation split; 100%: seed 0 on a split, seed 1 on the test images
+        on_test = run.label_fraction == 1.0 and run.seed == 1
+        run.run_dir.mkdir(parents=True)
+        (run.run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.5\n1,0.6\n")
+        results = {"test": {"top1": 0.6}, "validated_on_test_images": on_test}
+        (run.run_dir / "results.json").write_text(json.dumps(results))
+    write_summary(solo)
+    solo_curves = list(csv.DictReader((solo.output / "curves.csv").open()))
+    assert {r["delta_n"] for r in solo_curves} == {""}
+    assert {(r["label_fraction"], r["validated_on"]) for r in solo_curves} == {("0.1", "val"), ("1.0", "mixed")}
+    points = collect_curves(solo)
+    assert [{k: str(v) for k, v in p.csv_row().items()} for p in points] == solo_curves  # None: blank
+    assert curves_metric(points) == "validated top-1 (validation split or test images)"
+    assert curves_metric([p for p in points if p.label_fraction == 0.1]) == "validation top-1"
+    assert curves_metric([dataclasses.replace(p, validated_on=None) for p in points]).startswith("validated top-1")
+    width, height = Image.open(solo.output / "curves.png").size
+    assert height < 0.6 * width
+
+
+def test_table2_and_table4_layouts(tmp_path: Path) -> None:
+    table2 = spec_of(tmp_path, table="table2", objectives=["core", "ce_mix", "ce", "ce_con_mixh", "ce_con"])
+    assert table_layout(table2).rows == [
+        ("ce", "CE"),
+        ("ce_con", "CE + L_con"),
+        ("ce_mix", "CE + mix"),
+        ("ce_con_mixh", "CE + L_con + mix-H"),
+        ("core", "CE + L^f_con + mix-H (Core-tuning)"),
+    ]
+    assert table2.baseline == "ce" and table_layout(table2).columns == [(("tiny", 1.0), "tiny")]
+    plotted = [_plot_label(label) for _, label in table_layout(table2).rows]
+    assert plotted[1] == r"CE + $\mathcal{L}_{con}$" and plotted[4].startswith(r"CE + $\mathcal{L}^f_{con}$ + mix-H")
+    tuned = spec_of(tmp_path, table="table2", objectives=["ce", {"name": "core", "args": ["--objective.alpha=10"]}])
+    assert tuned.runs()[1].args[-3:] == ("--objective.alpha=10", "--data.label_fraction=1.0", "--seed=0")
+    with pytest.raises(BenchSpecError, match="table2 takes the Table 2 rows only"):
+        spec_of(tmp_path, table="table2", objectives=[{"name": "core", "objective": "ce"}])
+
+    table4 = spec_of(tmp_path, table="table4", label_fractions=[0.1, 0.25, 1.0], seeds=[0, 1])
+    assert [label for _, label in table_layout(table4).columns] == ["10%", "25%", "100%"]
+    fabricate(table4, {(o, "tiny", f): [0.5 + f / 4, 0.5 + f / 2] for o in ("ce", "core") for f in (0.1, 0.25, 1.0)})
+    markdown, paths = write_summary(table4)
+    assert "| Method | 10% | 25% | 100% | Avg. |" in markdown
+    assert (table4.output / "label_fraction.png") in paths
+    # a second data set joins the columns of Table 1 with several label fractions
+    both = spec_of(tmp_path, datasets={"a": [], "b": []}, label_fractions=[0.1, 1.0])
+    assert [label for _, label in table_layout(both).columns] == ["a 10%", "a 100%", "b 10%", "b 100%"]
+
+
+def test_cli_dry_run_and_aggregate_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bench.yaml"
+    datasets = {"d": [f"--data.root={data_root(tmp_path)}"]}
+    config.write_text(yaml.safe_dump({"output": str(tmp_path / "out"), "datasets": datasets, "objectives": ["ce"]}))
+    main(["bench", str(config), "--dry_run"])
+    out = capsys.readouterr().out
+    assert "1 runs, 0 finished (skipped), 1 to run" in out
+    assert re.search(r"coretune\.cli fit --trainer\.enable_progress_bar=false --data\.root=\S+ --objective ce", out)
+    assert not (tmp_path / "out").exists()
+    main(["bench", str(config), "--dry_run", "--only_objectives=[ce]", "--only_seeds=[0]"])
+    assert "1 runs, 0 finished (skipped), 1 to run" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="core, 7 not in the spec"):
+        main(["bench", str(config), "--dry_run", "--only_objectives=[core]", "--only_seeds=[7]"])
+    main(["bench", str(config), "--aggregate_only"])
+    assert "| ce | – |" in (tmp_path / "out" / "summary.md").read_text()
+    with pytest.raises(SystemExit, match=r"^coretune bench: error: bench spec .*missing\.yaml does not exist$"):
+        main(["bench", str(tmp_path / "missing.yaml")])

@@ -1,0 +1,89 @@
+"""``coretune bench``'s spec: the grid of runs and their fit arguments, and the errors of a bad spec."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from sweep_helpers import data_root, spec_of
+
+from coretune.cli import main
+from coretune.sweeps import BenchSpec, BenchSpecError, fit_command
+
+
+def test_runs_of_the_grid_and_their_fit_arguments(tmp_path: Path) -> None:
+    spec = spec_of(
+        tmp_path,
+        base_args=["--trainer.max_epochs=2"],
+        objectives=["ce", {"name": "core_eta1", "objective": "core", "args": ["--objective.eta=1"]}],
+        label_fractions=[0.1, 1.0],
+        seeds=[0, 1],
+    )
+    runs = spec.runs()
+    assert len(runs) == 2 * 2 * 2
+    run = runs[-1]
+    assert run.run_dir == tmp_path / "out" / "tiny" / "core_eta1" / "frac1" / "seed1"
+    assert run.args == (
+        "--trainer.max_epochs=2",
+        f"--data.root={tmp_path / 'data'}",
+        "--objective",
+        "core",
+        "--objective.eta=1",
+        "--data.label_fraction=1.0",
+        "--seed=1",
+    )
+    assert runs[0].run_dir.parent.name == "frac0.1"
+    cmd = fit_command(run.args, run.run_dir)
+    assert cmd[1:4] == ["-m", "coretune.cli", "fit"] and cmd[-1] == f"--run_dir={run.run_dir}"
+    (run.run_dir / "checkpoints").mkdir(parents=True)
+    (run.run_dir / "checkpoints" / "last.ckpt").touch()
+    assert fit_command(run.args, run.run_dir)[-1] == "--ckpt_path=last"  # a started run resumes
+    subset = spec.subset(objectives=["core_eta1"], seeds=[1])
+    assert [r.run_dir for r in subset.runs()] == [r.run_dir for r in runs if r.objective == "core_eta1" and r.seed == 1]
+    assert [r.args for r in subset.runs()] == [r.args for r in runs if r.objective == "core_eta1" and r.seed == 1]
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        ({"epochs": 3}, "unknown key(s) epochs"),
+        ({"objectives": ["ce", "nope"]}, "unknown objective 'nope'"),
+        ({"objectives": ["ce", "ce"]}, "objective names must be unique"),
+        ({"label_fractions": [0.0, 1.0]}, "label_fractions must lie in (0, 1]"),
+        ({"seeds": [0, 0]}, "seeds lists a value twice"),
+        ({"table": "table3"}, "table must be one of table1, table2, table4"),
+        ({"table": "table2", "objectives": ["ce", "l2sp"]}, "table2 takes the Table 2 rows only"),
+        ({"datasets": {"a/b": []}}, "dataset name 'a/b' must be a non-empty folder name"),
+        ({"base_args": "--trainer.max_epochs=3"}, "base_args must be a list of command-line arguments"),
+        ({"baseline": "l2sp"}, "baseline 'l2sp' is not one of the objectives"),
+        ({"metric": "train"}, "metric must be one of test, val (got 'train')"),
+    ],
+)
+def test_spec_errors_name_the_problem(tmp_path: Path, entries: dict, message: str) -> None:
+    with pytest.raises(BenchSpecError, match=r"^bench spec: .*" + re.escape(message)):
+        spec_of(tmp_path, **entries)
+
+
+@pytest.mark.parametrize(("what", "name"), [("dataset", ".."), ("dataset", "."), ("objective", "..")])
+def test_a_name_that_leads_out_of_the_output_folder_is_refused(tmp_path: Path, what: str, name: str) -> None:
+    """`..` or `.` passed the letters-and-dots check, and `OUT/..` put the runs beside the output folder."""
+    datasets = {name if what == "dataset" else "tiny": [f"--data.root={data_root(tmp_path)}"]}
+    objectives = [{"name": name, "objective": "ce"}] if what == "objective" else ["ce"]
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({"output": str(tmp_path / "out"), "datasets": datasets, "objectives": objectives}))
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as info:
+        main(["bench", str(config)])
+    assert str(info.value.code) == (
+        f"coretune bench: error: {config}: {what} name {name!r} must be a non-empty folder name of "
+        "letters, digits and _ . + - (not . or .., which would lead out of the output folder)"
+    )
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parents[2].glob("configs/bench/*.yaml")), ids=lambda p: p.name)
+def test_shipped_bench_specs_parse(path: Path) -> None:
+    spec = BenchSpec.from_yaml(path)
+    assert spec.runs() and all("--run_dir" not in " ".join(r.args) for r in spec.runs())

@@ -536,6 +536,7 @@ def test_unexpected_backbone_tensors_are_an_error_unless_allowed(tmp_path: Path)
 
 
 @pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")  # deprecated in torch, still loadable
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated:UserWarning")  # torch.save of a quantised tensor
 def test_quantised_weights_are_refused_unless_the_cast_is_allowed(tmp_path: Path) -> None:
     encoder = create_backbone("small_cnn")
     state = encoder.body.state_dict()

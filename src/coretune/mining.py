@@ -20,6 +20,8 @@ __all__ = ["HardPairs", "beta_draws", "mine_hard_pairs", "representable"]
 class HardPairs:
     """The hard pairs generated for a batch of ``B`` anchors with ``K`` classes.
 
+    Indices point into the pool ``[batch (B); memory (M)]``: ``j >= B`` is row ``j - B`` of the memory.
+
     Attributes:
         hardest_positive: ``(B,)`` index of the least similar same-class sample (``i`` if none).
         hardest_negative: ``(B,)`` index of the most similar other-class sample (``i`` if none).
@@ -69,17 +71,21 @@ def representable(lam: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 @torch.no_grad()
-def _pair_indices(features: Tensor, labels: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
+def _pair_indices(
+    features: Tensor, labels: Tensor, pool_labels: Tensor, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Hardest positive, hardest negative and random negative of the ``B`` anchors (the first ``B`` rows of the
+    pool ``features``, labels ``pool_labels``) among the pool's rows: ``B × (B + M)`` at once."""
     b = labels.numel()
     with torch.autocast(device_type=features.device.type, enabled=False):  # bf16 similarities would tie
         dtype = torch.float64 if features.dtype == torch.float64 else torch.float32
-        z = F.normalize(features.detach().to(dtype), dim=1)
+        pool = F.normalize(features.detach().to(dtype), dim=1)
         # GEMM rounding differs between output columns, so duplicated rows are given one shared column:
         # exact ties then stay ties and resolve to the lowest index.
-        unique, inverse = torch.unique(z, dim=0, return_inverse=True)
-        sim = (z @ unique.T)[:, inverse]
-    same = labels[:, None] == labels[None, :]
-    eye = torch.eye(b, dtype=torch.bool, device=labels.device)
+        unique, inverse = torch.unique(pool, dim=0, return_inverse=True)
+        sim = (pool[:b] @ unique.T)[:, inverse]
+    same = labels[:, None] == pool_labels[None, :]
+    eye = torch.eye(b, pool_labels.numel(), dtype=torch.bool, device=labels.device)
     anchor = torch.arange(b, device=labels.device)
     pos_cand = same & ~eye
     neg_cand = ~same
@@ -104,6 +110,8 @@ def mine_hard_pairs(
     lambda_n: float = 0.8,
     lambda_p: float = 0.0,
     generator: torch.Generator | None = None,
+    memory: Tensor | None = None,
+    memory_labels: Tensor | None = None,
 ) -> HardPairs:
     """Generate a hard positive and a hard negative for every anchor (paper §4.1, Appendix E thresholds).
 
@@ -116,6 +124,11 @@ def mine_hard_pairs(
     - hard negative: ``n(i)`` uniform among other-class samples (``i`` if none), ``λ' ~ Beta(α, α)``,
       ``λ' ← max(λ', λ_n)``, ``z⁻ = (1-λ') z_i + λ' z_n`` and ``y⁻ = (1-λ') e(y_i) + λ' e(y_n)``.
 
+    The candidates ``j`` are the batch's rows, or with a ``memory`` (a cross-batch feature memory,
+    :class:`coretune.memory.FeatureMemory`) the pool ``[batch; memory]``: the returned indices point into it, and
+    a memory row mixed into ``z⁺`` or ``z⁻`` is a constant (the gradient reaches the batch's rows only). No memory,
+    or an empty one, gives exactly the in-batch pairs of Algorithm 1.
+
     Args:
         features: ``(B, d)`` encoder outputs ``z`` (any float dtype; mixing keeps it).
         labels: ``(B,)`` integer class labels in ``[0, num_classes)``.
@@ -124,6 +137,8 @@ def mine_hard_pairs(
         lambda_n: lower clip ``λ_n ∈ [0, 1]`` of the negative's weight in ``z⁻``.
         lambda_p: lower clip ``λ_p ∈ [0, 1]`` of the hardest positive's weight in ``z⁺``.
         generator: source of every random draw.
+        memory: ``(M, d)`` further candidate features (detached), or ``None``.
+        memory_labels: ``(M,)`` their labels, in ``[0, num_classes)``.
     """
     if features.dim() != 2:
         raise ValueError(f"features must be (B, d), got shape {tuple(features.shape)}")
@@ -136,19 +151,32 @@ def mine_hard_pairs(
         raise ValueError(f"lambda_n and lambda_p must lie in [0, 1], got {lambda_n} and {lambda_p}")
     if int(labels.min()) < 0 or int(labels.max()) >= num_classes:
         raise ValueError(f"labels must lie in [0, {num_classes}), got [{int(labels.min())}, {int(labels.max())}]")
+    pool, pool_labels = features, labels
+    if memory is not None and memory.shape[0] > 0:
+        if memory_labels is None or memory.dim() != 2 or memory.shape[1] != features.shape[1]:
+            raise ValueError(
+                f"memory must be (M, {features.shape[1]}) with its (M,) memory_labels, got shape {tuple(memory.shape)}"
+            )
+        memory_labels = memory_labels.reshape(-1).to(labels.device, torch.long)
+        if memory_labels.numel() != memory.shape[0]:
+            raise ValueError(f"{memory_labels.numel()} memory_labels for {memory.shape[0]} memory rows")
+        if int(memory_labels.min()) < 0 or int(memory_labels.max()) >= num_classes:
+            raise ValueError(f"memory_labels must lie in [0, {num_classes})")
+        pool = torch.cat([features, memory.detach().to(features.device, features.dtype)])
+        pool_labels = torch.cat([labels, memory_labels])
 
     b = labels.numel()
-    hp, hn, rn = _pair_indices(features, labels, generator)
+    hp, hn, rn = _pair_indices(pool, labels, pool_labels, generator)
     lam = beta_draws(2 * b, alpha, generator, features.device)
     lam_pos = representable(lam[:b].clamp(min=lambda_p), features.dtype)
     lam_neg = representable(lam[b:].clamp(min=lambda_n), features.dtype)
 
     lp = lam_pos.to(features.dtype)[:, None]
     ln = lam_neg.to(features.dtype)[:, None]
-    pos_features = lp * features[hp] + (1 - lp) * features[hn]
-    neg_features = (1 - ln) * features + ln * features[rn]
+    pos_features = lp * pool[hp] + (1 - lp) * pool[hn]
+    neg_features = (1 - ln) * features + ln * pool[rn]
 
-    onehot = F.one_hot(labels, num_classes).float()
+    onehot = F.one_hot(pool_labels, num_classes).float()
     pos_targets = lam_pos[:, None] * onehot[hp] + (1 - lam_pos[:, None]) * onehot[hn]
-    neg_targets = (1 - lam_neg[:, None]) * onehot + lam_neg[:, None] * onehot[rn]
+    neg_targets = (1 - lam_neg[:, None]) * onehot[:b] + lam_neg[:, None] * onehot[rn]
     return HardPairs(hp, hn, rn, lam_pos, lam_neg, pos_features, neg_features, pos_targets, neg_targets)

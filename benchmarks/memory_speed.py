@@ -8,7 +8,8 @@ For each feature width ``d`` and batch size ``B`` with a full memory of ``N`` ro
 (b) loss: the focal ``contrastive_loss`` of the ``B`` anchors over ``[z; z⁺; z⁻; memory keys]``
     (``B × (3B + N)`` logits), forward + backward; (b0) without the memory keys;
 (c) keys: the projection head ``G_c`` (d → d → 256) on the ``N`` memory rows, without gradient (the memory's
-    rows pass through the current head every step);
+    rows pass through the current head every step), float32 and (c16) under bf16 autocast, as in a training step
+    of the engine's ``bf16-mixed`` precision;
 (e) the whole ``core`` objective, forward + backward, with the memory and (e0) without;
 (d) a ResNet-18 training step (forward + backward) at ``--image-size`` px, bf16 autocast, channels_last.
 
@@ -65,9 +66,12 @@ def steps(b: int, d: int, n: int, k: int, proj_dim: int) -> dict[str, Callable[[
 
         return step
 
-    def project_keys() -> None:
-        with torch.no_grad():
-            F.normalize(head(memory), dim=1)
+    def project_keys(bf16: bool) -> Callable[[], None]:
+        def step() -> None:
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                F.normalize(head(memory).float(), dim=1)
+
+        return step
 
     def objective(memory_size: int) -> Callable[[], None]:
         obj = objectives.create("core", d, k, memory_size=memory_size, memory_warmup_steps=0)
@@ -87,7 +91,8 @@ def steps(b: int, d: int, n: int, k: int, proj_dim: int) -> dict[str, Callable[[
         "a": mine(True),
         "b0": loss(False),
         "b": loss(True),
-        "c": project_keys,
+        "c": project_keys(False),
+        "c16": project_keys(True),
         "e0": objective(0),
         "e": objective(n),
     }
@@ -118,7 +123,8 @@ def main() -> None:
     }
     header = (
         "| d | B | (a0) mining, no memory | (a) mining with memory | (b0) loss, no memory | (b) loss with memory "
-        "| (c) memory keys through G_c | (e0) `core`, no memory | (e) `core` with memory | (d) ResNet-18 step "
+        "| (c) memory keys through G_c | (c16) same, bf16 | (e0) `core`, no memory | (e) `core` with memory "
+        "| (d) ResNet-18 step "
         "| (a)+(b) ÷ (d) | (e)−(e0) ÷ (d) |"
     )
     rows = []
@@ -130,12 +136,13 @@ def main() -> None:
             }
             step = step_ms[b]
             rows.append(
-                f"| {d} | {b} | {t['a0']:.1f} | {t['a']:.1f} | {t['b0']:.1f} | {t['b']:.1f} | {t['c']:.1f} "
+                f"| {d} | {b} | {t['a0']:.1f} | {t['a']:.1f} | {t['b0']:.1f} | {t['b']:.1f} "
+                f"| {t['c']:.1f} | {t['c16']:.1f} "
                 f"| {t['e0']:.1f} | {t['e']:.1f} | {step:.1f} | {100 * (t['a'] + t['b']) / step:.1f} % "
                 f"| {100 * (t['e'] - t['e0']) / step:.1f} % |"
             )
             print(f"d={d} B={b}: done", flush=True)
-    print(f"\n{header}\n|{'---:|' * 12}")
+    print(f"\n{header}\n|{'---:|' * 13}")
     print("\n".join(rows))
     print(f"\n{args.clock.capitalize()} times in ms, median of {args.repeats} after {args.warmup} warm-up run(s).")
 

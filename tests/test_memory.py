@@ -36,14 +36,15 @@ def test_a_write_larger_than_the_memory_keeps_its_last_rows() -> None:
     assert int(memory.ptr) == 3 and len(memory) == 4
 
 
-def test_rows_are_detached_copies_and_writes_cast_to_the_memory_dtype() -> None:
+def test_rows_are_detached_views_and_writes_cast_to_the_memory_dtype() -> None:
     memory = FeatureMemory(3, 2)
     z = torch.randn(2, 2, dtype=torch.float64, requires_grad=True)
     memory.push(z, torch.tensor([1, 0]))
     features, labels = memory.rows()
     assert features.dtype == torch.float32 and not features.requires_grad and labels.dtype == torch.long
-    features.zero_()
-    assert torch.equal(memory.rows()[0], z.detach().float())
+    assert torch.equal(features, z.detach().float())
+    memory.push(torch.ones(2, 2), torch.tensor([1, 1]))  # overwrites the views' slot 2, then slot 0
+    assert features.tolist() == [[1.0, 1.0], z[1].float().tolist()]
 
 
 def test_the_state_is_in_the_state_dict() -> None:

@@ -142,6 +142,9 @@ def check_pairs(
         for got, want, same_class in ((hp[i], hp_ref[i], True), (hn[i], hn_ref[i], False)):
             if got == want:
                 continue
+            if max(got, want) >= b and torch.equal(pool[got], pool[want]):  # a memory row's exact duplicate
+                assert pool_labels[got] == pool_labels[want] and got != i
+                continue
             candidates = [j for j in range(n) if (pool_labels[j] == pool_labels[i]) == same_class and j != i]
             near = [j for j in candidates if 0 < abs(s[i][j] - s[i][want]) < 1e-6]
             assert near and got in candidates and abs(s[i][got] - s[i][want]) < 1e-6, (i, got, want)
@@ -207,8 +210,8 @@ def check_pairs(
 def test_pairs_with_a_memory_match_the_reference_over_the_pool(
     kl: tuple[int, list[int]], memory_labels: list[int], d: int, copies: int, lambda_n: float, seed: int
 ) -> None:
-    """Candidates come from [batch; memory]; memory rows copied from batch rows tie with them exactly (the
-    lower, batch index wins); the gradient reaches the batch only."""
+    """Candidates come from [batch; memory]; a memory row copied from a batch row is an equally hard candidate
+    (either may be chosen: the memory columns are not deduplicated); the gradient reaches the batch only."""
     k, labels = kl
     memory_labels = [y % k for y in memory_labels]
     z = batch(labels, d, seed).requires_grad_(True)
@@ -378,6 +381,29 @@ def test_random_negatives_are_uniform_over_other_class_samples() -> None:
     expected = draws / len(candidates)
     chi2 = float(((counts[candidates] - expected) ** 2 / expected).sum())
     assert chi2 < 30.0, counts  # df = 6: P(chi2 > 22.5) = 0.001 under uniformity
+
+
+def test_random_negatives_from_a_memory_are_uniform_over_the_pool() -> None:
+    """With a memory the draw is one uniform number per anchor: anchor 0 (class 0) has 3 other-class candidates
+    in the batch and 4 in the memory, each drawn ~1/7; seeded by the generator alone."""
+    y, memory_labels = torch.tensor([0, 1, 2, 0, 3]), torch.tensor([0, 2, 2, 1, 0, 3])
+    candidates = [1, 2, 4, 6, 7, 8, 10]
+    z, memory = torch.randn(5, 4, generator=gen(0)), torch.randn(6, 4, generator=gen(1))
+    g = gen(123)
+    draws = 1400
+    counts = torch.zeros(11)
+    for _ in range(draws):
+        counts[
+            ct.mine_hard_pairs(z, y, 4, generator=g, memory=memory, memory_labels=memory_labels).random_negative[0]
+        ] += 1
+    assert counts.sum() == counts[candidates].sum()
+    expected = draws / len(candidates)
+    chi2 = float(((counts[candidates] - expected) ** 2 / expected).sum())
+    assert chi2 < 30.0, counts  # df = 6: P(chi2 > 22.5) = 0.001 under uniformity
+    a = ct.mine_hard_pairs(z, y, 4, generator=gen(5), memory=memory, memory_labels=memory_labels)
+    torch.manual_seed(9)
+    b = ct.mine_hard_pairs(z, y, 4, generator=gen(5), memory=memory, memory_labels=memory_labels)
+    assert torch.equal(a.random_negative, b.random_negative)
 
 
 @pytest.mark.parametrize(("alpha", "lambda_n", "lambda_p"), [(1.0, 0.8, 0.0), (0.5, 0.0, 0.6), (2.0, 1.0, 1.0)])

@@ -33,9 +33,10 @@ class FeatureMemory(nn.Module):
         return int(self.filled)
 
     def rows(self) -> tuple[Tensor, Tensor]:
-        """``(features (n, dim), labels (n,))`` of the ``n`` filled slots, in slot order (copies, no gradient)."""
+        """``(features (n, dim), labels (n,))`` of the ``n`` filled slots, in slot order: views, without gradient,
+        that the next :meth:`push` overwrites (no copy of the memory each step)."""
         n = len(self)
-        return self.features[:n].clone(), self.labels[:n].clone()
+        return self.features[:n], self.labels[:n]
 
     @torch.no_grad()
     def push(self, features: Tensor, labels: Tensor) -> None:

@@ -59,10 +59,11 @@ class CoreTuning(Objective):
       share the anchor's class (unless ``original_positives=False``). Like MoCo's and XBM's memory they pass
       through the *current* projection head, without gradient (to the encoder or to the head): they are keys.
 
-    Memory rows go stale as the encoder trains. As XBM (Wang et al., CVPR 2020: its memory starts after 1,000 of
-    35,000 iterations of fine-tuning an ImageNet-pretrained encoder, once the features drift slowly) the memory
-    is neither read nor written during the first ``memory_warmup_steps`` training steps (default 1,000, XBM's
-    number; counted in ``memory.steps``, one per training-mode call), and then fills from empty. The term
+    Memory rows go stale as the encoder trains. As XBM (Wang et al., CVPR 2020, whose sample configuration starts
+    the memory at iteration 1,000 of 35,000 of fine-tuning an ImageNet-pretrained encoder, once the features
+    drift slowly) the memory is neither read nor written during the first ``memory_warmup_steps`` training steps
+    (default 1,000, XBM's number; counted in ``memory.steps``, one per training-mode call, i.e. per batch under
+    gradient accumulation), and then fills from empty. The term
     ``memory`` logs how many memory rows a step used. The memory is only used in training mode; with
     ``memory_size = 0``, during the warm-up and while it is empty, the loss is exactly the in-batch one.
 

@@ -60,8 +60,8 @@ def steps(b: int, d: int, n: int, k: int, proj_dim: int) -> dict[str, Callable[[
 
     def loss(with_memory: bool) -> Callable[[], None]:
         def step() -> None:
-            rows = torch.cat([v, keys]) if with_memory else v
-            ct.contrastive_loss(rows, mask_memory if with_memory else mask, 0.07, focal=True).backward()
+            extra = {"keys": keys} if with_memory else {}
+            ct.contrastive_loss(v, mask_memory if with_memory else mask, 0.07, focal=True, **extra).backward()
             v.grad = None
 
         return step

@@ -145,7 +145,15 @@ def test_core_layout_with_memory_and_own_pairs_matches_reference(
     same = torch.tensor(labels)[:, None] == torch.tensor(memory_labels, dtype=torch.long)[None, :]
     mask = torch.cat([reference_core_mask(labels), same], dim=1)
     contrast = reference_own_pairs_mask(b, extra) if own else None
-    assert_matches_reference(unit_rows(3 * b + extra, 5, seed), mask, 0.07, focal, contrast)
+    rows = unit_rows(3 * b + extra, 5, seed)
+    assert_matches_reference(rows, mask, 0.07, focal, contrast)
+    # The memory's rows as constant keys: the same loss, and the same gradient for the other rows.
+    v = rows[: 3 * b].clone().requires_grad_(True)
+    got = ct.contrastive_loss(v, mask, 0.07, focal, contrast, keys=rows[3 * b :])
+    whole = rows.clone().requires_grad_(True)
+    want = reference_contrastive_loss(whole, mask, 0.07, focal, contrast)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, v)[0], torch.autograd.grad(want, whole)[0][: 3 * b])
 
 
 @settings(max_examples=40, deadline=None)
@@ -341,6 +349,15 @@ def test_soft_cross_entropy_is_mean_of_target_weighted_log_softmax(b: int, k: in
 def test_soft_cross_entropy_low_precision_is_float32() -> None:
     logits = torch.randn(4, 3).bfloat16()
     assert ct.soft_cross_entropy(logits, torch.full((4, 3), 1 / 3)).dtype == torch.float32
+
+
+def test_keys_of_another_width_or_masks_without_their_columns_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"keys must be \(K, 2\), got shape \(3, 4\)"):
+        ct.contrastive_loss(torch.zeros(4, 2), torch.zeros(3, 7), 0.1, keys=torch.zeros(3, 4))
+    with pytest.raises(
+        ValueError, match=r"pos_mask must be \(M, N \+ K\) = \(M, 7\) with M <= N = 4, got shape \(3, 4\)"
+    ):
+        ct.contrastive_loss(torch.zeros(4, 2), torch.zeros(3, 4), 0.1, keys=torch.zeros(3, 2))
 
 
 def test_a_contrast_mask_of_another_shape_is_refused() -> None:

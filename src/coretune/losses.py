@@ -27,6 +27,7 @@ def contrastive_loss(
     temperature: float = 0.07,
     focal: bool = False,
     contrast_mask: Tensor | None = None,
+    keys: Tensor | None = None,
 ) -> Tensor:
     r"""Supervised contrastive loss, optionally focal-reweighted (paper Eq. 1 and :math:`\mathcal{L}^f_{con}`).
 
@@ -41,12 +42,16 @@ def contrastive_loss(
     The result is the mean of ``loss_i`` over anchors with ``|P_i| > 0``, and ``0`` (still in the graph, never
     NaN) when there is none. With ``focal=False`` and a same-class mask this is SupCon (Khosla et al., 2020).
 
+    ``keys`` ``(K, d)`` are further rows after ``v`` (a memory's): in ``A_i`` and ``P_i`` like any row (the masks
+    then have ``N + K`` columns), never anchors, and constants: no gradient is computed for them.
+
     Args:
         features: ``(N, d)`` L2-normalised embeddings.
         pos_mask: ``(M, N)`` boolean mask of positives, ``M <= N``.
         temperature: ``τ > 0``.
         focal: weight each positive term by ``1 - p_ij`` (the focal contrastive loss of Core-tuning, §4.1).
         contrast_mask: ``(M, N)`` boolean mask of the rows in each anchor's ``A_i``; ``None``: every row.
+        keys: ``(K, d)`` L2-normalised constant rows after ``features``, or ``None``.
 
     Returns:
         A scalar tensor (float32, or float64 for float64 input).
@@ -54,8 +59,12 @@ def contrastive_loss(
     if features.dim() != 2:
         raise ValueError(f"features must be (N, d), got shape {tuple(features.shape)}")
     n = features.shape[0]
-    if pos_mask.dim() != 2 or pos_mask.shape[1] != n or pos_mask.shape[0] > n:
-        raise ValueError(f"pos_mask must be (M, N) with M <= N = {n}, got shape {tuple(pos_mask.shape)}")
+    if keys is not None and (keys.dim() != 2 or keys.shape[1] != features.shape[1]):
+        raise ValueError(f"keys must be (K, {features.shape[1]}), got shape {tuple(keys.shape)}")
+    width = n if keys is None else n + keys.shape[0]
+    if pos_mask.dim() != 2 or pos_mask.shape[1] != width or pos_mask.shape[0] > n:
+        shape = "(M, N)" if keys is None else f"(M, N + K) = (M, {width})"
+        raise ValueError(f"pos_mask must be {shape} with M <= N = {n}, got shape {tuple(pos_mask.shape)}")
     if contrast_mask is not None and contrast_mask.shape != pos_mask.shape:
         raise ValueError(
             f"contrast_mask must have pos_mask's shape {tuple(pos_mask.shape)}, got {tuple(contrast_mask.shape)}"
@@ -67,7 +76,9 @@ def contrastive_loss(
     with torch.autocast(device_type=features.device.type, enabled=False):
         v = features.to(dtype)
         logits = v[:m] @ v.T / temperature  # (M, N)
-        excluded = torch.eye(m, n, dtype=torch.bool, device=v.device)  # j ∉ A_i
+        if keys is not None:  # (M, N + K); a separate product: the backward computes no gradient for the keys
+            logits = torch.cat([logits, v[:m] @ keys.detach().to(dtype).T / temperature], dim=1)
+        excluded = torch.eye(m, width, dtype=torch.bool, device=v.device)  # j ∉ A_i
         if contrast_mask is not None:
             excluded = excluded | ~contrast_mask.to(device=v.device, dtype=torch.bool)
         # A finite fill keeps rows whose A_i is empty (N = 1) and their gradients free of NaN.

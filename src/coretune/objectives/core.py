@@ -219,16 +219,14 @@ class CoreTuning(Objective):
             terms["ce_mix"] = ce_mix.detach()
         if self.eta > 0:
             v = F.normalize(self.projector(contrast_rows).float(), dim=1)
-            extra = 0
+            keys = None
             if memory is not None:
-                extra = memory_labels.numel()
                 with torch.no_grad():  # keys: through the current head, no gradient anywhere
                     keys = F.normalize(self.projector(memory_features.to(contrast_rows.dtype)).float(), dim=1)
-                v = torch.cat([v, keys])
                 same = labels[:, None] == memory_labels[None, :]
                 pos_mask = torch.cat([pos_mask, same if self.original_positives else torch.zeros_like(same)], dim=1)
-            own = own_pairs_mask(b, extra, v.device) if self.generated_pairs == "own" else None
-            con = contrastive_loss(v, pos_mask, self.temperature, focal=self.focal, contrast_mask=own)
+            own = own_pairs_mask(b, pos_mask.shape[1] - 3 * b, v.device) if self.generated_pairs == "own" else None
+            con = contrastive_loss(v, pos_mask, self.temperature, self.focal, own, keys)
             loss = loss + self.eta * con
             terms["con"] = con.detach()
         if self.memory_size > 0:

@@ -17,15 +17,17 @@ import coretune as ct
 # ------------------------------------------------------------------------------------------------------------
 
 
-def reference_contrastive_loss(v: torch.Tensor, pos_mask: torch.Tensor, tau: float, focal: bool) -> torch.Tensor:
-    """One anchor at a time: A_i = rows != i, P_i = {j != i : mask[i, j]},
-    p_ij = exp(s_ij/τ) / Σ_{A_i} exp(s_ik/τ), loss_i = -(1/|P_i|) Σ_{P_i} w_ij log p_ij (w = 1 - p if focal
-    else 1); the mean over anchors with |P_i| > 0."""
+def reference_contrastive_loss(
+    v: torch.Tensor, pos_mask: torch.Tensor, tau: float, focal: bool, contrast_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One anchor at a time: A_i = rows != i (those with contrast_mask[i, k] when given), P_i = {j ∈ A_i :
+    mask[i, j]}, p_ij = exp(s_ij/τ) / Σ_{A_i} exp(s_ik/τ), loss_i = -(1/|P_i|) Σ_{P_i} w_ij log p_ij (w = 1 - p
+    if focal else 1); the mean over anchors with |P_i| > 0."""
     n, m = v.shape[0], pos_mask.shape[0]
     per_anchor = []
     for i in range(m):
-        others = [k for k in range(n) if k != i]
-        positives = [j for j in range(n) if j != i and bool(pos_mask[i, j])]
+        others = [k for k in range(n) if k != i and (contrast_mask is None or bool(contrast_mask[i, k]))]
+        positives = [j for j in others if bool(pos_mask[i, j])]
         if not positives:
             continue
         denominator = torch.exp(v[others] @ v[i] / tau).sum()
@@ -54,12 +56,14 @@ def unit_rows(n: int, d: int, seed: int, dtype: torch.dtype = torch.float64) -> 
     return F.normalize(torch.randn(n, d, generator=g, dtype=torch.float64), dim=1).to(dtype)
 
 
-def assert_matches_reference(v: torch.Tensor, mask: torch.Tensor, tau: float, focal: bool) -> None:
+def assert_matches_reference(
+    v: torch.Tensor, mask: torch.Tensor, tau: float, focal: bool, contrast_mask: torch.Tensor | None = None
+) -> None:
     """Values and gradients (w.r.t. v) of the vectorised loss equal the reference's, in float64."""
     v1 = v.clone().requires_grad_(True)
     v2 = v.clone().requires_grad_(True)
-    got = ct.contrastive_loss(v1, mask, tau, focal=focal)
-    want = reference_contrastive_loss(v2, mask, tau, focal)
+    got = ct.contrastive_loss(v1, mask, tau, focal=focal, contrast_mask=contrast_mask)
+    want = reference_contrastive_loss(v2, mask, tau, focal, contrast_mask)
     assert got.dtype == torch.float64 and got.dim() == 0
     torch.testing.assert_close(got, want)
     (g1,) = torch.autograd.grad(got, v1)
@@ -92,6 +96,64 @@ def test_random_masks_match_reference(
     v = unit_rows(n, d, seed)
     mask = torch.rand(m, n, generator=torch.Generator().manual_seed(seed + 1)) < density
     assert_matches_reference(v, mask, tau, focal)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    m=st.integers(0, 40),
+    density=st.sampled_from([0.0, 0.3, 1.0]),
+    keep=st.sampled_from([0.0, 0.5, 1.0]),
+    focal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_a_contrast_mask_restricts_the_denominator_like_the_reference(
+    n: int, m: int, density: float, keep: float, focal: bool, seed: int
+) -> None:
+    m = min(m, n)
+    g = torch.Generator().manual_seed(seed + 1)
+    mask, contrast = torch.rand(m, n, generator=g) < density, torch.rand(m, n, generator=g) < keep
+    assert_matches_reference(unit_rows(n, 4, seed), mask, 0.1, focal, contrast)
+
+
+def reference_own_pairs_mask(b: int, extra: int) -> torch.Tensor:
+    """Algorithm 1 read literally: A_i = the originals, z⁺_i, z⁻_i and every extra (memory) row."""
+    mask = torch.zeros(b, 3 * b + extra, dtype=torch.bool)
+    for i in range(b):
+        for j in range(3 * b + extra):
+            mask[i, j] = j < b or j in (b + i, 2 * b + i) or j >= 3 * b
+    return mask
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    labels=st.integers(1, 6).flatmap(lambda k: st.lists(st.integers(0, k - 1), min_size=1, max_size=16)),
+    memory_labels=st.lists(st.integers(0, 5), max_size=12),
+    own=st.booleans(),
+    focal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+@example(labels=[0, 1, 2], memory_labels=[], own=True, focal=True, seed=0)  # no original positive, no memory
+@example(labels=[2, 2, 2], memory_labels=[2, 2], own=True, focal=True, seed=1)  # one class
+def test_core_layout_with_memory_and_own_pairs_matches_reference(
+    labels: list[int], memory_labels: list[int], own: bool, focal: bool, seed: int
+) -> None:
+    """Rows [z; z⁺; z⁻; memory]: P_i adds the memory rows of the anchor's class; A_i is every row (the default)
+    or, with own pairs, only the anchor's own generated rows."""
+    b, extra = len(labels), len(memory_labels)
+    assert torch.equal(ct.own_pairs_mask(b, extra), reference_own_pairs_mask(b, extra))
+    same = torch.tensor(labels)[:, None] == torch.tensor(memory_labels, dtype=torch.long)[None, :]
+    mask = torch.cat([reference_core_mask(labels), same], dim=1)
+    contrast = reference_own_pairs_mask(b, extra) if own else None
+    rows = unit_rows(3 * b + extra, 5, seed)
+    assert_matches_reference(rows, mask, 0.07, focal, contrast)
+    # The memory's rows as constant keys: the same loss, and the same gradient for the other rows.
+    v = rows[: 3 * b].clone().requires_grad_(True)
+    got = ct.contrastive_loss(v, mask, 0.07, focal, contrast, keys=rows[3 * b :])
+    whole = rows.clone().requires_grad_(True)
+    want = reference_contrastive_loss(whole, mask, 0.07, focal, contrast)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, v)[0], torch.autograd.grad(want, whole)[0][: 3 * b])
 
 
 @settings(max_examples=40, deadline=None)
@@ -287,3 +349,17 @@ def test_soft_cross_entropy_is_mean_of_target_weighted_log_softmax(b: int, k: in
 def test_soft_cross_entropy_low_precision_is_float32() -> None:
     logits = torch.randn(4, 3).bfloat16()
     assert ct.soft_cross_entropy(logits, torch.full((4, 3), 1 / 3)).dtype == torch.float32
+
+
+def test_keys_of_another_width_or_masks_without_their_columns_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"keys must be \(K, 2\), got shape \(3, 4\)"):
+        ct.contrastive_loss(torch.zeros(4, 2), torch.zeros(3, 7), 0.1, keys=torch.zeros(3, 4))
+    with pytest.raises(
+        ValueError, match=r"pos_mask must be \(M, N \+ K\) = \(M, 7\) with M <= N = 4, got shape \(3, 4\)"
+    ):
+        ct.contrastive_loss(torch.zeros(4, 2), torch.zeros(3, 4), 0.1, keys=torch.zeros(3, 2))
+
+
+def test_a_contrast_mask_of_another_shape_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"contrast_mask must have pos_mask's shape \(3, 4\), got \(3, 3\)"):
+        ct.contrastive_loss(torch.zeros(4, 2), torch.zeros(3, 4), 0.1, contrast_mask=torch.ones(3, 3))

@@ -23,11 +23,12 @@ def cosine_matrix(z: torch.Tensor) -> list[list[float]]:
     return [[float(z[i] @ z[j]) / (norms[i] * norms[j]) for j in range(len(z))] for i in range(len(z))]
 
 
-def reference_hardest(z: torch.Tensor, labels: list[int]) -> tuple[list[int], list[int]]:
-    """hp(i) = argmin_{j != i, y_j = y_i} s_ij, hn(i) = argmax_{y_j != y_i} s_ij; ties: lowest j; none: i."""
+def reference_hardest(z: torch.Tensor, labels: list[int], b: int | None = None) -> tuple[list[int], list[int]]:
+    """hp(i) = argmin_{j != i, y_j = y_i} s_ij, hn(i) = argmax_{y_j != y_i} s_ij; ties: lowest j; none: i.
+    The anchors are the first ``b`` rows (default: all); the candidates are every row (a batch and its memory)."""
     s = cosine_matrix(z)
     hp, hn = [], []
-    for i, yi in enumerate(labels):
+    for i, yi in enumerate(labels[:b]):
         best_p, best_n = i, i
         for j, yj in enumerate(labels):
             if j != i and yj == yi and (best_p == i or s[i][j] < s[i][best_p]):
@@ -50,12 +51,13 @@ def reference_mix(
     lam_n: list[float],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """z⁺_i = λ z_hp + (1-λ) z_hn, y⁺_i = λ e(y_hp) + (1-λ) e(y_hn);
-    z⁻_i = (1-λ') z_i + λ' z_n, y⁻_i = (1-λ') e(y_i) + λ' e(y_n)."""
+    z⁻_i = (1-λ') z_i + λ' z_n, y⁻_i = (1-λ') e(y_i) + λ' e(y_n), for the anchors i < len(hp)."""
     e = torch.eye(k, dtype=torch.float64)
-    pos = torch.stack([lam[i] * z[hp[i]] + (1 - lam[i]) * z[hn[i]] for i in range(len(labels))])
-    neg = torch.stack([(1 - lam_n[i]) * z[i] + lam_n[i] * z[rn[i]] for i in range(len(labels))])
-    pos_t = torch.stack([lam[i] * e[labels[hp[i]]] + (1 - lam[i]) * e[labels[hn[i]]] for i in range(len(labels))])
-    neg_t = torch.stack([(1 - lam_n[i]) * e[labels[i]] + lam_n[i] * e[labels[rn[i]]] for i in range(len(labels))])
+    anchors = range(len(hp))
+    pos = torch.stack([lam[i] * z[hp[i]] + (1 - lam[i]) * z[hn[i]] for i in anchors])
+    neg = torch.stack([(1 - lam_n[i]) * z[i] + lam_n[i] * z[rn[i]] for i in anchors])
+    pos_t = torch.stack([lam[i] * e[labels[hp[i]]] + (1 - lam[i]) * e[labels[hn[i]]] for i in anchors])
+    neg_t = torch.stack([(1 - lam_n[i]) * e[labels[i]] + lam_n[i] * e[labels[rn[i]]] for i in anchors])
     return pos, neg, pos_t, neg_t
 
 
@@ -105,16 +107,32 @@ def test_pairs_match_reference(
     seed: int,
 ) -> None:
     k, labels = kl
-    b = len(labels)
     z = batch(labels, d, seed, duplicates).requires_grad_(True)
-    y = torch.tensor(labels)
-    pairs = ct.mine_hard_pairs(z, y, k, alpha, lambda_n, lambda_p, generator=gen(seed))
+    pairs = ct.mine_hard_pairs(z, torch.tensor(labels), k, alpha, lambda_n, lambda_p, generator=gen(seed))
+    check_pairs(pairs, z, z.detach(), labels, k, lambda_n, lambda_p, seed)
+
+
+def check_pairs(
+    pairs: ct.HardPairs,
+    z: torch.Tensor,
+    pool: torch.Tensor,
+    pool_labels: list[int],
+    k: int,
+    lambda_n: float,
+    lambda_p: float,
+    seed: int,
+) -> None:
+    """``pairs`` mined for the batch ``z`` (the first rows of ``pool``, whose labels are ``pool_labels``) against
+    the loop reference: the hardest choices, the random negatives' constraints, the mixing and its gradient,
+    which reaches the batch's rows only (a memory row is a constant)."""
+    b, d = z.shape
+    n = len(pool_labels)
 
     # Deterministic part: hardest positive / negative, as in the loop. The implementation may compute s_ij in
     # lower precision than this float64 loop, so a row whose optimum is within 1e-6 of a *different* value is
     # only checked for near-optimality; exact ties (duplicated rows) must resolve to the lowest index.
-    s = cosine_matrix(z)
-    hp_ref, hn_ref = reference_hardest(z, labels)
+    s = cosine_matrix(pool)
+    hp_ref, hn_ref = reference_hardest(pool, pool_labels, b)
     hp, hn, rn = (
         pairs.hardest_positive.tolist(),
         pairs.hardest_negative.tolist(),
@@ -124,7 +142,10 @@ def test_pairs_match_reference(
         for got, want, same_class in ((hp[i], hp_ref[i], True), (hn[i], hn_ref[i], False)):
             if got == want:
                 continue
-            candidates = [j for j in range(b) if (labels[j] == labels[i]) == same_class and j != i]
+            if max(got, want) >= b and torch.equal(pool[got], pool[want]):  # a memory row's exact duplicate
+                assert pool_labels[got] == pool_labels[want] and got != i
+                continue
+            candidates = [j for j in range(n) if (pool_labels[j] == pool_labels[i]) == same_class and j != i]
             near = [j for j in candidates if 0 < abs(s[i][j] - s[i][want]) < 1e-6]
             assert near and got in candidates and abs(s[i][got] - s[i][want]) < 1e-6, (i, got, want)
 
@@ -133,14 +154,14 @@ def test_pairs_match_reference(
     assert bool((pairs.lam_pos >= lambda_p).all() and (pairs.lam_pos <= 1).all())
     assert bool((pairs.lam_neg >= lambda_n).all() and (pairs.lam_neg <= 1).all())
     for i in range(b):
-        if len(set(labels)) > 1:
-            assert labels[rn[i]] != labels[i]
+        if len(set(pool_labels)) > 1:
+            assert pool_labels[rn[i]] != pool_labels[i]
         else:
             assert rn[i] == i
 
     # Mixing: the formulas, given the returned indices and weights.
     lam, lam_n = pairs.lam_pos.double().tolist(), pairs.lam_neg.double().tolist()
-    pos, neg, pos_t, neg_t = reference_mix(z.detach(), labels, k, hp, hn, rn, lam, lam_n)
+    pos, neg, pos_t, neg_t = reference_mix(pool.double(), pool_labels, k, hp, hn, rn, lam, lam_n)
     # λ is returned in float32 and applied in z's dtype (float64 here): exact up to float64 rounding.
     torch.testing.assert_close(pairs.pos_features.detach(), pos)
     torch.testing.assert_close(pairs.neg_features.detach(), neg)
@@ -155,16 +176,69 @@ def test_pairs_match_reference(
     gp = torch.randn(b, d, generator=g, dtype=torch.float64)
     gn = torch.randn(b, d, generator=g, dtype=torch.float64)
     (grad,) = torch.autograd.grad((pairs.pos_features * gp).sum() + (pairs.neg_features * gn).sum(), z)
-    want = torch.zeros(b, d, dtype=torch.float64)
+    want = torch.zeros(n, d, dtype=torch.float64)
     for i in range(b):
         want[hp[i]] += lam[i] * gp[i]
         want[hn[i]] += (1 - lam[i]) * gp[i]
         want[i] += (1 - lam_n[i]) * gn[i]
         want[rn[i]] += lam_n[i] * gn[i]
-    torch.testing.assert_close(grad, want)
+    torch.testing.assert_close(grad, want[:b])
     for t in (pairs.hardest_positive, pairs.hardest_negative, pairs.random_negative):
         assert t.dtype == torch.long and not t.requires_grad
     assert not (pairs.lam_pos.requires_grad or pairs.pos_targets.requires_grad or pairs.neg_targets.requires_grad)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A cross-batch memory: the pool [batch; memory]
+# ------------------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kl=label_lists,
+    memory_labels=st.lists(st.integers(0, 19), max_size=24),
+    d=st.integers(1, 6),
+    copies=st.integers(0, 4),
+    lambda_n=st.floats(0, 1),
+    seed=st.integers(0, 2**16),
+)
+@example(kl=(3, [0, 1, 2]), memory_labels=[0, 1, 2] * 3, d=3, copies=0, lambda_n=0.8, seed=0)  # no in-batch pos
+@example(kl=(1, [0] * 5), memory_labels=[0, 0], d=2, copies=2, lambda_n=0.8, seed=1)  # one class everywhere
+@example(kl=(4, [1] * 6), memory_labels=[3, 1], d=4, copies=1, lambda_n=0.5, seed=2)  # negatives only in memory
+@example(kl=(3, [0, 1, 2, 0]), memory_labels=[], d=3, copies=0, lambda_n=0.8, seed=3)  # empty memory
+@example(kl=(2, [0, 1] * 8), memory_labels=[1, 0], d=2, copies=0, lambda_n=0.8, seed=4)  # memory < batch
+def test_pairs_with_a_memory_match_the_reference_over_the_pool(
+    kl: tuple[int, list[int]], memory_labels: list[int], d: int, copies: int, lambda_n: float, seed: int
+) -> None:
+    """Candidates come from [batch; memory]; a memory row copied from a batch row is an equally hard candidate
+    (either may be chosen: the memory columns are not deduplicated); the gradient reaches the batch only."""
+    k, labels = kl
+    memory_labels = [y % k for y in memory_labels]
+    z = batch(labels, d, seed).requires_grad_(True)
+    memory = torch.randn(len(memory_labels), d, generator=gen(seed + 1), dtype=torch.float64)
+    for r in range(min(copies, len(memory_labels), len(labels))):
+        memory[-1 - r] = z[r].detach()
+        memory_labels[-1 - r] = labels[r]
+    y, my = torch.tensor(labels), torch.tensor(memory_labels, dtype=torch.long)
+    pairs = ct.mine_hard_pairs(z, y, k, 1.0, lambda_n, 0.0, gen(seed), memory, my)
+    check_pairs(pairs, z, torch.cat([z.detach(), memory]), labels + memory_labels, k, lambda_n, 0.0, seed)
+
+
+def test_an_empty_memory_mines_exactly_the_batch() -> None:
+    z, y = torch.randn(12, 5, generator=gen(0)), torch.arange(12) % 3
+    plain = vars(ct.mine_hard_pairs(z, y, 3, generator=gen(1)))
+    empty = vars(ct.mine_hard_pairs(z, y, 3, generator=gen(1), memory=torch.zeros(0, 5), memory_labels=y[:0]))
+    assert all(torch.equal(empty[name], value) for name, value in plain.items())
+
+
+def test_a_memory_gives_anchors_without_a_batch_positive_one() -> None:
+    """Batch 4 of 4 classes: no anchor has a positive in the batch; the memory holds one per class."""
+    z = torch.eye(4)
+    memory = torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
+    pairs = ct.mine_hard_pairs(z, torch.arange(4), 4, memory=memory, memory_labels=torch.tensor([1, 0, 3, 2]))
+    assert pairs.hardest_positive.tolist() == [5, 4, 7, 6]
+    in_batch = ct.mine_hard_pairs(z, torch.arange(4), 4)
+    assert in_batch.hardest_positive.tolist() == [0, 1, 2, 3]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -309,6 +383,29 @@ def test_random_negatives_are_uniform_over_other_class_samples() -> None:
     assert chi2 < 30.0, counts  # df = 6: P(chi2 > 22.5) = 0.001 under uniformity
 
 
+def test_random_negatives_from_a_memory_are_uniform_over_the_pool() -> None:
+    """With a memory the draw is one uniform number per anchor: anchor 0 (class 0) has 3 other-class candidates
+    in the batch and 4 in the memory, each drawn ~1/7; seeded by the generator alone."""
+    y, memory_labels = torch.tensor([0, 1, 2, 0, 3]), torch.tensor([0, 2, 2, 1, 0, 3])
+    candidates = [1, 2, 4, 6, 7, 8, 10]
+    z, memory = torch.randn(5, 4, generator=gen(0)), torch.randn(6, 4, generator=gen(1))
+    g = gen(123)
+    draws = 1400
+    counts = torch.zeros(11)
+    for _ in range(draws):
+        counts[
+            ct.mine_hard_pairs(z, y, 4, generator=g, memory=memory, memory_labels=memory_labels).random_negative[0]
+        ] += 1
+    assert counts.sum() == counts[candidates].sum()
+    expected = draws / len(candidates)
+    chi2 = float(((counts[candidates] - expected) ** 2 / expected).sum())
+    assert chi2 < 30.0, counts  # df = 6: P(chi2 > 22.5) = 0.001 under uniformity
+    a = ct.mine_hard_pairs(z, y, 4, generator=gen(5), memory=memory, memory_labels=memory_labels)
+    torch.manual_seed(9)
+    b = ct.mine_hard_pairs(z, y, 4, generator=gen(5), memory=memory, memory_labels=memory_labels)
+    assert torch.equal(a.random_negative, b.random_negative)
+
+
 @pytest.mark.parametrize(("alpha", "lambda_n", "lambda_p"), [(1.0, 0.8, 0.0), (0.5, 0.0, 0.6), (2.0, 1.0, 1.0)])
 def test_lambda_draws_are_clipped_beta(alpha: float, lambda_n: float, lambda_p: float) -> None:
     """λ ~ Beta(α, α) clipped from below: the unclipped part has the Beta mean 1/2, the clip mass is right."""
@@ -380,6 +477,10 @@ def test_bf16_features_and_soft_targets_share_one_lambda() -> None:
         ({"labels": torch.tensor([0, 1])}, "2 labels for 3 feature rows"),
         ({"features": torch.zeros(3)}, r"features must be \(B, d\)"),
         ({"features": torch.zeros(0, 2), "labels": torch.zeros(0, dtype=torch.long)}, "empty batch"),
+        ({"memory": torch.zeros(2, 3), "memory_labels": torch.tensor([0, 1])}, r"memory must be \(M, 2\)"),
+        ({"memory": torch.zeros(2, 2)}, r"memory must be \(M, 2\) with its \(M,\) memory_labels"),
+        ({"memory": torch.zeros(2, 2), "memory_labels": torch.tensor([0])}, "1 memory_labels for 2 memory rows"),
+        ({"memory": torch.zeros(1, 2), "memory_labels": torch.tensor([3])}, r"memory_labels must lie in \[0, 3\)"),
     ],
 )
 def test_bad_arguments_raise(kwargs: dict, message: str) -> None:

@@ -3,19 +3,22 @@
 from importlib.metadata import version
 
 from . import objectives
-from .losses import contrastive_loss, core_positive_mask, soft_cross_entropy, supcon_positive_mask
+from .losses import contrastive_loss, core_positive_mask, own_pairs_mask, soft_cross_entropy, supcon_positive_mask
+from .memory import FeatureMemory
 from .mining import HardPairs, mine_hard_pairs
 
 __version__ = version("coretune")
 """The installed distribution's version (its metadata, from pyproject.toml), as ``coretune --version`` prints it."""
 
 __all__ = [
+    "FeatureMemory",
     "HardPairs",
     "__version__",
     "contrastive_loss",
     "core_positive_mask",
     "mine_hard_pairs",
     "objectives",
+    "own_pairs_mask",
     "soft_cross_entropy",
     "supcon_positive_mask",
 ]

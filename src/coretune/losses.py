@@ -8,19 +8,33 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["contrastive_loss", "core_positive_mask", "soft_cross_entropy", "supcon_positive_mask"]
+__all__ = [
+    "contrastive_loss",
+    "core_positive_mask",
+    "own_pairs_mask",
+    "soft_cross_entropy",
+    "supcon_positive_mask",
+]
 
 
 def _loss_dtype(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def contrastive_loss(features: Tensor, pos_mask: Tensor, temperature: float = 0.07, focal: bool = False) -> Tensor:
+def contrastive_loss(
+    features: Tensor,
+    pos_mask: Tensor,
+    temperature: float = 0.07,
+    focal: bool = False,
+    contrast_mask: Tensor | None = None,
+    keys: Tensor | None = None,
+) -> Tensor:
     r"""Supervised contrastive loss, optionally focal-reweighted (paper Eq. 1 and :math:`\mathcal{L}^f_{con}`).
 
     ``features`` ``v`` is ``(N, d)`` with L2-normalised rows; ``pos_mask`` is ``(M, N)`` and the anchors are rows
-    ``0..M-1`` of ``v``. For anchor ``i``, ``A_i`` is every row but ``i`` and ``P_i = {j : pos_mask[i, j], j != i}``
-    (a self-pair is never a positive, since ``i`` is not in ``A_i``)::
+    ``0..M-1`` of ``v``. For anchor ``i``, ``A_i`` is every row but ``i`` (or, with ``contrast_mask``, the rows
+    ``j != i`` with ``contrast_mask[i, j]``) and ``P_i = {j ∈ A_i : pos_mask[i, j]}`` (a self-pair is never a
+    positive, since ``i`` is not in ``A_i``)::
 
         p_ij   = exp(v_i·v_j / τ) / Σ_{k ∈ A_i} exp(v_i·v_k / τ)
         loss_i = -(1/|P_i|) Σ_{j ∈ P_i} w_ij · log p_ij,   w_ij = 1 - p_ij if focal else 1
@@ -28,11 +42,16 @@ def contrastive_loss(features: Tensor, pos_mask: Tensor, temperature: float = 0.
     The result is the mean of ``loss_i`` over anchors with ``|P_i| > 0``, and ``0`` (still in the graph, never
     NaN) when there is none. With ``focal=False`` and a same-class mask this is SupCon (Khosla et al., 2020).
 
+    ``keys`` ``(K, d)`` are further rows after ``v`` (a memory's): in ``A_i`` and ``P_i`` like any row (the masks
+    then have ``N + K`` columns), never anchors, and constants: no gradient is computed for them.
+
     Args:
         features: ``(N, d)`` L2-normalised embeddings.
         pos_mask: ``(M, N)`` boolean mask of positives, ``M <= N``.
         temperature: ``τ > 0``.
         focal: weight each positive term by ``1 - p_ij`` (the focal contrastive loss of Core-tuning, §4.1).
+        contrast_mask: ``(M, N)`` boolean mask of the rows in each anchor's ``A_i``; ``None``: every row.
+        keys: ``(K, d)`` L2-normalised constant rows after ``features``, or ``None``.
 
     Returns:
         A scalar tensor (float32, or float64 for float64 input).
@@ -40,8 +59,16 @@ def contrastive_loss(features: Tensor, pos_mask: Tensor, temperature: float = 0.
     if features.dim() != 2:
         raise ValueError(f"features must be (N, d), got shape {tuple(features.shape)}")
     n = features.shape[0]
-    if pos_mask.dim() != 2 or pos_mask.shape[1] != n or pos_mask.shape[0] > n:
-        raise ValueError(f"pos_mask must be (M, N) with M <= N = {n}, got shape {tuple(pos_mask.shape)}")
+    if keys is not None and (keys.dim() != 2 or keys.shape[1] != features.shape[1]):
+        raise ValueError(f"keys must be (K, {features.shape[1]}), got shape {tuple(keys.shape)}")
+    width = n if keys is None else n + keys.shape[0]
+    if pos_mask.dim() != 2 or pos_mask.shape[1] != width or pos_mask.shape[0] > n:
+        shape = "(M, N)" if keys is None else f"(M, N + K) = (M, {width})"
+        raise ValueError(f"pos_mask must be {shape} with M <= N = {n}, got shape {tuple(pos_mask.shape)}")
+    if contrast_mask is not None and contrast_mask.shape != pos_mask.shape:
+        raise ValueError(
+            f"contrast_mask must have pos_mask's shape {tuple(pos_mask.shape)}, got {tuple(contrast_mask.shape)}"
+        )
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     m = pos_mask.shape[0]
@@ -49,11 +76,15 @@ def contrastive_loss(features: Tensor, pos_mask: Tensor, temperature: float = 0.
     with torch.autocast(device_type=features.device.type, enabled=False):
         v = features.to(dtype)
         logits = v[:m] @ v.T / temperature  # (M, N)
-        self_mask = torch.eye(m, n, dtype=torch.bool, device=v.device)
+        if keys is not None:  # (M, N + K); a separate product: the backward computes no gradient for the keys
+            logits = torch.cat([logits, v[:m] @ keys.detach().to(dtype).T / temperature], dim=1)
+        excluded = torch.eye(m, width, dtype=torch.bool, device=v.device)  # j ∉ A_i
+        if contrast_mask is not None:
+            excluded = excluded | ~contrast_mask.to(device=v.device, dtype=torch.bool)
         # A finite fill keeps rows whose A_i is empty (N = 1) and their gradients free of NaN.
-        logits = logits.masked_fill(self_mask, torch.finfo(dtype).min)
-        log_prob = (logits - torch.logsumexp(logits, dim=1, keepdim=True)).masked_fill(self_mask, 0.0)
-        positives = pos_mask.to(torch.bool) & ~self_mask
+        logits = logits.masked_fill(excluded, torch.finfo(dtype).min)
+        log_prob = (logits - torch.logsumexp(logits, dim=1, keepdim=True)).masked_fill(excluded, 0.0)
+        positives = pos_mask.to(torch.bool) & ~excluded
         terms = -log_prob
         if focal:
             terms = terms * (1.0 - log_prob.exp())
@@ -85,6 +116,22 @@ def core_positive_mask(labels: Tensor, original_positives: bool = True) -> Tenso
     eye = torch.eye(b, dtype=torch.bool, device=labels.device)
     originals = supcon_positive_mask(labels) if original_positives else torch.zeros_like(eye)
     return torch.cat([originals, eye, torch.zeros_like(eye)], dim=1)
+
+
+def own_pairs_mask(b: int, extra: int = 0, device: torch.device | str | None = None) -> Tensor:
+    """``A_i`` of Algorithm 1 read literally, for the rows ``[originals (B); z⁺ (B); z⁻ (B); extra rows]``.
+
+    Each anchor contrasts with every original, its *own* generated pair ``B + i`` and ``2B + i`` (lines 6-7:
+    "add it to ``P_i``, ``A_i``") and every extra row (a memory); the anchor itself is left out by
+    :func:`contrastive_loss`. The default (no mask) puts every generated row into every ``A_i``, as the authors'
+    code does.
+
+    Returns:
+        A boolean mask of shape ``(B, 3B + extra)``, for ``contrast_mask``.
+    """
+    eye = torch.eye(b, dtype=torch.bool, device=device)
+    every = torch.ones(b, b, dtype=torch.bool, device=device)
+    return torch.cat([every, eye, eye, torch.ones(b, extra, dtype=torch.bool, device=device)], dim=1)
 
 
 def soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:

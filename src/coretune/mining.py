@@ -20,6 +20,8 @@ __all__ = ["HardPairs", "beta_draws", "mine_hard_pairs", "representable"]
 class HardPairs:
     """The hard pairs generated for a batch of ``B`` anchors with ``K`` classes.
 
+    Indices point into the pool ``[batch (B); memory (M)]``: ``j >= B`` is row ``j - B`` of the memory.
+
     Attributes:
         hardest_positive: ``(B,)`` index of the least similar same-class sample (``i`` if none).
         hardest_negative: ``(B,)`` index of the most similar other-class sample (``i`` if none).
@@ -69,7 +71,11 @@ def representable(lam: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 @torch.no_grad()
-def _pair_indices(features: Tensor, labels: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
+def _pair_indices(
+    features: Tensor, labels: Tensor, memory: Tensor | None, pool_labels: Tensor, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Hardest positive, hardest negative and random negative of the ``B`` anchors among the pool
+    ``[features; memory]`` (labels ``pool_labels``): ``B × (B + M)`` similarities at once."""
     b = labels.numel()
     with torch.autocast(device_type=features.device.type, enabled=False):  # bf16 similarities would tie
         dtype = torch.float64 if features.dtype == torch.float64 else torch.float32
@@ -78,8 +84,15 @@ def _pair_indices(features: Tensor, labels: Tensor, generator: torch.Generator |
         # exact ties then stay ties and resolve to the lowest index.
         unique, inverse = torch.unique(z, dim=0, return_inverse=True)
         sim = (z @ unique.T)[:, inverse]
-    same = labels[:, None] == labels[None, :]
-    eye = torch.eye(b, dtype=torch.bool, device=labels.device)
+        if memory is not None:
+            # One GEMM against the raw memory scaled by its inverse norms: no normalised copy of its M rows, and
+            # no torch.unique over them (it would cost more than the GEMM); a memory row that exactly duplicates
+            # another candidate may lose the tie to the higher index.
+            m = memory.to(dtype)
+            norms = torch.linalg.vector_norm(m, dim=1).clamp(min=1e-12)
+            sim = torch.cat([sim, (z @ m.T) / norms], dim=1)
+    same = labels[:, None] == pool_labels[None, :]
+    eye = torch.eye(b, pool_labels.numel(), dtype=torch.bool, device=labels.device)
     anchor = torch.arange(b, device=labels.device)
     pos_cand = same & ~eye
     neg_cand = ~same
@@ -90,10 +103,29 @@ def _pair_indices(features: Tensor, labels: Tensor, generator: torch.Generator |
     has_neg = neg_cand.any(dim=1)
     hardest_neg = torch.where(has_neg, hardest_neg, anchor)
     # Uniform over the other classes' samples; rows without any fall back to the anchor itself.
-    weights = torch.where(has_neg[:, None], neg_cand, eye).float()
-    draw_device = generator.device if generator is not None else weights.device
-    random_neg = torch.multinomial(weights.to(draw_device), 1, generator=generator).squeeze(1).to(labels.device)
+    candidates = torch.where(has_neg[:, None], neg_cand, eye)
+    draw_device = generator.device if generator is not None else candidates.device
+    if memory is None:
+        weights = candidates.float().to(draw_device)
+        random_neg = torch.multinomial(weights, 1, generator=generator).squeeze(1).to(labels.device)
+    else:
+        # torch.multinomial races one exponential draw per candidate, B × (B + M) of them; one uniform draw per
+        # anchor picks from the same distribution: the ⌊u·c_i⌋-th of its c_i candidates.
+        cumulative = candidates.long().cumsum(dim=1)
+        u = torch.rand(b, generator=generator, device=draw_device, dtype=torch.float64).to(labels.device)
+        rank = (u * cumulative[:, -1]).long().clamp(max=cumulative[:, -1] - 1)
+        random_neg = torch.searchsorted(cumulative, (rank + 1)[:, None]).squeeze(1)
     return hardest_pos, hardest_neg, random_neg
+
+
+def _pool_rows(features: Tensor, memory: Tensor | None, index: Tensor) -> Tensor:
+    """Rows ``index`` of ``[features; memory]`` without concatenating the two (memory rows: constants)."""
+    if memory is None:
+        return features[index]
+    b = features.shape[0]
+    batch_rows = features[index.clamp(max=b - 1)]
+    memory_rows = memory[(index - b).clamp(min=0)].to(features.dtype)
+    return torch.where((index < b)[:, None], batch_rows, memory_rows)
 
 
 def mine_hard_pairs(
@@ -104,6 +136,8 @@ def mine_hard_pairs(
     lambda_n: float = 0.8,
     lambda_p: float = 0.0,
     generator: torch.Generator | None = None,
+    memory: Tensor | None = None,
+    memory_labels: Tensor | None = None,
 ) -> HardPairs:
     """Generate a hard positive and a hard negative for every anchor (paper §4.1, Appendix E thresholds).
 
@@ -116,6 +150,13 @@ def mine_hard_pairs(
     - hard negative: ``n(i)`` uniform among other-class samples (``i`` if none), ``λ' ~ Beta(α, α)``,
       ``λ' ← max(λ', λ_n)``, ``z⁻ = (1-λ') z_i + λ' z_n`` and ``y⁻ = (1-λ') e(y_i) + λ' e(y_n)``.
 
+    The candidates ``j`` are the batch's rows, or with a ``memory`` (a cross-batch feature memory,
+    :class:`coretune.memory.FeatureMemory`) the pool ``[batch; memory]``: the returned indices point into it, and
+    a memory row mixed into ``z⁺`` or ``z⁻`` is a constant (the gradient reaches the batch's rows only). Exact
+    duplicates inside the batch tie and resolve to the lowest index; a memory row that duplicates another
+    candidate bit for bit may win the tie instead (equally hard, same features). No memory, or an empty one,
+    gives exactly the in-batch pairs of Algorithm 1.
+
     Args:
         features: ``(B, d)`` encoder outputs ``z`` (any float dtype; mixing keeps it).
         labels: ``(B,)`` integer class labels in ``[0, num_classes)``.
@@ -124,6 +165,8 @@ def mine_hard_pairs(
         lambda_n: lower clip ``λ_n ∈ [0, 1]`` of the negative's weight in ``z⁻``.
         lambda_p: lower clip ``λ_p ∈ [0, 1]`` of the hardest positive's weight in ``z⁺``.
         generator: source of every random draw.
+        memory: ``(M, d)`` further candidate features (detached), or ``None``.
+        memory_labels: ``(M,)`` their labels, in ``[0, num_classes)``.
     """
     if features.dim() != 2:
         raise ValueError(f"features must be (B, d), got shape {tuple(features.shape)}")
@@ -136,19 +179,34 @@ def mine_hard_pairs(
         raise ValueError(f"lambda_n and lambda_p must lie in [0, 1], got {lambda_n} and {lambda_p}")
     if int(labels.min()) < 0 or int(labels.max()) >= num_classes:
         raise ValueError(f"labels must lie in [0, {num_classes}), got [{int(labels.min())}, {int(labels.max())}]")
+    pool_labels = labels
+    if memory is not None and memory.shape[0] == 0:
+        memory = None
+    if memory is not None:
+        if memory_labels is None or memory.dim() != 2 or memory.shape[1] != features.shape[1]:
+            raise ValueError(
+                f"memory must be (M, {features.shape[1]}) with its (M,) memory_labels, got shape {tuple(memory.shape)}"
+            )
+        memory_labels = memory_labels.reshape(-1).to(labels.device, torch.long)
+        if memory_labels.numel() != memory.shape[0]:
+            raise ValueError(f"{memory_labels.numel()} memory_labels for {memory.shape[0]} memory rows")
+        if int(memory_labels.min()) < 0 or int(memory_labels.max()) >= num_classes:
+            raise ValueError(f"memory_labels must lie in [0, {num_classes})")
+        memory = memory.detach().to(features.device)
+        pool_labels = torch.cat([labels, memory_labels])
 
     b = labels.numel()
-    hp, hn, rn = _pair_indices(features, labels, generator)
+    hp, hn, rn = _pair_indices(features, labels, memory, pool_labels, generator)
     lam = beta_draws(2 * b, alpha, generator, features.device)
     lam_pos = representable(lam[:b].clamp(min=lambda_p), features.dtype)
     lam_neg = representable(lam[b:].clamp(min=lambda_n), features.dtype)
 
     lp = lam_pos.to(features.dtype)[:, None]
     ln = lam_neg.to(features.dtype)[:, None]
-    pos_features = lp * features[hp] + (1 - lp) * features[hn]
-    neg_features = (1 - ln) * features + ln * features[rn]
+    pos_features = lp * _pool_rows(features, memory, hp) + (1 - lp) * _pool_rows(features, memory, hn)
+    neg_features = (1 - ln) * features + ln * _pool_rows(features, memory, rn)
 
-    onehot = F.one_hot(labels, num_classes).float()
+    onehot = F.one_hot(pool_labels, num_classes).float()
     pos_targets = lam_pos[:, None] * onehot[hp] + (1 - lam_pos[:, None]) * onehot[hn]
-    neg_targets = (1 - lam_neg[:, None]) * onehot + lam_neg[:, None] * onehot[rn]
+    neg_targets = (1 - lam_neg[:, None]) * onehot[:b] + lam_neg[:, None] * onehot[rn]
     return HardPairs(hp, hn, rn, lam_pos, lam_neg, pos_features, neg_features, pos_targets, neg_targets)

@@ -108,6 +108,25 @@ def _simclr_case(rank: int | None) -> dict[str, Tensor]:
     return {"loss": loss.detach(), **{n: p.grad.clone() for n, p in model.named_parameters()}}
 
 
+#: (rows per rank) of the three steps of :func:`_memory_case`: unequal, and more rows than the memory holds.
+MEMORY_STEPS = ((3, 2), (4, 4), (2, 5))
+
+
+def _memory_case(gather: bool, rank: int | None) -> dict[str, Any]:
+    """Three steps of ``core`` with a 10-row memory on the rows of ``rank`` (``None``: the global batches in one
+    process): the memory's state after each step and each step's loss."""
+    torch.manual_seed(1)
+    obj = objectives.create("core", D, K, memory_size=10, memory_warmup_steps=0, gather=gather)
+    states, losses = [], []
+    for sizes in MEMORY_STEPS:
+        z_all, y_all, _ = _batch(sizes)
+        rows = _rows(sizes, rank)
+        torch.manual_seed(7)
+        losses.append(obj(z_all[rows], y_all[rows]).loss.detach())
+        states.append({n: b.clone() for n, b in obj.memory.state_dict().items()})
+    return {"states": states, "losses": losses}
+
+
 def _worker(rank: int, folder: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
     try:
@@ -120,6 +139,7 @@ def _worker(rank: int, folder: str) -> None:
             results[case] = _objective_case(name, hparams, sizes, rank)
         results["ddp_core"] = _ddp_case("core", (6, 6), rank)
         results["simclr"] = _simclr_case(rank)
+        results["memory"] = {gather: _memory_case(gather, rank) for gather in (True, False)}
         torch.save(results, Path(folder) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -226,3 +246,23 @@ def test_scale_grad_is_identity_forward_and_scales_backward() -> None:
 def test_contrastive_objectives_gather_by_default_and_can_opt_out(name: str) -> None:
     assert objectives.create(name).gather is True
     assert objectives.create(name, gather=False).gather is False
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize("gather", [True, False], ids=["global-loss", "per-process-loss"])
+def test_every_process_holds_the_same_memory_filled_with_the_global_batch(
+    ranks: list[dict[str, Any]], gather: bool
+) -> None:
+    """With or without the global loss, the memory is written with every process's rows in rank order: the same
+    queue on both processes, and the one a single process builds from the global batches (wrapping around)."""
+    single = _memory_case(True, None)
+    for step, sizes in enumerate(MEMORY_STEPS):
+        want = single["states"][step]
+        assert int(want["filled"]) == min(10, sum(sum(s) for s in MEMORY_STEPS[: step + 1]))
+        for result in ranks:
+            got = result["memory"][gather]["states"][step]
+            for name, value in want.items():
+                assert torch.equal(got[name], value), (step, sizes, name)
+    if gather:  # and the same loss as one process on the global batch, step after step
+        for result in ranks:
+            assert all(map(_close, result["memory"][True]["losses"], single["losses"]))

@@ -8,6 +8,7 @@ import logging
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -230,10 +231,11 @@ def _run(
     ckpt_path: str | None = None,
     val_every: int = 1,
     objective: str = "core",
+    hparams: dict[str, Any] | None = None,
 ) -> FineTuner:
     L.seed_everything(3)
     data = ImageClassificationData(root=str(tree), image_size=32, batch_size=8, seed=3)
-    model = FineTuner(create(objective), backbone="small_cnn")
+    model = FineTuner(create(objective, **(hparams or {})), backbone="small_cnn")
     trainer = make_trainer(
         run_dir,
         progress=False,
@@ -256,19 +258,37 @@ def _assert_same_state(a: object, b: object, key: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("val_every", "objective"),
-    [(1, "core"), (2, "core"), (1, "bi_tuning"), (1, "rifle")],
-    ids=["validated-epoch", "unvalidated-epoch", "bi_tuning-momentum-keys", "rifle-reinit-at-the-resumed-epoch"],
+    ("val_every", "objective", "hparams"),
+    [
+        (1, "core", {}),
+        (2, "core", {}),
+        (1, "bi_tuning", {}),
+        (1, "rifle", {}),
+        (1, "core", {"memory_size": 12, "memory_warmup_steps": 2}),
+    ],
+    ids=[
+        "validated-epoch",
+        "unvalidated-epoch",
+        "bi_tuning-momentum-keys",
+        "rifle-reinit-at-the-resumed-epoch",
+        "core-cross-batch-memory",
+    ],
 )
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")  # resuming into it, on purpose
-def test_resume_repeats_the_uninterrupted_run(image_tree: Path, tmp_path: Path, val_every: int, objective: str) -> None:
+def test_resume_repeats_the_uninterrupted_run(
+    image_tree: Path, tmp_path: Path, val_every: int, objective: str, hparams: dict[str, Any]
+) -> None:
     """``last.ckpt`` holds the latest epoch even when that epoch ran no validation (check_val_every_n_epoch > 1),
-    and the objective's state outside its parameters (Bi-tuning's queues and momentum key encoder)."""
-    kw = {"val_every": val_every, "objective": objective}
+    and the objective's state outside its parameters (Bi-tuning's queues and momentum key encoder, Core-tuning's
+    memory and its warm-up count)."""
+    kw = {"val_every": val_every, "objective": objective, "hparams": hparams}
     whole = _run(image_tree, tmp_path / "whole", [], **kw)
     _run(image_tree, tmp_path / "cut", [_StopAfterFirstEpoch()], **kw)
     assert [r["epoch"] for r in read_metrics(tmp_path / "cut" / "metrics.csv")] == ["0"]
     assert torch.load(tmp_path / "cut" / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] == 0
+    if hparams:  # the memory is in use when the run is cut (the resumed run restores it: checked below)
+        cut = torch.load(tmp_path / "cut" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+        assert int(cut["objective.memory.filled"]) > 0 and int(cut["objective.memory.steps"]) > 2
     resumed = _run(image_tree, tmp_path / "cut", [], ckpt_path="last", **kw)
     for key, value in whole.state_dict().items():
         _assert_same_state(value, resumed.state_dict()[key], key)

@@ -737,6 +737,10 @@ def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path
             "invalid Core-tuning settings: lambda_n must lie in [0, 1] (got -0.2)",
         ),
         (
+            ["--objective=core", "--objective.memory_size=-5"],
+            "invalid Core-tuning settings: memory_size must be >= 0 (got -5); 0 turns the memory off",
+        ),
+        (
             ["--data.image_size=0"],
             "invalid data option(s): image_size must be >= 1 pixel, got 0 — set valid values (--data.<option>)",
         ),

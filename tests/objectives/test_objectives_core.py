@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from typing import Any
 
@@ -153,6 +154,9 @@ PAPER_DEFAULTS = {
     "classifier_pairs": "both",
     "original_positives": True,
     "gather": True,  # global batch under DDP (coretune.distributed); a no-op in one process
+    "generated_pairs": "all",
+    "memory_size": 0,
+    "memory_warmup_steps": 1000,
 }
 
 
@@ -218,6 +222,11 @@ def test_projection_head_shape(depth: int, linears: int) -> None:
         ({"classifier_pairs": "all"}, r"classifier_pairs must be 'both' or 'negatives' \(got 'all'\)"),
         ({"mixing": "manifold", "smooth_classifier": False}, r"mixing='manifold' only feeds the classifier"),
         ({"mixing": "none", "original_positives": False}, r"original_positives=False needs mixing='hard'"),
+        ({"memory_size": -5}, r"memory_size must be >= 0 \(got -5\); 0 turns the memory off"),
+        ({"memory_warmup_steps": -1}, r"memory_warmup_steps must be >= 0 \(got -1\)"),
+        ({"eta": 0.0, "mixing": "none", "memory_size": 8}, r"memory_size > 0 needs mixing='hard' or eta > 0"),
+        ({"generated_pairs": "mine"}, r"generated_pairs must be 'all' or 'own' \(got 'mine'\)"),
+        ({"mixing": "none", "generated_pairs": "own"}, r"generated_pairs='own' needs mixing='hard' and eta > 0"),
     ],
 )
 def test_invalid_settings_raise(kwargs: dict[str, Any], message: str) -> None:
@@ -306,3 +315,195 @@ def test_core_tuning_trains_a_tiny_cnn_on_digits() -> None:
         losses.append(out.loss.item())
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < first - 1.0, losses  # 7.10 -> 5.46 here; seeds 1-4 also drop by > 1.5
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Cross-batch memory and the A_i reading (issue 40)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def fingerprint(name: str, **hparams: Any) -> tuple[str, str]:
+    """Three seeded training steps of objective ``name``: the summed loss (hex) and a SHA-256 of every loss,
+    the features' gradient and every parameter's gradient, bit for bit."""
+    torch.manual_seed(0)
+    obj = objectives.create(name, 6, 3, proj_dim=4, **hparams)
+    z = torch.randn(12, 6, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 0, 1, 2, 2, 1])
+    obj.generator = torch.Generator().manual_seed(2)
+    total, digest = torch.zeros(()), hashlib.sha256()
+    for _ in range(3):
+        out = obj(z, y)
+        out.loss.backward()
+        total = total + out.loss.detach()
+        digest.update(out.loss.detach().numpy().tobytes())
+    for t in [z.grad, *(p.grad for p in obj.parameters())]:
+        digest.update(t.numpy().tobytes())
+    return float(total).hex(), digest.hexdigest()
+
+
+#: fingerprint(name) computed by the code before the memory existed (branch issue35, commit 73e7f9d).
+BEFORE_THE_MEMORY = {
+    "core": ("0x1.3245440000000p+3", "cf00d99573578627660873e7ceca39d2d40c72d43729b99a7366045ab7bf9b4b"),
+    "ce_con": ("0x1.5053840000000p+2", "b45eaad5e6b43c301bcd2df6ed29ab541625c1698daa942bc6f01b48876e3abd"),
+    "ce_mix": ("0x1.fc1adc0000000p+2", "7ec99847bd1c090eafcd53c029d963aa7a964a740e97f9367b0a56e50a6e7968"),
+    "ce_con_mixh": ("0x1.331ec00000000p+3", "038d966897fac4b1df1d50e1c43576c459c917d389fcc0eada8aa256ec7d5882"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BEFORE_THE_MEMORY))
+def test_memory_zero_is_the_paper_number_for_number(name: str) -> None:
+    """The default (memory_size=0) reproduces the losses and gradients of the code before the memory, bit for bit;
+    so does a memory still in its warm-up, and it adds no state to the default's checkpoints."""
+    assert fingerprint(name) == BEFORE_THE_MEMORY[name]
+    if name != "ce_mix":  # no memory there: nothing would use it
+        assert fingerprint(name, memory_size=8, memory_warmup_steps=3) == BEFORE_THE_MEMORY[name]
+    assert not any(key.startswith("memory") for key in objectives.create(name, 6, 3).state_dict())
+
+
+def reference_con(
+    v: torch.Tensor, labels: list[int], memory_labels: list[int], obj: CoreTuning, hard: bool
+) -> torch.Tensor:
+    """L_con one anchor at a time, from the layout [z (B); z⁺ (B); z⁻ (B); memory (M)] (or [z; memory] without
+    mixing): A_i = every row but i ("all") or the originals, z⁺_i, z⁻_i and the memory ("own"); P_i = the
+    same-class originals and memory rows (if original_positives) and z⁺_i."""
+    b, m = len(labels), len(memory_labels)
+    generated = 2 * b if hard else 0
+    kinds = ["orig"] * b + ["pos"] * (generated // 2) + ["neg"] * (generated // 2) + ["memory"] * m
+    row_labels = labels + [-1] * generated + memory_labels
+    per_anchor = []
+    for i in range(b):
+        owner = [j - b * (1 + (kinds[j] == "neg")) if kinds[j] in ("pos", "neg") else None for j in range(len(v))]
+        contrast = [
+            j
+            for j in range(len(v))
+            if j != i and (obj.generated_pairs == "all" or kinds[j] in ("orig", "memory") or owner[j] == i)
+        ]
+        positives = [
+            j
+            for j in contrast
+            if (kinds[j] in ("orig", "memory") and obj.original_positives and row_labels[j] == labels[i])
+            or (kinds[j] == "pos" and owner[j] == i)
+        ]
+        if not positives:
+            continue
+        denominator = torch.exp(v[contrast] @ v[i] / obj.temperature).sum()
+        p = torch.exp(v[positives] @ v[i] / obj.temperature) / denominator
+        w = 1 - p if obj.focal else torch.ones_like(p)
+        per_anchor.append(-(w * torch.log(p)).sum() / len(positives))
+    return torch.stack(per_anchor).mean() if per_anchor else (v * 0).sum()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"generated_pairs": "own"},
+        {"generated_pairs": "own", "focal": False, "original_positives": False},
+        {"original_positives": False},
+        {"mixing": "none", "focal": False},  # ce_con
+        {"mixing": "manifold"},
+    ],
+    ids=["core", "core-own", "own-nofocal-generated-positives-only", "generated-positives-only", "ce_con", "manifold"],
+)
+def test_memory_step_equals_the_loop_reference(settings: dict[str, Any]) -> None:
+    """A step after one that filled the memory: its rows are mining candidates and extra contrast rows (keys
+    through the current head, no gradient); loss terms and the gradients of z and of the heads as the loops."""
+    torch.manual_seed(0)
+    obj = objectives.create("core", 6, 4, eta=0.5, proj_dim=5, memory_size=7, memory_warmup_steps=1, **settings)
+    g = torch.Generator().manual_seed(1)
+    first = torch.randn(5, 6, generator=g)
+    obj(torch.randn(3, 6, generator=g), torch.tensor([0, 1, 2]))  # warm-up: neither read nor written
+    assert len(obj.memory) == 0
+    obj(first, torch.tensor([0, 1, 3, 3, 0]))  # memory empty: written after the loss
+    memory, memory_labels = (t.clone() for t in obj.memory.rows())
+    assert torch.equal(memory, first) and memory_labels.tolist() == [0, 1, 3, 3, 0]
+
+    z = torch.randn(6, 6, generator=g, requires_grad=True)
+    y = torch.tensor([0, 1, 2, 2, 1, 3])
+    obj.generator = torch.Generator().manual_seed(4)
+    obj.zero_grad()
+    out = obj(z, y)
+    out.loss.backward()
+    assert out.terms["memory"] == 5
+
+    zr = z.detach().clone().requires_grad_()
+    g = torch.Generator().manual_seed(4)
+    hard = obj.mixing == "hard"
+    generated, targets, rows = [], [], zr
+    if hard:
+        p = ct.mine_hard_pairs(zr, y, 4, obj.alpha, obj.lambda_n, obj.lambda_p, g, memory, memory_labels)
+        generated, targets = [p.pos_features, p.neg_features], [p.pos_targets, p.neg_targets]
+        rows = torch.cat([zr, p.pos_features, p.neg_features])
+    elif obj.mixing == "manifold":
+        perm = torch.randperm(6, generator=g)
+        lam = beta_draws(6, obj.alpha, g)[:, None]
+        generated = [lam * zr + (1 - lam) * zr[perm]]
+        targets = [lam * F.one_hot(y, 4) + (1 - lam) * F.one_hot(y[perm], 4)]
+    heads = {n: p.detach().clone().requires_grad_() for n, p in obj.named_parameters()}
+    projector = {k[len("projector.") :]: v for k, v in heads.items() if k.startswith("projector.")}
+
+    def clf(x: torch.Tensor) -> torch.Tensor:
+        return x @ heads["classifier.weight"].T + heads["classifier.bias"]
+
+    def proj(x: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(obj.projector, projector, (x,))
+
+    want = {"ce": F.cross_entropy(clf(zr), y)}
+    if generated:
+        want["ce_mix"] = soft_ce(clf(torch.cat(generated)), torch.cat(targets))
+    keys = F.normalize(proj(memory), dim=1).detach()
+    v = torch.cat([F.normalize(proj(rows), dim=1), keys])
+    want["con"] = reference_con(v, y.tolist(), memory_labels.tolist(), obj, hard)
+    want["loss"] = want["ce"] + want.get("ce_mix", 0) + 0.5 * want["con"]
+    for name in want:
+        torch.testing.assert_close(out.terms[name], want[name].detach(), msg=name)
+    grads = torch.autograd.grad(want["loss"], [zr, *heads.values()])
+    torch.testing.assert_close(z.grad, grads[0])
+    for (name, param), grad in zip(obj.named_parameters(), grads[1:], strict=True):
+        torch.testing.assert_close(param.grad, grad, msg=name)
+    # This step's batch fills slots 5, 6 and overwrites the oldest four, 0-3 (slot order, not age order).
+    assert obj.memory.rows()[1].tolist() == [2, 2, 1, 3, 0, 0, 1] and int(obj.memory.ptr) == 4
+    assert int(obj.memory.steps) == 3
+
+
+@pytest.mark.parametrize("generated_pairs", ["all", "own"])
+def test_the_a_i_reading_without_memory_equals_the_loop_reference(generated_pairs: str) -> None:
+    """``generated_pairs``: every generated row in each A_i (the authors' code) or only the anchor's own."""
+    torch.manual_seed(0)
+    obj = objectives.create("core", 6, 3, proj_dim=5, generated_pairs=generated_pairs)
+    z, y = torch.randn(8, 6, requires_grad=True), torch.tensor([0, 1, 2, 0, 1, 2, 0, 2])
+    obj.generator = torch.Generator().manual_seed(3)
+    out = obj(z, y)
+    (grad,) = torch.autograd.grad(out.loss, z)
+    p = ct.mine_hard_pairs(z, y, 3, generator=torch.Generator().manual_seed(3))
+    v = F.normalize(obj.projector(torch.cat([z, p.pos_features, p.neg_features])), dim=1)
+    con = reference_con(v, y.tolist(), [], obj, hard=True)
+    torch.testing.assert_close(out.terms["con"], con.detach())
+    ce_m = F.cross_entropy(obj.classifier(z), y) + soft_ce(
+        obj.classifier(torch.cat([p.pos_features, p.neg_features])), torch.cat([p.pos_targets, p.neg_targets])
+    )
+    torch.testing.assert_close(grad, torch.autograd.grad(ce_m + 0.1 * con, z)[0])
+    other = objectives.create("core", 6, 3, proj_dim=5, generated_pairs="own" if generated_pairs == "all" else "all")
+    other.load_state_dict(obj.state_dict())
+    other.generator = torch.Generator().manual_seed(3)
+    assert not torch.equal(other(z, y).terms["con"], out.terms["con"])  # the two readings differ
+
+
+def test_the_memory_is_only_used_and_filled_in_training_mode() -> None:
+    obj = objectives.create("core", 4, 2, memory_size=4, memory_warmup_steps=0)
+    obj.eval()
+    obj(torch.randn(3, 4), torch.tensor([0, 1, 0]))
+    assert len(obj.memory) == 0 and int(obj.memory.steps) == 0
+    obj.train()
+    terms = [obj(torch.randn(3, 4), torch.tensor([0, 1, 0])).terms["memory"].item() for _ in range(3)]
+    assert terms == [0.0, 3.0, 4.0] and len(obj.memory) == 4
+
+
+def test_a_memory_restores_from_a_state_dict() -> None:
+    obj = objectives.create("ce_con", 4, 2, memory_size=5, memory_warmup_steps=0)
+    for _ in range(2):
+        obj(torch.randn(3, 4), torch.tensor([0, 1, 1]))
+    restored = objectives.create("ce_con", 4, 2, memory_size=5, memory_warmup_steps=0)
+    restored.load_state_dict(obj.state_dict())
+    assert torch.equal(restored.memory.rows()[0], obj.memory.rows()[0])
+    assert int(restored.memory.ptr) == 1 and int(restored.memory.steps) == 2

@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..distributed import gather_batch
+from ..distributed import gather_batch, gather_rows
 from ..heads import ProjectionHead
-from ..losses import contrastive_loss, core_positive_mask, soft_cross_entropy, supcon_positive_mask
+from ..losses import contrastive_loss, core_positive_mask, own_pairs_mask, soft_cross_entropy, supcon_positive_mask
+from ..memory import FeatureMemory
 from ..mining import beta_draws, mine_hard_pairs, representable
 from .base import Objective, ObjectiveOutput, register
 
@@ -18,6 +19,7 @@ __all__ = ["TABLE2_ROWS", "CoreTuning"]
 
 Mixing = Literal["hard", "manifold", "none"]
 ClassifierPairs = Literal["both", "negatives"]
+GeneratedPairs = Literal["all", "own"]
 
 
 @register("ce_con_mixh", {"focal": False}, "Table 2 row 4: CE + L_con + hardness-directed mixup.")
@@ -38,7 +40,32 @@ class CoreTuning(Objective):
     (mix-H), ``"manifold"`` (manifold mixup of random pairs, classifier only; the contrast then uses SupCon on
     the originals) or ``"none"``; ``smooth_classifier`` (CE on the generated rows); ``classifier_pairs``
     (``"both"`` generated rows or only ``"negatives"``); ``original_positives`` (off: only ``z⁺`` is a
-    positive). ``eta = 0`` drops the contrastive term and its projection head.
+    positive). ``eta = 0`` drops the contrastive term and its projection head. ``generated_pairs``: ``"all"``
+    puts every generated row of the batch into each anchor's ``A_i``, as the authors' code does; ``"own"`` is
+    Algorithm 1 read literally, each anchor's ``A_i`` holds only its own ``z⁺_i`` and ``z⁻_i``
+    (:func:`coretune.losses.own_pairs_mask`).
+
+    Cross-batch memory (``memory_size = N > 0``, off by default, beyond the paper: "all hard pair generation is
+    conducted within each sample batch"): a FIFO queue (:class:`coretune.memory.FeatureMemory`, buffers saved in
+    checkpoints) of the encoder features ``z`` of the last ``N`` training samples, detached, with their labels.
+    Under DDP it is filled with the batch gathered from every process, so all processes hold the same queue.
+    At each training step its ``M <= N`` rows, from *earlier* steps (the batch is written after the loss, so an
+    anchor never meets its own copy), are
+
+    - candidates of the mining: hardest positives, hardest negatives and random negatives come from the pool
+      ``[z; memory]`` (``B × (B + M)`` similarities at once), a memory row mixed into ``z⁺``/``z⁻`` being a
+      constant;
+    - extra rows of the contrastive loss after ``v = [z; z⁺; z⁻]``: in every ``A_i``, and in ``P_i`` when they
+      share the anchor's class (unless ``original_positives=False``). Like MoCo's and XBM's memory they pass
+      through the *current* projection head, without gradient (to the encoder or to the head): they are keys.
+
+    Memory rows go stale as the encoder trains. As XBM (Wang et al., CVPR 2020, whose sample configuration starts
+    the memory at iteration 1,000 of 35,000 of fine-tuning an ImageNet-pretrained encoder, once the features
+    drift slowly) the memory is neither read nor written during the first ``memory_warmup_steps`` training steps
+    (default 1,000, XBM's number; counted in ``memory.steps``, one per training-mode call, i.e. per batch under
+    gradient accumulation), and then fills from empty. The term
+    ``memory`` logs how many memory rows a step used. The memory is only used in training mode; with
+    ``memory_size = 0``, during the warm-up and while it is empty, the loss is exactly the in-batch one.
 
     Args:
         eta: trade-off ``η >= 0`` of the contrastive term.
@@ -50,6 +77,9 @@ class CoreTuning(Objective):
         proj_depth: number of linear layers of ``G_c`` (1–3).
         gather: under DDP, compute the whole loss on the batch gathered from every process (global hard-pair
             mining, :func:`coretune.distributed.gather_batch`); ``False`` keeps it per process.
+        generated_pairs: ``"all"`` or ``"own"`` generated rows in each anchor's ``A_i`` (see above).
+        memory_size: rows ``N >= 0`` of the cross-batch memory; 0 turns it off.
+        memory_warmup_steps: training steps before the memory is used and filled.
     """
 
     def __init__(
@@ -67,6 +97,9 @@ class CoreTuning(Objective):
         classifier_pairs: ClassifierPairs = "both",
         original_positives: bool = True,
         gather: bool = True,
+        generated_pairs: GeneratedPairs = "all",
+        memory_size: int = 0,
+        memory_warmup_steps: int = 1000,
     ) -> None:
         super().__init__()
         problems = []
@@ -91,6 +124,16 @@ class CoreTuning(Objective):
             problems.append("mixing='manifold' only feeds the classifier: it needs smooth_classifier=True")
         if mixing != "hard" and not original_positives:
             problems.append("original_positives=False needs mixing='hard' (no generated positives otherwise)")
+        if generated_pairs not in ("all", "own"):
+            problems.append(f"generated_pairs must be 'all' or 'own' (got {generated_pairs!r})")
+        elif generated_pairs == "own" and (mixing != "hard" or eta == 0):
+            problems.append("generated_pairs='own' needs mixing='hard' and eta > 0 (no generated rows are contrasted)")
+        if memory_size < 0:
+            problems.append(f"memory_size must be >= 0 (got {memory_size}); 0 turns the memory off")
+        elif memory_size > 0 and mixing != "hard" and eta == 0:
+            problems.append("memory_size > 0 needs mixing='hard' or eta > 0 (nothing would use the memory)")
+        if memory_warmup_steps < 0:
+            problems.append(f"memory_warmup_steps must be >= 0 (got {memory_warmup_steps})")
         if problems:
             raise ValueError("invalid Core-tuning settings: " + "; ".join(problems))
         self.eta, self.temperature, self.alpha = eta, temperature, alpha
@@ -98,12 +141,30 @@ class CoreTuning(Objective):
         self.proj_dim, self.proj_depth = proj_dim, proj_depth
         self.focal, self.mixing, self.smooth_classifier = focal, mixing, smooth_classifier
         self.classifier_pairs, self.original_positives = classifier_pairs, original_positives
-        self.gather = gather
+        self.gather, self.generated_pairs = gather, generated_pairs
+        self.memory_size, self.memory_warmup_steps = memory_size, memory_warmup_steps
         self.generator: torch.Generator | None = None
 
     def build_heads(self, feature_dim: int, num_classes: int) -> None:
         if self.eta > 0:
             self.projector = ProjectionHead(feature_dim, self.proj_dim, self.proj_depth)
+        if self.memory_size > 0:
+            self.memory = FeatureMemory(self.memory_size, feature_dim)
+
+    def _memory_rows(self) -> tuple[Tensor, Tensor] | None:
+        """The memory's rows for this step, or ``None`` (no memory, evaluation mode, warm-up, empty)."""
+        if self.memory_size == 0 or not self.training or int(self.memory.steps) < self.memory_warmup_steps:
+            return None
+        return self.memory.rows() if len(self.memory) else None
+
+    def _remember(self, features: Tensor, labels: Tensor, gathered: bool) -> None:
+        """Count the training step; after the warm-up, write the batch of every process into the memory."""
+        if self.memory_size == 0 or not self.training:
+            return
+        if int(self.memory.steps) >= self.memory_warmup_steps:
+            features, labels = (features, labels) if gathered else (gather_rows(features.detach()), gather_rows(labels))
+            self.memory.push(features, labels)
+        self.memory.steps += 1
 
     def _manifold_mix(self, z: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """Manifold mixup of random pairs (Verma et al., 2019) on the encoder features."""
@@ -120,10 +181,20 @@ class CoreTuning(Objective):
         b = features.shape[0]
         generated: list[Tensor] = []
         targets: list[Tensor] = []
+        memory = self._memory_rows()
+        memory_features, memory_labels = memory if memory is not None else (None, None)
         contrast_rows, pos_mask = features, supcon_positive_mask(labels)
         if self.mixing == "hard":
             pairs = mine_hard_pairs(
-                features, labels, self.num_classes, self.alpha, self.lambda_n, self.lambda_p, self.generator
+                features,
+                labels,
+                self.num_classes,
+                self.alpha,
+                self.lambda_n,
+                self.lambda_p,
+                self.generator,
+                memory_features,
+                memory_labels,
             )
             if self.classifier_pairs == "both":
                 generated, targets = [pairs.pos_features], [pairs.pos_targets]
@@ -148,10 +219,20 @@ class CoreTuning(Objective):
             terms["ce_mix"] = ce_mix.detach()
         if self.eta > 0:
             v = F.normalize(self.projector(contrast_rows).float(), dim=1)
-            con = contrastive_loss(v, pos_mask, self.temperature, focal=self.focal)
+            keys = None
+            if memory is not None:
+                with torch.no_grad():  # keys: through the current head, no gradient anywhere
+                    keys = F.normalize(self.projector(memory_features.to(contrast_rows.dtype)).float(), dim=1)
+                same = labels[:, None] == memory_labels[None, :]
+                pos_mask = torch.cat([pos_mask, same if self.original_positives else torch.zeros_like(same)], dim=1)
+            own = own_pairs_mask(b, pos_mask.shape[1] - 3 * b, v.device) if self.generated_pairs == "own" else None
+            con = contrastive_loss(v, pos_mask, self.temperature, self.focal, own, keys)
             loss = loss + self.eta * con
             terms["con"] = con.detach()
+        if self.memory_size > 0:
+            terms["memory"] = loss.new_tensor(0.0 if memory is None else float(memory_labels.numel()))
         terms["loss"] = loss.detach()
+        self._remember(features.detach(), labels, self.gathers)
         return ObjectiveOutput(loss, logits[rows], terms)
 
 

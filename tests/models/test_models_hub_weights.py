@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from coretune.cli import main
+from coretune.engine import setting_changes
 from coretune.engine.fitcli import FitArgsError, resolved_fit_config
 from coretune.models import CheckpointError, create_backbone, resolve_weights
 from fit_flags import QUIET
@@ -178,3 +179,8 @@ def test_fit_eval_and_sweeps_refuse_a_name_missing_from_the_cache(
     with pytest.raises(FitArgsError, match="are not in the Hugging Face cache"):
         resolved_fit_config(fit)
     assert resolved_fit_config([*fit, "--model.weights_download=true"])["model"]["weights_download"] is True
+
+
+def test_a_resume_may_switch_the_download_flag() -> None:
+    recorded, current = {"model": {"weights_download": True}}, {"model": {"weights_download": False}}
+    assert setting_changes(recorded, current) == (["model.weights_download True → False"], [])

@@ -218,10 +218,13 @@ def _eval_parser() -> ArgumentParser:
 
 
 def _stored_backbone(weights: str) -> str:
-    """The backbone name a checkpoint records: MoCo/SimCLR ``arch``, or a coretune run's hyper-parameters."""
-    from .models import load_checkpoint_file
+    """The backbone name a checkpoint records: MoCo/SimCLR ``arch``, or a coretune run's hyper-parameters; for
+    ``timm:<model>[.<tag>]`` weights, ``timm/<model>``."""
+    from .models import TIMM_PREFIX, load_checkpoint_file, resolve_weights
 
-    raw = load_checkpoint_file(weights)
+    if weights.startswith("timm:"):
+        return TIMM_PREFIX + weights.removeprefix("timm:").partition(".")[0]
+    raw = load_checkpoint_file(resolve_weights(weights))
     name = None
     if isinstance(raw, dict):
         name = raw.get("arch") or raw.get("hyper_parameters", {}).get("backbone")

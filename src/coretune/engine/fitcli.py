@@ -19,7 +19,7 @@ import yaml
 
 from .. import objectives
 from ..data import ImageClassificationData
-from ..models import require_checkpoint_file
+from ..models import HUB_PREFIXES, resolve_weights
 from ..rundir import RunDir
 from .checkpoint_io import with_atomic_io
 from .module import FineTuner
@@ -173,7 +173,8 @@ def resolved_fit_config(args: Sequence[str]) -> dict[str, Any]:
     """The configuration ``coretune fit ARGS`` would run with (its ``--print_config``, configs and presets applied),
     without running it. Raises :class:`FitArgsError` with fit's own message when it would refuse the arguments (an
     unknown option or objective, a value of the wrong type, an unreadable config file, a data folder or
-    ``--model.weights`` file that does not exist; no image or checkpoint is read)."""
+    ``--model.weights`` file that does not exist or hub name missing from the local cache; no image or checkpoint is
+    read)."""
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -197,5 +198,6 @@ def _check_local_paths(config: dict[str, Any]) -> None:
     CheckpointError, both ValueErrors, otherwise)."""
     if "data" in config:
         ImageClassificationData(**config["data"]).check_folders()
-    if weights := config.get("model", {}).get("weights"):
-        require_checkpoint_file(weights)
+    model = config.get("model", {})
+    if (weights := model.get("weights")) and not (model.get("weights_download") and weights.startswith(HUB_PREFIXES)):
+        resolve_weights(weights)  # a file that exists, or a hub name in the local cache (no network)

@@ -219,7 +219,10 @@ class FineTuner(L.LightningModule):
         objective: the fine-tuning method (default: CE-tuning); built here once the number of classes is known.
         backbone: backbone name (``resnet18`` … ``resnet152``, ``resnext50_32x4d``, ``wide_resnet50_2``,
             ``small_cnn``, or ``timm/<model>``).
-        weights: a local pre-trained checkpoint to load into the backbone (``None``: random initialisation).
+        weights: a local pre-trained checkpoint to load into the backbone (``None``: random initialisation), or a
+            name in the local Hugging Face cache: ``timm:<model>[.<tag>]`` or ``hf-hub:<org>/<repo>``.
+        weights_download: download a named ``weights`` missing from the Hugging Face cache (needs network; off by
+            default, when nothing is ever downloaded).
         weights_format: checkpoint layout (``auto`` detects it).
         weights_allow_cast: load ``weights`` whose floating-point tensors are stored as integers (or quantised),
             converted to floats; refused by default, since such weights are rarely the float values.
@@ -244,6 +247,7 @@ class FineTuner(L.LightningModule):
         objective: Objective | None = None,
         backbone: str = "resnet50",
         weights: str | None = None,
+        weights_download: bool = False,
         weights_format: str = "auto",
         weights_allow_cast: bool = False,
         backbone_args: dict[str, Any] | None = None,
@@ -273,6 +277,7 @@ class FineTuner(L.LightningModule):
             weights=weights,
             weights_format=weights_format,
             allow_cast=weights_allow_cast,
+            weights_download=weights_download,
             **(backbone_args or {}),
         )
         self.objective = objective if objective is not None else CETuning()

@@ -49,13 +49,14 @@ RESUMABLE_CHANGES = frozenset(
         "data.cache_images",
         "data.eval_batch_size",
         "model.channels_last",
+        "model.weights_download",
     }
 )
 """Settings a run may be resumed with after a change (a class's ``init_args.x`` named as its ``x``): how long it
 trains (``trainer.max_epochs`` extends a run), the hardware and numeric precision it runs on (``trainer.devices``
-only with the same number of devices), what it prints and logs (added callbacks, such as a monitor), and how images
-are loaded. Every other setting changes the model, the objective, the data or the optimisation, so a resume with
-another value is refused."""
+only with the same number of devices), what it prints and logs (added callbacks, such as a monitor), how images
+are loaded, and whether named weights may be downloaded (the same file either way). Every other setting changes
+the model, the objective, the data or the optimisation, so a resume with another value is refused."""
 
 
 def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -3,6 +3,7 @@ for segmentation."""
 
 from .backbones import SmallCNN, create_backbone, list_backbones, register_backbone
 from .checkpoints import (
+    HUB_PREFIXES,
     CheckpointError,
     Extraction,
     Layout,
@@ -14,11 +15,13 @@ from .checkpoints import (
     load_pretrained,
     register_layout,
     require_checkpoint_file,
+    resolve_weights,
 )
 from .encoder import TIMM_PREFIX, Encoder
 from .segmentation import DeepLabV3, create_deeplabv3, dilate_resnet
 
 __all__ = [
+    "HUB_PREFIXES",
     "TIMM_PREFIX",
     "CheckpointError",
     "DeepLabV3",
@@ -39,4 +42,5 @@ __all__ = [
     "register_backbone",
     "register_layout",
     "require_checkpoint_file",
+    "resolve_weights",
 ]

@@ -7,7 +7,8 @@ torchvision's / timm's keys minus the classifier and pre-trained checkpoints loa
 :mod:`coretune.models.checkpoints`).
 
 Nothing here downloads: torchvision models are built with ``weights=None`` and timm models with
-``pretrained=False``; pre-trained weights come from a local file passed as ``weights``.
+``pretrained=False``; pre-trained weights come from a local file passed as ``weights``, or a name found in the local
+Hugging Face cache (``timm:resnet18.a1_in1k``, ``hf-hub:ORG/REPO``), downloaded only with ``weights_download=True``.
 """
 
 from __future__ import annotations
@@ -68,18 +69,21 @@ def create_backbone(
     allow_missing: bool = False,
     allow_unexpected: bool = False,
     allow_cast: bool = False,
+    weights_download: bool = False,
     **kwargs: Any,
 ) -> Encoder:
     """Build the encoder ``name`` (randomly initialised) and optionally load pre-trained ``weights``.
 
     Args:
         name: a registered name (:func:`list_backbones`) or ``timm/<model>`` for any timm model.
-        weights: a local checkpoint (``.pth``/``.pth.tar``/``.ckpt``/``.safetensors``) to load into the body.
+        weights: a local checkpoint (``.pth``/``.pth.tar``/``.ckpt``/``.safetensors``) to load into the body, or a
+            name in the local Hugging Face cache (``timm:<model>[.<tag>]``, ``hf-hub:<org>/<repo>``).
         weights_format: checkpoint layout (``"auto"`` detects it; see :func:`~coretune.models.list_layouts`).
         verbose: print the one-line load summary.
         allow_missing / allow_unexpected: accept a checkpoint that lacks backbone tensors / has extra ones
             (they are reported either way).
         allow_cast: accept integer or quantised tensors where the backbone has floats, converted (reported).
+        weights_download: download named ``weights`` missing from the Hugging Face cache (network); never by default.
         **kwargs: passed to the model constructor, e.g. ``img_size=32`` for a timm ViT.
     """
     if name.startswith(TIMM_PREFIX):
@@ -103,6 +107,7 @@ def create_backbone(
             allow_missing=allow_missing,
             allow_unexpected=allow_unexpected,
             allow_cast=allow_cast,
+            download=weights_download,
         )
         if verbose:
             from rich.console import Console

@@ -6,6 +6,11 @@ save the encoder under their own nested entry and prefix, next to heads, momentu
 :func:`load_pretrained` detects the layout (or takes the one forced by ``weights_format``), checks names and
 shapes against the encoder, and reports exactly what was loaded, missing, unexpected and dropped. Files are
 read with ``torch.load(weights_only=True)`` or safetensors, so no code stored in a checkpoint ever runs.
+
+Weights may also be named: ``timm:<model>[.<tag>]`` (the Hugging Face hub file timm's ``pretrained_cfg`` names) or
+``hf-hub:<org>/<repo>[@<revision>]``. :func:`resolve_weights` finds the file in the local Hugging Face cache
+(``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``) without any network call; it downloads
+only when asked to (``download=True``, ``--model.weights_download true``). The file is then read like any other.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from torch import Tensor, nn
 from .encoder import Encoder
 
 __all__ = [
+    "HUB_PREFIXES",
     "CheckpointError",
     "Extraction",
     "Layout",
@@ -39,6 +45,7 @@ __all__ = [
     "load_pretrained",
     "register_layout",
     "require_checkpoint_file",
+    "resolve_weights",
 ]
 
 _SAFE_GLOBALS = [argparse.Namespace]
@@ -72,6 +79,89 @@ def require_checkpoint_file(path: str | Path) -> Path:
     if path.is_dir():
         raise CheckpointError(f"checkpoint {path} is a directory: pass the checkpoint file inside it")
     return path
+
+
+HUB_PREFIXES = ("timm:", "hf-hub:")
+"""Prefixes of weights given by name (:func:`resolve_weights`) rather than as a file path."""
+
+
+def _hub_files(weights: str) -> tuple[str, str | None, tuple[str, ...]]:
+    """``(repo_id, revision, file names to try)`` of a hub name, as timm resolves it (``timm:``: the model's
+    ``pretrained_cfg.hf_hub_id`` and ``hf_hub_filename``; else timm's ``model.safetensors``, then
+    ``pytorch_model.bin``). Raises :class:`CheckpointError` for a malformed name or a model without hub weights."""
+    from timm.models import get_pretrained_cfg
+    from timm.models._hub import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
+
+    default_files = (HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME)
+    scheme, _, name = weights.partition(":")
+    if scheme == "hf-hub":
+        repo_id, _, revision = name.partition("@")
+        if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id) or "@" in revision:
+            raise CheckpointError(
+                f"malformed weights name {weights!r}: write hf-hub:ORG/REPO or hf-hub:ORG/REPO@REVISION "
+                "(e.g. hf-hub:timm/resnet18.a1_in1k), or give a file path"
+            )
+        return repo_id, revision or None, default_files
+    try:
+        cfg = get_pretrained_cfg(name) if name else None
+    except RuntimeError as err:  # timm: "Invalid pretrained tag (x) for resnet18."
+        raise CheckpointError(
+            f"malformed weights name {weights!r}: {err} timm.list_pretrained('{name.partition('.')[0]}.*') lists "
+            "the valid names"
+        ) from err
+    if cfg is None:
+        raise CheckpointError(
+            f"malformed weights name {weights!r}: {name!r} is not a timm model; write timm:MODEL or timm:MODEL.TAG "
+            "(e.g. timm:resnet50.a1_in1k; timm.list_pretrained() lists them), or give a file path"
+        )
+    if not cfg.hf_hub_id:
+        raise CheckpointError(
+            f"timm's weights {weights!r} are not on the Hugging Face hub (timm fetches them from "
+            f"{cfg.url or cfg.file or 'nowhere'}): download that file and give its path as --model.weights"
+        )
+    repo_id, _, revision = cfg.hf_hub_id.partition("@")
+    return repo_id, revision or None, (cfg.hf_hub_filename,) if cfg.hf_hub_filename else default_files
+
+
+def resolve_weights(weights: str | Path, download: bool = False) -> Path:
+    """The local file of ``weights``: a checkpoint path (checked to exist, like :func:`require_checkpoint_file`), or
+    a hub name (:data:`HUB_PREFIXES`) found in the local Hugging Face cache with no network call. Only with
+    ``download=True`` is a name missing from the cache fetched with ``huggingface_hub.hf_hub_download`` (network).
+
+    Raises:
+        CheckpointError: a missing file, a malformed name, or a name missing from the cache (the message names the
+            cache folder searched and the fixes) or failing to download.
+    """
+    if not str(weights).startswith(HUB_PREFIXES):
+        return require_checkpoint_file(weights)
+    from huggingface_hub import constants, hf_hub_download, try_to_load_from_cache
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+    from huggingface_hub.file_download import repo_folder_name
+
+    repo_id, revision, files = _hub_files(str(weights))
+    for filename in files:  # the cache only: try_to_load_from_cache reads the folder, it never calls the network
+        found = try_to_load_from_cache(repo_id, filename, revision=revision)
+        if isinstance(found, str):
+            return Path(found)
+    folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+    what = f"{repo_id}{'@' + revision if revision else ''} ({' or '.join(files)})"
+    if not download:
+        raise CheckpointError(
+            f"weights {weights} ({what}) are not in the Hugging Face cache {folder}, and coretune does not download "
+            "by default: download them into that cache (HF_HUB_CACHE) on a machine with network (e.g. hf download "
+            f"{repo_id}), pass --model.weights_download true (needs network), or give a checkpoint file path"
+        )
+    for filename in files:
+        try:
+            return Path(hf_hub_download(repo_id, filename, revision=revision))
+        except (OSError, ValueError) as err:  # HfHubHTTPError (no network, unknown or gated repository) is an OSError
+            if isinstance(err, EntryNotFoundError) and not isinstance(err, LocalEntryNotFoundError):
+                continue  # the repository has the other weights file (LocalEntryNotFoundError: the hub unreachable)
+            raise CheckpointError(
+                f"cannot download weights {weights} ({what}) into {folder}: {' '.join(str(err).split())}; check "
+                "the network and the name, or give a checkpoint file path"
+            ) from err
+    raise CheckpointError(f"hub repository {repo_id} has none of {', '.join(files)}: give a checkpoint file path")
 
 
 def load_checkpoint_file(path: str | Path) -> Any:
@@ -542,18 +632,23 @@ def load_pretrained(
     allow_missing: bool = False,
     allow_unexpected: bool = False,
     allow_cast: bool = False,
+    download: bool = False,
 ) -> LoadReport:
     """Load the backbone tensors of checkpoint ``path`` into ``encoder.body`` and report what happened.
+
+    ``path`` may be a hub name (``timm:resnet18.a1_in1k``, ``hf-hub:ORG/REPO``): :func:`resolve_weights` finds its
+    file in the local Hugging Face cache (and downloads it only with ``download=True``).
 
     Names, shapes and dtypes are checked first; only then is ``load_state_dict(strict=False)`` called with the
     matched tensors (BN running statistics included). Floating-point tensors of another precision (fp16, bf16)
     are converted; integer or quantised tensors where the backbone has floats are refused unless ``allow_cast``.
 
     Raises:
-        CheckpointError: unreadable file, no layout matches, a shape differs (wrong architecture), the
-            checkpoint lacks backbone tensors (unless ``allow_missing``), has extra ones (unless
-            ``allow_unexpected``) or stores floating-point weights as integers (unless ``allow_cast``).
+        CheckpointError: a hub name missing from the cache, unreadable file, no layout matches, a shape differs
+            (wrong architecture), the checkpoint lacks backbone tensors (unless ``allow_missing``), has extra ones
+            (unless ``allow_unexpected``) or stores floating-point weights as integers (unless ``allow_cast``).
     """
+    path = resolve_weights(path, download)
     raw = load_checkpoint_file(path)
     layout, extraction = extract_backbone_state(raw, encoder, weights_format, path)
     model_state = encoder.body.state_dict()

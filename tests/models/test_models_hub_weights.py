@@ -1,0 +1,186 @@
+"""Weights by name (``timm:<model>[.<tag>]``, ``hf-hub:<org>/<repo>``) from a Hugging Face cache the test writes by
+hand: ``models--ORG--REPO/snapshots/<rev>/<file>`` and ``refs/main``. Nothing touches the network unless asked to.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import huggingface_hub
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from coretune.cli import main
+from coretune.engine import setting_changes
+from coretune.engine.fitcli import FitArgsError, resolved_fit_config
+from coretune.models import CheckpointError, create_backbone, resolve_weights
+from fit_flags import QUIET
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty hub cache as HF_HUB_CACHE; any download or socket connection fails the test."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))  # read at import, so set it too
+
+    def no_network(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"network access attempted: {args} {kwargs}")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    return cache
+
+
+def cache_entry(cache: Path, repo_id: str, filename: str, state: dict[str, Tensor], ref: str | None = "main") -> Path:
+    """Write ``state`` as the hub cache's ``repo_id`` file at :data:`REVISION` (``refs/<ref>`` points to it)."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / REVISION
+    snapshot.mkdir(parents=True)
+    path = snapshot / filename
+    if filename.endswith(".safetensors"):
+        save_file({k: v.contiguous() for k, v in state.items()}, path)
+    else:
+        torch.save(state, path)
+    if ref is not None:
+        (repo / "refs").mkdir()
+        (repo / "refs" / ref).write_text(REVISION)
+    return path
+
+
+def timm_resnet18_state() -> dict[str, Tensor]:
+    """A random resnet18 as timm's hub file stores it (classifier ``fc`` included)."""
+    torch.manual_seed(0)
+    return timm.create_model("resnet18", pretrained=False).state_dict()
+
+
+def test_timm_name_loads_the_file_its_pretrained_cfg_names(hub_cache: Path, capsys: pytest.CaptureFixture) -> None:
+    state = timm_resnet18_state()
+    path = cache_entry(hub_cache, "timm/resnet18.a1_in1k", "model.safetensors", state)
+    assert resolve_weights("timm:resnet18.a1_in1k") == path
+    assert resolve_weights("timm:resnet18") == path  # timm's default tag of resnet18 is a1_in1k
+    encoder = create_backbone("timm/resnet18", weights="timm:resnet18.a1_in1k")
+    loaded = encoder.body.state_dict()
+    assert all(torch.equal(loaded[k], state[k]) for k in loaded)
+    assert (
+        "timm/resnet18 ← timm:resnet18.a1_in1k: layout 'timm' (checkpoint) — 120/120 tensors loaded, 0 missing, "
+        "0 unexpected; dropped 2 non-backbone tensors (fc.*)" in capsys.readouterr().err
+    )
+
+
+def test_hf_hub_name_falls_back_to_pytorch_model_bin_and_takes_a_revision(hub_cache: Path) -> None:
+    state = create_backbone("small_cnn", verbose=False).body.state_dict()
+    path = cache_entry(hub_cache, "someone/tiny-cnn", "pytorch_model.bin", state, ref=None)
+    assert resolve_weights(f"hf-hub:someone/tiny-cnn@{REVISION}") == path
+    with pytest.raises(CheckpointError, match="are not in the Hugging Face cache"):
+        resolve_weights("hf-hub:someone/tiny-cnn")  # no refs/main: the cache does not know which snapshot is main
+    (path.parents[2] / "refs").mkdir()
+    (path.parents[2] / "refs" / "main").write_text(REVISION)
+    assert resolve_weights("hf-hub:someone/tiny-cnn") == path
+
+
+def test_a_name_missing_from_the_cache_names_the_folder_and_the_fixes(hub_cache: Path) -> None:
+    with pytest.raises(CheckpointError) as info:
+        resolve_weights("timm:resnet18.a1_in1k")
+    assert str(info.value) == (
+        "weights timm:resnet18.a1_in1k (timm/resnet18.a1_in1k (model.safetensors or pytorch_model.bin)) are not in "
+        f"the Hugging Face cache {hub_cache / 'models--timm--resnet18.a1_in1k'}, and coretune does not download by "
+        "default: download them into that cache (HF_HUB_CACHE) on a machine with network (e.g. hf download "
+        "timm/resnet18.a1_in1k), pass --model.weights_download true (needs network), or give a checkpoint file path"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("hf-hub:no-organisation", "malformed weights name 'hf-hub:no-organisation': write hf-hub:ORG/REPO or "),
+        ("hf-hub:", "malformed weights name 'hf-hub:': write hf-hub:ORG/REPO"),
+        ("timm:no_such_model", "malformed weights name 'timm:no_such_model': 'no_such_model' is not a timm model"),
+        ("timm:resnet18.nope", "malformed weights name 'timm:resnet18.nope': Invalid pretrained tag (nope) for "),
+    ],
+)
+def test_a_malformed_name_is_refused_naming_the_syntax(name: str, expected: str, hub_cache: Path) -> None:
+    with pytest.raises(CheckpointError) as info:
+        resolve_weights(name)
+    assert str(info.value).startswith(expected), info.value
+    assert "\n" not in str(info.value)
+
+
+def test_download_happens_only_with_the_flag(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, str, str | None]] = []
+    fetched = hub_cache / "fetched.safetensors"
+
+    def fake_download(repo_id: str, filename: str, revision: str | None = None) -> str:
+        calls.append((repo_id, filename, revision))
+        if filename == "model.safetensors":
+            response = SimpleNamespace(headers={}, request=None, status_code=404)  # what the error reads of it
+            raise huggingface_hub.errors.RemoteEntryNotFoundError("404 model.safetensors", response=response)
+        return str(fetched)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    with pytest.raises(CheckpointError, match="not in the Hugging Face cache"):
+        resolve_weights("hf-hub:someone/tiny-cnn")
+    assert calls == []
+    assert resolve_weights("hf-hub:someone/tiny-cnn@v1", download=True) == fetched
+    assert calls == [("someone/tiny-cnn", "model.safetensors", "v1"), ("someone/tiny-cnn", "pytorch_model.bin", "v1")]
+
+    def offline(repo_id: str, filename: str, revision: str | None = None) -> str:
+        raise huggingface_hub.errors.LocalEntryNotFoundError("cannot reach the hub")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    with pytest.raises(CheckpointError, match=r"cannot download weights hf-hub:someone/tiny-cnn .*cannot reach the"):
+        resolve_weights("hf-hub:someone/tiny-cnn", download=True)
+
+
+def test_fit_with_a_timm_name_from_the_cache(hub_cache: Path, image_tree: Path, tmp_path: Path) -> None:
+    cache_entry(hub_cache, "timm/resnet18.a1_in1k", "model.safetensors", timm_resnet18_state())
+    run = tmp_path / "run"
+    main(
+        [
+            "fit",
+            f"--data.root={image_tree}",
+            "--model.backbone=timm/resnet18",
+            "--model.weights=timm:resnet18.a1_in1k",
+            "--data.image_size=16",
+            "--data.batch_size=8",
+            "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=1",
+            f"--run_dir={run}",
+            *QUIET,
+        ]
+    )
+    assert 0.0 <= json.loads((run / "results.json").read_text())["test"]["top1"] <= 1.0
+
+
+def test_fit_eval_and_sweeps_refuse_a_name_missing_from_the_cache(
+    hub_cache: Path, image_tree: Path, tmp_path: Path
+) -> None:
+    folder = hub_cache / "models--timm--resnet18.a1_in1k"
+    name = "timm:resnet18.a1_in1k"
+    fit = [f"--data.root={image_tree}", "--model.backbone=timm/resnet18", f"--model.weights={name}"]
+    for args in (["fit", *fit, f"--run_dir={tmp_path / 'run'}"], ["eval", "knn", f"--weights={name}", *fit[:1]]):
+        with pytest.raises(SystemExit) as info:
+            main(args)
+        message = str(info.value.code)
+        assert message.startswith(f"coretune {args[0]}: error: weights timm:resnet18.a1_in1k "), message
+        assert f"are not in the Hugging Face cache {folder}," in message and "\n" not in message
+    assert not list((tmp_path / "run").glob("*"))  # nothing written
+    with pytest.raises(FitArgsError, match="are not in the Hugging Face cache"):
+        resolved_fit_config(fit)
+    assert resolved_fit_config([*fit, "--model.weights_download=true"])["model"]["weights_download"] is True
+
+
+def test_a_resume_may_switch_the_download_flag() -> None:
+    recorded, current = {"model": {"weights_download": True}}, {"model": {"weights_download": False}}
+    assert setting_changes(recorded, current) == (["model.weights_download True → False"], [])

@@ -163,6 +163,9 @@ def list_objectives(args: list[str]) -> None:
 
     from . import objectives
 
+    ArgumentParser(prog="coretune objectives", description="List the fine-tuning methods (objectives).").parse_args(
+        args
+    )
     table = Table("name", "method")
     for name, doc in objectives.available().items():
         table.add_row(name, doc)

@@ -87,6 +87,8 @@ def translate_args(args: list[str]) -> list[str]:
 class FitCLI(RunDirCLI):
     """``coretune fit``: a LightningCLI over :class:`FineTuner` and :class:`ImageClassificationData`."""
 
+    command = "fit"
+
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_subclass_arguments(
             objectives.Objective,

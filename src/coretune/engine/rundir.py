@@ -8,7 +8,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
@@ -226,6 +226,9 @@ class RunDirCLI(LightningCLI):
     is written when the fit starts (:class:`SaveConfigOnFitStart`).
     """
 
+    command: ClassVar[str]
+    """The ``coretune`` command it runs (``fit``, ``pretrain``): what its ``--help`` and errors name."""
+
     def __init__(self, *args: Any, hold: contextlib.ExitStack, **kwargs: Any) -> None:
         self._hold = hold
         super().__init__(*args, **kwargs)
@@ -236,6 +239,13 @@ class RunDirCLI(LightningCLI):
         kwargs.setdefault("save_config_callback", SaveConfigOnFitStart)
         with contextlib.ExitStack() as hold:
             cls(*args, hold=hold, **kwargs)
+
+    def _add_subcommands(self, parser: Any, **kwargs: Any) -> None:
+        """LightningCLI's subcommand parsers, named ``coretune <command>`` (jsonargparse would name them
+        ``<prog> [options] fit``, also for ``coretune pretrain``)."""
+        super()._add_subcommands(parser, **kwargs)
+        for subcommand_parser in self._subcommand_parsers.values():
+            subcommand_parser.prog = f"coretune {self.command}"
 
     def _parse_ckpt_path(self) -> None:
         """Nothing: LightningCLI would replace the command line's model settings by those of a ``--ckpt_path``

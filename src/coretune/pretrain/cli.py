@@ -46,6 +46,8 @@ def translate_args(args: list[str]) -> list[str]:
 class PretrainCLI(RunDirCLI):
     """Pre-training runs write into ``--run_dir`` (default ``runs/pretrain-<method>-<date>-<time>``)."""
 
+    command = "pretrain"
+
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.link_arguments("seed_everything", "data.seed")
         parser.add_argument(

@@ -39,3 +39,18 @@ def test_every_command_help_names_itself(command: list[str], capsys: pytest.Capt
     assert exit_.value.code == 0
     usage = capsys.readouterr().out.split()
     assert usage[:2] == ["usage:", "coretune"] and usage[2] == command[0], usage[:4]
+
+
+@pytest.mark.parametrize(
+    ("command", "aliases"),
+    [
+        ("fit", ["--objective NAME ", "--objective.help NAME ", "--seed N "]),
+        ("pretrain", ["--method NAME ", "--seed N "]),
+    ],
+)
+def test_help_lists_the_aliases(command: str, aliases: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    listed = capsys.readouterr().out.partition("\naliases (rewritten to the options above):\n")[2].splitlines()
+    assert [line.split("  ")[1].strip() + " " for line in listed] == aliases  # one line each, with what it does
+    assert all(len(line.split()) > 3 for line in listed), listed

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -88,6 +88,11 @@ class FitCLI(RunDirCLI):
     """``coretune fit``: a LightningCLI over :class:`FineTuner` and :class:`ImageClassificationData`."""
 
     command = "fit"
+    aliases: ClassVar[Mapping[str, str]] = {
+        "--objective NAME": "a registered objective or Table 2 preset and its settings (coretune objectives)",
+        "--objective.help NAME": "the hyper-parameters of objective NAME",
+        "--seed N": "--seed_everything N (also seeds the data split, --data.seed)",
+    }
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_subclass_arguments(

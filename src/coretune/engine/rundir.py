@@ -6,11 +6,13 @@ import contextlib
 import importlib
 import time
 import warnings
+from argparse import RawDescriptionHelpFormatter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
+from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -215,6 +217,10 @@ class SaveConfigOnFitStart(SaveConfigCallback):
         super().setup(trainer, pl_module, "fit")
 
 
+class _KeepLinesHelpFormatter(RawDescriptionHelpFormatter, DefaultHelpFormatter):
+    """jsonargparse's help, keeping the line breaks of descriptions and the epilog (one alias a line)."""
+
+
 class RunDirCLI(LightningCLI):
     """A LightningCLI whose run writes into ``--run_dir`` (added by the subclass), held while it runs.
 
@@ -228,6 +234,9 @@ class RunDirCLI(LightningCLI):
 
     command: ClassVar[str]
     """The ``coretune`` command it runs (``fit``, ``pretrain``): what its ``--help`` and errors name."""
+    aliases: ClassVar[Mapping[str, str]] = {}
+    """The options the command rewrites before parsing (its ``translate_args``) and what each does: listed at the
+    end of its ``--help``."""
 
     def __init__(self, *args: Any, hold: contextlib.ExitStack, **kwargs: Any) -> None:
         self._hold = hold
@@ -244,8 +253,13 @@ class RunDirCLI(LightningCLI):
         """LightningCLI's subcommand parsers, named ``coretune <command>`` (jsonargparse would name them
         ``<prog> [options] fit``, also for ``coretune pretrain``)."""
         super()._add_subcommands(parser, **kwargs)
+        width = max(map(len, self.aliases), default=0) + 2
+        lines = [f"  {option:<{width}}{meaning}" for option, meaning in self.aliases.items()]
         for subcommand_parser in self._subcommand_parsers.values():
             subcommand_parser.prog = f"coretune {self.command}"
+            if lines:
+                subcommand_parser.epilog = "\n".join(["aliases (rewritten to the options above):", *lines])
+                subcommand_parser.formatter_class = _KeepLinesHelpFormatter
 
     def _parse_ckpt_path(self) -> None:
         """Nothing: LightningCLI would replace the command line's model settings by those of a ``--ckpt_path``

@@ -107,10 +107,11 @@ class FitCLI(RunDirCLI):
             "--run_dir",
             type=str | None,
             default=None,
-            help="Run directory (default: runs/<objective>-<date>-<time>). Reuse it to resume from its "
-            "checkpoints/last.ckpt (a finished run is only tested again), with the settings it was trained with "
-            "(--config RUN/config.yaml; only max_epochs, hardware, precision, progress and loader options may "
-            "change). Refused while another fit or sweep runs it (its claim, fit.pid).",
+            help="Run directory (default: <--trainer.default_root_dir, or runs>/<objective>-<date>-<time>; it wins "
+            "over --trainer.default_root_dir). Reuse it to resume from its checkpoints/last.ckpt (a finished run is "
+            "only tested again), with the settings it was trained with (--config RUN/config.yaml; only max_epochs, "
+            "hardware, precision, progress and loader options may change). Refused while another fit or sweep runs it "
+            "(its claim, fit.pid).",
         )
 
     def before_instantiate_classes(self) -> None:

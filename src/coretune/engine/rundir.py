@@ -190,14 +190,17 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
 def resolve_run_dir(config: Any, default_name: str) -> None:
     """Settle a CLI run's directory in its parsed ``config`` (``run_dir``, ``trainer``, ``ckpt_path``).
 
-    ``run_dir`` defaults to ``runs/<default_name>-<date>-<time>`` and becomes the trainer's ``default_root_dir``.
+    ``run_dir`` defaults to ``<default_root_dir>/<default_name>-<date>-<time>`` (``--trainer.default_root_dir``,
+    Lightning's convention, is the parent of run directories; ``runs`` without it) and becomes the trainer's
+    ``default_root_dir``.
     Without ``--ckpt_path``, a run directory that holds ``checkpoints/last.ckpt`` is resumed from it: re-running
     a command continues its run (a finished run is only tested again) instead of starting over and overwriting its
     checkpoints and metrics. Lightning's "checkpoint directory exists and is not empty" warning is then expected
     and silenced.
     """
     if config.get("run_dir") is None:
-        config["run_dir"] = str(Path("runs") / f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        parent = config["trainer"].get("default_root_dir") or "runs"
+        config["run_dir"] = str(Path(parent) / f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     config["trainer"]["default_root_dir"] = config["run_dir"]
     last = RunDir(config["run_dir"]).last_checkpoint
     if config.get("ckpt_path") is None and last.is_file():

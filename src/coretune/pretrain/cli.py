@@ -59,8 +59,9 @@ class PretrainCLI(RunDirCLI):
             "--run_dir",
             type=str | None,
             default=None,
-            help="Run directory (default: runs/pretrain-<method>-<date>-<time>). Reuse it to "
-            "resume from its checkpoints/last.ckpt. Refused while another run uses it (its claim, fit.pid).",
+            help="Run directory (default: <--trainer.default_root_dir, or runs>/pretrain-<method>-<date>-<time>; "
+            "it wins over --trainer.default_root_dir). Reuse it to resume from its checkpoints/last.ckpt. Refused "
+            "while another run uses it (its claim, fit.pid).",
         )
 
     def before_instantiate_classes(self) -> None:

@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from coretune.cli import main
+from coretune.rundir import RunDir
 from fit_flags import QUIET, TINY_FIT
 
 
@@ -30,3 +35,59 @@ def test_default_root_dir_is_the_parent_of_the_run_directory(image_tree: Path, t
     (run,) = parent.iterdir()
     assert run.name.startswith("cetuning-")
     assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "results.json").is_file()
+
+
+def test_test_evaluates_at_the_checkpoints_image_size(
+    fitted16: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # it evaluated at 224 px unless --data.image_size was given again
+    tree, run = fitted16
+    out = tmp_path / "t.json"
+    main(["test", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"--data.root={tree}", f"--output={out}"])
+    data = json.loads(out.read_text())["data"]
+    stored = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["coretune"]["data"]
+    assert data["image_size"] == stored["image_size"] == 16
+    assert data["mean"] == list(stored["mean"]) and data["std"] == list(stored["std"])
+    main(["test", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"--data.root={tree}", f"--output={out}",
+          "--data.image_size=24"])  # fmt: skip
+    assert json.loads(out.read_text())["data"]["image_size"] == 24  # the command line still wins
+
+
+def test_test_refuses_data_with_other_classes(fitted16: tuple[Path, Path], tmp_path: Path) -> None:
+    from image_trees import make_image_tree
+
+    _, run = fitted16
+    other = make_image_tree(tmp_path / "other", classes=("ant", "bee", "cow"), per_class=2, val_per_class=1)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    message = (
+        f"the data's classes (ant, bee, cow) are not those checkpoint {ckpt} was fine-tuned on (cat, dog, eel): "
+        "score it on data with the same class folders"
+    )
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        main(["test", f"--ckpt_path={ckpt}", f"--data.root={other}", f"--output={tmp_path / 't.json'}"])
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_validate_scores_the_validation_split_into_val_results(
+    fitted16: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree, fitted_run = fitted16
+    run = Path(shutil.copytree(fitted_run, tmp_path / "run"))
+    fit_results = RunDir(run).results.read_bytes()
+    ckpt = RunDir(run).best_checkpoint
+    capsys.readouterr()
+    main(["validate", f"--ckpt_path={ckpt}", f"--data.root={tree}", "--data.val_fraction=0.25"])
+    out = capsys.readouterr().out
+    written = json.loads(RunDir(run).val_results.read_text())
+    assert out.endswith(
+        json.dumps(written, indent=2, sort_keys=True) + f"\nvalidate results: {RunDir(run).val_results}\n"
+    )
+    assert written["checkpoint"] == str(ckpt) and written["data"]["image_size"] == 16
+    assert written["validated_on_test_images"] is False
+    assert 0 <= written["validate"]["top1"] <= 1 and written["validate"]["loss"] > 0
+    assert RunDir(run).results.read_bytes() == fit_results
+    # the same split the fit validated on gives the same top-1 as its best epoch
+    main(["validate", f"--ckpt_path={ckpt}", f"--data.root={tree}"])
+    again = json.loads(RunDir(run).val_results.read_text())
+    assert again["validated_on_test_images"] is True
+    assert again["validate"]["top1"] == pytest.approx(json.loads(fit_results)["best_val_top1"], abs=1e-6)

@@ -18,7 +18,8 @@ _USAGE = """usage: coretune COMMAND [options]
 
 commands:
   fit         fine-tune a backbone on an image folder (coretune fit --help)
-  test        evaluate a fine-tuned checkpoint on a data split
+  test        evaluate a fine-tuned checkpoint on the test split (test_results.json)
+  validate    evaluate a fine-tuned checkpoint on the validation split (val_results.json)
   predict     predict the classes of an image folder into a CSV
   export      export a fine-tuned checkpoint to safetensors + JSON config, torch.export, TorchScript (and ONNX)
   objectives  list the fine-tuning methods (objectives)
@@ -39,57 +40,16 @@ def fit(args: list[str]) -> None:
     run_fit(args)
 
 
-def _test_parser() -> ArgumentParser:
-    from .data import ImageClassificationData
-    from .engine import default_precision
-
-    parser = ArgumentParser(
-        allow_abbrev=False,
-        prog="coretune test",
-        description="Evaluate a fine-tuned checkpoint on a data split; writes the results to a JSON file of their own "
-        "(the run's results.json, the fit's, is left as it is).",
-    )
-    parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
-    parser.add_class_arguments(ImageClassificationData, "data")
-    parser.add_argument(
-        "--output",
-        type=str | None,
-        default=None,
-        help="JSON file to write the results to (default: test_results.json in the checkpoint's run directory, the "
-        "folder holding its checkpoints/ folder, or beside the checkpoint).",
-    )
-    parser.add_argument("--precision", type=str, default=default_precision())
-    return parser
-
-
 def test(args: list[str]) -> None:
-    import json
+    from .scoring import score
 
-    import lightning as L
+    score("test", args)
 
-    from .data import ImageClassificationData
-    from .engine import FineTuner, atomic_write
-    from .rundir import RunDir
 
-    cfg = _test_parser().parse_args(args)
-    ckpt = Path(cfg.ckpt_path).resolve()
-    run = RunDir.of_checkpoint(ckpt)
-    output = Path(cfg.output) if cfg.output else run.test_results
-    if output.name == run.results.name and output.is_file():
-        raise ValueError(
-            f"--output {output} would overwrite a fit's results.json, which coretune test leaves as it is: "
-            "give another file name"
-        )
-    model = FineTuner.from_checkpoint(cfg.ckpt_path)
-    data = ImageClassificationData(**cfg.data.as_dict())
-    trainer = L.Trainer(
-        default_root_dir=str(output.parent), precision=cfg.precision, logger=False, enable_checkpointing=False
-    )
-    trainer.test(model, datamodule=data)
-    results = {"checkpoint": str(ckpt), "data": cfg.data.as_dict(), "test": model.test_results}
-    with atomic_write(output) as f:
-        f.write(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    print(f"test results: {output}")
+def validate(args: list[str]) -> None:
+    from .scoring import score
+
+    score("validate", args)
 
 
 def _predict_parser() -> ArgumentParser:
@@ -294,6 +254,7 @@ def tune(args: list[str]) -> None:
 COMMANDS = {
     "fit": fit,
     "test": test,
+    "validate": validate,
     "predict": predict,
     "export": export,
     "objectives": list_objectives,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from coretune.cli import main
 from coretune.rundir import RunDir
@@ -91,3 +92,54 @@ def test_validate_scores_the_validation_split_into_val_results(
     again = json.loads(RunDir(run).val_results.read_text())
     assert again["validated_on_test_images"] is True
     assert again["validate"]["top1"] == pytest.approx(json.loads(fit_results)["best_val_top1"], abs=1e-6)
+
+
+def test_a_runs_config_yaml_works_for_test_validate_predict_export_and_eval(
+    fitted16: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # test, predict, export and eval took no --config: a run's config.yaml could not be reused
+    tree, run = fitted16
+    config, ckpt = RunDir(run).config, RunDir(run).last_checkpoint
+    assert {"trainer", "model", "objective", "data"} <= set(yaml.safe_load(config.read_text()))
+    for command in ("test", "validate"):
+        out = tmp_path / f"{command}.json"
+        main([command, f"--config={config}", f"--ckpt_path={ckpt}", f"--output={out}"])
+        data = json.loads(out.read_text())["data"]
+        assert (data["root"], data["image_size"], data["batch_size"]) == (str(tree), 16, 8)  # the fit's data
+
+    main(
+        [
+            "predict",
+            "--config",
+            str(config),
+            f"--ckpt_path={ckpt}",
+            f"--input={tree / 'val'}",
+            f"--output={tmp_path / 'a.csv'}",
+        ]
+    )
+    main(["predict", f"--ckpt_path={ckpt}", f"--input={tree / 'val'}", f"--output={tmp_path / 'b.csv'}"])
+    predictions = (tmp_path / "a.csv").read_text()
+    assert predictions == (tmp_path / "b.csv").read_text() and predictions.count("\n") == 13
+
+    main(["export", f"--config={config}", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'export'}"])
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["image_size"] == 16
+
+    result = tmp_path / "knn.json"
+    main(["eval", "knn", f"--config={config}", f"--weights={ckpt}", "--k=3", f"--output={result}"])
+    knn = json.loads(result.read_text())
+    assert (knn["backbone"], knn["num_train"], knn["num_test"]) == ("small_cnn", 36, 12)  # the fit's data folder
+
+
+def test_a_config_whose_data_is_another_commands_is_refused(
+    fitted16: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree, run = fitted16
+    pretrain_config = tmp_path / "config.yaml"  # coretune pretrain's data: augmentations fine-tuning has not
+    pretrain_config.write_text(
+        yaml.safe_dump({"trainer": {"max_epochs": 1}, "data": {"root": str(tree), "jitter_p": 0.8}})
+    )
+    out = tmp_path / "t.json"
+    with pytest.raises(SystemExit) as exit_:
+        main(["test", f"--config={pretrain_config}", f"--ckpt_path={RunDir(run).last_checkpoint}", f"--output={out}"])
+    assert exit_.value.code == 2 and not out.exists()
+    assert capsys.readouterr().err.endswith("error: Group 'data' does not accept option 'jitter_p'\n")

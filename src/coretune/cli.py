@@ -54,12 +54,14 @@ def validate(args: list[str]) -> None:
 
 def _predict_parser() -> ArgumentParser:
     from .data.datasets import OnBadImage
+    from .runconfig import add_config_argument
 
     parser = ArgumentParser(
         allow_abbrev=False,
         prog="coretune predict",
         description="Predict every image under a folder; write a CSV of classes and probabilities.",
     )
+    add_config_argument(parser)
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_argument("--input", type=str, required=True, help="Folder of images (searched recursively).")
     parser.add_argument("--output", type=str, default="predictions.csv", help="CSV file to write.")
@@ -79,8 +81,9 @@ def _predict_parser() -> ArgumentParser:
 
 def predict(args: list[str]) -> None:
     from .predict import predict_folder
+    from .runconfig import parse_with_config
 
-    cfg = _predict_parser().parse_args(args)
+    cfg = parse_with_config(_predict_parser(), args)
     out = predict_folder(
         cfg.ckpt_path,
         cfg.input,
@@ -95,12 +98,14 @@ def predict(args: list[str]) -> None:
 
 def export(args: list[str]) -> None:
     from .export import export_checkpoint
+    from .runconfig import add_config_argument, parse_with_config
 
     parser = ArgumentParser(
         allow_abbrev=False,
         prog="coretune export",
         description="Export a fine-tuned model: model.safetensors + config.json, torch.export, TorchScript and ONNX.",
     )
+    add_config_argument(parser)
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_argument("--output", type=str, required=True, help="Folder to write the exported files into.")
     parser.add_argument(
@@ -110,7 +115,7 @@ def export(args: list[str]) -> None:
     parser.add_argument(
         "--onnx", type=bool, default=False, help="Also write model.onnx (dynamic batch; pip install 'coretune[onnx]')."
     )
-    cfg = parser.parse_args(args)
+    cfg = parse_with_config(parser, args)
     for path in export_checkpoint(
         cfg.ckpt_path, cfg.output, torchscript=cfg.torchscript, exported_program=cfg.exported_program, onnx=cfg.onnx
     ):
@@ -143,6 +148,7 @@ def _eval_parser() -> ArgumentParser:
 
     from .data import ImageClassificationData
     from .evaluation import DEFAULT_WEIGHT_DECAYS
+    from .runconfig import add_config_argument
 
     parser = ArgumentParser(
         allow_abbrev=False,
@@ -152,6 +158,7 @@ def _eval_parser() -> ArgumentParser:
         "on standardised features, λ chosen on a 20% hold-out of the training features). Features of the "
         "training split (evaluation transform) are the memory bank / probe data; the test split is scored.",
     )
+    add_config_argument(parser)
     parser.add_argument("protocol", type=Literal["knn", "linear"], help="knn or linear.")
     parser.add_argument(
         "--backbone",
@@ -202,8 +209,9 @@ def evaluate(args: list[str]) -> None:
     from .data import ImageClassificationData
     from .evaluation import evaluate_encoder
     from .models import create_backbone
+    from .runconfig import parse_with_config
 
-    cfg = _eval_parser().parse_args(args)
+    cfg = parse_with_config(_eval_parser(), args)
     if cfg.backbone is None and cfg.weights is None:
         raise ValueError("pass --backbone (and --weights for a pre-trained checkpoint)")
     backbone = cfg.backbone or _stored_backbone(cfg.weights)

@@ -22,6 +22,7 @@ def test_importing_the_cli_loads_no_command() -> None:
     [
         ["fit"],
         ["test"],
+        ["validate"],
         ["predict"],
         ["export"],
         ["objectives"],

@@ -18,7 +18,8 @@ _USAGE = """usage: coretune COMMAND [options]
 
 commands:
   fit         fine-tune a backbone on an image folder (coretune fit --help)
-  test        evaluate a fine-tuned checkpoint on a data split
+  test        evaluate a fine-tuned checkpoint on the test split (test_results.json)
+  validate    evaluate a fine-tuned checkpoint on the validation split (val_results.json)
   predict     predict the classes of an image folder into a CSV
   export      export a fine-tuned checkpoint to safetensors + JSON config, torch.export, TorchScript (and ONNX)
   objectives  list the fine-tuning methods (objectives)
@@ -39,67 +40,28 @@ def fit(args: list[str]) -> None:
     run_fit(args)
 
 
-def _test_parser() -> ArgumentParser:
-    from .data import ImageClassificationData
-    from .engine import default_precision
-
-    parser = ArgumentParser(
-        allow_abbrev=False,
-        prog="coretune test",
-        description="Evaluate a fine-tuned checkpoint on a data split; writes the results to a JSON file of their own "
-        "(the run's results.json, the fit's, is left as it is).",
-    )
-    parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
-    parser.add_class_arguments(ImageClassificationData, "data")
-    parser.add_argument(
-        "--output",
-        type=str | None,
-        default=None,
-        help="JSON file to write the results to (default: test_results.json in the checkpoint's run directory, the "
-        "folder holding its checkpoints/ folder, or beside the checkpoint).",
-    )
-    parser.add_argument("--precision", type=str, default=default_precision())
-    return parser
-
-
 def test(args: list[str]) -> None:
-    import json
+    from .scoring import score
 
-    import lightning as L
+    score("test", args)
 
-    from .data import ImageClassificationData
-    from .engine import FineTuner, atomic_write
-    from .rundir import RunDir
 
-    cfg = _test_parser().parse_args(args)
-    ckpt = Path(cfg.ckpt_path).resolve()
-    run = RunDir.of_checkpoint(ckpt)
-    output = Path(cfg.output) if cfg.output else run.test_results
-    if output.name == run.results.name and output.is_file():
-        raise ValueError(
-            f"--output {output} would overwrite a fit's results.json, which coretune test leaves as it is: "
-            "give another file name"
-        )
-    model = FineTuner.from_checkpoint(cfg.ckpt_path)
-    data = ImageClassificationData(**cfg.data.as_dict())
-    trainer = L.Trainer(
-        default_root_dir=str(output.parent), precision=cfg.precision, logger=False, enable_checkpointing=False
-    )
-    trainer.test(model, datamodule=data)
-    results = {"checkpoint": str(ckpt), "data": cfg.data.as_dict(), "test": model.test_results}
-    with atomic_write(output) as f:
-        f.write(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    print(f"test results: {output}")
+def validate(args: list[str]) -> None:
+    from .scoring import score
+
+    score("validate", args)
 
 
 def _predict_parser() -> ArgumentParser:
     from .data.datasets import OnBadImage
+    from .runconfig import add_config_argument
 
     parser = ArgumentParser(
         allow_abbrev=False,
         prog="coretune predict",
         description="Predict every image under a folder; write a CSV of classes and probabilities.",
     )
+    add_config_argument(parser)
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_argument("--input", type=str, required=True, help="Folder of images (searched recursively).")
     parser.add_argument("--output", type=str, default="predictions.csv", help="CSV file to write.")
@@ -119,8 +81,9 @@ def _predict_parser() -> ArgumentParser:
 
 def predict(args: list[str]) -> None:
     from .predict import predict_folder
+    from .runconfig import parse_with_config
 
-    cfg = _predict_parser().parse_args(args)
+    cfg = parse_with_config(_predict_parser(), args)
     out = predict_folder(
         cfg.ckpt_path,
         cfg.input,
@@ -135,12 +98,14 @@ def predict(args: list[str]) -> None:
 
 def export(args: list[str]) -> None:
     from .export import export_checkpoint
+    from .runconfig import add_config_argument, parse_with_config
 
     parser = ArgumentParser(
         allow_abbrev=False,
         prog="coretune export",
         description="Export a fine-tuned model: model.safetensors + config.json, torch.export, TorchScript and ONNX.",
     )
+    add_config_argument(parser)
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_argument("--output", type=str, required=True, help="Folder to write the exported files into.")
     parser.add_argument(
@@ -150,7 +115,7 @@ def export(args: list[str]) -> None:
     parser.add_argument(
         "--onnx", type=bool, default=False, help="Also write model.onnx (dynamic batch; pip install 'coretune[onnx]')."
     )
-    cfg = parser.parse_args(args)
+    cfg = parse_with_config(parser, args)
     for path in export_checkpoint(
         cfg.ckpt_path, cfg.output, torchscript=cfg.torchscript, exported_program=cfg.exported_program, onnx=cfg.onnx
     ):
@@ -163,6 +128,9 @@ def list_objectives(args: list[str]) -> None:
 
     from . import objectives
 
+    ArgumentParser(prog="coretune objectives", description="List the fine-tuning methods (objectives).").parse_args(
+        args
+    )
     table = Table("name", "method")
     for name, doc in objectives.available().items():
         table.add_row(name, doc)
@@ -180,6 +148,7 @@ def _eval_parser() -> ArgumentParser:
 
     from .data import ImageClassificationData
     from .evaluation import DEFAULT_WEIGHT_DECAYS
+    from .runconfig import add_config_argument
 
     parser = ArgumentParser(
         allow_abbrev=False,
@@ -189,6 +158,7 @@ def _eval_parser() -> ArgumentParser:
         "on standardised features, λ chosen on a 20% hold-out of the training features). Features of the "
         "training split (evaluation transform) are the memory bank / probe data; the test split is scored.",
     )
+    add_config_argument(parser)
     parser.add_argument("protocol", type=Literal["knn", "linear"], help="knn or linear.")
     parser.add_argument(
         "--backbone",
@@ -242,8 +212,9 @@ def evaluate(args: list[str]) -> None:
     from .data import ImageClassificationData
     from .evaluation import evaluate_encoder
     from .models import create_backbone
+    from .runconfig import parse_with_config
 
-    cfg = _eval_parser().parse_args(args)
+    cfg = parse_with_config(_eval_parser(), args)
     if cfg.backbone is None and cfg.weights is None:
         raise ValueError("pass --backbone (and --weights for a pre-trained checkpoint)")
     backbone = cfg.backbone or _stored_backbone(cfg.weights)
@@ -294,6 +265,7 @@ def tune(args: list[str]) -> None:
 COMMANDS = {
     "fit": fit,
     "test": test,
+    "validate": validate,
     "predict": predict,
     "export": export,
     "objectives": list_objectives,

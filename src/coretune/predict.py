@@ -38,7 +38,7 @@ def predict_folder(
         DataError: the folder holds no image, or an unreadable one (``on_bad_image="error"``).
     """
     model = FineTuner.from_checkpoint(ckpt_path).eval()
-    data = model.checkpoint_info.get("data", {})
+    data = model.trained_data
     size = image_size or data.get("image_size") or 224
     transform = eval_transform(size, tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD)))
     dataset = ImageFileDataset(str(folder), transform, draft_size=eval_draft_size(size), on_bad_image=on_bad_image)

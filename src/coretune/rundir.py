@@ -7,6 +7,7 @@
     metrics.csv          one row per finished epoch
     results.json         test results, timings …; holds "test" once the fit has ended
     test_results.json    what ``coretune test`` found (the fit's results.json is left as it is)
+    val_results.json     what ``coretune validate`` found
     learning_curve.png
     checkpoints/         best.ckpt, last.ckpt (what a re-run resumes from)
     fit.pid              the claim of the process running it (:mod:`coretune.runclaim`)
@@ -61,6 +62,10 @@ class RunDir:
     @property
     def test_results(self) -> Path:
         return self.path / "test_results.json"
+
+    @property
+    def val_results(self) -> Path:
+        return self.path / "val_results.json"
 
     @property
     def learning_curve(self) -> Path:

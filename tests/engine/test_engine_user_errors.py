@@ -357,7 +357,7 @@ def fine_tuned_checkpoint(
     """A checkpoint as `coretune fit` writes it (model, hyper-parameters and the 'coretune' entry), with ``change``
     applied to its state dict."""
     model = FineTuner(objectives.create("ce"), backbone="small_cnn")
-    model.build(num_classes, [f"c{i}" for i in range(num_classes)])
+    model.build(num_classes, ["cat", "dog", "eel", *(f"c{i}" for i in range(3, num_classes))][:num_classes])
     checkpoint = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}
     model.on_save_checkpoint(checkpoint)
     checkpoint["coretune"]["data"] = {"image_size": 32, "mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)}
@@ -528,7 +528,7 @@ def crafted(ckpt: dict[str, Any], case: str) -> None:
             "weights to download",
             "its backbone_args set ['weights'], which would fetch pre-trained weights (coretune never downloads)",
         ),
-        ("too few class names", "its class_names (['c0', 'c1']) are not 3 names, one per class"),
+        ("too few class names", "its class_names (['cat', 'dog']) are not 3 names, one per class"),
         (
             "a setting of the wrong type",
             "its model settings do not fit FineTuner: Parser key \"lr\": Expected a <class 'float'>. Got value: fast",

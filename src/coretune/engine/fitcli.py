@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -87,6 +87,13 @@ def translate_args(args: list[str]) -> list[str]:
 class FitCLI(RunDirCLI):
     """``coretune fit``: a LightningCLI over :class:`FineTuner` and :class:`ImageClassificationData`."""
 
+    command = "fit"
+    aliases: ClassVar[Mapping[str, str]] = {
+        "--objective NAME": "a registered objective or Table 2 preset and its settings (coretune objectives)",
+        "--objective.help NAME": "the hyper-parameters of objective NAME",
+        "--seed N": "--seed_everything N (also seeds the data split, --data.seed)",
+    }
+
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_subclass_arguments(
             objectives.Objective,
@@ -100,10 +107,11 @@ class FitCLI(RunDirCLI):
             "--run_dir",
             type=str | None,
             default=None,
-            help="Run directory (default: runs/<objective>-<date>-<time>). Reuse it to resume from its "
-            "checkpoints/last.ckpt (a finished run is only tested again), with the settings it was trained with "
-            "(--config RUN/config.yaml; only max_epochs, hardware, precision, progress and loader options may "
-            "change). Refused while another fit or sweep runs it (its claim, fit.pid).",
+            help="Run directory (default: <--trainer.default_root_dir, or runs>/<objective>-<date>-<time>; it wins "
+            "over --trainer.default_root_dir). Reuse it to resume from its checkpoints/last.ckpt (a finished run is "
+            "only tested again), with the settings it was trained with (--config RUN/config.yaml; only max_epochs, "
+            "hardware, precision, progress and loader options may change). Refused while another fit or sweep runs it "
+            "(its claim, fit.pid).",
         )
 
     def before_instantiate_classes(self) -> None:

@@ -374,6 +374,14 @@ class FineTuner(L.LightningModule):
                 "the data and settings it was trained with, or start a new run with another --run_dir"
             )
 
+    @property
+    def trained_data(self) -> dict[str, Any]:
+        """The image size and normalisation (``image_size``, ``mean``, ``std``) the model was fine-tuned with, as
+        its checkpoint records them (empty for a model not loaded by :meth:`from_checkpoint`, or one saved without
+        a data module): what ``coretune test``, ``validate`` and ``predict`` evaluate it with unless told otherwise."""
+        data = self.checkpoint_info.get("data") or {}
+        return {k: list(v) if isinstance(v, tuple | list) else v for k, v in data.items()}
+
     @classmethod
     def from_checkpoint(cls, path: str | Path, map_location: str = "cpu") -> FineTuner:
         """Rebuild a fine-tuned model from a coretune checkpoint (safe: ``weights_only=True``).

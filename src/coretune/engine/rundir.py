@@ -6,11 +6,13 @@ import contextlib
 import importlib
 import time
 import warnings
+from argparse import RawDescriptionHelpFormatter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
+from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -189,14 +191,17 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
 def resolve_run_dir(config: Any, default_name: str) -> None:
     """Settle a CLI run's directory in its parsed ``config`` (``run_dir``, ``trainer``, ``ckpt_path``).
 
-    ``run_dir`` defaults to ``runs/<default_name>-<date>-<time>`` and becomes the trainer's ``default_root_dir``.
+    ``run_dir`` defaults to ``<default_root_dir>/<default_name>-<date>-<time>`` (``--trainer.default_root_dir``,
+    Lightning's convention, is the parent of run directories; ``runs`` without it) and becomes the trainer's
+    ``default_root_dir``.
     Without ``--ckpt_path``, a run directory that holds ``checkpoints/last.ckpt`` is resumed from it: re-running
     a command continues its run (a finished run is only tested again) instead of starting over and overwriting its
     checkpoints and metrics. Lightning's "checkpoint directory exists and is not empty" warning is then expected
     and silenced.
     """
     if config.get("run_dir") is None:
-        config["run_dir"] = str(Path("runs") / f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        parent = config["trainer"].get("default_root_dir") or "runs"
+        config["run_dir"] = str(Path(parent) / f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     config["trainer"]["default_root_dir"] = config["run_dir"]
     last = RunDir(config["run_dir"]).last_checkpoint
     if config.get("ckpt_path") is None and last.is_file():
@@ -216,6 +221,10 @@ class SaveConfigOnFitStart(SaveConfigCallback):
         super().setup(trainer, pl_module, "fit")
 
 
+class _KeepLinesHelpFormatter(RawDescriptionHelpFormatter, DefaultHelpFormatter):
+    """jsonargparse's help, keeping the line breaks of descriptions and the epilog (one alias a line)."""
+
+
 class RunDirCLI(LightningCLI):
     """A LightningCLI whose run writes into ``--run_dir`` (added by the subclass), held while it runs.
 
@@ -227,6 +236,12 @@ class RunDirCLI(LightningCLI):
     is written when the fit starts (:class:`SaveConfigOnFitStart`).
     """
 
+    command: ClassVar[str]
+    """The ``coretune`` command it runs (``fit``, ``pretrain``): what its ``--help`` and errors name."""
+    aliases: ClassVar[Mapping[str, str]] = {}
+    """The options the command rewrites before parsing (its ``translate_args``) and what each does: listed at the
+    end of its ``--help``."""
+
     def __init__(self, *args: Any, hold: contextlib.ExitStack, **kwargs: Any) -> None:
         self._hold = hold
         super().__init__(*args, **kwargs)
@@ -237,6 +252,18 @@ class RunDirCLI(LightningCLI):
         kwargs.setdefault("save_config_callback", SaveConfigOnFitStart)
         with contextlib.ExitStack() as hold:
             cls(*args, hold=hold, **kwargs)
+
+    def _add_subcommands(self, parser: Any, **kwargs: Any) -> None:
+        """LightningCLI's subcommand parsers, named ``coretune <command>`` (jsonargparse would name them
+        ``<prog> [options] fit``, also for ``coretune pretrain``)."""
+        super()._add_subcommands(parser, **kwargs)
+        width = max(map(len, self.aliases), default=0) + 2
+        lines = [f"  {option:<{width}}{meaning}" for option, meaning in self.aliases.items()]
+        for subcommand_parser in self._subcommand_parsers.values():
+            subcommand_parser.prog = f"coretune {self.command}"
+            if lines:
+                subcommand_parser.epilog = "\n".join(["aliases (rewritten to the options above):", *lines])
+                subcommand_parser.formatter_class = _KeepLinesHelpFormatter
 
     def _parse_ckpt_path(self) -> None:
         """Nothing: LightningCLI would replace the command line's model settings by those of a ``--ckpt_path``

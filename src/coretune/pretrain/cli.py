@@ -7,8 +7,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..engine import RunDirCLI, check_trainer_options, quiet_lightning, with_atomic_io
 from .data import PretrainData
@@ -46,14 +47,21 @@ def translate_args(args: list[str]) -> list[str]:
 class PretrainCLI(RunDirCLI):
     """Pre-training runs write into ``--run_dir`` (default ``runs/pretrain-<method>-<date>-<time>``)."""
 
+    command = "pretrain"
+    aliases: ClassVar[Mapping[str, str]] = {
+        "--method NAME": f"the pre-training method, {' or '.join(METHODS)} (default simclr)",
+        "--seed N": "--seed_everything N",
+    }
+
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.link_arguments("seed_everything", "data.seed")
         parser.add_argument(
             "--run_dir",
             type=str | None,
             default=None,
-            help="Run directory (default: runs/pretrain-<method>-<date>-<time>). Reuse it to "
-            "resume from its checkpoints/last.ckpt. Refused while another run uses it (its claim, fit.pid).",
+            help="Run directory (default: <--trainer.default_root_dir, or runs>/pretrain-<method>-<date>-<time>; "
+            "it wins over --trainer.default_root_dir). Reuse it to resume from its checkpoints/last.ckpt. Refused "
+            "while another run uses it (its claim, fit.pid).",
         )
 
     def before_instantiate_classes(self) -> None:

@@ -11,7 +11,7 @@ from lightning.pytorch.trainer.states import RunningStage
 from torch.utils.data import DataLoader, DistributedSampler
 
 from coretune.data import ImageClassificationData
-from coretune.data import classification as classification_module
+from coretune.data import samplers as samplers_module
 from coretune.data.samplers import EpochShuffleSampler, item_seed
 
 
@@ -83,8 +83,8 @@ def test_rank_loaders_of_the_datamodule_split_the_single_process_batches(
     image_tree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def batches(world: int, rank: int, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        monkeypatch.setattr(classification_module, "world_size", lambda: world)
-        monkeypatch.setattr(classification_module, "rank", lambda: rank)
+        monkeypatch.setattr(samplers_module, "world_size", lambda: world)
+        monkeypatch.setattr(samplers_module, "rank", lambda: rank)
         data = ImageClassificationData(root=str(image_tree), image_size=16, batch_size=batch_size, seed=4)
         loader = data.train_dataloader()
         loader.sampler.set_epoch(1)

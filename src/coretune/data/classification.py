@@ -13,7 +13,7 @@ from ..distributed import rank, world_size
 from .datasets import ImageFileDataset, LabeledImageDataset, OnBadImage, check_cifar_root, load_cifar
 from .errors import DataError
 from .images import require_folder, warn_skipped
-from .samplers import EpochShuffleSampler, ResumableLoader, SeededItems
+from .samplers import seeded_train_loader
 from .splits import stratified_split, stratified_subset
 from .transforms import (
     IMAGENET_MEAN,
@@ -279,20 +279,11 @@ class ImageClassificationData(L.LightningDataModule):
         """
         self.setup()
         assert self.train_dataset is not None
-        n, processes = len(self.train_dataset), world_size()
-        drop_last = n > self.batch_size * processes
-        sampler = EpochShuffleSampler(n, self.seed, self.batch_size, processes, rank(), drop_last)
         dataset = self.train_dataset
         if self.train_views > 1:
             draft = train_draft_size(self.image_size, self.crop_scale)
             dataset = dataset.with_transform(Views(self.train_transform, self.train_views), draft)
-        return ResumableLoader(
-            SeededItems(dataset),
-            batch_size=self.batch_size,
-            sampler=sampler,
-            drop_last=drop_last,
-            **self._loader_options(),
-        )
+        return seeded_train_loader(dataset, self.batch_size, self.seed, **self._loader_options())
 
     def val_dataloader(self) -> DataLoader:
         """The validation split in order (see the class docstring for which split that is)."""

@@ -10,7 +10,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-__all__ = ["EpochShuffleSampler", "ResumableLoader", "SeededItems", "item_seed"]
+from ..distributed import rank, world_size
+
+__all__ = ["EpochShuffleSampler", "ResumableLoader", "SeededItems", "item_seed", "seeded_train_loader"]
 
 
 def item_seed(seed: int, epoch: int, index: int) -> int:
@@ -129,3 +131,15 @@ class ResumableLoader(DataLoader):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.sampler.skip_once(state["epoch"], state["batches"] * self.batch_size)
+
+
+def seeded_train_loader(dataset: Dataset, batch_size: int, seed: int, **loader_options: Any) -> ResumableLoader:
+    """The training loader of the data modules: ``dataset``'s items (augmented by :class:`SeededItems`) in an
+    order fixed by ``(seed, epoch)``, dealt to the ``torch.distributed`` processes, resumable mid-epoch; the last
+    incomplete batch is dropped when there are 2 or more batches. ``loader_options`` go to the ``DataLoader``."""
+    n, processes = len(dataset), world_size()  # type: ignore[arg-type]
+    drop_last = n > batch_size * processes
+    sampler = EpochShuffleSampler(n, seed, batch_size, processes, rank(), drop_last)
+    return ResumableLoader(
+        SeededItems(dataset), batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_options
+    )

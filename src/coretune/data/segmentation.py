@@ -36,7 +36,7 @@ from ..distributed import rank, world_size
 from .datasets import OnBadImage
 from .errors import DataError
 from .images import IMAGE_EXTENSIONS, find_bad_images, load_rgb, require_folder, warn_skipped
-from .samplers import EpochShuffleSampler, ResumableLoader, SeededItems
+from .samplers import seeded_train_loader
 from .splits import stratified_subset
 from .transforms import IMAGENET_MEAN, IMAGENET_STD
 
@@ -579,16 +579,7 @@ class SegmentationData(L.LightningDataModule):
         """Shuffled in an order fixed by ``(seed, epoch)``; drops the last incomplete batch (2+ batches)."""
         self.setup()
         assert self.train_dataset is not None
-        n, processes = len(self.train_dataset), world_size()
-        drop_last = n > self.batch_size * processes
-        sampler = EpochShuffleSampler(n, self.seed, self.batch_size, processes, rank(), drop_last)
-        return ResumableLoader(
-            SeededItems(self.train_dataset),
-            batch_size=self.batch_size,
-            sampler=sampler,
-            drop_last=drop_last,
-            **self._loader_options(),
-        )
+        return seeded_train_loader(self.train_dataset, self.batch_size, self.seed, **self._loader_options())
 
     def val_dataloader(self) -> DataLoader:
         """The validation split in list order."""

@@ -45,6 +45,8 @@ def test_mlflow_records_the_settings_and_every_epoch_and_a_resume_goes_on_in_its
 ) -> None:
     pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's opt-in to the file store, for the client below
+    # MLflow exports the tracking URI a logger used (an earlier test's) to the environment, where it would win
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
     run = tmp_path / "run"
     args = ["fit", *LOGGED, f"--data.root={image_tree}", f"--run_dir={run}", "--trainer.logger", "mlflow",
             "--objective", "core", "--objective.eta=0.5", "--objective.alpha=2", "--seed", "3",
@@ -81,6 +83,7 @@ def test_mlflow_records_the_settings_and_every_epoch_and_a_resume_goes_on_in_its
 def test_tensorboard_and_csv_write_beside_the_runs_files_and_a_resume_keeps_its_folders(
     image_tree: Path, tmp_path: Path
 ) -> None:
+    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = tmp_path / "run"
@@ -107,14 +110,20 @@ def test_tensorboard_and_csv_write_beside_the_runs_files_and_a_resume_keeps_its_
     assert not (other / "lightning_logs").exists()
 
 
-def test_csv_shorthand_writes_into_the_run_directory(image_tree: Path, tmp_path: Path) -> None:
+def test_csv_shorthand_writes_into_the_run_directory_and_a_resume_into_a_new_version(
+    image_tree: Path, tmp_path: Path
+) -> None:
     run = tmp_path / "run"
-    main(["fit", *LOGGED, f"--data.root={image_tree}", f"--run_dir={run}", "--trainer.logger", "csv"])
+    args = ["fit", *LOGGED, f"--data.root={image_tree}", f"--run_dir={run}", "--trainer.logger", "csv"]
+    main(args)
     _assert_run_files(run)
-    header = (run / "csv" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert {"train/loss", "val/top1", "test/top1", "epoch", "step"} <= set(header)
+    first = (run / "csv" / "version_0" / "metrics.csv").read_text()
+    assert {"train/loss", "val/top1", "test/top1", "epoch", "step"} <= set(first.splitlines()[0].split(","))
     hparams = yaml.safe_load((run / "csv" / "version_0" / "hparams.yaml").read_text())
     assert hparams["objective"] == "ce" and hparams["seed"] == 0 and hparams["data.label_fraction"] == 1.0
+    main([*args, "--trainer.max_epochs=2"])  # resumed: Lightning's CSV logger would empty version_0; it is kept
+    assert (run / "csv" / "version_0" / "metrics.csv").read_text() == first
+    assert [r["epoch"] for r in read_metrics(run / "csv" / "version_1" / "metrics.csv") if r["train/loss"]] == ["1"]
 
 
 @pytest.mark.skipif(

@@ -23,6 +23,8 @@ def test_two_runs_of_a_bench_spec_land_in_one_mlflow_experiment(
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's opt-in to the file store, for the client below
+    # MLflow exports the tracking URI a logger used (an earlier test's) to the environment, where it would win
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
     out = tmp_path / "out"
     config = tmp_path / "bench.yaml"
     spec = {

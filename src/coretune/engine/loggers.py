@@ -38,11 +38,11 @@ __all__ = [
 RUN_DIR = "<run_dir>"
 """In a logger's ``save_dir``, the run's directory (:func:`place_loggers` puts it in)."""
 
-LOGGERS: dict[str, tuple[type[loggers.Logger], dict[str, Any]]] = {
+LOGGERS: dict[str, tuple[type[loggers.Logger], dict[str, str]]] = {
     "csv": (loggers.CSVLogger, {"save_dir": RUN_DIR, "name": "csv"}),
     "mlflow": (loggers.MLFlowLogger, {"experiment_name": "coretune"}),
-    "tensorboard": (loggers.TensorBoardLogger, {"save_dir": RUN_DIR, "name": "tensorboard", "version": 0}),
-    "wandb": (loggers.WandbLogger, {"project": "coretune", "offline": True}),
+    "tensorboard": (loggers.TensorBoardLogger, {"save_dir": RUN_DIR, "name": "tensorboard", "version": "0"}),
+    "wandb": (loggers.WandbLogger, {"project": "coretune", "offline": "true"}),
 }
 """The short names of ``--trainer.logger`` and the settings they add: CSV into ``RUN/csv/version_N`` (a new version
 after each resume: Lightning's CSV logger would empty a folder it reuses), TensorBoard into ``RUN/tensorboard/
@@ -59,11 +59,7 @@ _PACKAGES: dict[type[loggers.Logger], tuple[tuple[str, ...], str]] = {
 RUN_DIR_TAG = "coretune.run_dir"
 """The MLflow tag naming a run's directory (absolute): a resumed run finds its MLflow run by it."""
 
-_NOT_SHORT_NAMES = {"true", "false", "null", "none"}
-
-
-def _cli_value(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
+_LITERALS = {"true", "false", "null", "none"}
 
 
 def logger_args(value: str, **settings: Any) -> list[str]:
@@ -76,9 +72,9 @@ def logger_args(value: str, **settings: Any) -> list[str]:
     """
     if value.lower() in LOGGERS:
         cls, preset = LOGGERS[value.lower()]
-        options = [f"--trainer.logger.{key}={_cli_value(v)}" for key, v in {**preset, **settings}.items()]
+        options = [f"--trainer.logger.{key}={v}" for key, v in {**preset, **settings}.items()]
         return [f"--trainer.logger={cls.__module__}.{cls.__qualname__}", *options]
-    structured = value.lower() in _NOT_SHORT_NAMES or value.startswith(("{", "[")) or "." in value
+    structured = value.lower() in _LITERALS or value.startswith(("{", "[")) or "." in value
     if structured or isinstance(getattr(loggers, value, None), type):
         return [f"--trainer.logger={value}"]
     raise ValueError(
@@ -127,11 +123,12 @@ def _class(class_path: str) -> type:
 
 def place_loggers(config: Any, resuming: bool) -> None:
     """Settle the loggers of a CLI run's parsed ``config`` (``trainer.logger``, ``run_dir``): each needs its
-    package (``ValueError`` with the ``pip install`` otherwise) and writes into the run directory unless given a
-    place of its own (``save_dir``, where :data:`RUN_DIR` stands for the run directory; MLflow's ``tracking_uri``;
-    W&B's ``dir``). An MLflow run is named after the run
-    directory and tagged with it (:data:`RUN_DIR_TAG`); a ``resuming`` run goes on in the MLflow run so tagged.
-    A file store needs MLflow 3's opt-in (``MLFLOW_ALLOW_FILE_STORE``), set here unless set already."""
+    package (``ValueError`` with the ``pip install`` otherwise); :data:`RUN_DIR` in a ``save_dir`` is the run
+    directory, and an MLflow or W&B logger left at its default folder (``./mlruns``, ``.``; no ``tracking_uri`` or
+    ``dir``) writes into the run directory (TensorBoard and CSV loggers need a ``save_dir``: the short names give
+    :data:`RUN_DIR`). An MLflow run is named after the run directory and tagged with it (:data:`RUN_DIR_TAG`); a
+    ``resuming`` run goes on in the MLflow run so tagged. A file store needs MLflow 3's opt-in
+    (``MLFLOW_ALLOW_FILE_STORE``), set here unless set already."""
     run_dir = Path(config["run_dir"])
     chosen = config["trainer"].get("logger")
     for spec in chosen if isinstance(chosen, list) else [chosen]:
@@ -143,20 +140,13 @@ def place_loggers(config: Any, resuming: bool) -> None:
             args["save_dir"] = args["save_dir"].replace(RUN_DIR, str(run_dir))
         if issubclass(cls, loggers.MLFlowLogger):
             _place_mlflow(args, run_dir, resuming)
-        elif _has_no_place(cls, args):
+        elif issubclass(cls, loggers.WandbLogger) and args["save_dir"] == _default(cls, "save_dir") and not args["dir"]:
             args["save_dir"] = str(run_dir)
 
 
 def _default(cls: type, name: str) -> Any:
     """The default value of ``cls``'s constructor argument ``name``."""
     return inspect.signature(cls).parameters[name].default
-
-
-def _has_no_place(cls: type, args: Any) -> bool:
-    """Whether a TensorBoard, CSV or W&B logger's settings leave its folder to the default."""
-    if issubclass(cls, loggers.WandbLogger):
-        return args.get("save_dir") in (None, _default(cls, "save_dir")) and not args.get("dir")
-    return issubclass(cls, loggers.TensorBoardLogger | loggers.CSVLogger) and args.get("save_dir") is None
 
 
 def _place_mlflow(args: Any, run_dir: Path, resuming: bool) -> None:

@@ -172,11 +172,3 @@ def test_an_unknown_or_missing_logger_is_one_line(
         "pip install 'coretune[mlflow]'"
     )
     assert not (run / "config.yaml").exists() and not (run / "checkpoints").exists()
-
-
-def test_fit_help_names_the_logger_shorthand(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["fit", "--help"])
-    assert "--trainer.logger NAME tensorboard, csv, mlflow or wandb (offline), in the run directory" in " ".join(
-        capsys.readouterr().out.split()
-    )

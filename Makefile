@@ -10,7 +10,7 @@ CONSTRAINTS := constraints.txt
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,tune,docs]'
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,tune,docs,mlflow,tensorboard]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -233,7 +233,9 @@ def test_concurrent_fits_of_a_sweep_never_share_a_gpu(tmp_path: Path, monkeypatc
     monkeypatch.setattr("coretune.sweeps.launch.visible_gpus", lambda: ["0", "1", "2", "3"])
     lock, busy, used = threading.Lock(), set(), []
 
-    def launch(args: list[str], run_dir: Path, env: dict[str, str] | None = None, stop: object = None) -> int:
+    def launch(
+        args: list[str], run_dir: Path, env: dict[str, str] | None = None, stop: object = None, log_args: object = ()
+    ) -> int:
         assert env is not None
         with lock:
             group = env["CUDA_VISIBLE_DEVICES"]

@@ -27,7 +27,7 @@ def _fake_fits(monkeypatch: pytest.MonkeyPatch, outcome: dict[int, int]) -> list
     outcome ``-N`` delivers signal N to this process (as Ctrl+C or a SIGTERM would) and exits ``128 + N``."""
     launched: list[int] = []
 
-    def launch(args: list[str], run_dir: Path, env: object = None, stop: object = None) -> int:
+    def launch(args: list[str], run_dir: Path, env: object = None, stop: object = None, log_args: object = ()) -> int:
         seed = int(next(a for a in args if a.startswith("--seed=")).split("=")[1])
         launched.append(seed)
         code = outcome.get(seed, 0)

@@ -81,7 +81,7 @@ def test_resume_keeps_finished_trials_and_retries_failed_ones(
     launched: list[str] = []
     broken = {"eta10_alpha0.5"}
 
-    def fake_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
         launched.append(run_dir.name)
         assert "--data.val_fraction=0.3" in args and "--objective" in args
         if run_dir.name in broken:
@@ -116,7 +116,7 @@ def test_a_grid_point_another_worker_runs_fails_its_trial_and_the_study_goes_on(
     # Workers sharing a study may draw the same grid point; its run directory is claimed by the first (runclaim).
     busy = {"eta10_alpha1"}
 
-    def fake_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
         if run_dir.name in busy:
             raise RunInUse(f"{run_dir} is being run by another process (pid 4242 on node7): wait for it to finish")
         finish(run_dir, [0.5])
@@ -138,7 +138,7 @@ def test_a_signal_marks_the_trial_failed_and_a_rerun_resumes_it(
 ) -> None:
     launched: list[str] = []
 
-    def interrupted_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
+    def interrupted_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
         launched.append(run_dir.name)
         if not signum:  # a second Ctrl+C while the fit saves: launch_fit re-raises it once the fit has exited
             raise KeyboardInterrupt
@@ -154,7 +154,7 @@ def test_a_signal_marks_the_trial_failed_and_a_rerun_resumes_it(
     assert f"study stopped by {signal.Signals(signum or signal.SIGINT).name}" in capsys.readouterr().err
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
 
-    def fake_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
         launched.append(run_dir.name)
         finish(run_dir, [0.5])
         return 0
@@ -245,7 +245,7 @@ def test_a_storage_that_cannot_be_opened_is_one_line_before_any_trial(
 def test_a_fit_that_never_validated_fails_its_trial(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
 ) -> None:
-    def unvalidated_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
+    def unvalidated_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
         finish(run_dir, [])  # results.json, but no val/top1 (e.g. max_epochs not a multiple of the val interval)
         return 0
 
@@ -255,7 +255,7 @@ def test_a_fit_that_never_validated_fails_its_trial(
 
 
 def test_tpe_sampler_stops_at_n_trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str) -> None:
-    def fake_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
         eta = float(next(a for a in args if a.startswith("--objective.eta=")).partition("=")[2])
         finish(run_dir, [1 / (1 + abs(eta - 1))])
         return 0
@@ -274,7 +274,7 @@ def test_repeats_average_fits_over_seeds_and_splits(
     launched: list[str] = []
     broken = {"eta10_alpha1/seed4"}
 
-    def fake_fit(args: list[str], run_dir: Path, stop: object = None) -> int:
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
         name = f"{run_dir.parent.name}/{run_dir.name}"
         launched.append(name)
         seed = int(next(a for a in args if a.startswith("--seed=")).partition("=")[2])

@@ -22,6 +22,7 @@ from ..data import ImageClassificationData
 from ..models import HUB_PREFIXES, resolve_weights
 from ..rundir import RunDir
 from .checkpoint_io import with_atomic_io
+from .loggers import logger_args, place_loggers
 from .module import FineTuner
 from .rundir import RunDirCLI
 from .trainer import check_trainer_options, default_callbacks, default_precision, quiet_lightning
@@ -64,7 +65,7 @@ def _translate_config(path: str) -> str:
 
 def translate_args(args: list[str]) -> list[str]:
     """Rewrite the friendly aliases: ``--objective NAME`` (registry names and Table 2 presets, also inside
-    ``--config`` files), ``--seed N``."""
+    ``--config`` files), ``--seed N``, ``--trainer.logger NAME`` (:func:`~coretune.engine.loggers.logger_args`)."""
     out: list[str] = []
     it = iter(args)
     for arg in it:
@@ -79,6 +80,8 @@ def translate_args(args: list[str]) -> list[str]:
                 out.extend(preset)
         elif key == "--seed":
             out.append(f"--seed_everything={value if eq else next(it, '')}")
+        elif key == "--trainer.logger":
+            out.extend(logger_args(value if eq else next(it, "")))
         else:
             out.append(arg)
     return out
@@ -92,6 +95,7 @@ class FitCLI(RunDirCLI):
         "--objective NAME": "a registered objective or Table 2 preset and its settings (coretune objectives)",
         "--objective.help NAME": "the hyper-parameters of objective NAME",
         "--seed N": "--seed_everything N (also seeds the data split, --data.seed)",
+        "--trainer.logger NAME": "tensorboard, csv, mlflow or wandb (offline), in the run directory (docs/loggers.md)",
     }
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -118,11 +122,12 @@ class FitCLI(RunDirCLI):
         config = self.config[self.subcommand]
         check_trainer_options(config["trainer"])
         self.settle_run_dir(str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower())
+        place_loggers(config, resuming=config.get("ckpt_path") is not None)
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         trainer = self._get(self.config_init, "trainer", default={})
         show_progress = trainer.get("enable_progress_bar") is not False
-        self.trainer_defaults["callbacks"] = default_callbacks(None, progress=show_progress)
+        self.trainer_defaults["callbacks"] = default_callbacks(trainer["default_root_dir"], progress=show_progress)
         kwargs["plugins"] = with_atomic_io(trainer.get("plugins"))
         return super().instantiate_trainer(**kwargs)
 
@@ -166,7 +171,7 @@ def fit(args: list[str]) -> None:
         ImageClassificationData,
         args=["fit", *translate_args(args)],
         seed_everything_default=0,
-        trainer_defaults={"precision": default_precision(), "logger": False},
+        trainer_defaults={"precision": default_precision(), "logger": False, "enable_autolog_hparams": False},
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"allow_abbrev": False, "fit": {"default_env": False, "allow_abbrev": False}},
         auto_configure_optimizers=False,

@@ -24,8 +24,9 @@ from ..rundir import RunDir
 
 __all__ = ["RESUMABLE_CHANGES", "RunDirCLI", "check_resume", "resolve_run_dir", "setting_changes"]
 
-_WHERE = frozenset({"ckpt_path", "weights_only", "run_dir", "trainer.default_root_dir"})
-"""Where a run resumes from and writes to: not settings of the run, never compared."""
+_WHERE = frozenset({"ckpt_path", "weights_only", "run_dir", "trainer.default_root_dir", "trainer.logger"})
+"""Where a run resumes from and writes to, and logs to (``trainer.logger`` and its settings, which may be added,
+changed or dropped on a resume): not settings of the run, never compared."""
 
 RESUMABLE_CHANGES = frozenset(
     {
@@ -45,7 +46,6 @@ RESUMABLE_CHANGES = frozenset(
         "trainer.detect_anomaly",
         "trainer.enable_autolog_hparams",
         "trainer.callbacks",
-        "trainer.logger",
         "data.num_workers",
         "data.pin_memory",
         "data.cache_images",
@@ -56,7 +56,8 @@ RESUMABLE_CHANGES = frozenset(
 )
 """Settings a run may be resumed with after a change (a class's ``init_args.x`` named as its ``x``): how long it
 trains (``trainer.max_epochs`` extends a run), the hardware and numeric precision it runs on (``trainer.devices``
-only with the same number of devices), what it prints and logs (added callbacks, such as a monitor), how images
+only with the same number of devices), what it prints (added callbacks, such as a monitor; its loggers are where it
+logs, never compared), how images
 are loaded, and whether named weights may be downloaded (the same file either way). Every other setting changes
 the model, the objective, the data or the optimisation, so a resume with another value is refused."""
 
@@ -100,13 +101,18 @@ def _device_count(devices: Any) -> Any:
     return devices
 
 
+def _is_where(key: str) -> bool:
+    """Whether a flat setting (``trainer.logger.save_dir``) is, or belongs to, one of :data:`_WHERE`."""
+    return key in _WHERE or any(key.startswith(f"{where}.") for where in _WHERE)
+
+
 def setting_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """The settings whose values differ between two run configurations (nested dicts, as in ``config.yaml``), as
     ``"key old → new"``, split into those a resume may change (:data:`RESUMABLE_CHANGES`) and the others. Settings
     only one side has (options added by a later version) are left out."""
     old, new = _flat(recorded), _flat(current)
     allowed, refused = [], []
-    for key in [k for k in new if k in old and old[k] != new[k] and k not in _WHERE]:
+    for key in [k for k in new if k in old and old[k] != new[k] and not _is_where(k)]:
         if key == "trainer.devices" and _device_count(old[key]) != _device_count(new[key]):
             resumable = False
         else:
@@ -212,13 +218,21 @@ def resolve_run_dir(config: Any, default_name: str) -> None:
 
 class SaveConfigOnFitStart(SaveConfigCallback):
     """LightningCLI's ``config.yaml``, written once the run's checkpoint is restored (``on_fit_start``) instead of at
-    set-up: a resume refused while loading its checkpoint (the data gained a class) leaves the file as it was."""
+    set-up: a resume refused while loading its checkpoint (the data gained a class) leaves the file as it was. It
+    goes into the run directory (the trainer's ``default_root_dir``), not a logger's folder (LightningCLI's
+    ``trainer.log_dir``), where a resume reads it."""
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Nothing yet: see :meth:`on_fit_start`."""
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        super().setup(trainer, pl_module, "fit")
+        if trainer.is_global_zero and not self.already_saved:
+            path = RunDir(trainer.default_root_dir).config
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.parser.save(
+                self.config, str(path), skip_unset=False, overwrite=self.overwrite, multifile=self.multifile
+            )
+        self.already_saved = True
 
 
 class _KeepLinesHelpFormatter(RawDescriptionHelpFormatter, DefaultHelpFormatter):

@@ -17,6 +17,7 @@ from ..rundir import RunDir
 from .callbacks import RunArtifacts
 from .checkpoint_io import AtomicCheckpointIO
 from .interrupts import StopOnSignal
+from .loggers import LogRunSettings
 
 __all__ = [
     "LIGHTNING_PYTREE_DEPRECATION",
@@ -96,8 +97,9 @@ def check_trainer_options(trainer: Mapping[str, Any]) -> None:
 
 
 def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) -> list[Callback]:
-    """Best and last checkpoints (by ``val/top1``), run outputs, a resumable checkpoint on SIGTERM/SIGINT, and a
-    rich progress bar with ETA."""
+    """Best and last checkpoints (by ``val/top1``) in ``run_dir/checkpoints`` (without ``run_dir``: the trainer's
+    ``default_root_dir/checkpoints`` while it has no logger, else the first logger's folder), run outputs, the run's
+    settings for its loggers, a resumable checkpoint on SIGTERM/SIGINT, and a rich progress bar with ETA."""
     checkpoint_dir = RunDir(run_dir).checkpoints if run_dir is not None else None
     callbacks: list[Callback] = [
         ModelCheckpoint(
@@ -114,6 +116,7 @@ def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) 
             dirpath=checkpoint_dir, filename="last", enable_version_counter=False, save_on_train_epoch_end=True
         ),
         RunArtifacts(run_dir),
+        LogRunSettings(),
         StopOnSignal(),
     ]
     if progress:
@@ -122,9 +125,11 @@ def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) 
 
 
 def make_trainer(run_dir: str | Path, progress: bool = True, **kwargs: Any) -> L.Trainer:
-    """A ``Trainer`` writing into ``run_dir`` (``kwargs`` are passed on to ``lightning.Trainer``)."""
+    """A ``Trainer`` writing into ``run_dir`` (``kwargs`` are passed on to ``lightning.Trainer``; a ``logger`` is
+    told the run's settings by :class:`~coretune.engine.loggers.LogRunSettings`)."""
     kwargs.setdefault("precision", default_precision())
     kwargs.setdefault("logger", False)
+    kwargs.setdefault("enable_autolog_hparams", False)
     kwargs.setdefault("plugins", [AtomicCheckpointIO()])
     progress = progress and kwargs.get("enable_progress_bar", True)
     kwargs["callbacks"] = default_callbacks(run_dir, progress) + list(kwargs.get("callbacks") or [])

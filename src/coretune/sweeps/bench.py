@@ -50,6 +50,14 @@ def _parser() -> Any:
         help="Run only these objective names of the spec (the tables still cover the whole grid).",
     )
     parser.add_argument("--only_seeds", type=list[int] | None, default=None, help="Run only these seeds of the spec.")
+    parser.add_argument(
+        "--logger",
+        type=str | None,
+        default=None,
+        help="Log every run into one place in the output folder: mlflow (one experiment named after the spec, in "
+        "OUTPUT/mlruns), tensorboard (OUTPUT/tensorboard), csv (OUTPUT/csv) or wandb (offline, one project). May be "
+        "added or changed when a sweep is resumed.",
+    )
     parser.add_argument("--dry_run", action="store_true", help="Print the fit commands of the unfinished runs.")
     parser.add_argument("--aggregate_only", action="store_true", help="Only (re)write the tables and plots.")
     parser.add_argument(
@@ -87,7 +95,7 @@ def main(args: list[str]) -> None:
         return
     report = None
     if not cfg.aggregate_only:
-        report = run_sweep(subset, workers=cfg.workers, dry_run=cfg.dry_run, console=console)
+        report = run_sweep(subset, workers=cfg.workers, dry_run=cfg.dry_run, console=console, logger=cfg.logger)
         if cfg.dry_run:
             return
     markdown, paths = write_summary(spec)

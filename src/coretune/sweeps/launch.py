@@ -110,9 +110,17 @@ def check_run_args(args: Sequence[str], run_dir: str | Path) -> None:
 
 
 def launch_fit(
-    args: Sequence[str], run_dir: str | Path, env: dict[str, str] | None = None, stop: StopSignal | None = None
+    args: Sequence[str],
+    run_dir: str | Path,
+    env: dict[str, str] | None = None,
+    stop: StopSignal | None = None,
+    log_args: Sequence[str] = (),
 ) -> int:
     """Run one ``coretune fit`` subprocess into ``run_dir``, appending its stdout and stderr to ``log.txt``.
+
+    ``log_args`` are the fit arguments of the sweep's logger (:func:`~coretune.engine.loggers.sweep_logger_args`),
+    added after ``args`` but not recorded with them in ``fit_args.json``: a sweep may add or change its logger when
+    it resumes.
 
     Returns the exit code; whether the run finished is :meth:`RunDir.is_finished` (test results written). Once
     ``stop`` holds a signal, or on Ctrl+C (``KeyboardInterrupt``) while waiting, the fit is asked through its stop
@@ -133,7 +141,7 @@ def launch_fit(
         stop_file = files.stop_file
         stop_file.unlink(missing_ok=True)  # an earlier sweep's request must not stop this fit
         env = {**(os.environ if env is None else env), STOP_FILE_ENV: str(stop_file)}
-        cmd = fit_command(args, run_dir)
+        cmd = [*fit_command(args, run_dir), *log_args]
         with files.log.open("a") as log:
             log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')}  {shlex.join(cmd)}\n")
             log.flush()
@@ -206,8 +214,14 @@ def worker_envs(workers: int, gpus: Sequence[str] = ()) -> list[dict[str, str] |
     return [{**base, "CUDA_VISIBLE_DEVICES": ",".join(group)} for group in groups]
 
 
-def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False, console: Any = None) -> SweepReport:
+def run_sweep(
+    spec: BenchSpec, workers: int | None = None, dry_run: bool = False, console: Any = None, logger: str | None = None
+) -> SweepReport:
     """Run every unfinished run of ``spec`` as a ``coretune fit`` subprocess, ``workers`` at a time.
+
+    ``logger`` (``mlflow``, ``tensorboard``, ``csv``, ``wandb``) logs every run into one place in the spec's output
+    folder: one MLflow experiment (or W&B project) named after the spec, each run named by its label
+    (:func:`~coretune.engine.loggers.sweep_logger_args`).
 
     On a 2-core CPU use ``workers=1``: one fit already keeps both cores busy, and concurrent runs only split them
     (each gets ``cpu_count // workers`` threads) while holding several data sets and models in memory. On a
@@ -236,6 +250,10 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
     workers = workers or spec.workers
     report = SweepReport()
     todo = []
+    if logger is not None:
+        from ..engine.loggers import check_sweep_logger
+
+        check_sweep_logger(logger)
     for run in spec.runs():
         check_run_args(run.args, run.run_dir)
         (report.skipped if RunDir(run.run_dir).is_finished() else todo).append(run)
@@ -247,7 +265,8 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
     )
     if dry_run:
         for run in todo:
-            console.print(escape(shlex.join(fit_command(run.args, run.run_dir))), soft_wrap=True, highlight=False)
+            command = [*fit_command(run.args, run.run_dir), *_log_args(spec, run, logger)]
+            console.print(escape(shlex.join(command)), soft_wrap=True, highlight=False)
     if dry_run or not todo:
         return report
     slots: queue.SimpleQueue[dict[str, str] | None] = queue.SimpleQueue()  # one environment per worker
@@ -268,7 +287,9 @@ def run_sweep(spec: BenchSpec, workers: int | None = None, dry_run: bool = False
     ):
         task = progress.add_task("runs", total=len(todo))
         bars = EpochBars(progress)
-        started = {pool.submit(_timed_launch, run, slots, stop, bars): run for run in todo}
+        started = {
+            pool.submit(_timed_launch, run, slots, stop, bars, _log_args(spec, run, logger)): run for run in todo
+        }
         pending = set(started)
         while pending:  # wake up often: a signal only sets `stop`
             done = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED).done
@@ -401,17 +422,28 @@ class EpochBars:
                 self._bars[run] = self.progress.add_task(f"  {run.label} (epochs)", completed=done, total=total)
 
 
-def _timed_launch(run: Run, slots: queue.SimpleQueue, stop: StopSignal, bars: EpochBars) -> tuple[int, float] | None:
-    """Exit code and seconds of the run's fit, in the environment of a free worker slot (taken from ``slots`` and
-    put back); ``None`` when it did not start: ``stop`` held a signal, or another sweep finished the run since this
-    one listed it."""
+def _log_args(spec: BenchSpec, run: Run, logger: str | None) -> list[str]:
+    """The fit arguments that log ``run`` into the sweep's ``logger`` (none without one)."""
+    if logger is None:
+        return []
+    from ..engine.loggers import sweep_logger_args
+
+    return sweep_logger_args(logger, spec.output, spec.name, run.label)
+
+
+def _timed_launch(
+    run: Run, slots: queue.SimpleQueue, stop: StopSignal, bars: EpochBars, log_args: Sequence[str] = ()
+) -> tuple[int, float] | None:
+    """Exit code and seconds of the run's fit (``log_args``: :func:`launch_fit`'s), in the environment of a free
+    worker slot (taken from ``slots`` and put back); ``None`` when it did not start: ``stop`` held a signal, or
+    another sweep finished the run since this one listed it."""
     if stop.signum is not None or RunDir(run.run_dir).is_finished():
         return None
     env = slots.get()  # the pool has one thread per slot: never waits
     bars.started(run)
     try:
         start = time.perf_counter()
-        code = launch_fit(run.args, run.run_dir, env, stop)
+        code = launch_fit(run.args, run.run_dir, env, stop, log_args)
         return code, time.perf_counter() - start
     finally:
         bars.ended(run)

@@ -164,12 +164,15 @@ def tune(
     repeats: int = 1,
     storage: str | None = None,
     study_name: str = "coretune",
+    logger: str | None = None,
 ) -> Any:
     """Run (or resume) the study; write ``trials.csv`` and ``best.yaml`` into ``output``; return the study.
 
     ``eta``/``alpha``: the grid values (``grid``) or the ends of the log-scale ranges (``tpe``), default
     {0.1, 1, 10}. ``n_trials``: TPE's number of completed trials (default 20); the grid runs every point once.
     ``repeats``: fits per trial (seeds ``seed``, ``seed + 1``, …); the trial's value is their mean final val top-1.
+    ``logger`` (``mlflow``, ``tensorboard``, ``csv``, ``wandb``): every fit logs into one place in ``output``, one
+    MLflow experiment (or W&B project) named ``study_name``, each fit named by its trial folder.
     """
     optuna = _import_optuna()
     if not 0 < val_fraction < 1:
@@ -178,6 +181,10 @@ def tune(
             "carved from the training set and never on the test split"
         )
     _check_fit_args(fit_args)
+    if logger is not None:
+        from ..engine.loggers import check_sweep_logger
+
+        check_sweep_logger(logger)
     preset = _check_objective(objective)
     _check_trial_args([*fit_args, "--objective", objective, f"--data.val_fraction={val_fraction}"])
     eta, alpha = list(eta or [0.1, 1.0, 10.0]), list(alpha or [0.1, 1.0, 10.0])
@@ -224,6 +231,13 @@ def tune(
     )
     _check_repeats(study, repeats)
 
+    def log_args(run_dir: Path) -> list[str]:
+        if logger is None:
+            return []
+        from ..engine.loggers import sweep_logger_args
+
+        return sweep_logger_args(logger, output, study_name, run_dir.relative_to(output / "trials").as_posix())
+
     def run_trial(trial: Any) -> float:
         params = {name: trial.suggest_float(name, v[0], v[-1], log=v[0] > 0) for name, v in space.items()}
         name = f"eta{params['eta']:g}_alpha{params['alpha']:g}" if sampler == "grid" else f"trial{trial.number:04d}"
@@ -244,7 +258,7 @@ def tune(
             if not RunDir(run_dir).is_finished():
                 if stop.signum is None:
                     try:
-                        code = launch_fit(args, run_dir, stop=stop)
+                        code = launch_fit(args, run_dir, stop=stop, log_args=log_args(run_dir))
                     except RunInUse as err:  # another worker of the study runs this grid point
                         raise TrialFailed(f"trial {trial.number}: {err}") from None
                 if stop.signum is not None:  # the fit saved a resumable checkpoint; Optuna marks the trial FAIL
@@ -372,6 +386,13 @@ def _parser() -> Any:
         help="Optuna storage URL (default sqlite:///<output>/study.db); share one to run many workers.",
     )
     parser.add_argument("--study_name", type=str, default="coretune", help="Study name inside the storage.")
+    parser.add_argument(
+        "--logger",
+        type=str | None,
+        default=None,
+        help="Log every fit into one place in --output: mlflow (one experiment named --study_name, in OUTPUT/mlruns), "
+        "tensorboard, csv or wandb (offline).",
+    )
     return parser
 
 
@@ -399,6 +420,7 @@ def main(args: list[str]) -> None:
             repeats=cfg.repeats,
             storage=cfg.storage,
             study_name=cfg.study_name,
+            logger=cfg.logger,
         )
     except KeyboardInterrupt:  # a second Ctrl+C
         raise SweepInterrupted(signal.SIGINT, _interrupted_message(signal.SIGINT)) from None

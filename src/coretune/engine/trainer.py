@@ -14,7 +14,7 @@ from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
 
 from ..rundir import RunDir
-from .callbacks import RunArtifacts
+from .callbacks import ChanceLevelGuard, RunArtifacts
 from .checkpoint_io import AtomicCheckpointIO
 from .interrupts import StopOnSignal
 
@@ -96,8 +96,8 @@ def check_trainer_options(trainer: Mapping[str, Any]) -> None:
 
 
 def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) -> list[Callback]:
-    """Best and last checkpoints (by ``val/top1``), run outputs, a resumable checkpoint on SIGTERM/SIGINT, and a
-    rich progress bar with ETA."""
+    """Best and last checkpoints (by ``val/top1``), run outputs, a stop for runs collapsed to chance, a resumable
+    checkpoint on SIGTERM/SIGINT, and a rich progress bar with ETA."""
     checkpoint_dir = RunDir(run_dir).checkpoints if run_dir is not None else None
     callbacks: list[Callback] = [
         ModelCheckpoint(
@@ -114,6 +114,7 @@ def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) 
             dirpath=checkpoint_dir, filename="last", enable_version_counter=False, save_on_train_epoch_end=True
         ),
         RunArtifacts(run_dir),
+        ChanceLevelGuard(run_dir),
         StopOnSignal(),
     ]
     if progress:

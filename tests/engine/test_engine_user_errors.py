@@ -791,6 +791,7 @@ def test_trainer_options_this_machine_cannot_run_are_one_line(
     assert not [p for p in (tmp_path / "run").rglob("*") if p.is_file()]  # nothing written
 
 
+@pytest.mark.filterwarnings("ignore:`ModelCheckpoint\\(monitor='val/top1'\\)` could not find")  # nothing validates
 def test_a_run_whose_training_accuracy_collapses_to_chance_fails(tree: Path, tmp_path: Path) -> None:
     # Forced collapse: a dead, frozen backbone gives every image the same features, so the classifier can only
     # learn the class prior. Validation (whose identical-logits check would fire first) is off; the training

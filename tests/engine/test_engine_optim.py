@@ -1,12 +1,15 @@
 """Optimisers and schedules (paper Appendix C): SGD + Nesterov, cosine / linear decay, warm-up."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
+from coretune.cli import main
 from coretune.engine import build_optimizer, lr_factor
 from coretune.engine.optim import optimizer_problems
+from fit_flags import QUIET, TINY_FIT
 
 
 def test_cosine_schedule_matches_formula() -> None:
@@ -50,3 +53,18 @@ def test_optimizer_problems_name_every_bad_setting() -> None:
         "momentum must lie in [0, 1) (got 1.0)",
         "warmup_epochs must be >= 0 (got -0.5)",
     ]
+
+
+@pytest.mark.parametrize(("objective", "decay"), [("ce", 1e-4), ("l2sp", 0.0), ("delta", 0.0)])
+def test_l2sp_and_delta_train_without_weight_decay(objective: str, decay: float, tmp_path: Path) -> None:
+    """The reference implementations of L2-SP and DELTA use no weight decay (their penalties replace it): every
+    parameter group of the fit's optimiser has none, whatever --model.weight_decay says; other objectives keep it."""
+    from image_trees import make_image_tree
+
+    root = make_image_tree(tmp_path / "data")
+    run = tmp_path / "run"
+    main(["fit", f"--data.root={root}", *TINY_FIT, "--model.weight_decay=1e-4", f"--objective={objective}",
+          f"--run_dir={run}", *QUIET])  # fmt: skip
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    groups = state["optimizer_states"][0]["param_groups"]
+    assert len(groups) == 2 and [g["weight_decay"] for g in groups] == [decay, decay]

@@ -792,3 +792,49 @@ def test_trainer_options_this_machine_cannot_run_are_one_line(
     """Were a ZeroDivisionError (accumulating over 0 batches) and Lightning's MisconfigurationException."""
     assert error(fit_args(tree, tmp_path / "run", *options)) == expected
     assert not [p for p in (tmp_path / "run").rglob("*") if p.is_file()]  # nothing written
+
+
+@pytest.mark.filterwarnings("ignore:`ModelCheckpoint\\(monitor='val/top1'\\)` could not find")  # nothing validates
+def test_a_run_whose_training_accuracy_collapses_to_chance_fails(tree: Path, tmp_path: Path) -> None:
+    # Forced collapse: a dead, frozen backbone gives every image the same features, so the classifier can only
+    # learn the class prior. Validation (whose identical-logits check would fire first) is off; the training
+    # accuracy stays at chance for 6 epochs (54 steps) and the run must not end looking like a success.
+    from image_trees import make_image_tree
+
+    root = make_image_tree(tmp_path / "data", classes=("a", "b", "c"), per_class=6, val_per_class=2, size=16)
+    weights = dead_backbone(tmp_path / "dead.pth")
+    args = ["fit", f"--data.root={root}", "--model.backbone=small_cnn", f"--model.weights={weights}",
+            "--model.freeze_backbone=true", "--data.image_size=16", "--data.batch_size=2", "--trainer.max_epochs=6",
+            "--trainer.limit_val_batches=0", f"--run_dir={tmp_path / 'run'}", *QUIET]  # fmt: skip
+    message = error(args)
+    assert re.fullmatch(
+        r"the training top-1 is \d+\.\d% at epoch 6, step 54: chance level \(a model that learned nothing scores "
+        r"33\.3% on these labels\), at the end of training: the run collapsed or is not learning\. Clip the "
+        r"gradients \(--trainer\.gradient_clip_val 1\.0\) or lower the learning rate \(--model\.lr\); "
+        r"docs/results\.md, section 7",
+        message,
+    ), message
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["collapsed"].startswith("the training top-1 is ") and "test" not in results
+
+
+def test_chance_level_warns_once_then_stops_after_patience_epochs(tree: Path, tmp_path: Path) -> None:
+    import lightning as L
+
+    from coretune.data import ImageClassificationData
+    from coretune.engine import ChanceLevelGuard
+
+    weights = dead_backbone(tmp_path / "dead.pth")
+    model = FineTuner(objectives.create("ce"), backbone="small_cnn", weights=str(weights), freeze_backbone=True)
+    data = ImageClassificationData(root=str(tree), image_size=16, batch_size=8)
+    trainer = L.Trainer(
+        default_root_dir=tmp_path / "run", max_epochs=6, limit_val_batches=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[ChanceLevelGuard(tmp_path / "run", min_steps=0, patience=2)],
+    )  # fmt: skip
+    warned = r"the training top-1 is \d+\.\d% at epoch 2, step 8: chance level"
+    stopped = r"at epoch 3, step 12: chance level .*, for 2 epochs: the run collapsed"
+    with pytest.warns(UserWarning, match=warned) as seen, pytest.raises(NonFiniteLossError, match=stopped):
+        trainer.fit(model, datamodule=data)
+    assert sum("chance level" in str(w.message) for w in seen) == 1  # warned once, at the first epoch at chance
+    assert "epoch 3" in json.loads((tmp_path / "run" / "results.json").read_text())["collapsed"]

@@ -50,7 +50,10 @@ def test_losses_equal_per_sample_loop(tiny_backbone: Factory, momentum_backbone:
     out = obj(features, y, inputs=x)
     # Just attached: the key encoder equals the online one, so the keys are the queries.
     z_keys = F.normalize(obj.projector(features), dim=1).detach()
-    cce, ccl = _reference_losses(obj, features, y, z_keys, queue_h, queue_z)
+    # tllib's order: the projector head reads the queues before the batch is enqueued, the classifier head after.
+    cce, ccl = _reference_losses(obj, features, y, z_keys, obj.queue_h.clone(), queue_z)
+    cce_before, _ = _reference_losses(obj, features, y, z_keys, queue_h, queue_z)
+    assert abs(float((cce_before - cce).detach())) > 1e-3
     torch.testing.assert_close(out.terms["cce"], cce.detach())
     torch.testing.assert_close(out.terms["ccl"], ccl.detach())
     ce = F.cross_entropy(obj.classifier(features), y)

@@ -48,8 +48,8 @@ def _reference_penalty(trained: nn.Module, start: nn.Module, x: torch.Tensor, at
     return total
 
 
-def test_penalty_is_zero_before_the_first_update(tiny_backbone: Factory) -> None:
-    backbone = tiny_backbone()
+def test_penalty_is_zero_before_the_first_update_in_eval_mode(tiny_backbone: Factory) -> None:
+    backbone = tiny_backbone().eval()
     obj = _attached(backbone)
     for seed in (1, 2):  # the frozen copy keeps matching while the backbone is unchanged
         x, y = _batch(seed=seed)
@@ -58,9 +58,25 @@ def test_penalty_is_zero_before_the_first_update(tiny_backbone: Factory) -> None
     assert set(out.terms) == {"ce", "delta", "l2_new", "loss"}
 
 
+def test_reference_uses_the_pretrained_running_statistics_in_training(tiny_backbone: Factory) -> None:
+    """As the authors' ``model_source.eval()`` and tllib: the frozen copy normalises with the pre-trained running
+    statistics while the trainable backbone uses batch statistics, so the penalty is > 0 from the first step."""
+    backbone = tiny_backbone()
+    with torch.no_grad():  # running statistics unlike any one batch's
+        backbone(2 * torch.randn(32, 3, 8, 8) + 1)
+    start = copy.deepcopy(backbone).eval()
+    obj = _attached(backbone)
+    x, y = _batch()
+    out = obj(backbone(x), y, inputs=x)
+    uniform = [torch.full((4,), 0.25), torch.full((16,), 1 / 16)]
+    expected = _reference_penalty(copy.deepcopy(backbone), start, x, uniform)
+    assert expected > 0
+    torch.testing.assert_close(out.terms["delta"], expected.detach())
+
+
 def test_loss_equals_explicit_loop_over_stages_and_channels(tiny_backbone: Factory) -> None:
     backbone = tiny_backbone()
-    start = copy.deepcopy(backbone)
+    start = copy.deepcopy(backbone).eval()
     obj = _attached(backbone, alpha=0.5, beta=0.2)
     attention = [torch.softmax(torch.randn(4), 0), torch.softmax(torch.randn(16), 0)]
     obj.set_channel_attention(attention)
@@ -82,7 +98,7 @@ def test_loss_equals_explicit_loop_over_stages_and_channels(tiny_backbone: Facto
 
 def test_uniform_attention_until_computed(tiny_backbone: Factory) -> None:
     backbone = tiny_backbone()
-    start = copy.deepcopy(backbone)
+    start = copy.deepcopy(backbone).eval()
     obj = _attached(backbone)
     _perturb(backbone)
     x, y = _batch()
@@ -107,6 +123,7 @@ def test_frozen_reference_never_changes_and_is_not_trainable(tiny_backbone: Fact
     assert out.terms["delta"].item() > 0  # the trainable backbone moved away
     after = reference.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # incl. BatchNorm running statistics
+    assert backbone.training and not any(m.training for m in reference.modules())  # eval mode throughout
     assert all(not p.requires_grad for p in reference.parameters())
     assert {id(p) for p in obj.parameters()} == {id(p) for p in obj.classifier.parameters()}
     assert set(obj.state_dict()) == {

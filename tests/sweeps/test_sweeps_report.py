@@ -181,3 +181,25 @@ def test_cli_dry_run_and_aggregate_only(tmp_path: Path, capsys: pytest.CaptureFi
     assert "| ce | – |" in (tmp_path / "out" / "summary.md").read_text()
     with pytest.raises(SystemExit, match=r"^coretune bench: error: bench spec .*missing\.yaml does not exist$"):
         main(["bench", str(tmp_path / "missing.yaml")])
+
+
+def test_reconstructed_records_are_marked_with_a_dagger_and_a_footnote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = spec_of(tmp_path, seeds=[0, 1])
+    fabricate(spec, {("ce", "tiny", 1.0): [0.60, 0.62], ("core", "tiny", 1.0): [0.70, 0.74]})
+    ce_seed1 = next(r.run_dir for r in spec.runs() if r.objective == "ce" and r.seed == 1)
+    results = json.loads((ce_seed1 / "results.json").read_text())
+    (ce_seed1 / "results.json").write_text(json.dumps({**results, "reconstructed": "lost; recorded in the docs"}))
+    config = tmp_path / "bench.yaml"
+    datasets = {"tiny": [f"--data.root={data_root(tmp_path)}"]}
+    raw = {"output": str(spec.output), "datasets": datasets, "objectives": ["ce", "core"], "seeds": [0, 1]}
+    config.write_text(yaml.safe_dump(raw))
+    main(["bench", str(config), "--aggregate_only"])
+    out = capsys.readouterr().out
+    assert "| ce | 61.00 ± 1.41 (n=2)† |" in out
+    assert "| core | **72.00 ± 2.83 (n=2)** |" in out  # no reconstructed run: no dagger
+    assert "† Includes reconstructed records: ce seed 1. Their runs' files were lost;" in out
+    assert out.count("†") == 2
+    runs = {(r["objective"], r["seed"]): r["reconstructed"] for r in csv.DictReader((spec.output / "runs.csv").open())}
+    assert runs == {("ce", "0"): "False", ("ce", "1"): "True", ("core", "0"): "False", ("core", "1"): "False"}

@@ -1,7 +1,7 @@
 """The training engine: Lightning module, trainer set-up, run outputs, optimisers and schedules, and ``coretune fit``
 (:mod:`.fitcli`)."""
 
-from .callbacks import RunArtifacts, epoch_summary, plot_learning_curves, read_metrics, update_results
+from .callbacks import ChanceLevelGuard, RunArtifacts, epoch_summary, plot_learning_curves, read_metrics, update_results
 from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, atomic_write, with_atomic_io
 from .fitcli import FitArgsError, FitCLI, resolved_fit_config, translate_args
 from .interrupts import StopOnSignal, TrainingInterrupted
@@ -21,6 +21,7 @@ __all__ = [
     "LIGHTNING_PYTREE_DEPRECATION",
     "RESUMABLE_CHANGES",
     "AtomicCheckpointIO",
+    "ChanceLevelGuard",
     "FineTuner",
     "FitArgsError",
     "FitCLI",

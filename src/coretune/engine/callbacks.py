@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -11,13 +12,23 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ..rundir import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task
+from .module import NonFiniteLossError
 
-__all__ = ["RunArtifacts", "epoch_summary", "plot_learning_curves", "read_metrics", "task_of", "update_results"]
+__all__ = [
+    "ChanceLevelGuard",
+    "RunArtifacts",
+    "epoch_summary",
+    "plot_learning_curves",
+    "read_metrics",
+    "task_of",
+    "update_results",
+]
 
 
 def task_of(pl_module: L.LightningModule) -> type[Task] | Task:
@@ -205,3 +216,68 @@ class RunArtifacts(L.Callback):
         results = getattr(pl_module, "test_results", None)
         if trainer.is_global_zero and results is not None:
             update_results(self.run_dir(trainer), test=results)
+
+
+class ChanceLevelGuard(L.Callback):
+    """Stops a fine-tuning run whose training accuracy has collapsed to chance, instead of letting it end looking
+    like a success.
+
+    An epoch is *at chance* when its training top-1 (``train/top1``) is within 3 binomial standard errors of the
+    best a model that learned nothing scores: ``max(1/K, the most frequent class's share of the epoch's training
+    labels)``. From the second epoch and ``min_steps`` optimiser steps on, the first such epoch warns; ``patience``
+    consecutive ones, or the last epoch of the run, raise :class:`NonFiniteLossError` (``coretune fit`` then exits
+    with one line naming the fix), after ``results.json`` has recorded ``collapsed``. Runs that log no
+    ``train/top1`` (pre-training) are left alone.
+    """
+
+    def __init__(self, run_dir: str | Path | None = None, min_steps: int = 50, patience: int = 5) -> None:
+        self._run_dir = Path(run_dir) if run_dir is not None else None
+        self.min_steps, self.patience = min_steps, patience
+        self._counts: torch.Tensor | None = None
+        self._streak = 0
+        self._warned = False
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._counts = None
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        task = getattr(pl_module, "task", None)
+        labels = task.unpack(batch).targets if task is not None else None
+        classes = getattr(pl_module, "num_classes", None)
+        if not isinstance(labels, torch.Tensor) or labels.dim() != 1 or not classes:
+            return
+        counts = torch.bincount(labels.detach().cpu(), minlength=classes)
+        self._counts = counts if self._counts is None else self._counts + counts
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        top1 = trainer.callback_metrics.get("train/top1")
+        if top1 is None or self._counts is None or trainer.sanity_checking:
+            return
+        seen = int(self._counts.sum())
+        floor = max(1 / len(self._counts), float(self._counts.max()) / seen)
+        bound = floor + 3 * math.sqrt(floor * (1 - floor) / seen)
+        started = trainer.current_epoch >= 1 and trainer.global_step >= self.min_steps
+        at_chance = trainer.strategy.reduce_boolean_decision(bool(started and float(top1) <= bound), all=True)
+        self._streak = self._streak + 1 if at_chance else 0
+        if not at_chance:
+            return
+        epoch, length = trainer.current_epoch, trainer.max_epochs or 0
+        last = length > 0 and epoch + 1 >= length  # max_epochs -1 (unbounded): no last epoch
+        what = (
+            f"the training top-1 is {100 * float(top1):.1f}% at epoch {epoch + 1}, step {trainer.global_step}: chance "
+            f"level (a model that learned nothing scores {100 * floor:.1f}% on these labels)"
+        )
+        fix = (
+            "the run collapsed or is not learning. Clip the gradients (--trainer.gradient_clip_val 1.0) or lower the "
+            "learning rate (--model.lr); docs/results.md, section 7"
+        )
+        if self._streak >= self.patience or last:
+            if trainer.is_global_zero:
+                update_results(self._run_dir or trainer.default_root_dir, collapsed=what)
+            when = f"for {self._streak} epochs" if self._streak > 1 else "at the end of training"
+            raise NonFiniteLossError(f"{what}, {when}: {fix}")
+        if not self._warned:
+            self._warned = True
+            rank_zero_warn(f"{what}: {fix}")

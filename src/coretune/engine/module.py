@@ -240,7 +240,8 @@ class FineTuner(L.LightningModule):
         backbone_lr: separate learning rate of the pre-trained backbone.
         momentum: SGD momentum.
         nesterov: Nesterov momentum for SGD.
-        weight_decay: weight decay of every parameter group.
+        weight_decay: weight decay of every parameter group (objectives whose reference code trains without it,
+            L2-SP and DELTA, replace it: ``Objective.optimizer_weight_decay``).
         schedule: per-step learning-rate decay: ``cosine`` (paper default), ``linear`` (ImageNet20) or ``constant``.
         warmup_epochs: linear warm-up length in epochs (may be fractional).
         channels_last: use the channels-last memory format for the backbone and the images (fast for CNNs).
@@ -569,7 +570,7 @@ class FineTuner(L.LightningModule):
             hp.optimizer,
             hp.momentum,
             hp.nesterov,
-            hp.weight_decay,
+            hp.weight_decay if self.objective.optimizer_weight_decay is None else self.objective.optimizer_weight_decay,
         )
         total = int(self.trainer.estimated_stepping_batches)
         steps_per_epoch = total / max(1, self.trainer.max_epochs or 1)

@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressB
 
 from ..rundir import RunDir
 from ..tasks import DEFAULT_TASK, TASKS
-from .callbacks import RunArtifacts, task_of
+from .callbacks import ChanceLevelGuard, RunArtifacts, task_of
 from .checkpoint_io import AtomicCheckpointIO
 from .interrupts import StopOnSignal
 from .loggers import LogRunSettings
@@ -118,8 +118,8 @@ class BestCheckpoint(ModelCheckpoint):
 def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) -> list[Callback]:
     """Best and last checkpoints (best by the task's ``val/<monitor>``, :class:`BestCheckpoint`) in
     ``run_dir/checkpoints`` (without ``run_dir``: the trainer's ``default_root_dir/checkpoints`` while it has no
-    logger, else the first logger's folder), run outputs, the run's settings for its loggers, a resumable checkpoint
-    on SIGTERM/SIGINT, and a rich progress bar with ETA."""
+    logger, else the first logger's folder), run outputs, the run's settings for its loggers, a stop for runs
+    collapsed to chance, a resumable checkpoint on SIGTERM/SIGINT, and a rich progress bar with ETA."""
     checkpoint_dir = RunDir(run_dir).checkpoints if run_dir is not None else None
     callbacks: list[Callback] = [
         BestCheckpoint(checkpoint_dir),
@@ -131,6 +131,7 @@ def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) 
         ),
         RunArtifacts(run_dir),
         LogRunSettings(),
+        ChanceLevelGuard(run_dir),
         StopOnSignal(),
     ]
     if progress:

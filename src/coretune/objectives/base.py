@@ -92,6 +92,11 @@ class Objective(nn.Module):
     def on_after_optimizer_step(self) -> None:
         """Called after every optimiser step."""
 
+    #: The optimiser weight decay the method trains with, in place of the engine's ``weight_decay`` (``None``: the
+    #: engine's). L2-SP and DELTA set 0: their reference implementations train without weight decay, their
+    #: penalties replace it.
+    optimizer_weight_decay: ClassVar[float | None] = None
+
     #: Set by an objective that re-initialised heads, so the engine calls :meth:`reset_optimizer_state`.
     needs_optimizer_reset: bool = False
 

@@ -43,8 +43,10 @@ class BiTuning(Objective):
       ``Q^z_c`` (positives) and the other classes' queues (negatives), same form.
 
     The keys ``ĥ^k``, ``ẑ^k`` come from a momentum key encoder (``θ_k ← m θ_k + (1−m) θ_q`` after every
-    optimiser step, :meth:`on_after_optimizer_step`) and are enqueued in their class's queue after the losses
-    are computed. With ``momentum_backbone=True`` (default) the key encoder is a momentum copy of the backbone
+    optimiser step, :meth:`on_after_optimizer_step`) and are enqueued in their class's queue between the two
+    terms, in the order of tllib's ``BiTuning.forward``: ``L_CCL`` reads ``Q^z`` before the batch's keys are
+    enqueued, ``L_CCE`` reads ``Q^h`` after (so the batch's own keys ``ĥ^k`` are among its positives and
+    negatives). With ``momentum_backbone=True`` (default) the key encoder is a momentum copy of the backbone
     and projector, run without gradient on ``inputs``; with ``key_view="second"`` (default, as the authors'
     tllib code) ``inputs`` is a second, independently augmented view of the batch's images (the engine asks the
     data module for two views, :attr:`input_views`), with ``key_view="same"`` the query's own images (one
@@ -62,6 +64,24 @@ class BiTuning(Objective):
     lazily to the data's device); :meth:`attach_backbone` starts them from the backbone and projector, and
     they are saved in checkpoints as the module's extra state (``objective._extra_state``), so a resumed run
     continues with the key encoder it had (a checkpoint without it restarts the key encoder, with a warning).
+
+    The authors' settings (tllib's ``bi_tuning.py``): SGD with momentum 0.9, batch 48, weight decay 5e-4; for
+    a supervised pre-trained backbone lr 0.01 with the backbone and projector at 0.1× (``--finetune``), 20
+    epochs of 500 iterations, lr ÷ 10 at epoch 12; for a MoCo (contrastive) backbone lr 0.1 for every layer,
+    12 epochs of 2,000 iterations, lr ÷ 10 at epochs 3, 6 and 9. ``K = 40``, ``m = 0.999``, ``τ = 0.07``,
+    projection 128, ``γ = 1`` in both.
+
+    Differences from the reference code (tllib's ``tllib/regularization/bi_tuning.py`` and example):
+
+    - the key encoder's momentum update runs after each optimiser step, where tllib runs it at the start of
+      each forward: the same sequence of updates (tllib's first is a no-op);
+    - the classifier is PyTorch's default ``nn.Linear`` initialisation, tllib draws ``N(0, 0.01²)`` weights and
+      zero biases;
+    - one learning rate for backbone and heads unless ``--model.backbone_lr`` is given (tllib's ``--finetune``
+      puts the backbone *and the projector* at 0.1× the classifier's lr; coretune's ``backbone_lr`` leaves the
+      projector at the heads' lr);
+    - soft-label cross-entropies instead of KL divergences (the same gradients, see above);
+    - under DDP the loss and the queues use the batch gathered from every process (``gather``).
 
     Terms: ``ce``, ``cce``, ``ccl``, ``loss``.
 
@@ -256,23 +276,23 @@ class BiTuning(Objective):
             rows = slice(start, start + features.shape[0])
             features, labels = gather_with_grad(features, sizes), gather_rows(labels, sizes)
             h_keys, z_keys = gather_rows(h_keys, sizes), gather_rows(z_keys, sizes)
-        # Snapshots: the queues change in place below, after autograd saved them for the backward pass.
-        queue_h = self.queue_h.flatten(0, 1).clone()
-        queue_z = self.queue_z.flatten(0, 1).clone()
-
         logits = self.classifier(features)
         ce = F.cross_entropy(logits.float(), labels)
 
+        # Snapshots (the queues change in place, after autograd saved them for the backward pass), in tllib's
+        # order: the projector head reads the queues before the batch's keys are enqueued, the classifier head after.
+        queue_z = self.queue_z.flatten(0, 1).clone()
         z = F.normalize(self.projector(features).float(), dim=1)
         ccl = self._contrast((z * z_keys).sum(1), z @ queue_z.float().T, labels)
 
+        self.enqueue(h_keys, z_keys, labels)
+        queue_h = self.queue_h.flatten(0, 1).clone()
         h = _augment(features.float())
         weight, bias = self.classifier.weight.detach(), self.classifier.bias.detach()
         prototypes = F.normalize(torch.cat([weight, bias[:, None]], dim=1).float(), dim=1)
         w = prototypes[labels]  # (B, d+1): the prototype of each sample's class
         cce = self._contrast((w * h).sum(1), w @ queue_h.float().T, labels)
 
-        self.enqueue(h_keys, z_keys, labels)
         loss = ce + self.contrast_weight * (cce + ccl)
         terms = {"ce": ce.detach(), "cce": cce.detach(), "ccl": ccl.detach(), "loss": loss.detach()}
         return ObjectiveOutput(loss, logits[rows], terms)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._backbone import capture_outputs, frozen_copy, l2_penalty, mirror_modes, move_to, stage_names
+from ._backbone import capture_outputs, frozen_copy, l2_penalty, move_to, stage_names
 from .base import Objective, ObjectiveOutput, register
 
 __all__ = ["DELTA", "channel_attention"]
@@ -116,20 +116,42 @@ class DELTA(Objective):
     follow the authors' ``train.py`` (so the effective strength grows with the batch size, as in their code);
     defaults ``α = β = 0.01`` are the authors' (``train.py``, ``run.sh``).
 
-    Differences from the reference code: features are taken at the stage outputs rather than at the last
-    convolution of each stage, and the attention ablates a channel of the stage output. Until
-    :meth:`compute_channel_attention` (or :meth:`set_channel_attention`) is called the attention is
-    **uniform** (``a_jc = 1/C_j``: the unweighted feature-map distance, "DELTA w/o attention"). Stage outputs
-    are read as channel-first maps ``(B, C, *spatial)``, as CNNs produce (a transformer block's ``(B, N, C)``
-    tokens would be taken for ``N`` channels).
+    Until :meth:`compute_channel_attention` (or :meth:`set_channel_attention`) is called the attention is
+    **uniform** (``a_jc = 1/C_j``): the per-channel weight ``C_j a_jc/(H_j W_j)`` is then ``1/(H_j W_j)``, so
+    the term is the unweighted feature-map distance of each stage divided by its ``H_j W_j``. The authors'
+    "DELTA w/o attention" (``fea_map`` in their ``train.py``) does not divide: ``½ Σ_b ‖FM_j(w, x_b) −
+    FM_j(w⁰, x_b)‖²``, so with the same ``α`` uniform attention here is weaker by ``H_j W_j`` per stage (an
+    ``α`` of ``fea_map`` maps to ``α·H_j W_j`` here only for a single stage, or when all stages have the same
+    size).
+
+    Optimiser: the authors' ``train.py`` trains DELTA (and L2-SP) *without* weight decay (it uses 1e-4 for
+    plain fine-tuning only): :attr:`optimizer_weight_decay` is 0, so the engine gives this objective's run no
+    weight decay whatever ``--model.weight_decay`` says (the ``β`` term on the new heads replaces it). The
+    authors' other settings: SGD with momentum 0.9 (not Nesterov), lr 0.01, batch 64, 9,000 iterations with
+    the lr divided by 10 after two thirds, ``α = β = 0.01``, attention temperature 5 (``train.py``, ``run.sh``).
+
+    Differences from the reference code (``train.py`` and ``channel_eval.py`` of the authors; tllib's
+    ``BehavioralRegularization`` and ``AttentionBehavioralRegularization``):
+
+    - features are taken at the stage outputs (after the last block's residual addition and ReLU) rather than
+      at the last convolution of each stage (``layer1.2.conv3`` … in ``train.py``), and the attention ablates
+      a channel of the stage output;
+    - the attention's linear probe is fitted by L-BFGS on ``probe_batches`` batches of frozen features, where
+      the authors train the new layer for 10 epochs on the frozen backbone first; it is computed on
+      ``attention_batches`` batches (the authors: 4 of 32 images);
+    - uniform attention divides by ``H_j W_j`` (see above);
+    - stage outputs are read as channel-first maps ``(B, C, *spatial)``, as CNNs produce (a transformer
+      block's ``(B, N, C)`` tokens would be taken for ``N`` channels);
+    - the optimiser and schedule are the engine's (``--model.*``), not the authors' step decay.
 
     Wiring: :meth:`attach_backbone` keeps a frozen copy of the pre-trained backbone (outside the module
     registration: not trainable, not in ``parameters()`` or ``state_dict()``, moved lazily to the data's
     device) and registers forward hooks on the trainable backbone's stages, so the engine still runs the
     trainable backbone once per step; :meth:`forward` needs ``inputs`` (the images of the batch, for the
-    frozen copy's own no-grad forward). The frozen copy runs in the same train/eval mode as the trainable
-    backbone, with BatchNorm using batch statistics in training mode without updating its running estimates:
-    the penalty is exactly 0 before the first update. The attention weights are buffers ``attention_0``,
+    frozen copy's own no-grad forward). The frozen copy always runs in evaluation mode, BatchNorm normalising
+    with the pre-trained running statistics (which never change), as the authors' ``model_source.eval()`` and
+    tllib: in training mode the penalty is therefore not 0 before the first update (the trainable backbone
+    normalises with batch statistics); in evaluation mode it is. The attention weights are buffers ``attention_0``,
     ``attention_1`` … (created at the first forward or when set, saved in checkpoints and re-created when a
     checkpoint is loaded); the buffer ``attention_ready`` tells whether they were computed or set (else they
     are uniform).
@@ -145,6 +167,8 @@ class DELTA(Objective):
             batch (960 channels for a ResNet-18, 3,840 for a ResNet-50).
         probe_batches: training batches the linear probe used by the attention is fitted on.
     """
+
+    optimizer_weight_decay = 0.0
 
     def __init__(
         self,
@@ -181,7 +205,7 @@ class DELTA(Objective):
         for handle in self._handles:
             handle.remove()
         names = stage_names(backbone)
-        reference = frozen_copy(backbone)
+        reference = frozen_copy(backbone).eval()  # the source model keeps its running statistics (authors)
         self._backbone, self._reference, self._stage_names = [backbone], [reference], names
         self._current = [None] * len(names)
         self._frozen = [None] * len(names)
@@ -258,11 +282,8 @@ class DELTA(Objective):
             return
         device = next(iter(self.classifier.parameters())).device
         move_to(reference, device)
-        was_training = reference.training
-        reference.eval()
         with torch.no_grad():
             feats = torch.cat([reference(x.to(device)).float() for x, _ in taken])
-        reference.train(was_training)
         labels = torch.cat([y for _, y in taken]).to(device)
         probe = nn.Linear(feats.shape[1], self.num_classes).to(device)
         optimizer = torch.optim.LBFGS(probe.parameters(), max_iter=100, line_search_fn="strong_wolfe")
@@ -297,7 +318,6 @@ class DELTA(Objective):
                 "delta found no stage outputs of this batch: run the attached backbone on the batch's "
                 "images just before calling the objective"
             )
-        mirror_modes(self._backbone[0], reference)
         with torch.no_grad():
             move_to(reference, inputs.device)(inputs)
         frozen = list(self._frozen)

@@ -49,6 +49,7 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
     """Cells keyed by ``(objective, dataset, label_fraction)`` and the record of each run (``runs.csv``)."""
     values: dict[tuple[str, str, float], list[float]] = {}
     seeds: dict[tuple[str, str, float], list[int]] = {}
+    rebuilt: dict[tuple[str, str, float], list[int]] = {}  # seeds of reconstructed records
     rows = []
     datasets, names = list(spec.datasets), [e.name for e in spec.objectives]
 
@@ -70,9 +71,12 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
             status = "unfinished" if run.run_dir.is_dir() else "missing"
         progress = f"{results.get('epochs', '')} epochs" if test else run_progress(run.run_dir)
         top1 = run_top1(run.run_dir, spec.metric) if test else None
+        reconstructed = bool(results.get("reconstructed"))
         if top1 is not None:
             values[key].append(top1)
             seeds[key].append(run.seed)
+            if reconstructed:
+                rebuilt.setdefault(key, []).append(run.seed)
         rows.append(
             RunRecord(
                 dataset=run.dataset,
@@ -88,9 +92,10 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
                 wall_time_s=results.get("wall_time_s"),
                 train_images_per_s=results.get("train_images_per_s"),
                 run_dir=run.run_dir,
+                reconstructed=reconstructed,
             )
         )
-    cells = {key: Cell(*key, tuple(v), tuple(seeds[key])) for key, v in values.items()}
+    cells = {key: Cell(*key, tuple(v), tuple(seeds[key]), tuple(rebuilt.get(key, ()))) for key, v in values.items()}
     return cells, rows
 
 

@@ -31,8 +31,8 @@ RunStatus = Literal["finished", "running", "unfinished", "missing"]
 @dataclass(frozen=True)
 class RunRecord:
     """One run of a sweep as its files record it (:func:`~.collect.collect_cells`): top-1 and top-5 in percent,
-    ``None`` where a value is missing (unfinished, or not recorded); a row of ``runs.csv`` once written
-    (:meth:`csv_row`)."""
+    ``None`` where a value is missing (unfinished, or not recorded); ``reconstructed`` for a record rebuilt from
+    numbers written down when a lost run finished; a row of ``runs.csv`` once written (:meth:`csv_row`)."""
 
     dataset: str
     objective: str
@@ -47,6 +47,7 @@ class RunRecord:
     wall_time_s: float | None
     train_images_per_s: float | None
     run_dir: Path
+    reconstructed: bool = False  # results.json has a "reconstructed" entry (docs/records/README.md)
 
     def top1_pct(self, metric: Metric) -> float | None:
         """The top-1 (%) the spec's ``metric`` tabulates."""
@@ -54,7 +55,8 @@ class RunRecord:
 
     def csv_row(self, metric: Metric) -> dict[str, Any]:
         """The ``runs.csv`` row: blank where a value is missing, ``val_top1_pct`` only with ``metric: val``."""
-        names = [f.name for f in fields(self) if f.name != "val_top1_pct" or metric == "val"]
+        skip = {"run_dir"} | ({"val_top1_pct"} if metric != "val" else set())
+        names = [f.name for f in fields(self) if f.name not in skip]
         row = {name: "" if (value := getattr(self, name)) is None else value for name in names}
         return {**row, "run_dir": str(self.run_dir)}
 

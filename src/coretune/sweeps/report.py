@@ -53,8 +53,30 @@ def _markdown(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout
         if with_avg:
             texts.append(f"{np.mean([c.mean for c in row]):.2f}" if all(c.n for c in row) else "–")
         lines.append(f"| {label} | " + " | ".join(texts) + " |")
+    lines += _reconstructed_note(cells, layout)
     lines += _significance(spec, cells, layout)
     return "\n".join(lines) + "\n"
+
+
+def _reconstructed_note(cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> list[str]:
+    """The footnote of the cells marked † (some of their runs' records are reconstructed); nothing without any."""
+    labels = dict(layout.rows)
+    marked = [
+        f"{labels[name]}{f' ({label})' if len(layout.columns) > 1 else ''} seed{'s' * (len(c.reconstructed) > 1)} "
+        + ", ".join(map(str, c.reconstructed))
+        for col, label in layout.columns
+        for name, _ in layout.rows
+        if (c := cells[(name, *col)]).reconstructed
+    ]
+    if not marked:
+        return []
+    return [
+        "",
+        "† Includes reconstructed records: "
+        + "; ".join(marked)
+        + ". Their runs' files were lost; results.json holds the numbers recorded when they finished, marked "
+        "`reconstructed` (docs/records/README.md), and no per-class accuracy, loss or configuration.",
+    ]
 
 
 def _significance(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> list[str]:

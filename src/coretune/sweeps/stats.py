@@ -20,6 +20,7 @@ class Cell:
     label_fraction: float
     values: tuple[float, ...]
     seeds: tuple[int, ...] = ()  # the seed of each value, when known (pairs runs across cells)
+    reconstructed: tuple[int, ...] = ()  # the seeds whose records are reconstructed (marked † in the tables)
 
     def __post_init__(self) -> None:
         if self.seeds and len(self.seeds) != len(self.values):
@@ -42,7 +43,7 @@ class Cell:
         if not self.values:
             return "–"
         spread = f" ± {self.std:.2f}" if self.n >= 2 else ""
-        return f"{self.mean:.2f}{spread} (n={self.n})"
+        return f"{self.mean:.2f}{spread} (n={self.n}){'†' if self.reconstructed else ''}"
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,11 @@ def test_linear_schedule_and_warmup() -> None:
     assert lr_factor(7, 100, "constant") == 1.0
 
 
+def test_poly_schedule_is_deeplabs() -> None:
+    assert [lr_factor(s, 100, "poly") for s in (0, 50, 75, 100)] == pytest.approx([1.0, 0.5**0.9, 0.25**0.9, 0.0])
+    assert lr_factor(60, 110, "poly", warmup_steps=10) == pytest.approx(0.5**0.9)
+
+
 def test_unknown_schedule_and_optimizer() -> None:
     with pytest.raises(ValueError, match="unknown schedule 'step'"):
         lr_factor(0, 10, "step")  # type: ignore[arg-type]

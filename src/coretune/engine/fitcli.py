@@ -166,6 +166,10 @@ class FitCLI(RunDirCLI):
         kwargs["plugins"] = with_atomic_io(trainer.get("plugins"))
         return super().instantiate_trainer(**kwargs)
 
+    def before_fit(self) -> None:
+        """The task's check of the data settings, before any data is read (the model checks again once it is)."""
+        self.model.task.check_data(self.datamodule, "fit")
+
     def after_fit(self) -> None:
         if self.trainer.interrupted:
             return

@@ -242,7 +242,8 @@ class FineTuner(L.LightningModule):
         nesterov: Nesterov momentum for SGD.
         weight_decay: weight decay of every parameter group (objectives whose reference code trains without it,
             L2-SP and DELTA, replace it: ``Objective.optimizer_weight_decay``).
-        schedule: per-step learning-rate decay: ``cosine`` (paper default), ``linear`` (ImageNet20) or ``constant``.
+        schedule: per-step learning-rate decay: ``cosine`` (paper default), ``linear`` (ImageNet20), ``poly``
+            (DeepLab's ``(1 - step / total) ** 0.9``, segmentation) or ``constant``.
         warmup_epochs: linear warm-up length in epochs (may be fractional).
         channels_last: use the channels-last memory format for the backbone and the images (fast for CNNs).
         freeze_backbone: train the heads only (linear probing).

@@ -1,4 +1,5 @@
-"""Optimisers and learning-rate schedules of the paper (Appendix C): SGD + Nesterov, cosine or linear decay; Adam."""
+"""Optimisers and learning-rate schedules of the paper (Appendix C): SGD + Nesterov, cosine or linear decay; Adam;
+DeepLab's poly decay for segmentation."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from torch import nn
 __all__ = ["Schedule", "build_optimizer", "lr_factor", "optimizer_problems"]
 
 OptimizerName = Literal["sgd", "adam", "adamw"]
-Schedule = Literal["cosine", "linear", "constant"]
+Schedule = Literal["cosine", "linear", "poly", "constant"]
+
+POLY_POWER = 0.9
+"""The exponent of the poly schedule (DeepLab: ``(1 - step / total) ** 0.9``)."""
 
 
 def optimizer_problems(lr: float, weight_decay: float, momentum: float, warmup_epochs: float) -> list[str]:
@@ -47,7 +51,8 @@ def build_optimizer(
 
 
 def lr_factor(step: int, total_steps: int, schedule: Schedule = "cosine", warmup_steps: int = 0) -> float:
-    """Multiplier of the base lr at ``step``: linear warm-up, then cosine (default) or linear decay to 0."""
+    """Multiplier of the base lr at ``step``: linear warm-up, then cosine (default), linear or poly
+    (``(1 - progress) ** 0.9``, DeepLab's) decay to 0, or constant."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
@@ -57,4 +62,6 @@ def lr_factor(step: int, total_steps: int, schedule: Schedule = "cosine", warmup
         return 0.5 * (1.0 + math.cos(math.pi * progress))
     if schedule == "linear":
         return 1.0 - progress
-    raise ValueError(f"unknown schedule {schedule!r}; choose 'cosine', 'linear' or 'constant'")
+    if schedule == "poly":
+        return (1.0 - progress) ** POLY_POWER
+    raise ValueError(f"unknown schedule {schedule!r}; choose 'cosine', 'linear', 'poly' or 'constant'")

@@ -19,14 +19,17 @@ from .checkpoints import (
 )
 from .encoder import TIMM_PREFIX, Encoder
 from .segmentation import (
+    ASPP_RATES_BY_OUTPUT_STRIDE,
     DeepLabV3,
     create_deeplabv3,
     create_dilated_backbone,
+    deeplab_head,
     dilate_resnet,
     resnet_feature_map,
 )
 
 __all__ = [
+    "ASPP_RATES_BY_OUTPUT_STRIDE",
     "HUB_PREFIXES",
     "TIMM_PREFIX",
     "CheckpointError",
@@ -40,6 +43,7 @@ __all__ = [
     "create_backbone",
     "create_deeplabv3",
     "create_dilated_backbone",
+    "deeplab_head",
     "dilate_resnet",
     "extract_backbone_state",
     "list_backbones",

@@ -13,21 +13,60 @@ from typing import Any, Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.models.resnet import ResNet
-from torchvision.models.segmentation.deeplabv3 import DeepLabHead
+from torchvision.models.segmentation.deeplabv3 import ASPPConv, DeepLabHead
 
 from .backbones import _TORCHVISION_RESNETS, Encoder, create_backbone
 
 __all__ = [
+    "ASPP_RATES_BY_OUTPUT_STRIDE",
     "DILATION_BY_OUTPUT_STRIDE",
+    "AtrousConv2d",
     "DeepLabV3",
     "create_deeplabv3",
     "create_dilated_backbone",
+    "deeplab_head",
     "dilate_resnet",
     "resnet_feature_map",
 ]
 
 DILATION_BY_OUTPUT_STRIDE: dict[int, list[bool]] = {16: [False, False, True], 8: [False, True, True]}
 """torchvision's ``replace_stride_with_dilation`` for ``layer2``–``layer4`` at each output stride."""
+
+ASPP_RATES_BY_OUTPUT_STRIDE: dict[int, tuple[int, int, int]] = {16: (6, 12, 18), 8: (12, 24, 36)}
+"""ASPP's atrous rates at each output stride (DeepLab-V3, Chen et al. 2017, §4: rates (6, 12, 18) at output stride
+16, doubled at 8; torchvision's ``DeepLabHead`` default (12, 24, 36) is its output-stride-8 model's)."""
+
+
+class AtrousConv2d(nn.Conv2d):
+    """ASPP's 3×3 convolution (dilation ``r``, zero padding ``r``) that leaves out, per spatial dimension, the outer
+    taps when ``r`` is at least the feature map's size there: they only ever read the padding, so the output is
+    the same, without convolving a map padded to ``(H + 2r) × (W + 2r)``. On the small feature maps of small crops
+    (4 × 4 at 64 px and output stride 16, rates up to 18) that padded convolution was most of a training step."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        rh, rw = self.dilation
+        keep_h, keep_w = rh < x.shape[-2], rw < x.shape[-1]
+        if keep_h and keep_w:
+            return super().forward(x)
+        weight = self.weight[:, :, slice(None) if keep_h else slice(1, 2), slice(None) if keep_w else slice(1, 2)]
+        padding = (rh if keep_h else 0, rw if keep_w else 0)
+        return F.conv2d(x, weight, self.bias, 1, padding, (rh if keep_h else 1, rw if keep_w else 1), self.groups)
+
+
+def deeplab_head(feature_dim: int, num_classes: int, output_stride: int = 16) -> DeepLabHead:
+    """torchvision's DeepLab-V3 head (ASPP + 3×3 conv + 1×1 classifier, torchvision's initialisation) with the
+    atrous rates of ``output_stride`` (:data:`ASPP_RATES_BY_OUTPUT_STRIDE`), its dilated convolutions
+    :class:`AtrousConv2d` (the same parameters and outputs)."""
+    head = DeepLabHead(feature_dim, num_classes, ASPP_RATES_BY_OUTPUT_STRIDE[output_stride])
+    for branch in head[0].convs:
+        if isinstance(branch, ASPPConv):
+            conv = branch[0]
+            atrous = AtrousConv2d(
+                conv.in_channels, conv.out_channels, 3, padding=conv.padding, dilation=conv.dilation, bias=False
+            )
+            atrous.load_state_dict(conv.state_dict())
+            branch[0] = atrous
+    return head
 
 
 def dilate_resnet(resnet: ResNet, replace_stride_with_dilation: list[bool]) -> None:
@@ -73,14 +112,15 @@ class DeepLabV3(nn.Module):
     Attributes:
         encoder: the :class:`~coretune.models.Encoder` (its ``body`` the dilated ResNet, ``fc`` removed), so
             objectives and checkpoints see the same module as in classification.
-        head: torchvision's :class:`~torchvision.models.segmentation.deeplabv3.DeepLabHead`.
+        head: torchvision's :class:`~torchvision.models.segmentation.deeplabv3.DeepLabHead` with the atrous rates
+            of the output stride (:func:`deeplab_head`).
         output_stride: input size ÷ feature-map size (16 or 8).
     """
 
     def __init__(self, encoder: Encoder, num_classes: int, output_stride: int = 16) -> None:
         super().__init__()
         self.encoder = encoder
-        self.head = DeepLabHead(encoder.feature_dim, num_classes)
+        self.head = deeplab_head(encoder.feature_dim, num_classes, output_stride)
         self.num_classes, self.output_stride = num_classes, output_stride
 
     def feature_map(self, x: Tensor) -> Tensor:

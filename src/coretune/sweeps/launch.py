@@ -24,7 +24,7 @@ from ..runclaim import RunInUse, claimed, point_claim
 from ..rundir import RunDir
 from ..stopfile import STOP_FILE_ENV, request_stop
 from .records import run_top1
-from .spec import _METRIC_TEXT, BenchSpec, BenchSpecError, Metric, Run, check_val_split, unvalidated_final_epoch
+from .spec import BenchSpec, BenchSpecError, Metric, Run, check_val_split, metric_text, unvalidated_final_epoch
 
 __all__ = [
     "SUBPROCESS_FIT_ARGS",
@@ -355,7 +355,7 @@ def _report_run(run: Run, code: int, seconds: float, report: SweepReport, consol
     if RunDir(run.run_dir).is_finished():
         report.finished.append(run)
         top1 = run_top1(run.run_dir, metric)
-        console.print(f"✓ {run.label}: {_METRIC_TEXT[metric]} {top1:.2f}% ({seconds:.0f} s)", highlight=False)
+        console.print(f"✓ {run.label}: {metric_text(metric, run.args)} {top1:.2f}% ({seconds:.0f} s)", highlight=False)
     elif code in _INTERRUPTED_CODES:
         report.interrupted.append(run)
         console.print(

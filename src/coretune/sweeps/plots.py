@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .collect import CurvePoint, _validated_on
-from .spec import _METRIC_TEXT, BenchSpec, TableLayout
+from .spec import BenchSpec, TableLayout, spec_metric_text
 from .stats import Cell
 
 __all__ = ["curves_metric"]
@@ -54,7 +54,7 @@ def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: Ta
     if lows:
         ax.set_ylim(bottom=max(0.0, 5 * math.floor(min(lows) / 5) - 5))
     ax.set_xticks(x, [label for _, label in layout.columns])
-    ax.set(ylabel=f"{_METRIC_TEXT[spec.metric]} (%)", title=f"{spec.name}: mean ± std over seeds")
+    ax.set(ylabel=f"{spec_metric_text(spec)} (%)", title=f"{spec.name}: mean ± std over seeds")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     paths.append(spec.output / "bars.png")
@@ -69,7 +69,7 @@ def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: Ta
                 means, stds = zip(*(stats(name, (dataset, f)) for f in fractions), strict=True)
                 percent = [100 * f for f in fractions]
                 ax.errorbar(percent, means, yerr=stds, marker="o", capsize=3, label=_plot_label(label))
-            ax.set(xlabel="labels used (%)", ylabel=f"{_METRIC_TEXT[spec.metric]} (%)", title=dataset)
+            ax.set(xlabel="labels used (%)", ylabel=f"{spec_metric_text(spec)} (%)", title=dataset)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         fig.tight_layout()

@@ -13,7 +13,7 @@ import numpy as np
 
 from .collect import collect_cells, collect_curves
 from .plots import _plot, _plot_curves
-from .spec import _METRIC_TEXT, BenchSpec, TableLayout, table_layout
+from .spec import BenchSpec, TableLayout, spec_metric_text, table_layout
 from .stats import Cell, compare
 
 __all__ = ["write_summary"]
@@ -34,7 +34,7 @@ def _markdown(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout
     for col in cols:
         means = [cells[(name, *col)].mean for name, _ in layout.rows if cells[(name, *col)].n]
         best[col] = max(means) if means else math.nan
-    title = _TITLES[spec.table].format(metric=_METRIC_TEXT[spec.metric])
+    title = _TITLES[spec.table].format(metric=spec_metric_text(spec))
     header = ["Method", *(label for _, label in layout.columns), *(["Avg."] if with_avg else [])]
     lines = [
         f"# {spec.name}",
@@ -85,7 +85,7 @@ def _significance(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], la
         "",
         f"## Differences from {labels[spec.baseline]}",
         "",
-        f"Δ = difference of mean {_METRIC_TEXT[spec.metric]} (percentage points); s_p = pooled sample standard "
+        f"Δ = difference of mean {spec_metric_text(spec)} (percentage points); s_p = pooled sample standard "
         "deviation of the two cells; beyond 2σ when |Δ| > 2 s_p (a rule of thumb, not a hypothesis test; needs "
         "n ≥ 2 in both cells). Paired: the difference on each seed both cells finished (runs with one seed share "
         "the label subset, the heads' initialisation, the batches and the augmentations); t = mean / (std / √n) of "

@@ -24,6 +24,8 @@ __all__ = [
     "Run",
     "TableLayout",
     "check_val_split",
+    "metric_text",
+    "spec_metric_text",
     "table_layout",
     "unvalidated_final_epoch",
 ]
@@ -36,6 +38,25 @@ Metric = Literal["test", "val"]
 
 
 _METRIC_TEXT = {"test": "test top-1", "val": "final-epoch validation top-1"}
+
+
+def metric_text(metric: Metric, fit_args: Sequence[str] = ()) -> str:
+    """What a sweep's ``metric`` tabulates for runs with these fit arguments: ``test top-1``, or the score of their
+    task (``test MIoU`` for ``--task segmentation`` or a segmentation ``--config``)."""
+    from ..engine.fitcli import task_of_args
+    from ..tasks import DEFAULT_TASK, TASKS
+
+    try:
+        task = TASKS.get(task_of_args(fit_args), TASKS[DEFAULT_TASK])
+    except ValueError:  # the fit itself refuses such arguments
+        task = TASKS[DEFAULT_TASK]
+    return _METRIC_TEXT[metric].replace("top-1", task.monitor_label)
+
+
+def spec_metric_text(spec: BenchSpec) -> str:
+    """:func:`metric_text` of a spec's runs (its first run's arguments: the task is the spec's base arguments')."""
+    runs = spec.runs()
+    return metric_text(spec.metric, runs[0].args if runs else ())
 
 
 _SPEC_KEYS = (

@@ -8,7 +8,7 @@ from typing import Any
 from ..rundir import RunDir
 from .collect import collect_cells
 from .records import RunRecord, format_duration, training_time_left
-from .spec import _METRIC_TEXT, BenchSpec
+from .spec import BenchSpec, spec_metric_text
 
 __all__ = ["print_status", "sweep_time_left"]
 
@@ -51,7 +51,7 @@ def print_status(spec: BenchSpec, console: Any, whole: BenchSpec | None = None) 
     from rich.table import Table
 
     _, rows = collect_cells(spec)
-    table = Table("data set", "objective", "labels", "seed", _METRIC_TEXT[spec.metric] + " (%)", "progress")
+    table = Table("data set", "objective", "labels", "seed", spec_metric_text(spec) + " (%)", "progress")
     for row in rows:
         value = f"{row.top1_pct(spec.metric):.2f}" if row.status == "finished" else ""
         fraction = f"{100 * row.label_fraction:g}%"

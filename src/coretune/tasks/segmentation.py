@@ -20,12 +20,11 @@ from PIL import Image
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
-from torchvision.models.segmentation.deeplabv3 import DeepLabHead
 
 from ..data.segmentation import IGNORE_INDEX, SegmentationData
 from ..losses import contrastive_loss, supcon_positive_mask
 from ..mining import mine_hard_positives
-from ..models import Encoder, create_dilated_backbone, resnet_feature_map
+from ..models import Encoder, create_dilated_backbone, deeplab_head, resnet_feature_map
 from ..objectives import CETuning, CoreTuning, Objective, ObjectiveOutput
 from .base import Batch, Task
 
@@ -361,23 +360,24 @@ class SegmentationTask(Task):
         return create_dilated_backbone(backbone, self.output_stride, **options)
 
     def check_objective(self, objective: Objective) -> None:
-        problem = None
+        what, problem = repr(objective.name), None
         if isinstance(objective, CoreTuning):
             if objective.mixing == "manifold":
-                problem = "its mixing='manifold' mixes features to train the classifier, which has no pixels to mix"
+                what += " with mixing='manifold' (as ce_mix)"
+                problem = "it mixes features to train the classifier, which has no pixels to mix"
             elif objective.memory_size > 0:
-                problem = "its cross-batch memory (memory_size > 0) is for classification only"
+                what += f" with memory_size {objective.memory_size}"
+                problem = "its cross-batch memory is for classification only"
         elif type(objective) is not CETuning:
             problem = "it is a classification method"
         if problem is not None:
             raise ValueError(
-                f"objective {objective.registered_name!r} does not apply to --task segmentation ({problem}): "
-                "use ce, ce_con or core"
+                f"objective {what} does not apply to --task segmentation ({problem}): use ce, ce_con or core"
             )
 
     def build_heads(self, objective: Objective, feature_dim: int, num_classes: int) -> None:
         objective.build(feature_dim, num_classes)
-        objective.classifier = DeepLabHead(feature_dim, num_classes)
+        objective.classifier = deeplab_head(feature_dim, num_classes, self.output_stride)
 
     def check_data(self, datamodule: Any, stage: str) -> None:
         ignore = getattr(datamodule, "ignore_index", IGNORE_INDEX)

@@ -1,0 +1,265 @@
+"""``--task segmentation`` through the command line: a tiny generated VOC-layout set trains (MIoU well above
+chance), its run outputs, test/predict/export following the checkpoint's task, the dense Core-tuning term, and
+the bad inputs of docs/reliability.md (one line each)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from coretune.cli import main
+from coretune.data import read_mask
+from coretune.engine import FineTuner, read_metrics
+from coretune.export import load_exported
+from coretune.losses import contrastive_loss
+from coretune.mining import beta_draws, mine_hard_positives
+from coretune.objectives import create
+from coretune.tasks.segmentation import dense_contrastive_loss, positive_mask
+from fit_flags import QUIET
+from segmentation_sets import make_voc_set, save_mask
+
+SEG = ["--task", "segmentation", "--model.backbone=resnet18", "--model.weights=null"]
+TINY = ["--data.image_size=32", "--data.batch_size=4", "--trainer.max_epochs=1", *QUIET]
+
+
+def error(args: list[str]) -> str:
+    """The one-line message `coretune` exits with."""
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    message = str(info.value.code)
+    prefix = f"coretune {args[0]}: error: "
+    assert message.startswith(prefix) and "\n" not in message, message
+    return message[len(prefix) :]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(VOC set, run directory) of a Core-tuning fit: 32 training images of 48×64 px, 40 steps of batch 8."""
+    tmp = tmp_path_factory.mktemp("seg")
+    root = make_voc_set(tmp / "voc", {"train": 32, "val": 8}, size=(48, 64), class_names=["bg", "box", "disc", "tri"])
+    run = tmp / "run"
+    main([
+        "fit", *SEG, f"--data.root={root}", f"--run_dir={run}", "--objective=core", "--model.output_stride=8",
+        "--model.lr=0.05", "--model.schedule=poly", "--data.image_size=48", "--data.batch_size=8",
+        "--data.eval_mode=whole", "--trainer.max_epochs=10", "--trainer.check_val_every_n_epoch=5",
+        "--trainer.precision=32-true", *QUIET,
+    ])  # fmt: skip
+    return root, run
+
+
+def test_a_tiny_voc_set_trains_well_above_chance(trained: tuple[Path, Path]) -> None:
+    _, run = trained
+    rows = read_metrics(run / "metrics.csv")
+    assert [bool(r["val/miou"]) for r in rows] == [False] * 4 + [True] + [False] * 4 + [True]
+    assert {"train/ce", "train/con", "train/loss", "train/pixel_acc", "val/mpa", "val/fwiou", "val/pixel_acc"} <= set(
+        rows[0]
+    )
+    results = json.loads((run / "results.json").read_text())
+    test = results["test"]
+    # Predicting background everywhere scores MIoU ≈ 0.15 here (its IoU over 4 classes), the untrained model 0.13.
+    assert test["miou"] > 0.45 and float(rows[-1]["val/miou"]) == pytest.approx(test["miou"], abs=1e-6)
+    assert results["best_val_miou"] >= float(rows[4]["val/miou"])
+    assert set(test["per_class_iou"]) == {"bg", "box", "disc", "tri"}
+    assert np.array(test["confusion_matrix"]).shape == (4, 4)
+    assert test["pixel_acc"] > test["miou"] and 0 < test["fwiou"] <= 1 and 0 < test["mpa"] <= 1
+    assert (run / "predictions.png").is_file() and (run / "learning_curve.png").is_file()
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["model"]["task"] == "segmentation" and config["data"]["eval_mode"] == "whole"
+
+
+def test_test_predict_and_export_follow_the_checkpoint(trained: tuple[Path, Path], tmp_path: Path) -> None:
+    root, run = trained
+    ckpt = run / "checkpoints" / "last.ckpt"
+    main(
+        [
+            "test",
+            f"--ckpt_path={ckpt}",
+            f"--data.root={root}",
+            "--data.eval_mode=whole",
+            "--precision=32-true",  # as the fit
+            "--output",
+            str(tmp_path / "t.json"),
+        ]
+    )
+    tested = json.loads((tmp_path / "t.json").read_text())["test"]
+    assert tested["miou"] == pytest.approx(json.loads((run / "results.json").read_text())["test"]["miou"], abs=1e-6)
+
+    images = tmp_path / "images"
+    (images / "sub").mkdir(parents=True)
+    for name in ("val_000.jpg", "val_001.jpg"):
+        (images / "sub" / name).write_bytes((root / "JPEGImages" / name).read_bytes())
+    main(["predict", f"--ckpt_path={ckpt}", f"--input={images}", f"--output={tmp_path / 'masks'}", "--overlay=true"])
+    model = FineTuner.from_checkpoint(ckpt).eval()
+    mask = read_mask(str(tmp_path / "masks" / "sub" / "val_000.png"))
+    assert mask.shape == (48, 64) and (tmp_path / "masks" / "sub" / "val_001_overlay.png").is_file()
+    with torch.inference_mode():
+        x = torch.from_numpy(np.array(Image.open(images / "sub" / "val_000.jpg"))).float()
+        mean, std = torch.tensor(model.trained_data["mean"]), torch.tensor(model.trained_data["std"])
+        x = ((x / 255 - mean) / std).permute(2, 0, 1)[None]
+        expected = model(x).argmax(1)[0].numpy()
+    assert (mask == expected).mean() > 0.99  # the same prediction (JPEG decoding aside)
+
+    main(["export", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'exported'}", "--torchscript=false"])
+    net, config = load_exported(tmp_path / "exported")
+    assert config["task"] == "segmentation" and config["output_stride"] == 8
+    with torch.inference_mode():
+        assert torch.allclose(net(x), model(x), atol=1e-5)
+        program = torch.export.load(tmp_path / "exported" / "model.pt2").module()
+        crops = torch.randn(3, 3, 48, 48)
+        assert torch.allclose(program(crops), model(crops), atol=1e-4)
+
+
+def test_config_of_another_task_is_refused(trained: tuple[Path, Path], image_tree: Path, tmp_path: Path) -> None:
+    _, run = trained
+    config = run / "config.yaml"
+    assert error(["fit", f"--config={config}", "--task=classification", f"--data.root={image_tree}"]) == (
+        f"--config {config} is the configuration of a segmentation run (model.task: segmentation) but --task "
+        "classification was given: drop --task to run it as segmentation, or pass a classification configuration"
+    )
+    classifier = tmp_path / "cls"
+    main(["fit", f"--data.root={image_tree}", f"--run_dir={classifier}", "--model.backbone=small_cnn",
+          "--data.image_size=16", "--trainer.max_epochs=1", *QUIET])  # fmt: skip
+    ckpt = classifier / "checkpoints" / "last.ckpt"
+    expected = (
+        f"--config {config} is the configuration of a segmentation run (model.task: segmentation) but checkpoint "
+        f"{ckpt} is a classification model: pass the config.yaml of a classification run, or the --data.* options "
+        "alone"
+    )
+    for command in (["test"], ["validate"], ["predict", f"--input={image_tree}"], ["export", "--output=x"]):
+        assert error([*command, f"--ckpt_path={ckpt}", f"--config={config}"]) == expected
+    # predict's options of the other task
+    assert error(["predict", f"--ckpt_path={ckpt}", f"--input={image_tree}", "--overlay=true"]) == (
+        "--overlay true is for segmentation checkpoints (it draws masks over images): drop it"
+    )
+    segmenter = run / "checkpoints" / "last.ckpt"
+    assert error(["predict", f"--ckpt_path={segmenter}", f"--input={image_tree}", "--image_size=32"]) == (
+        "--image_size 32: a segmentation model predicts each image at its own size (its mask has the image's size); "
+        "drop --image_size"
+    )
+
+
+# -- bad inputs through coretune fit ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "what", "reason"),
+    [
+        (["--objective=l2sp"], "'l2sp'", "it is a classification method"),
+        (["--objective=bi_tuning"], "'bi_tuning'", "it is a classification method"),
+        (
+            ["--objective=ce_mix"],
+            "'core' with mixing='manifold' (as ce_mix)",
+            "it mixes features to train the classifier, which has no pixels to mix",
+        ),
+        (
+            ["--objective=core", "--objective.memory_size=64"],
+            "'core' with memory_size 64",
+            "its cross-batch memory is for classification only",
+        ),
+    ],
+)
+def test_objectives_that_cannot_apply_are_refused(
+    voc_set: Path, tmp_path: Path, args: list[str], what: str, reason: str
+) -> None:
+    message = error(["fit", *SEG, f"--data.root={voc_set}", f"--run_dir={tmp_path / 'r'}", *args])
+    assert message == f"objective {what} does not apply to --task segmentation ({reason}): use ce, ce_con or core"
+
+
+def test_a_batch_of_one_and_another_ignore_index_are_refused(voc_set: Path, tmp_path: Path) -> None:
+    message = error(
+        ["fit", *SEG, f"--data.root={voc_set}", f"--run_dir={tmp_path / 'r'}", *TINY, "--data.batch_size=1"]
+    )
+    assert message.startswith("--data.batch_size 1: DeepLab-V3's ASPP pools each image to one value per channel")
+    assert "use --data.batch_size 2 or more" in message
+    message = error(
+        ["fit", *SEG, f"--data.root={voc_set}", f"--run_dir={tmp_path / 'r'}", *TINY, "--data.ignore_index=254"]
+    )
+    assert message == (
+        "--data.ignore_index 254: the segmentation task leaves out mask value 255 only; remap the masks' ignored value "
+        "to 255"
+    )
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        ("size", r"mask {R}/SegmentationClass/val_002.png is 56×30 px but its image {R}/JPEGImages/val_002.jpg is "),
+        ("value", r"mask {R}/SegmentationClass/train_004.png holds value 9, out of range for 4 classes \(0–3, 255"),
+        ("missing mask", r"image {R}/JPEGImages/train_001.jpg has no mask: expected {R}/SegmentationClass/train_001"),
+        ("missing image", r"list file {R}/ImageSets/Segmentation/val.txt names image 'val_003', but {R}/JPEG"),
+    ],
+)
+def test_bad_data_is_one_line_naming_the_file(voc_set: Path, tmp_path: Path, damage: str, expected: str) -> None:
+    if damage == "size":
+        save_mask(np.zeros((30, 56), dtype=np.uint8), voc_set / "SegmentationClass" / "val_002.png", palette=True)
+    elif damage == "value":
+        mask = voc_set / "SegmentationClass" / "train_004.png"
+        values = read_mask(str(mask)).copy()
+        values[0, 0] = 9
+        save_mask(values, mask, palette=False)
+    elif damage == "missing mask":
+        (voc_set / "SegmentationClass" / "train_001.png").unlink()
+    else:
+        (voc_set / "JPEGImages" / "val_003.jpg").unlink()
+    extra = ["--data.num_classes=4"] if damage == "value" else []
+    message = error(["fit", *SEG, f"--data.root={voc_set}", f"--run_dir={tmp_path / 'r'}", *TINY, *extra])
+    assert re.match(expected.replace("{R}", re.escape(str(voc_set))), message), message
+    assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+# -- the dense contrastive term -----------------------------------------------------------------------------
+def test_dense_contrastive_term_positives_and_generated_rows() -> None:
+    torch.manual_seed(0)
+    core = create("core", feature_dim=8, num_classes=3)
+    pooled = torch.randn(5, 8)
+    labels = torch.tensor([0, 0, 1, -1, -1])  # two crops without a label: never each other's positives
+    assert positive_mask(labels).tolist() == [
+        [False, True, False, False, False],
+        [True, False, False, False, False],
+        [False, False, False, False, False],
+        [False, False, False, False, False],
+        [False, False, False, False, False],
+    ]
+    generator = torch.Generator().manual_seed(1)
+    loss = dense_contrastive_loss(core, pooled, labels, generator)
+    # by hand: rows [originals; one generated hard positive each], P_i = same label ∪ {own generated row} for the
+    # 3 labelled crops; the unlabelled crops' generated rows are left out of every A_i
+    again = torch.Generator().manual_seed(1)
+    generated = mine_hard_positives(pooled, positive_mask(labels), core.alpha, core.lambda_p, again)
+    v = torch.nn.functional.normalize(core.projector(torch.cat([pooled, generated])).float(), dim=1)
+    labelled = torch.tensor([True, True, True, False, False])
+    pos = torch.cat([positive_mask(labels), torch.diag(labelled)], dim=1)
+    contrast = torch.cat([torch.ones(5, 5, dtype=torch.bool), labelled[None, :].expand(5, 5)], dim=1)
+    assert loss.item() == pytest.approx(contrastive_loss(v, pos, core.temperature, True, contrast).item(), rel=1e-6)
+    # ce_con: SupCon on the originals alone
+    con = create("ce_con", feature_dim=8, num_classes=3)
+    v = torch.nn.functional.normalize(con.projector(pooled).float(), dim=1)
+    assert dense_contrastive_loss(con, pooled, labels).item() == pytest.approx(
+        contrastive_loss(v, positive_mask(labels), con.temperature, False).item(), rel=1e-6
+    )
+
+
+def test_hard_positive_mixes_the_hardest_positive_and_hardest_negative() -> None:
+    z = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, -0.8]])
+    pos = torch.tensor([[0, 1, 0, 1], [1, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    generator = torch.Generator().manual_seed(0)
+    out = mine_hard_positives(z, pos, alpha=1.0, lambda_p=1.0, generator=generator)  # λ clipped to 1: z_hp itself
+    # anchor 0: positives 1 (cos 0.8) and 3 (cos 0.6) → the least similar, 3; anchor 2 has none → itself
+    assert out.tolist() == [z[3].tolist(), z[0].tolist(), z[2].tolist(), z[0].tolist()]
+    out = mine_hard_positives(z, pos, alpha=1.0, lambda_p=0.0, generator=torch.Generator().manual_seed(0))
+    lam = beta_draws(4, 1.0, torch.Generator().manual_seed(0))
+    # anchor 0's hardest negative: 2 (cos 0), the only one
+    assert torch.allclose(out[0], lam[0] * z[3] + (1 - lam[0]) * z[2])
+
+
+def test_image_label_rule_multilabel_trains(voc_set: Path, tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    main(["fit", *SEG, f"--data.root={voc_set}", f"--run_dir={run}", *TINY, "--objective=core",
+          "--model.image_labels=multilabel", "--trainer.precision=32-true"])  # fmt: skip
+    row = read_metrics(run / "metrics.csv")[-1]
+    assert float(row["train/con"]) > 0 and "miou" in json.loads((run / "results.json").read_text())["test"]

@@ -1,5 +1,7 @@
 """Command-line flags shared by the tests that run ``coretune fit`` and ``coretune pretrain``."""
 
+from pathlib import Path
+
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 """No progress bar or model summary in the tests' output."""
 
@@ -11,3 +13,19 @@ TINY_FIT = [
     "--trainer.enable_model_summary=false",
 ]
 """A fit of one epoch of a small CNN on 16 px images: seconds on a CPU (add ``--data.root``)."""
+
+
+def pretrain_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
+    """``coretune pretrain`` of one epoch of a small CNN on 16 px images of ``root``, into ``run_dir``."""
+    return [
+        "pretrain",
+        f"--data.root={root}",
+        "--model.backbone=small_cnn",
+        "--model.proj_dim=16",
+        "--data.image_size=16",
+        "--data.batch_size=4",  # 12 images: 3 steps per epoch
+        "--trainer.max_epochs=1",
+        f"--run_dir={run_dir}",
+        *QUIET,
+        *extra,
+    ]

@@ -46,7 +46,7 @@ def test_every_command_help_names_itself(command: list[str], capsys: pytest.Capt
     ("command", "aliases"),
     [
         ("fit", ["--objective NAME ", "--objective.help NAME ", "--seed N ", "--task NAME ", "--trainer.logger NAME "]),
-        ("pretrain", ["--method NAME ", "--seed N "]),
+        ("pretrain", ["--method NAME ", "--seed N ", "--trainer.logger NAME "]),
     ],
 )
 def test_help_lists_the_aliases(command: str, aliases: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,5 +1,6 @@
-"""Lightning loggers beside a run's own files: ``--trainer.logger mlflow|tensorboard|csv|wandb`` or a class path,
-in the run directory, the checkpoints where they were, a resume going on in the same MLflow run."""
+"""Lightning loggers beside a run's own files: ``--trainer.logger mlflow|tensorboard|csv|wandb`` (also in a
+``--config`` file) or a class path, in the run directory, the checkpoints where they were, a resume going on in the
+same MLflow run."""
 
 from __future__ import annotations
 
@@ -80,6 +81,35 @@ def test_mlflow_records_the_settings_and_every_epoch_and_a_resume_goes_on_in_its
     )
 
 
+def test_a_config_files_logger_short_name_is_expanded_and_the_runs_config_yaml_resumes(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    run, config = tmp_path / "run", tmp_path / "fit.yaml"
+    # a logger's short name beside a registered objective's: both expanded as on the command line
+    config.write_text(yaml.safe_dump({"objective": "core", "trainer": {"logger": "mlflow"}, "run_dir": str(run)}))
+    main(["fit", f"--config={config}", *LOGGED, f"--data.root={image_tree}"])
+    _assert_run_files(run)
+    logger = yaml.safe_load(RunDir(run).config.read_text())["trainer"]["logger"]
+    assert logger["class_path"].rpartition(".")[2] == "MLFlowLogger"
+    assert (logger["init_args"]["experiment_name"], logger["init_args"]["save_dir"]) == ("coretune", f"{run}/mlruns")
+    client = _mlflow_client(run / "mlruns")
+    experiment = client.get_experiment_by_name("coretune")
+    (logged,) = client.search_runs([experiment.experiment_id])
+    assert logged.data.params["objective"] == "core" and logged.data.params["objective.eta"] == "0.1"
+
+    main(["fit", f"--config={RunDir(run).config}", "--trainer.max_epochs=2"])  # the run's own config.yaml: resumes
+    _assert_run_files(run)
+    (resumed,) = client.search_runs([experiment.experiment_id])
+    assert resumed.info.run_id == logged.info.run_id and resumed.info.status == "FINISHED"
+    history = sorted(client.get_metric_history(logged.info.run_id, "train/loss"), key=lambda m: m.step)
+    losses = [m.value for m in history]
+    assert losses == pytest.approx([float(r["train/loss"]) for r in read_metrics(RunDir(run).metrics)])
+    assert len(losses) == 2
+
+
 def test_tensorboard_and_csv_write_beside_the_runs_files_and_a_resume_keeps_its_folders(
     image_tree: Path, tmp_path: Path
 ) -> None:
@@ -152,6 +182,14 @@ def test_an_unknown_or_missing_logger_is_one_line(
     with pytest.raises(SystemExit) as exit_:
         main([*base, "--trainer.logger", "mlfow"])
     assert exit_.value.code == UNKNOWN_LOGGER and not run.exists()
+    config = tmp_path / "fit.yaml"  # the same name in a --config file: that file is named
+    config.write_text(yaml.safe_dump({"trainer": {"logger": {"class_path": "mlfow", "init_args": {"save_dir": "x"}}}}))
+    with pytest.raises(SystemExit) as exit_:
+        main([*base, f"--config={config}"])
+    assert exit_.value.code == UNKNOWN_LOGGER.replace("(--trainer.logger)", f"(trainer.logger in {config})").replace(
+        "--trainer.logger.<name>", "init_args"
+    )
+    assert not run.exists()
 
     spec = tmp_path / "bench.yaml"
     datasets = {"tiny": [f"--data.root={image_tree}"]}

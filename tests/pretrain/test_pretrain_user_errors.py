@@ -15,24 +15,8 @@ from coretune.cli import main
 from coretune.engine import read_metrics
 from coretune.pretrain import PRETRAINED_FILENAME
 from coretune.runclaim import claim_run, point_claim
-from fit_flags import QUIET
+from fit_flags import pretrain_args
 from image_trees import make_image_folder
-
-
-def pretrain_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        "pretrain",
-        f"--data.root={root}",
-        "--model.backbone=small_cnn",
-        "--model.proj_dim=16",
-        "--data.image_size=16",
-        "--data.batch_size=4",  # 12 images: 3 steps per epoch
-        "--trainer.max_epochs=1",
-        f"--run_dir={run_dir}",
-        *QUIET,
-        *extra,
-    ]
-
 
 IMAGES = lambda tmp: make_image_folder(tmp / "data")  # noqa: E731 — a parametrize entry like the lambdas below
 

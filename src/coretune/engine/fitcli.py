@@ -26,7 +26,7 @@ from ..runconfig import recorded_task
 from ..rundir import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task
 from .checkpoint_io import with_atomic_io
-from .loggers import logger_args, place_loggers
+from .loggers import LOGGER_ALIAS, expand_config_loggers, logger_args, place_loggers
 from .module import FineTuner
 from .rundir import RunDirCLI
 from .trainer import check_trainer_options, default_callbacks, default_precision, quiet_lightning
@@ -52,15 +52,17 @@ def _cli_value(value: Any) -> str:
 def _translate_config(path: str) -> str:
     """A ``--config`` value whose ``objective`` names a registered objective (``objective: core`` or
     ``objective: {class_path: ce_con, init_args: {...}}``), rewritten as the YAML text of the same config with the
-    class path and the preset's settings (the file's own ``init_args`` win). Other configs pass through."""
+    class path and the preset's settings (the file's own ``init_args`` win), and so is one whose ``trainer.logger``
+    is a short name (:func:`~coretune.engine.loggers.expand_config_loggers`). Other configs pass through."""
     file = Path(path)
     if not file.is_file():
         return path
     config = yaml.safe_load(file.read_text())
+    logged = expand_config_loggers(config, path)
     spec = config.get("objective") if isinstance(config, dict) else None
     name = spec if isinstance(spec, str) else spec.get("class_path") if isinstance(spec, dict) else None
     if not isinstance(name, str) or name not in objectives.available():
-        return path
+        return yaml.safe_dump(config, sort_keys=False) if logged else path
     cls, preset = objectives.get(name)
     init_args = {**preset, **(spec.get("init_args") or {} if isinstance(spec, dict) else {})}
     config["objective"] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init_args}
@@ -97,7 +99,7 @@ def task_of_args(args: Sequence[str]) -> str:
 def translate_args(args: list[str]) -> list[str]:
     """Rewrite the friendly aliases: ``--objective NAME`` (registry names and Table 2 presets, also inside
     ``--config`` files), ``--task NAME``, ``--seed N``, ``--trainer.logger NAME``
-    (:func:`~coretune.engine.loggers.logger_args`)."""
+    (:func:`~coretune.engine.loggers.logger_args`; also ``trainer: {logger: NAME}`` inside ``--config`` files)."""
     out: list[str] = []
     it = iter(args)
     for arg in it:
@@ -130,7 +132,7 @@ class FitCLI(RunDirCLI):
         "--objective.help NAME": "the hyper-parameters of objective NAME",
         "--seed N": "--seed_everything N (also seeds the data split, --data.seed)",
         "--task NAME": f"--model.task NAME: {', '.join(TASKS)} (default {DEFAULT_TASK}); the --data.* options are its",
-        "--trainer.logger NAME": "tensorboard, csv, mlflow or wandb (offline), in the run directory (docs/loggers.md)",
+        LOGGER_ALIAS[0]: LOGGER_ALIAS[1],
     }
 
     def add_arguments_to_parser(self, parser: Any) -> None:

@@ -1,7 +1,8 @@
 """Lightning loggers beside a run's own files (``metrics.csv``, ``results.json``, the learning curve).
 
-``--trainer.logger tensorboard|csv|mlflow|wandb`` names a logger briefly (:func:`logger_args`); a Logger class path
-with ``--trainer.logger.<init arg>`` works as in LightningCLI. A logger not given a place of its own writes into the
+``--trainer.logger tensorboard|csv|mlflow|wandb`` names a logger briefly (:func:`logger_args`), and so does
+``trainer: {logger: NAME}`` in a ``--config`` file (:func:`expand_config_loggers`); a Logger class path with
+``--trainer.logger.<init arg>`` works as in LightningCLI. A logger not given a place of its own writes into the
 run directory (:func:`place_loggers`), a resumed run goes on in its MLflow run, and :class:`LogRunSettings` tells
 every logger the run's settings. The checkpoints stay in ``RUN/checkpoints`` whatever the logger.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import yaml
 from lightning.pytorch import loggers
 
 from .module import _run_seed
@@ -24,30 +26,39 @@ from .rundir import RESUMABLE_CHANGES
 
 __all__ = [
     "LOGGERS",
+    "LOGGER_ALIAS",
     "RUN_DIR",
     "RUN_DIR_TAG",
     "LogRunSettings",
     "check_logger_installed",
     "check_sweep_logger",
+    "expand_config_loggers",
     "logger_args",
     "place_loggers",
     "run_settings",
     "sweep_logger_args",
+    "translate_logger_config",
 ]
 
 RUN_DIR = "<run_dir>"
 """In a logger's ``save_dir``, the run's directory (:func:`place_loggers` puts it in)."""
 
-LOGGERS: dict[str, tuple[type[loggers.Logger], dict[str, str]]] = {
+LOGGERS: dict[str, tuple[type[loggers.Logger], dict[str, Any]]] = {
     "csv": (loggers.CSVLogger, {"save_dir": RUN_DIR, "name": "csv"}),
     "mlflow": (loggers.MLFlowLogger, {"experiment_name": "coretune"}),
-    "tensorboard": (loggers.TensorBoardLogger, {"save_dir": RUN_DIR, "name": "tensorboard", "version": "0"}),
-    "wandb": (loggers.WandbLogger, {"project": "coretune", "offline": "true"}),
+    "tensorboard": (loggers.TensorBoardLogger, {"save_dir": RUN_DIR, "name": "tensorboard", "version": 0}),
+    "wandb": (loggers.WandbLogger, {"project": "coretune", "offline": True}),
 }
 """The short names of ``--trainer.logger`` and the settings they add: CSV into ``RUN/csv/version_N`` (a new version
 after each resume: Lightning's CSV logger would empty a folder it reuses), TensorBoard into ``RUN/tensorboard/
 version_0`` (a resume appends to it), MLflow into the file store ``RUN/mlruns``, experiment ``coretune``, W&B offline
 into ``RUN/wandb``, project ``coretune``."""
+
+LOGGER_ALIAS = (
+    "--trainer.logger NAME",
+    "tensorboard, csv, mlflow or wandb (offline), in the run directory (docs/loggers.md)",
+)
+"""The alias line ``coretune fit --help`` and ``coretune pretrain --help`` print for ``--trainer.logger NAME``."""
 
 _PACKAGES: dict[type[loggers.Logger], tuple[tuple[str, ...], str]] = {
     loggers.TensorBoardLogger: (("tensorboard", "tensorboardX"), "tensorboard"),
@@ -73,14 +84,68 @@ def logger_args(value: str, **settings: Any) -> list[str]:
     if value.lower() in LOGGERS:
         cls, preset = LOGGERS[value.lower()]
         options = [f"--trainer.logger.{key}={v}" for key, v in {**preset, **settings}.items()]
-        return [f"--trainer.logger={cls.__module__}.{cls.__qualname__}", *options]
+        return [f"--trainer.logger={_class_path(cls)}", *options]
     structured = value.lower() in _LITERALS or value.startswith(("{", "[")) or "." in value
-    if structured or isinstance(getattr(loggers, value, None), type):
-        return [f"--trainer.logger={value}"]
-    raise ValueError(
-        f"unknown logger {value!r} (--trainer.logger): choose one of {', '.join(LOGGERS)}, a Logger class path "
-        "(e.g. lightning.pytorch.loggers.MLFlowLogger, its settings as --trainer.logger.<name>), or false"
-    )
+    if not structured:
+        _check_logger_name(value, "--trainer.logger", "--trainer.logger.<name>")
+    return [f"--trainer.logger={value}"]
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _check_logger_name(name: str, option: str, settings: str) -> None:
+    """Raise a ``ValueError`` naming the choices unless ``name`` is a class name of Lightning's loggers."""
+    if not isinstance(getattr(loggers, name, None), type):
+        raise ValueError(
+            f"unknown logger {name!r} ({option}): choose one of {', '.join(LOGGERS)}, a Logger class path "
+            f"(e.g. lightning.pytorch.loggers.MLFlowLogger, its settings as {settings}), or false"
+        )
+
+
+def _config_logger(spec: Any, source: str) -> Any:
+    """One ``trainer.logger`` entry of config file ``source``: a short name of :data:`LOGGERS` (``mlflow``, or
+    ``{class_path: mlflow, init_args: {...}}``) as its class path and settings (the entry's own ``init_args``
+    win), a class path, class name, boolean or null as it is (``ValueError`` for another name)."""
+    name = spec.get("class_path") if isinstance(spec, Mapping) else spec
+    if not isinstance(name, str) or "." in name:
+        return spec
+    if name.lower() not in LOGGERS:
+        _check_logger_name(name, f"trainer.logger in {source}", "init_args")
+        return spec
+    cls, preset = LOGGERS[name.lower()]
+    init_args = {**preset, **((spec.get("init_args") or {}) if isinstance(spec, Mapping) else {})}
+    return {"class_path": _class_path(cls), "init_args": init_args}
+
+
+def expand_config_loggers(config: Any, source: str) -> bool:
+    """Rewrite in place the short names of :data:`LOGGERS` in the ``trainer.logger`` of a ``--config`` file's
+    content ``config`` (from file ``source``; one entry or a list), as ``--trainer.logger NAME`` expands them
+    (:func:`logger_args`); whether any was.
+
+    Raises:
+        ValueError: an entry names no logger (one line naming the file and the choices).
+    """
+    trainer = config.get("trainer") if isinstance(config, Mapping) else None
+    if not isinstance(trainer, dict) or "logger" not in trainer:
+        return False
+    chosen = trainer["logger"]
+    if isinstance(chosen, list):
+        trainer["logger"] = [_config_logger(spec, source) for spec in chosen]
+    else:
+        trainer["logger"] = _config_logger(chosen, source)
+    return trainer["logger"] != chosen
+
+
+def translate_logger_config(path: str) -> str:
+    """A ``--config`` value whose ``trainer.logger`` holds a short name (:func:`expand_config_loggers`), rewritten
+    as the YAML text of the same config; other configs (and values that are not files) pass through."""
+    file = Path(path)
+    if not file.is_file():
+        return path
+    config = yaml.safe_load(file.read_text())
+    return yaml.safe_dump(config, sort_keys=False) if expand_config_loggers(config, path) else path
 
 
 def sweep_logger_args(name: str, output: str | Path, experiment: str, run: str) -> list[str]:
@@ -182,10 +247,12 @@ def _mlflow_run(uri: str, experiment_name: str, run_dir: str) -> str | None:
 
 def run_settings(model: L.LightningModule, datamodule: Any = None) -> dict[str, Any]:
     """What a run's loggers record as its parameters: ``objective`` (its registered name) and ``objective.<x>``
-    (η, α, …), ``seed``, ``model.<x>`` and ``data.<x>`` (label fraction, image size, …), without the settings a
-    resume may change (:data:`~coretune.engine.RESUMABLE_CHANGES`), so a resumed run logs the same values, and
-    without private entries (LightningCLI's ``_instantiator``)."""
+    (η, α, …) or a pre-training run's ``method``, ``seed``, ``model.<x>`` and ``data.<x>`` (label fraction, image
+    size, …), without the settings a resume may change (:data:`~coretune.engine.RESUMABLE_CHANGES`), so a resumed
+    run logs the same values, and without private entries (LightningCLI's ``_instantiator``)."""
     settings: dict[str, Any] = {"seed": _run_seed()}
+    if method := getattr(model, "method", ""):
+        settings["method"] = method  # a pre-training method (coretune pretrain)
     if (objective := getattr(model, "objective", None)) is not None:
         settings["objective"] = objective.registered_name
         settings |= {f"objective.{k}": v for k, v in objective.hparams().items()}

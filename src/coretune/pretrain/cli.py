@@ -1,8 +1,9 @@
 """``coretune pretrain``: a LightningCLI over the contrastive methods and :class:`PretrainData`.
 
 ``--method simclr|moco_v2`` picks the method (default SimCLR), ``--model.<param>`` its hyper-parameters,
-``--data.<param>`` the images and augmentations, ``--trainer.<param>`` the loop. Re-running with the same
-``--run_dir`` resumes from its ``checkpoints/last.ckpt``.
+``--data.<param>`` the images and augmentations, ``--trainer.<param>`` the loop; ``--trainer.logger NAME`` adds a
+Lightning logger beside the run's own files, as for ``coretune fit`` (:mod:`coretune.engine.loggers`). Re-running
+with the same ``--run_dir`` resumes from its ``checkpoints/last.ckpt``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..engine import RunDirCLI, check_trainer_options, quiet_lightning, with_atomic_io
+from ..engine.loggers import LOGGER_ALIAS, logger_args, place_loggers, translate_logger_config
 from .data import PretrainData
-from .module import PRETRAINED_FILENAME, ContrastivePretrainer, MoCoV2, SimCLR, pretrain_trainer_defaults
+from .module import (
+    PRETRAINED_FILENAME,
+    ContrastivePretrainer,
+    MoCoV2,
+    SimCLR,
+    pretrain_callbacks,
+    pretrain_trainer_defaults,
+)
 
 __all__ = ["METHODS", "PretrainCLI", "run", "translate_args"]
 
@@ -26,7 +35,9 @@ def _class_path(cls: type) -> str:
 
 def translate_args(args: list[str]) -> list[str]:
     """Rewrite ``--method NAME`` to ``--model=<class path>`` (first, so ``--model.*`` options apply to it),
-    ``--seed N`` to ``--seed_everything=N``; without ``--method``/``--model`` the method is SimCLR."""
+    ``--seed N`` to ``--seed_everything=N``, ``--trainer.logger NAME`` to the logger's class path and settings
+    (:func:`~coretune.engine.loggers.logger_args`; also inside ``--config`` files); without ``--method``/``--model``
+    the method is SimCLR."""
     out: list[str] = []
     model: str | None = None
     it = iter(args)
@@ -39,6 +50,10 @@ def translate_args(args: list[str]) -> list[str]:
             model = _class_path(METHODS[value]) if key == "--method" else value
         elif key == "--seed":
             out.append(f"--seed_everything={value if eq else next(it, '')}")
+        elif key in ("--config", "-c"):
+            out.append(f"--config={translate_logger_config(value if eq else next(it, ''))}")
+        elif key == "--trainer.logger":
+            out.extend(logger_args(value if eq else next(it, "")))
         else:
             out.append(arg)
     return [f"--model={model or _class_path(SimCLR)}", *out]
@@ -51,6 +66,7 @@ class PretrainCLI(RunDirCLI):
     aliases: ClassVar[Mapping[str, str]] = {
         "--method NAME": f"the pre-training method, {' or '.join(METHODS)} (default simclr)",
         "--seed N": "--seed_everything N",
+        LOGGER_ALIAS[0]: LOGGER_ALIAS[1],
     }
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -68,9 +84,13 @@ class PretrainCLI(RunDirCLI):
         config = self.config[self.subcommand]
         check_trainer_options(config["trainer"])
         self.settle_run_dir("pretrain-" + str(config["model"]["class_path"]).rsplit(".", 1)[-1].lower())
+        place_loggers(config, resuming=config.get("ckpt_path") is not None)
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
-        kwargs["plugins"] = with_atomic_io(self._get(self.config_init, "trainer", default={}).get("plugins"))
+        trainer = self._get(self.config_init, "trainer", default={})
+        # callbacks naming the run directory: given no folder, Lightning puts the checkpoints in a logger's
+        self.trainer_defaults["callbacks"] = pretrain_callbacks(trainer["default_root_dir"])
+        kwargs["plugins"] = with_atomic_io(trainer.get("plugins"))
         return super().instantiate_trainer(**kwargs)
 
     def after_fit(self) -> None:

@@ -33,6 +33,7 @@ from ..engine import (
     lr_factor,
     with_atomic_io,
 )
+from ..engine.loggers import LogRunSettings
 from ..engine.module import example_image
 from ..engine.optim import OptimizerName, Schedule, optimizer_problems
 from ..heads import ProjectionHead
@@ -343,8 +344,9 @@ class ExportPretrained(Callback):
 
 def pretrain_callbacks(run_dir: str | Path | None = None) -> list[Callback]:
     """``checkpoints/last.ckpt`` (every epoch, to resume), the exported encoder, ``metrics.csv``/``results.json``/
-    learning curve, and a resumable stop on SIGTERM/SIGINT; ``run_dir`` None means the trainer's
-    ``default_root_dir``. (Lightning adds its rich progress bar unless ``enable_progress_bar=False``.)"""
+    learning curve, the run's settings for its loggers, and a resumable stop on SIGTERM/SIGINT; ``run_dir`` None
+    means the trainer's ``default_root_dir`` (``checkpoints/`` there while the trainer has no logger, else in the
+    first logger's folder). (Lightning adds its rich progress bar unless ``enable_progress_bar=False``.)"""
     root = Path(run_dir) if run_dir is not None else None
     return [
         ModelCheckpoint(
@@ -352,18 +354,21 @@ def pretrain_callbacks(run_dir: str | Path | None = None) -> list[Callback]:
         ),
         ExportPretrained(root / PRETRAINED_FILENAME if root else None),
         RunArtifacts(run_dir),
+        LogRunSettings(),
         StopOnSignal(),
     ]
 
 
 def pretrain_trainer_defaults(run_dir: str | Path | None = None) -> dict[str, Any]:
     """``lightning.Trainer`` settings of pre-training: native-bf16 precision where available
-    (:func:`~coretune.engine.default_precision`), no logger and :func:`pretrain_callbacks`. The atomic checkpoint
-    IO is added when the trainer is made (:func:`~coretune.engine.with_atomic_io`; an instance cannot be a
-    serialisable CLI default)."""
+    (:func:`~coretune.engine.default_precision`), no logger (one given gets the run's settings from
+    :class:`~coretune.engine.loggers.LogRunSettings` instead of Lightning's own hyper-parameters) and
+    :func:`pretrain_callbacks`. The atomic checkpoint IO is added when the trainer is made
+    (:func:`~coretune.engine.with_atomic_io`; an instance cannot be a serialisable CLI default)."""
     return {
         "precision": default_precision(),
         "logger": False,
+        "enable_autolog_hparams": False,
         "callbacks": pretrain_callbacks(run_dir),
     }
 

@@ -1,5 +1,6 @@
 """Optimisers and schedules (paper Appendix C): SGD + Nesterov, cosine / linear decay, warm-up."""
 
+import itertools
 import math
 
 import pytest
@@ -24,6 +25,14 @@ def test_linear_schedule_and_warmup() -> None:
     assert lr_factor(10, 110, "linear", warmup_steps=10) == 1.0
     assert lr_factor(60, 110, "linear", warmup_steps=10) == pytest.approx(0.5)
     assert lr_factor(7, 100, "constant") == 1.0
+
+
+def test_exponential_schedule_falls_tenfold_at_a_constant_rate() -> None:
+    factors = [lr_factor(s, 200, "exponential") for s in range(201)]
+    assert factors[0] == 1.0 and factors[100] == pytest.approx(0.1**0.5) and factors[200] == pytest.approx(0.1)
+    ratios = [b / a for a, b in itertools.pairwise(factors)]
+    assert ratios == pytest.approx([0.1 ** (1 / 200)] * 200)
+    assert lr_factor(4, 110, "exponential", warmup_steps=10) == pytest.approx(0.5)  # warm-up first
 
 
 def test_unknown_schedule_and_optimizer() -> None:

@@ -1,4 +1,5 @@
-"""Optimisers and learning-rate schedules of the paper (Appendix C): SGD + Nesterov, cosine or linear decay; Adam."""
+"""Optimisers and learning-rate schedules of the paper (Appendix C): SGD + Nesterov, cosine or linear decay; Adam
+with exponential decay (domain generalization)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ from typing import Literal
 import torch
 from torch import nn
 
-__all__ = ["Schedule", "build_optimizer", "lr_factor", "optimizer_problems"]
+__all__ = ["EXPONENTIAL_FINAL_FACTOR", "Schedule", "build_optimizer", "lr_factor", "optimizer_problems"]
 
 OptimizerName = Literal["sgd", "adam", "adamw"]
-Schedule = Literal["cosine", "linear", "constant"]
+Schedule = Literal["cosine", "linear", "constant", "exponential"]
+
+#: Where the ``exponential`` schedule ends, as a fraction of the base lr: Appendix C decays domain generalization's
+#: Adam lr "via the exponential learning rate decay" without a rate, so the lr falls tenfold over the run.
+EXPONENTIAL_FINAL_FACTOR = 0.1
 
 
 def optimizer_problems(lr: float, weight_decay: float, momentum: float, warmup_epochs: float) -> list[str]:
@@ -47,7 +52,8 @@ def build_optimizer(
 
 
 def lr_factor(step: int, total_steps: int, schedule: Schedule = "cosine", warmup_steps: int = 0) -> float:
-    """Multiplier of the base lr at ``step``: linear warm-up, then cosine (default) or linear decay to 0."""
+    """Multiplier of the base lr at ``step``: linear warm-up, then cosine (default) or linear decay to 0, or
+    exponential decay ``EXPONENTIAL_FINAL_FACTOR ** progress`` (a constant rate per step, ending at a tenth)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
@@ -57,4 +63,6 @@ def lr_factor(step: int, total_steps: int, schedule: Schedule = "cosine", warmup
         return 0.5 * (1.0 + math.cos(math.pi * progress))
     if schedule == "linear":
         return 1.0 - progress
-    raise ValueError(f"unknown schedule {schedule!r}; choose 'cosine', 'linear' or 'constant'")
+    if schedule == "exponential":
+        return EXPONENTIAL_FINAL_FACTOR**progress
+    raise ValueError(f"unknown schedule {schedule!r}; choose 'cosine', 'linear', 'constant' or 'exponential'")

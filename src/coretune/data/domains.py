@@ -7,6 +7,11 @@ stratified by class and seeded by ``(seed, domain)`` — the same split whicheve
 domains' ``in`` parts train, their ``out`` parts validate (training-domain validation); the unseen (test) domains'
 ``in`` parts give the reported accuracy and their ``out`` parts are only read to score the oracle's test-domain
 validation. Test-domain images never reach training or training-domain validation.
+
+The model-selection rules (:data:`SELECTIONS`) are DomainBed's, by its names: the training-domain validation set
+(the default: the checkpoint with the best mean accuracy over the training domains' ``out`` parts), the test-domain
+validation set (the oracle: as in DomainBed, the last checkpoint — no early stopping — scored for comparing runs on
+the unseen domains' ``out`` parts, which a real deployment does not have), and the last checkpoint.
 """
 
 from __future__ import annotations
@@ -28,15 +33,42 @@ from .splits import stratified_split, stratified_subset
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, Views, resize_transform, train_draft_size, train_transform
 
 __all__ = [
+    "SELECTIONS",
     "DomainGeneralizationData",
     "DomainSplit",
     "EvalGroup",
     "GroupedItems",
+    "Selection",
+    "SelectionRule",
     "read_domains",
     "split_domains",
 ]
 
 Part = Literal["in", "out"]
+SelectionRule = Literal["training_domain_validation", "test_domain_validation", "last_checkpoint"]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A model-selection rule: its ``name`` as DomainBed names it, whether it is an ``oracle`` (it reads the unseen
+    domains), the ``checkpoint`` it tests (``best``: by ``val/top1``; ``last``) and the images its score is on."""
+
+    name: str
+    oracle: bool
+    checkpoint: Literal["best", "last"]
+    scored_on: str
+
+
+SELECTIONS: dict[str, Selection] = {
+    "training_domain_validation": Selection(
+        "training-domain validation set", False, "best", "the training domains' held-out parts (mean accuracy)"
+    ),
+    "test_domain_validation": Selection(
+        "test-domain validation set (oracle)", True, "last", "the unseen domains' held-out parts (mean accuracy)"
+    ),
+    "last_checkpoint": Selection("last checkpoint", False, "last", "the training domains' held-out parts"),
+}
+"""DomainBed's model-selection rules by option value (``--data.selection``)."""
 
 
 def read_domains(root: str, on_bad_image: OnBadImage = "error") -> dict[str, LabeledImageDataset]:
@@ -234,6 +266,10 @@ class DomainGeneralizationData(L.LightningDataModule):
             file at setup, leaves the bad ones out and warns once.
         pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies).
         cache_images: Decode every image file once at setup and keep the pixels in memory.
+        selection: Model selection, as DomainBed names it: training_domain_validation (the checkpoint with the best
+            mean accuracy on the training domains' held-out parts), test_domain_validation (the oracle: the last
+            checkpoint, scored on the unseen domains' held-out parts; marked as an oracle in every output) or
+            last_checkpoint.
     """
 
     def __init__(
@@ -257,13 +293,14 @@ class DomainGeneralizationData(L.LightningDataModule):
         on_bad_image: OnBadImage = "error",
         pin_memory: bool = False,
         cache_images: bool = False,
+        selection: SelectionRule = "training_domain_validation",
     ) -> None:
         super().__init__()
         _check_options(
             image_size=image_size, batch_size=batch_size, eval_batch_size=eval_batch_size,
             steps_per_epoch=steps_per_epoch, num_workers=num_workers, label_fraction=label_fraction,
             crop_scale=crop_scale, color_jitter=color_jitter, grayscale=grayscale, mean=mean, std=std,
-            on_bad_image=on_bad_image,
+            on_bad_image=on_bad_image, selection=selection,
         )  # fmt: skip
         self.save_hyperparameters()
         self.root, self.test_domains = root, _domain_list(test_domains)
@@ -273,6 +310,7 @@ class DomainGeneralizationData(L.LightningDataModule):
         self.num_workers, self.pin_memory, self.cache_images = num_workers, pin_memory, cache_images
         self.mean, self.std, self.on_bad_image = tuple(mean), tuple(std), on_bad_image
         self.crop_scale = (float(crop_scale[0]), float(crop_scale[1]))
+        self.selection = selection
         self.train_transform = train_transform(
             image_size, self.mean, self.std, crop_scale=self.crop_scale, hflip=hflip, color_jitter=color_jitter,
             grayscale=grayscale,
@@ -410,10 +448,12 @@ def _check_options(
     mean: tuple[float, ...],
     std: tuple[float, ...],
     on_bad_image: str,
+    selection: str,
 ) -> None:
     """Reject values the type hints allow but the data cannot use, naming every bad option at once."""
     checks = [
         (on_bad_image in ("error", "skip"), f"on_bad_image must be 'error' or 'skip', got {on_bad_image!r}"),
+        (selection in SELECTIONS, f"selection must be one of {list(SELECTIONS)}, got {selection!r}"),
         (image_size >= 1, f"image_size must be >= 1 pixel, got {image_size}"),
         (batch_size >= 1, f"batch_size must be >= 1, got {batch_size}"),
         (eval_batch_size is None or eval_batch_size >= 1,

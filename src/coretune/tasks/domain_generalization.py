@@ -1,0 +1,119 @@
+"""Domain generalization's task-specific pieces: accuracy per evaluation group (an unseen domain, a held-out part),
+``results.json``'s entry with the checkpoint the selection rule chose, and the run summary's line.
+
+Evaluation batches are ``(images, labels, group)`` with ``group`` indexing the data module's ``val_groups`` or
+``test_groups`` (:class:`~coretune.data.domains.EvalGroup`): the training domains' held-out parts in validation; the
+unseen domains' ``in`` parts (the reported accuracy), their ``out`` parts (the oracle's validation) and the training
+domains' held-out parts in test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from statistics import fmean
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from ..data.domains import SELECTIONS, EvalGroup
+
+__all__ = ["GroupAccuracy", "domain_test_results", "domain_val_values", "selection_entry", "summary_text"]
+
+
+class GroupAccuracy(Metric):
+    """Top-1 accuracy of each of ``num_groups`` groups of items, accumulated over a split (correct and total counts
+    per group, summed over processes): ``update(logits, targets, groups)``; ``compute()`` gives ``(G,)`` accuracies,
+    NaN for a group without items."""
+
+    full_state_update = False
+
+    def __init__(self, num_groups: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if num_groups < 1:
+            raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+        self.num_groups = num_groups
+        self.add_state("correct", torch.zeros(num_groups, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("total", torch.zeros(num_groups, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, logits: Tensor, targets: Tensor, groups: Tensor) -> None:
+        groups = groups.reshape(-1).long()
+        if groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= self.num_groups):
+            low, high = int(groups.min()), int(groups.max())
+            raise ValueError(f"groups must lie in [0, {self.num_groups}), got [{low}, {high}]")
+        hits = (logits.argmax(dim=1) == targets.reshape(-1)).long()
+        self.correct += torch.bincount(groups, weights=hits, minlength=self.num_groups).long()
+        self.total += torch.bincount(groups, minlength=self.num_groups)
+
+    def compute(self) -> Tensor:
+        total = self.total.double()
+        return torch.where(total > 0, self.correct.double() / total.clamp(min=1), torch.full_like(total, float("nan")))
+
+
+def domain_val_values(accuracies: Tensor, groups: Sequence[EvalGroup]) -> dict[str, Tensor]:
+    """``val/<domain>/top1`` of every training domain's held-out part and ``val/top1``, their unweighted mean
+    (DomainBed's training-domain validation accuracy), from :class:`GroupAccuracy`'s ``compute()``."""
+    values = {f"{g.domain}/top1": acc for g, acc in zip(groups, accuracies, strict=True)}
+    return {"top1": accuracies.nanmean(), **values}
+
+
+def selection_entry(rule: str, chosen: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``results.json``'s ``selection``: the rule (option value and DomainBed's name), whether it is an oracle, which
+    checkpoint it tests and what its score is on; ``chosen`` adds where that checkpoint was written (``epoch``,
+    ``step``, ``path``)."""
+    selection = SELECTIONS[rule]
+    entry = {
+        "rule": rule,
+        "name": selection.name,
+        "oracle": selection.oracle,
+        "checkpoint": f"{selection.checkpoint}.ckpt",
+        "scored_on": selection.scored_on,
+    }
+    return {**entry, **(chosen or {})}
+
+
+def domain_test_results(
+    accuracies: Tensor, groups: Sequence[EvalGroup], rule: str, chosen: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``results.json``'s ``test`` entry from the test split's per-group accuracies (:class:`GroupAccuracy`):
+
+    - ``top1``: the mean accuracy over the unseen domains (their ``in`` parts, as DomainBed reports), what sweeps
+      tabulate, and ``test_domains`` each one's;
+    - ``training_domains_heldout``: each training domain's held-out part, ``training_domain_val_top1`` their mean
+      (the training-domain validation score of the tested checkpoint);
+    - ``test_domains_heldout``: each unseen domain's held-out part, ``test_domain_val_top1`` their mean (the
+      oracle's score);
+    - ``selection``: :func:`selection_entry` (the rule, oracle or not, the tested checkpoint); ``score`` its value.
+    """
+    values = {g: float(acc) for g, acc in zip(groups, accuracies.tolist(), strict=True)}
+    unseen = {g.domain: v for g, v in values.items() if g.role == "test" and g.part == "in"}
+    unseen_out = {g.domain: v for g, v in values.items() if g.role == "test" and g.part == "out"}
+    heldout = {g.domain: v for g, v in values.items() if g.role == "train"}
+    selection = selection_entry(rule, chosen)
+    selection["score"] = fmean(unseen_out.values()) if SELECTIONS[rule].oracle else fmean(heldout.values())
+    return {
+        "top1": fmean(unseen.values()),
+        "test_domains": unseen,
+        "training_domains_heldout": heldout,
+        "training_domain_val_top1": fmean(heldout.values()),
+        "test_domains_heldout": unseen_out,
+        "test_domain_val_top1": fmean(unseen_out.values()),
+        "selection": selection,
+    }
+
+
+def summary_text(test: dict[str, Any]) -> str:
+    """The run summary's line: each unseen domain's accuracy, the held-out training domains' and the checkpoint the
+    rule chose, an oracle said to be one."""
+    unseen = ", ".join(f"{d} {100 * v:.2f}%" for d, v in test["test_domains"].items())
+    heldout = ", ".join(f"{d} {100 * v:.2f}%" for d, v in test["training_domains_heldout"].items())
+    selection = test["selection"]
+    where = f"{selection['checkpoint']}" + (
+        f", epoch {selection['epoch'] + 1}, step {selection['step']}" if "epoch" in selection else ""
+    )
+    oracle = " — ORACLE: chosen with the unseen domains' images" if selection["oracle"] else ""
+    return (
+        f"unseen domain(s): {unseen}; training domains' held-out parts: {heldout}; selection: {selection['name']} "
+        f"({where}){oracle}"
+    )

@@ -39,6 +39,9 @@ def test_group_accuracy_counts_each_group_over_batches() -> None:
     assert math.isnan(accuracies[1]) and math.isnan(accuracies[3])  # no items
     with pytest.raises(ValueError, match=r"groups must lie in \[0, 4\), got \[4, 4\]"):
         metric.update(logits_for([0]), torch.tensor([0]), torch.tensor([4]))
+    unsized = GroupAccuracy()  # as many groups as the largest seen + 1
+    unsized.update(logits_for([1, 1]), torch.tensor([1, 0]), torch.tensor([0, 1]))
+    assert unsized.compute().tolist() == [1.0, 0.0]
 
 
 def test_validation_values_are_each_training_domain_and_their_unweighted_mean() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
 from ..data.domains import SELECTIONS, EvalGroup
 
@@ -23,32 +24,33 @@ __all__ = ["GroupAccuracy", "domain_test_results", "domain_val_values", "selecti
 
 
 class GroupAccuracy(Metric):
-    """Top-1 accuracy of each of ``num_groups`` groups of items, accumulated over a split (correct and total counts
-    per group, summed over processes): ``update(logits, targets, groups)``; ``compute()`` gives ``(G,)`` accuracies,
-    NaN for a group without items."""
+    """Top-1 accuracy of each group of items (an unseen domain, a held-out part), accumulated over a split:
+    ``update(logits, targets, groups)``; ``compute()`` gives ``(G,)`` accuracies, NaN for a group without items,
+    with ``G`` = ``num_groups`` (default: the largest group seen + 1). The items' hits and groups are kept and
+    concatenated over processes, so the number of groups need not be known when the metric is made."""
 
     full_state_update = False
 
-    def __init__(self, num_groups: int, **kwargs: Any) -> None:
+    def __init__(self, num_groups: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if num_groups < 1:
-            raise ValueError(f"num_groups must be >= 1, got {num_groups}")
         self.num_groups = num_groups
-        self.add_state("correct", torch.zeros(num_groups, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("total", torch.zeros(num_groups, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("hits", [], dist_reduce_fx="cat")
+        self.add_state("groups", [], dist_reduce_fx="cat")
 
     def update(self, logits: Tensor, targets: Tensor, groups: Tensor) -> None:
         groups = groups.reshape(-1).long()
-        if groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= self.num_groups):
+        if groups.numel() and (int(groups.min()) < 0 or (self.num_groups and int(groups.max()) >= self.num_groups)):
             low, high = int(groups.min()), int(groups.max())
             raise ValueError(f"groups must lie in [0, {self.num_groups}), got [{low}, {high}]")
-        hits = (logits.argmax(dim=1) == targets.reshape(-1)).long()
-        self.correct += torch.bincount(groups, weights=hits, minlength=self.num_groups).long()
-        self.total += torch.bincount(groups, minlength=self.num_groups)
+        self.hits.append((logits.argmax(dim=1) == targets.reshape(-1)).long())
+        self.groups.append(groups)
 
     def compute(self) -> Tensor:
-        total = self.total.double()
-        return torch.where(total > 0, self.correct.double() / total.clamp(min=1), torch.full_like(total, float("nan")))
+        hits, groups = dim_zero_cat(self.hits), dim_zero_cat(self.groups)
+        size = self.num_groups or (int(groups.max()) + 1 if groups.numel() else 0)
+        total = torch.bincount(groups, minlength=size).double()
+        correct = torch.bincount(groups, weights=hits.double(), minlength=size)
+        return torch.where(total > 0, correct / total.clamp(min=1), torch.full_like(total, float("nan")))
 
 
 def domain_val_values(accuracies: Tensor, groups: Sequence[EvalGroup]) -> dict[str, Tensor]:

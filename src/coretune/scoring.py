@@ -1,9 +1,10 @@
 """``coretune test`` and ``coretune validate``: score a fine-tuned checkpoint on a data split.
 
-The image size and normalisation default to those the model was fine-tuned with (its checkpoint), the classes must
-be those it was fine-tuned on; ``--data.*`` (or a run's ``config.yaml`` through ``--config``) overrides the first
-two. The results go to a JSON file of their own in the checkpoint's run directory (``test_results.json``,
-``val_results.json``); the fit's ``results.json`` is left as it is.
+The data options are those of the checkpoint's task (``--data.*`` of its data module: an image folder for
+classification). The image size and normalisation default to those the model was fine-tuned with (its
+checkpoint), the classes must be those it was fine-tuned on; ``--data.*`` (or a run's ``config.yaml`` through
+``--config``) overrides the first two. The results go to a JSON file of their own in the checkpoint's run
+directory (``test_results.json``, ``val_results.json``); the fit's ``results.json`` is left as it is.
 """
 
 from __future__ import annotations
@@ -15,18 +16,19 @@ from typing import Any, Literal
 
 from jsonargparse import ArgumentParser
 
-from .data import ImageClassificationData
 from .engine import FineTuner, atomic_write, default_precision
 from .runconfig import add_config_argument, parse_with_config
 from .rundir import RunDir
+from .tasks import DEFAULT_TASK, TASKS, Task
 
 __all__ = ["Split", "score", "score_parser"]
 
 Split = Literal["test", "validate"]
 
 
-def score_parser(command: Split) -> ArgumentParser:
-    """The command line of ``coretune test`` or ``coretune validate``."""
+def score_parser(command: Split, task: type[Task] | Task = TASKS[DEFAULT_TASK]) -> ArgumentParser:
+    """The command line of ``coretune test`` or ``coretune validate`` for a checkpoint of ``task`` (its data
+    module's options)."""
     split = "test" if command == "test" else "validation"
     parser = ArgumentParser(
         allow_abbrev=False,
@@ -37,7 +39,7 @@ def score_parser(command: Split) -> ArgumentParser:
     )
     add_config_argument(parser)
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
-    parser.add_class_arguments(ImageClassificationData, "data")
+    parser.add_class_arguments(task.data_class, "data")
     parser.add_argument(
         "--output",
         type=str | None,
@@ -58,9 +60,16 @@ def score(command: Split, args: Sequence[str]) -> Path:
     """Run ``coretune test`` or ``coretune validate`` with ``args``; print and return the results file."""
     import lightning as L
 
-    parser = score_parser(command)
-    cfg = parse_with_config(parser, args)
-    ckpt = Path(cfg.ckpt_path).resolve()
+    ckpt_path = _ckpt_path_arg(args)
+    if ckpt_path is None:  # the parser's own error (or --help)
+        parse_with_config(score_parser(command), args)
+        raise ValueError("pass --ckpt_path, a .ckpt written by coretune fit")
+    ckpt = Path(ckpt_path).resolve()
+    model = FineTuner.from_checkpoint(ckpt_path)
+    parser = score_parser(command, model.task)
+    parser.set_defaults({f"data.{key}": value for key, value in model.trained_data.items()})
+    # the checkpoint's settings as defaults: the command line still wins
+    cfg = parse_with_config(parser, args, task=model.task.name, checkpoint=ckpt_path)
     run = RunDir.of_checkpoint(ckpt)
     output = Path(cfg.output) if cfg.output else run.test_results if command == "test" else run.val_results
     if output.name == run.results.name and output.is_file():
@@ -68,10 +77,7 @@ def score(command: Split, args: Sequence[str]) -> Path:
             f"--output {output} would overwrite a fit's results.json, which coretune {command} leaves as it is: "
             "give another file name"
         )
-    model = FineTuner.from_checkpoint(cfg.ckpt_path)
-    parser.set_defaults({f"data.{key}": value for key, value in model.trained_data.items()})
-    cfg = parse_with_config(parser, args)  # the checkpoint's settings as defaults: the command line still wins
-    data = ImageClassificationData(**cfg.data.as_dict())
+    data = model.task.data_class(**cfg.data.as_dict())
     _check_classes(model, data, cfg.ckpt_path)
     trainer = L.Trainer(
         default_root_dir=str(output.parent), precision=cfg.precision, logger=False, enable_checkpointing=False
@@ -93,7 +99,17 @@ def score(command: Split, args: Sequence[str]) -> Path:
     return output
 
 
-def _check_classes(model: FineTuner, data: ImageClassificationData, ckpt_path: str) -> None:
+def _ckpt_path_arg(args: Sequence[str]) -> str | None:
+    """The value of the last ``--ckpt_path`` in ``args`` (the checkpoint, whose task decides the data options)."""
+    found = None
+    for arg, following in zip(args, [*args[1:], None], strict=True):
+        key, eq, value = arg.partition("=")
+        if key == "--ckpt_path":
+            found = value if eq else following
+    return found
+
+
+def _check_classes(model: FineTuner, data: Any, ckpt_path: str) -> None:
     """Refuse data whose classes are named otherwise than those the checkpoint was fine-tuned on (or ordered
     otherwise): its scores would compare the wrong labels. (Another number of classes is the model's own error.)"""
     names = model.class_names

@@ -1,4 +1,5 @@
-"""Domain generalization's task-specific pieces: accuracy per evaluation group (an unseen domain, a held-out part),
+"""Domain generalization (``--task domain_generalization``): leave-domains-out fine-tuning in DomainBed's layout,
+with DomainBed's model selection. Accuracy per evaluation group (an unseen domain, a held-out part),
 ``results.json``'s entry with the checkpoint the selection rule chose, and the run summary's line.
 
 Evaluation batches are ``(images, labels, group)`` with ``group`` indexing the data module's ``val_groups`` or
@@ -9,7 +10,9 @@ domains' held-out parts in test.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from statistics import fmean
 from typing import Any
 
@@ -18,9 +21,20 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from ..data.domains import SELECTIONS, EvalGroup
+from ..data.domains import SELECTIONS, DomainGeneralizationData, EvalGroup
+from ..objectives import Objective, ObjectiveOutput
+from ..rundir import RunDir
+from .base import Batch
+from .classification import ClassificationTask
 
-__all__ = ["GroupAccuracy", "domain_test_results", "domain_val_values", "selection_entry", "summary_text"]
+__all__ = [
+    "DomainGeneralizationTask",
+    "GroupAccuracy",
+    "domain_test_results",
+    "domain_val_values",
+    "selection_entry",
+    "summary_text",
+]
 
 
 class GroupAccuracy(Metric):
@@ -86,7 +100,8 @@ def domain_test_results(
       (the training-domain validation score of the tested checkpoint);
     - ``test_domains_heldout``: each unseen domain's held-out part, ``test_domain_val_top1`` their mean (the
       oracle's score);
-    - ``selection``: :func:`selection_entry` (the rule, oracle or not, the tested checkpoint); ``score`` its value.
+    - ``selection``: :func:`selection_entry` (the rule, oracle or not, the tested checkpoint: ``path``, ``epoch``
+      0-based as in ``metrics.csv``, ``step``); ``score`` its value.
     """
     values = {g: float(acc) for g, acc in zip(groups, accuracies.tolist(), strict=True)}
     unseen = {g.domain: v for g, v in values.items() if g.role == "test" and g.part == "in"}
@@ -119,3 +134,74 @@ def summary_text(test: dict[str, Any]) -> str:
         f"unseen domain(s): {unseen}; training domains' held-out parts: {heldout}; selection: {selection['name']} "
         f"({where}){oracle}"
     )
+
+
+class DomainGeneralizationTask(ClassificationTask):
+    """Domain generalization (``--task domain_generalization``): leave-domains-out data in DomainBed's layout
+    (:class:`~coretune.data.DomainGeneralizationData`) and the objective's classifier, as in classification.
+
+    Training batches carry domain labels (``extras["domains"]``), passed to the objectives whose ``forward`` takes
+    ``domains`` (Core-tuning and its presets); the others train on images and labels. Validation scores each training
+    domain's held-out part (``val/<domain>/top1``) and their mean (``val/top1``, which chooses ``best.ckpt``); the
+    test scores each :class:`~coretune.data.domains.EvalGroup` of the checkpoint the selection rule
+    (``--data.selection``) names (:func:`domain_test_results`).
+    """
+
+    name = "domain_generalization"
+    data_class = DomainGeneralizationData
+
+    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
+        super().__init__(settings)
+        self.val_groups: list[EvalGroup] = []
+        self.test_groups: list[EvalGroup] = []
+        self.selection = "training_domain_validation"
+
+    def check_data(self, datamodule: Any, stage: str) -> None:
+        """Take the evaluation groups and the selection rule of a :class:`DomainGeneralizationData`."""
+        if not isinstance(datamodule, DomainGeneralizationData):
+            raise ValueError(
+                f"--task domain_generalization reads DomainGeneralizationData (DomainBed's layout "
+                f"<root>/<domain>/<class>/<images>), not {type(datamodule).__name__}"
+            )
+        datamodule.setup()
+        self.val_groups, self.test_groups = datamodule.val_groups, datamodule.test_groups
+        self.selection = datamodule.selection
+
+    def unpack(self, batch: Any) -> Batch:
+        """``(images, labels, groups)``: the groups are training batches' domain labels and evaluation batches'
+        group indices; both ride in ``extras["domains"]``."""
+        return Batch(batch[0], batch[1], {"domains": batch[2]})
+
+    def loss(self, objective: Objective, features: Tensor, batch: Batch, inputs: Tensor) -> ObjectiveOutput:
+        """The objective's loss; the domain labels go to objectives whose ``forward`` takes ``domains``."""
+        takes_domains = "domains" in inspect.signature(objective.forward).parameters
+        return objective(features, batch.targets, inputs=inputs, **(batch.extras if takes_domains else {}))
+
+    def update_eval_metrics(self, metrics: Any, logits: Tensor, batch: Batch) -> None:
+        metrics.update(logits, batch.targets, batch.extras["domains"])
+
+    def val_metrics(self, num_classes: int) -> GroupAccuracy:
+        return GroupAccuracy()
+
+    def val_values(self, computed: Tensor) -> dict[str, Tensor]:  # type: ignore[override]
+        return domain_val_values(_padded(computed, len(self.val_groups)), self.val_groups)
+
+    def test_metrics(self, num_classes: int) -> GroupAccuracy:
+        return GroupAccuracy()
+
+    def test_results(self, computed: Tensor, class_names: list[str]) -> dict[str, Any]:  # type: ignore[override]
+        chosen = {k: v for k, v in self.tested_checkpoint.items() if v is not None}
+        return domain_test_results(_padded(computed, len(self.test_groups)), self.test_groups, self.selection, chosen)
+
+    def summary_line(self, test: Mapping[str, Any]) -> str:
+        return summary_text(dict(test))
+
+    def test_checkpoint(self, run_dir: Path) -> str | None:
+        """The selection rule's checkpoint: ``best.ckpt`` (the best ``val/top1``) or ``last.ckpt``."""
+        run = RunDir(run_dir)
+        return str(run.best_checkpoint if SELECTIONS[self.selection].checkpoint == "best" else run.last_checkpoint)
+
+
+def _padded(accuracies: Tensor, size: int) -> Tensor:
+    """``accuracies`` of groups ``0 … n-1`` extended with NaN to ``size`` groups (groups with no item seen)."""
+    return torch.cat([accuracies, accuracies.new_full((max(0, size - len(accuracies)),), float("nan"))])

@@ -72,10 +72,16 @@ def representable(lam: Tensor, dtype: torch.dtype) -> Tensor:
 
 @torch.no_grad()
 def _pair_indices(
-    features: Tensor, labels: Tensor, memory: Tensor | None, pool_labels: Tensor, generator: torch.Generator | None
+    features: Tensor,
+    labels: Tensor,
+    memory: Tensor | None,
+    pool_labels: Tensor,
+    generator: torch.Generator | None,
+    domains: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Hardest positive, hardest negative and random negative of the ``B`` anchors among the pool
-    ``[features; memory]`` (labels ``pool_labels``): ``B × (B + M)`` similarities at once."""
+    ``[features; memory]`` (labels ``pool_labels``): ``B × (B + M)`` similarities at once; with ``domains`` (no
+    memory) positives are mined within the anchor's domain."""
     b = labels.numel()
     with torch.autocast(device_type=features.device.type, enabled=False):  # bf16 similarities would tie
         dtype = torch.float64 if features.dtype == torch.float64 else torch.float32
@@ -95,6 +101,8 @@ def _pair_indices(
     eye = torch.eye(b, pool_labels.numel(), dtype=torch.bool, device=labels.device)
     anchor = torch.arange(b, device=labels.device)
     pos_cand = same & ~eye
+    if domains is not None:
+        pos_cand &= domains[:, None] == domains[None, :]
     neg_cand = ~same
     # torch.argmin / argmax return the first (lowest) index among ties.
     hardest_pos = sim.masked_fill(~pos_cand, float("inf")).argmin(dim=1)
@@ -138,6 +146,7 @@ def mine_hard_pairs(
     generator: torch.Generator | None = None,
     memory: Tensor | None = None,
     memory_labels: Tensor | None = None,
+    domains: Tensor | None = None,
 ) -> HardPairs:
     """Generate a hard positive and a hard negative for every anchor (paper §4.1, Appendix E thresholds).
 
@@ -167,6 +176,8 @@ def mine_hard_pairs(
         generator: source of every random draw.
         memory: ``(M, d)`` further candidate features (detached), or ``None``.
         memory_labels: ``(M,)`` their labels, in ``[0, num_classes)``.
+        domains: ``(B,)`` domain labels: the hardest positive is then mined among the anchor's class *and domain*
+            (``same_domain_positives`` of :class:`coretune.objectives.CoreTuning`); not with a memory.
     """
     if features.dim() != 2:
         raise ValueError(f"features must be (B, d), got shape {tuple(features.shape)}")
@@ -195,8 +206,14 @@ def mine_hard_pairs(
         memory = memory.detach().to(features.device)
         pool_labels = torch.cat([labels, memory_labels])
 
+    if domains is not None:
+        if memory is not None:
+            raise ValueError("domains restrict the in-batch positives: mine without a memory")
+        domains = domains.reshape(-1).to(labels.device)
+        if domains.numel() != labels.numel():
+            raise ValueError(f"{domains.numel()} domain labels for {labels.numel()} feature rows")
     b = labels.numel()
-    hp, hn, rn = _pair_indices(features, labels, memory, pool_labels, generator)
+    hp, hn, rn = _pair_indices(features, labels, memory, pool_labels, generator, domains)
     lam = beta_draws(2 * b, alpha, generator, features.device)
     lam_pos = representable(lam[:b].clamp(min=lambda_p), features.dtype)
     lam_neg = representable(lam[b:].clamp(min=lambda_n), features.dtype)

@@ -1,5 +1,6 @@
 """Optimisers and schedules (paper Appendix C): SGD + Nesterov, cosine / linear decay, warm-up."""
 
+import itertools
 import math
 from pathlib import Path
 
@@ -32,6 +33,14 @@ def test_linear_schedule_and_warmup() -> None:
 def test_poly_schedule_is_deeplabs() -> None:
     assert [lr_factor(s, 100, "poly") for s in (0, 50, 75, 100)] == pytest.approx([1.0, 0.5**0.9, 0.25**0.9, 0.0])
     assert lr_factor(60, 110, "poly", warmup_steps=10) == pytest.approx(0.5**0.9)
+
+
+def test_exponential_schedule_falls_tenfold_at_a_constant_rate() -> None:
+    factors = [lr_factor(s, 200, "exponential") for s in range(201)]
+    assert factors[0] == 1.0 and factors[100] == pytest.approx(0.1**0.5) and factors[200] == pytest.approx(0.1)
+    ratios = [b / a for a, b in itertools.pairwise(factors)]
+    assert ratios == pytest.approx([0.1 ** (1 / 200)] * 200)
+    assert lr_factor(4, 110, "exponential", warmup_steps=10) == pytest.approx(0.5)  # warm-up first
 
 
 def test_unknown_schedule_and_optimizer() -> None:

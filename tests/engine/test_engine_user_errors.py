@@ -723,7 +723,8 @@ def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path
     [
         (
             ["--model.task=detection"],
-            "invalid model settings: task must be one of classification, segmentation (got 'detection')",
+            "invalid model settings: task must be one of classification, segmentation, domain_generalization (got "
+            "'detection')",
         ),
         (["--objective=core", "--objective.eta=-0.1"], "invalid Core-tuning settings: eta must be >= 0 (got -0.1)"),
         (["--objective=core", "--objective.alpha=-1"], "invalid Core-tuning settings: alpha must be > 0 (got -1.0)"),

@@ -157,6 +157,7 @@ PAPER_DEFAULTS = {
     "generated_pairs": "all",
     "memory_size": 0,
     "memory_warmup_steps": 1000,
+    "same_domain_positives": False,  # domain generalization: positives by class across domains, as the paper
 }
 
 

@@ -75,8 +75,11 @@ def test_batch_extras_reach_the_objective_and_the_batch_transform_replaces_the_b
 
 
 def test_task_registry_and_the_task_of_a_command_line(tmp_path: Path) -> None:
-    assert list(TASKS) == ["classification", "segmentation"]
-    with pytest.raises(ValueError, match=r"^unknown task 'detection'; choose one of: classification, segmentation$"):
+    assert list(TASKS) == ["classification", "segmentation", "domain_generalization"]
+    with pytest.raises(
+        ValueError,
+        match=r"^unknown task 'detection'; choose one of: classification, segmentation, domain_generalization$",
+    ):
         get_task("detection")
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"model": {"task": "segmentation"}}))

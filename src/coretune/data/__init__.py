@@ -1,8 +1,9 @@
-"""Data for fine-tuning: the image-classification and segmentation LightningDataModules, their datasets,
-transforms and splits."""
+"""Data for fine-tuning: the image-classification, domain-generalization and segmentation LightningDataModules,
+their datasets, transforms and splits."""
 
 from .classification import ImageClassificationData
 from .datasets import ImageFileDataset, LabeledImageDataset, load_cifar
+from .domains import DomainGeneralizationData
 from .errors import DataError, ImageDecodeError
 from .images import (
     IMAGE_EXTENSIONS,
@@ -31,6 +32,7 @@ __all__ = [
     "IMAGENET_STD",
     "IMAGE_EXTENSIONS",
     "DataError",
+    "DomainGeneralizationData",
     "ImageClassificationData",
     "ImageDecodeError",
     "ImageFileDataset",

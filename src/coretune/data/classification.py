@@ -6,14 +6,12 @@ import os
 from typing import Literal, get_args
 
 import lightning as L
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
-from ..distributed import rank, world_size
 from .datasets import ImageFileDataset, LabeledImageDataset, OnBadImage, check_cifar_root, load_cifar
 from .errors import DataError
 from .images import require_folder, warn_skipped
-from .samplers import seeded_train_loader
+from .samplers import eval_loader, loader_options, seeded_train_loader
 from .splits import stratified_split, stratified_subset
 from .transforms import (
     IMAGENET_MEAN,
@@ -315,22 +313,11 @@ class ImageClassificationData(L.LightningDataModule):
         return self._eval_loader(ds)
 
     def _eval_loader(self, dataset: Dataset) -> DataLoader:
-        """In file order; under ``torch.distributed`` each process reads every W-th image, each image once (Lightning's
-        default ``DistributedSampler`` pads the split with repeated images to a multiple of W, so accuracies would
-        count up to W − 1 images twice)."""
-        sampler = None
-        if world_size() > 1:
-            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=False)
-        return DataLoader(
-            dataset, batch_size=self.eval_batch_size, shuffle=False, sampler=sampler, **self._loader_options()
-        )
+        """In file order, each image once (:func:`~.samplers.eval_loader`)."""
+        return eval_loader(dataset, self.eval_batch_size, **self._loader_options())
 
     def _loader_options(self) -> dict[str, object]:
-        return {
-            "num_workers": self.num_workers,
-            "pin_memory": self.pin_memory,
-            "persistent_workers": self.num_workers > 0,
-        }
+        return loader_options(self.num_workers, self.pin_memory)
 
 
 def _check_options(

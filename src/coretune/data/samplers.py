@@ -1,18 +1,33 @@
 """Reproducible shuffling and augmentation: every random draw of a training item depends only on
-``(seed, epoch, index)``, so a run resumed from a checkpoint sees exactly the batches of an uninterrupted one,
-whatever the number of loader workers."""
+``(seed, epoch, index)`` (or, for the balanced per-domain batches of domain generalization, on its place in the
+epoch), so a run resumed from a checkpoint sees exactly the batches of an uninterrupted one, whatever the number of
+loader workers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..distributed import rank, world_size
+from .errors import DataError
 
-__all__ = ["EpochShuffleSampler", "ResumableLoader", "SeededItems", "item_seed", "seeded_train_loader"]
+__all__ = [
+    "BalancedDomainSampler",
+    "EpochShuffleSampler",
+    "ResumableLoader",
+    "SeededItems",
+    "balanced_train_loader",
+    "eval_loader",
+    "item_seed",
+    "loader_options",
+    "seeded_train_loader",
+]
 
 
 def item_seed(seed: int, epoch: int, index: int) -> int:
@@ -20,7 +35,30 @@ def item_seed(seed: int, epoch: int, index: int) -> int:
     return ((seed * 1_000_003 + epoch) * 2_147_483_647 + index) % 2**63
 
 
-class EpochShuffleSampler(DistributedSampler):
+class _ResumableSampler(DistributedSampler):
+    """A training sampler whose epoch can start after its first items once (a mid-epoch resume,
+    :class:`ResumableLoader`). Being a ``DistributedSampler``, Lightning uses it as it is instead of wrapping it in a
+    sampler of its own."""
+
+    _skip: tuple[int, int] | None = None  # (epoch, items) to leave out once, after a mid-epoch resume
+
+    def skip_once(self, epoch: int, items: int) -> None:
+        """Leave out the first ``items`` keys of ``epoch`` the next time it is iterated (mid-epoch resume)."""
+        self._skip = (epoch, items)
+
+    def pending_skip(self) -> int:
+        """How many keys the next iteration leaves out (0 unless :meth:`skip_once` named the current epoch)."""
+        return self._skip[1] if self._skip is not None and self._skip[0] == self.epoch else 0
+
+    def _take_skip(self) -> int:
+        skip, self._skip = self.pending_skip(), None
+        return skip
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class EpochShuffleSampler(_ResumableSampler):
     """A permutation of ``range(n)`` per epoch, fixed by ``(seed, epoch)``; yields ``(index, item seed)`` keys.
 
     Lightning calls :meth:`set_epoch` before each epoch's first batch (also after resuming from a checkpoint).
@@ -63,18 +101,6 @@ class EpochShuffleSampler(DistributedSampler):
             full = n // block if drop_last and n >= block else -(-n // block)
             self.total_size = full * block
         self.num_samples = self.total_size // num_replicas
-        self._skip: tuple[int, int] | None = None  # (epoch, items) to leave out once, after a mid-epoch resume
-
-    def skip_once(self, epoch: int, items: int) -> None:
-        """Leave out the first ``items`` keys of ``epoch`` the next time it is iterated (mid-epoch resume)."""
-        self._skip = (epoch, items)
-
-    def pending_skip(self) -> int:
-        """How many keys the next iteration leaves out (0 unless :meth:`skip_once` named the current epoch)."""
-        return self._skip[1] if self._skip is not None and self._skip[0] == self.epoch else 0
-
-    def __len__(self) -> int:
-        return self.num_samples
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
@@ -83,9 +109,86 @@ class EpochShuffleSampler(DistributedSampler):
             order = (order * -(-self.total_size // max(self.n, 1)))[: self.total_size]
             b, w = self.batch_size, self.num_replicas
             order = [i for start in range(self.rank * b, self.total_size, w * b) for i in order[start : start + b]]
-        skip, self._skip = self.pending_skip(), None
-        for index in order[skip:]:
+        for index in order[self._take_skip() :]:
             yield index, item_seed(self.seed, self.epoch, index)
+
+
+class BalancedDomainSampler(_ResumableSampler):
+    """Training keys in batches that draw an equal share from every training domain (DomainBed's per-domain
+    loaders, as one sampler): each run of ``batch_size`` keys holds ``batch_size / D`` items of each of the ``D``
+    domains, domain by domain; yields ``(index, item seed)`` keys for :class:`SeededItems`.
+
+    Each domain is read as an endless stream of seeded permutations of its items (permutation ``k`` of domain ``d``
+    fixed by ``(seed, d, k)``), so every item of a domain is drawn once before any is drawn again, whatever the
+    domains' sizes; an epoch is ``steps_per_epoch`` steps (domain generalization counts steps, not passes over the
+    data), and step ``t``'s items are the stream's positions ``t · share · W …`` onwards: they depend on the step
+    alone, so a resumed run draws exactly the batches of an uninterrupted one. The item seed of stream position
+    ``p`` of domain ``d`` is ``item_seed(seed, d, p)``.
+
+    Data-parallel runs (``num_replicas = W > 1``): at each step rank ``r`` takes the ``r``-th block of ``share``
+    positions of every domain's stream, so the ``W`` batches of a step are disjoint and each is balanced; together
+    they are the balanced batch of ``W · batch_size`` items a single process would draw with that batch size, with
+    the same augmentation draws.
+
+    Args:
+        domain_indices: for each training domain, the dataset indices of its items (every domain non-empty).
+        batch_size: per-process batch size, a multiple of the number of domains.
+        steps_per_epoch: batches per epoch.
+        seed: seed of the permutations and (through :func:`item_seed`) of each item's augmentation.
+        num_replicas: number of processes ``W``.
+        rank: this process's rank in ``[0, W)``.
+
+    Raises:
+        DataError: ``batch_size`` is not a multiple of the number of domains, or a domain has no item.
+    """
+
+    def __init__(
+        self,
+        domain_indices: Sequence[Sequence[int]],
+        batch_size: int,
+        steps_per_epoch: int,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ) -> None:
+        domains = len(domain_indices)
+        if domains < 1 or any(len(indices) == 0 for indices in domain_indices):
+            raise DataError(f"every training domain needs items, got {[len(i) for i in domain_indices]} per domain")
+        if batch_size < domains or batch_size % domains:
+            lower = max(domains, batch_size - batch_size % domains)
+            raise DataError(
+                f"batch_size {batch_size} does not split equally over the {domains} training domains: use a "
+                f"multiple of {domains}, e.g. {lower} or {lower + domains} (DomainBed draws 32 per domain: "
+                f"{32 * domains})"
+            )
+        if steps_per_epoch < 1:
+            raise DataError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+        size = sum(len(indices) for indices in domain_indices)
+        super().__init__(range(size), num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.domain_indices = [np.asarray(indices, dtype=np.int64) for indices in domain_indices]
+        self.batch_size, self.steps_per_epoch = batch_size, steps_per_epoch
+        self.share = batch_size // domains
+        self.num_samples = steps_per_epoch * batch_size
+        self.total_size = self.num_samples * num_replicas
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return itertools.islice(self._keys(), self._take_skip(), None)
+
+    def _keys(self) -> Iterator[tuple[int, int]]:
+        cache: dict[tuple[int, int], np.ndarray] = {}  # (domain, permutation number) → permutation
+
+        def item(domain: int, position: int) -> int:
+            indices = self.domain_indices[domain]
+            key = (domain, position // len(indices))
+            if key not in cache:
+                cache[key] = np.random.default_rng([self.seed, domain, key[1]]).permutation(indices)
+            return int(cache[key][position % len(indices)])
+
+        for step in range(self.epoch * self.steps_per_epoch, (self.epoch + 1) * self.steps_per_epoch):
+            start = (step * self.num_replicas + self.rank) * self.share
+            for domain in range(len(self.domain_indices)):
+                for position in range(start, start + self.share):
+                    yield item(domain, position), item_seed(self.seed, domain, position)
 
 
 class SeededItems(Dataset):
@@ -106,7 +209,8 @@ class SeededItems(Dataset):
 
 
 class ResumableLoader(DataLoader):
-    """A training ``DataLoader`` over an :class:`EpochShuffleSampler` that resumes mid-epoch exactly.
+    """A training ``DataLoader`` over an :class:`EpochShuffleSampler` (or :class:`BalancedDomainSampler`) that
+    resumes mid-epoch exactly.
 
     Lightning stores :meth:`state_dict` (the epoch and how many batches of it were handed out) in every
     checkpoint and, when a run restarts from a mid-epoch checkpoint, passes it back to :meth:`load_state_dict`:
@@ -114,7 +218,7 @@ class ResumableLoader(DataLoader):
     would have come next. Batches are counted as they are handed to the training loop, not as workers prefetch.
     """
 
-    sampler: EpochShuffleSampler
+    sampler: _ResumableSampler
     _position: tuple[int, int] = (0, 0)  # (epoch, batches handed out in it)
 
     def __iter__(self) -> Iterator[Any]:  # a generator: runs at the first batch, after Lightning's set_epoch
@@ -143,3 +247,30 @@ def seeded_train_loader(dataset: Dataset, batch_size: int, seed: int, **loader_o
     return ResumableLoader(
         SeededItems(dataset), batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_options
     )
+
+
+def balanced_train_loader(
+    dataset: Dataset, domain_indices: Sequence[Sequence[int]], batch_size: int, steps_per_epoch: int, seed: int,
+    **loader_options: Any,
+) -> ResumableLoader:  # fmt: skip
+    """The training loader of domain generalization: ``steps_per_epoch`` batches per epoch, each with an equal share
+    of every training domain (:class:`BalancedDomainSampler`; ``domain_indices`` lists each domain's items of
+    ``dataset``), augmented by :class:`SeededItems`, dealt to the ``torch.distributed`` processes, resumable
+    mid-epoch. ``loader_options`` go to the ``DataLoader``."""
+    sampler = BalancedDomainSampler(domain_indices, batch_size, steps_per_epoch, seed, world_size(), rank())
+    return ResumableLoader(SeededItems(dataset), batch_size=batch_size, sampler=sampler, **loader_options)
+
+
+def loader_options(num_workers: int, pin_memory: bool) -> dict[str, Any]:
+    """The ``DataLoader`` options of the data modules' loaders (workers kept alive between epochs)."""
+    return {"num_workers": num_workers, "pin_memory": pin_memory, "persistent_workers": num_workers > 0}
+
+
+def eval_loader(dataset: Dataset, batch_size: int, **loader_options: Any) -> DataLoader:
+    """An evaluation loader, in dataset order; under ``torch.distributed`` each process reads every W-th item, each
+    item once (Lightning's default ``DistributedSampler`` pads the split with repeated items to a multiple of W, so
+    accuracies would count up to W − 1 images twice)."""
+    sampler = None
+    if world_size() > 1:
+        sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=False)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, sampler=sampler, **loader_options)

@@ -1,9 +1,10 @@
 """The paper's pre-processing (Appendix C, after SimCLR and Kornblith et al. 2019), with torchvision v2.
 
 Training: random resized crop to ``image_size`` and horizontal flip (plus an optional random rotation, which
-the paper adds for some data sets such as CIFAR-10). Evaluation: resize the shorter side to
-``image_size·256/224`` and take the central ``image_size`` crop (256 → 224 at the paper's resolution). Both
-upsample small images.
+the paper adds for some data sets such as CIFAR-10, and the colour jitter and random greyscale of domain
+generalization). Evaluation: resize the shorter side to ``image_size·256/224`` and take the central ``image_size``
+crop (256 → 224 at the paper's resolution), or (domain generalization, as DomainBed) resize the whole image to
+``image_size × image_size``. Both upsample small images.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = [
     "eval_draft_size",
     "eval_resize_size",
     "eval_transform",
+    "resize_transform",
     "train_draft_size",
     "train_transform",
 ]
@@ -43,12 +45,17 @@ def train_transform(
     rotation: float = 0.0,
     crop_scale: tuple[float, float] = _CROP_SCALE,
     hflip: bool = True,
+    color_jitter: float = 0.0,
+    grayscale: float = 0.0,
 ) -> v2.Compose:
     """PIL RGB image → normalised float tensor (3, image_size, image_size) with training augmentation.
 
     A random resized crop covering ``crop_scale`` of the image area (the paper's 8–100% by default), a horizontal
     flip if ``hflip``, and with ``rotation`` > 0 a rotation by a uniform angle in [-rotation, rotation] degrees
-    after the crop; the corners it uncovers are filled with the mean colour, i.e. zero after normalisation.
+    after the crop; the corners it uncovers are filled with the mean colour, i.e. zero after normalisation. Then,
+    with ``color_jitter`` > 0, a random brightness, contrast, saturation and hue change of that strength (hue at
+    most 0.5), and with ``grayscale`` > 0 a conversion to grey with that probability: DomainBed's augmentation of
+    domain generalization is ``crop_scale=(0.7, 1.0)``, ``color_jitter=0.3``, ``grayscale=0.1``.
     """
     steps: list[v2.Transform] = [
         v2.RandomResizedCrop(image_size, scale=tuple(crop_scale), ratio=_CROP_RATIO, antialias=True),
@@ -57,6 +64,10 @@ def train_transform(
         steps.append(v2.RandomHorizontalFlip())
     if rotation > 0:
         steps.append(v2.RandomRotation(rotation, fill=tuple(round(255 * m) for m in mean)))
+    if color_jitter > 0:
+        steps.append(v2.ColorJitter(color_jitter, color_jitter, color_jitter, min(color_jitter, 0.5)))
+    if grayscale > 0:
+        steps.append(v2.RandomGrayscale(grayscale))
     return v2.Compose(steps + _to_normalized_tensor(mean, std))
 
 
@@ -95,6 +106,16 @@ def eval_transform(
             *_to_normalized_tensor(mean, std),
         ]
     )
+
+
+def resize_transform(
+    image_size: int,
+    mean: tuple[float, float, float] = IMAGENET_MEAN,
+    std: tuple[float, float, float] = IMAGENET_STD,
+) -> v2.Compose:
+    """PIL RGB image → normalised float tensor (3, image_size, image_size): the whole image resized to a square,
+    no crop (DomainBed's evaluation transform; JPEG draft size: ``image_size``)."""
+    return v2.Compose([v2.Resize((image_size, image_size), antialias=True), *_to_normalized_tensor(mean, std)])
 
 
 def train_draft_size(image_size: int, crop_scale: tuple[float, float] = _CROP_SCALE) -> int:

@@ -175,7 +175,8 @@ class FitCLI(RunDirCLI):
     def after_fit(self) -> None:
         if self.trainer.interrupted:
             return
-        self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
+        tested = self.model.task.test_checkpoint(Path(self.trainer.default_root_dir))
+        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=tested, verbose=False)
         if self.trainer.is_global_zero:
             _print_run_summary(Path(self.trainer.default_root_dir), self.model.task)
 

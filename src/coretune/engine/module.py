@@ -210,6 +210,15 @@ def _data_problem(data: Any) -> str | None:
     return None
 
 
+def _written_at(checkpoint: dict[str, Any], path: str | Path | None) -> dict[str, Any]:
+    """Where a Lightning checkpoint was written: its ``path``, ``epoch`` (0-based) and ``step``."""
+    return {
+        "path": None if path is None else str(path),
+        "epoch": checkpoint.get("epoch"),
+        "step": checkpoint.get("global_step"),
+    }
+
+
 def _preview(value: Any, show: int = 4) -> str:
     """``repr(value)``, a long list cut to its first ``show`` items (for messages)."""
     if isinstance(value, list) and len(value) > show:
@@ -306,6 +315,7 @@ class FineTuner(L.LightningModule):
         self.class_names: list[str] | None = None
         self._watch: _OutputWatch | None = None  # the current evaluation epoch's outputs (collapse check)
         self.checkpoint_info: dict[str, Any] = {}  # the checkpoint's 'coretune' entry (from_checkpoint)
+        self.loaded_checkpoint: dict[str, Any] = {}  # the path, epoch and step of the checkpoint last loaded
         if channels_last:
             self.backbone.to(memory_format=torch.channels_last)
         if freeze_backbone:
@@ -376,6 +386,8 @@ class FineTuner(L.LightningModule):
         """Refuse the checkpoint of another model before its tensors are copied in (torch would only say that
         tensor sizes differ): a resumed run whose data gained or lost a class, another backbone or objective."""
         meta = checkpoint.get("coretune") or {}
+        path = self._trainer.ckpt_path if self._trainer is not None else None
+        self.loaded_checkpoint = _written_at(checkpoint, path)
         objective = f"{type(self.objective).__module__}.{type(self.objective).__qualname__}"
         differ = [
             f"{name} {old} → {new}"
@@ -438,6 +450,7 @@ class FineTuner(L.LightningModule):
                 f"({' '.join(str(err).split())[:300]}): the file is damaged; use the run's other checkpoint"
             ) from err
         model.checkpoint_info = meta
+        model.loaded_checkpoint = _written_at(ckpt, path)
         return model.to(map_location)
 
     # -- steps ----------------------------------------------------------------------------------------------
@@ -505,7 +518,7 @@ class FineTuner(L.LightningModule):
         loss = self.task.eval_loss(logits, y)
         self._watch_outputs("validation", x, logits, batch_idx, loss)
         self.log("val/loss", loss, on_step=False, on_epoch=True, batch_size=y.shape[0], sync_dist=True)
-        self.val_metrics.update(logits, y)
+        self.task.update_eval_metrics(self.val_metrics, logits, unpacked)
 
     def on_validation_epoch_end(self) -> None:
         self._check_collapse("validation")
@@ -519,7 +532,13 @@ class FineTuner(L.LightningModule):
         x, y = unpacked.inputs, unpacked.targets
         logits = self(x)
         self._watch_outputs("test", x, logits, batch_idx, self.task.eval_loss(logits, y))
-        self.test_metrics.update(logits, y)
+        self.task.update_eval_metrics(self.test_metrics, logits, unpacked)
+
+    def on_test_start(self) -> None:
+        # the weights under test: a checkpoint loaded for it (trainer.test(ckpt_path=…), from_checkpoint), or the
+        # model's own
+        tested = self._trainer is not None and self._trainer.ckpt_path is not None
+        self.task.tested_checkpoint = dict(self.loaded_checkpoint) if tested or self.checkpoint_info else {}
 
     def on_test_epoch_end(self) -> None:
         self._check_collapse("test")

@@ -1,5 +1,5 @@
-"""Optimisers and learning-rate schedules of the paper (Appendix C): SGD + Nesterov, cosine or linear decay; Adam;
-DeepLab's poly decay for segmentation."""
+"""Optimisers and learning-rate schedules of the paper (Appendix C): SGD + Nesterov, cosine or linear decay; Adam
+with exponential decay (domain generalization); DeepLab's poly decay for segmentation."""
 
 from __future__ import annotations
 
@@ -10,13 +10,17 @@ from typing import Literal
 import torch
 from torch import nn
 
-__all__ = ["Schedule", "build_optimizer", "lr_factor", "optimizer_problems"]
+__all__ = ["EXPONENTIAL_FINAL_FACTOR", "Schedule", "build_optimizer", "lr_factor", "optimizer_problems"]
 
 OptimizerName = Literal["sgd", "adam", "adamw"]
-Schedule = Literal["cosine", "linear", "poly", "constant"]
+Schedule = Literal["cosine", "linear", "poly", "constant", "exponential"]
 
 POLY_POWER = 0.9
 """The exponent of the poly schedule (DeepLab: ``(1 - step / total) ** 0.9``)."""
+
+#: Where the ``exponential`` schedule ends, as a fraction of the base lr: Appendix C decays domain generalization's
+#: Adam lr "via the exponential learning rate decay" without a rate, so the lr falls tenfold over the run.
+EXPONENTIAL_FINAL_FACTOR = 0.1
 
 
 def optimizer_problems(lr: float, weight_decay: float, momentum: float, warmup_epochs: float) -> list[str]:
@@ -52,7 +56,8 @@ def build_optimizer(
 
 def lr_factor(step: int, total_steps: int, schedule: Schedule = "cosine", warmup_steps: int = 0) -> float:
     """Multiplier of the base lr at ``step``: linear warm-up, then cosine (default), linear or poly
-    (``(1 - progress) ** 0.9``, DeepLab's) decay to 0, or constant."""
+    (``(1 - progress) ** 0.9``, DeepLab's) decay to 0, constant, or exponential decay
+    ``EXPONENTIAL_FINAL_FACTOR ** progress`` (a constant rate per step, ending at a tenth)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
@@ -64,4 +69,6 @@ def lr_factor(step: int, total_steps: int, schedule: Schedule = "cosine", warmup
         return 1.0 - progress
     if schedule == "poly":
         return (1.0 - progress) ** POLY_POWER
-    raise ValueError(f"unknown schedule {schedule!r}; choose 'cosine', 'linear', 'poly' or 'constant'")
+    if schedule == "exponential":
+        return EXPONENTIAL_FINAL_FACTOR**progress
+    raise ValueError(f"unknown schedule {schedule!r}; choose 'cosine', 'linear', 'poly', 'constant' or 'exponential'")

@@ -59,6 +59,14 @@ class CoreTuning(Objective):
       share the anchor's class (unless ``original_positives=False``). Like MoCo's and XBM's memory they pass
       through the *current* projection head, without gradient (to the encoder or to the head): they are keys.
 
+    Domains (domain generalization, whose batches carry domain labels, ``forward(..., domains=d)``): by default
+    positives are by class across domains, as in the paper's DG experiments (§5.3). With
+    ``same_domain_positives=True`` an anchor's positives among the batch's rows are its class's samples *of its own
+    domain*, its hardest positive is mined among them, and samples of its class from other domains are left out of
+    its contrast altogether (``A_i``, neither positive nor negative: as negatives they would push a class's domains
+    apart, against what domain generalization wants); other classes' samples of every domain stay negatives. It
+    needs no cross-batch memory (the memory keeps no domain labels).
+
     Memory rows go stale as the encoder trains. As XBM (Wang et al., CVPR 2020, whose sample configuration starts
     the memory at iteration 1,000 of 35,000 of fine-tuning an ImageNet-pretrained encoder, once the features
     drift slowly) the memory is neither read nor written during the first ``memory_warmup_steps`` training steps
@@ -80,6 +88,7 @@ class CoreTuning(Objective):
         generated_pairs: ``"all"`` or ``"own"`` generated rows in each anchor's ``A_i`` (see above).
         memory_size: rows ``N >= 0`` of the cross-batch memory; 0 turns it off.
         memory_warmup_steps: training steps before the memory is used and filled.
+        same_domain_positives: restrict positives to the anchor's domain (see above; needs domain labels).
     """
 
     def __init__(
@@ -100,6 +109,7 @@ class CoreTuning(Objective):
         generated_pairs: GeneratedPairs = "all",
         memory_size: int = 0,
         memory_warmup_steps: int = 1000,
+        same_domain_positives: bool = False,
     ) -> None:
         super().__init__()
         problems = []
@@ -134,6 +144,10 @@ class CoreTuning(Objective):
             problems.append("memory_size > 0 needs mixing='hard' or eta > 0 (nothing would use the memory)")
         if memory_warmup_steps < 0:
             problems.append(f"memory_warmup_steps must be >= 0 (got {memory_warmup_steps})")
+        if same_domain_positives and memory_size > 0:
+            problems.append("same_domain_positives needs memory_size 0 (the memory keeps no domain labels)")
+        elif same_domain_positives and mixing != "hard" and eta == 0:
+            problems.append("same_domain_positives needs mixing='hard' or eta > 0 (no positives are used)")
         if problems:
             raise ValueError("invalid Core-tuning settings: " + "; ".join(problems))
         self.eta, self.temperature, self.alpha = eta, temperature, alpha
@@ -143,6 +157,7 @@ class CoreTuning(Objective):
         self.classifier_pairs, self.original_positives = classifier_pairs, original_positives
         self.gather, self.generated_pairs = gather, generated_pairs
         self.memory_size, self.memory_warmup_steps = memory_size, memory_warmup_steps
+        self.same_domain_positives = same_domain_positives
         self.generator: torch.Generator | None = None
 
     def build_heads(self, feature_dim: int, num_classes: int) -> None:
@@ -175,9 +190,19 @@ class CoreTuning(Objective):
         mixed = lam.to(z.dtype)[:, None] * z + (1 - lam.to(z.dtype))[:, None] * z[perm]
         return mixed, lam[:, None] * onehot + (1 - lam[:, None]) * onehot[perm]
 
-    def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
+    def forward(
+        self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None, domains: Tensor | None = None
+    ) -> ObjectiveOutput:
+        """The training loss; ``domains`` ``(B,)`` are the rows' domain labels (used by ``same_domain_positives``)."""
         self._check_built()
+        if self.same_domain_positives and domains is None:
+            raise ValueError(
+                "same_domain_positives needs the batches' domain labels: fine-tune with --task domain_generalization"
+            )
         features, labels, rows = gather_batch(features, labels) if self.gathers else (features, labels, slice(None))
+        if self.same_domain_positives and self.gathers:
+            domains = gather_rows(domains)
+        domains = domains if self.same_domain_positives else None
         b = features.shape[0]
         generated: list[Tensor] = []
         targets: list[Tensor] = []
@@ -195,6 +220,7 @@ class CoreTuning(Objective):
                 self.generator,
                 memory_features,
                 memory_labels,
+                domains,
             )
             if self.classifier_pairs == "both":
                 generated, targets = [pairs.pos_features], [pairs.pos_targets]
@@ -225,8 +251,11 @@ class CoreTuning(Objective):
                     keys = F.normalize(self.projector(memory_features.to(contrast_rows.dtype)).float(), dim=1)
                 same = labels[:, None] == memory_labels[None, :]
                 pos_mask = torch.cat([pos_mask, same if self.original_positives else torch.zeros_like(same)], dim=1)
-            own = own_pairs_mask(b, pos_mask.shape[1] - 3 * b, v.device) if self.generated_pairs == "own" else None
-            con = contrastive_loss(v, pos_mask, self.temperature, self.focal, own, keys)
+            contrast = own_pairs_mask(b, pos_mask.shape[1] - 3 * b, v.device) if self.generated_pairs == "own" else None
+            if domains is not None:
+                kept = ~_other_domains_of_class(labels, domains, pos_mask.shape[1])
+                pos_mask, contrast = pos_mask & kept, kept if contrast is None else contrast & kept
+            con = contrastive_loss(v, pos_mask, self.temperature, self.focal, contrast, keys)
             loss = loss + self.eta * con
             terms["con"] = con.detach()
         if self.memory_size > 0:
@@ -234,6 +263,15 @@ class CoreTuning(Objective):
         terms["loss"] = loss.detach()
         self._remember(features.detach(), labels, self.gathers)
         return ObjectiveOutput(loss, logits[rows], terms)
+
+
+def _other_domains_of_class(labels: Tensor, domains: Tensor, width: int) -> Tensor:
+    """``(B, width)``: the batch's rows ``j < B`` of anchor ``i``'s class from another domain (later columns:
+    generated rows, never set)."""
+    b = labels.numel()
+    same_class = labels[:, None] == labels[None, :]
+    other_domain = domains.reshape(-1)[:, None] != domains.reshape(-1)[None, :]
+    return torch.cat([same_class & other_domain, same_class.new_zeros(b, width - b)], dim=1)
 
 
 TABLE2_ROWS: tuple[tuple[str, str], ...] = (

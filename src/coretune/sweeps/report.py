@@ -1,6 +1,6 @@
-"""A sweep's report: the tables of mean ± std top-1 in the layouts of the paper's Tables 1, 2 and 4, the differences
-from the baseline row, and the files ``summary.md``, ``summary.csv``, ``runs.csv`` and ``curves.csv`` (with the plots
-of :mod:`.plots`)."""
+"""A sweep's report: the tables of mean ± std top-1 in the layouts of the paper's Tables 1, 2, 4 and 7, the
+differences from the baseline row, and the files ``summary.md``, ``summary.csv``, ``runs.csv`` and ``curves.csv``
+(with the plots of :mod:`.plots`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,39 @@ _TITLES = {
     "table2": "{metric} (%) of the ablation rows of the paper's Table 2 (Core-tuning is the last row)",
     "table4": "{metric} (%) of each fine-tuning method (rows) against the fraction of labels used, as in the "
     "paper's table of various numbers of labeled data",
+    "table7": "Domain generalization: {metric} (%) on the unseen domain of each leave-one-domain-out split "
+    "(columns: the held-out domain), as in the paper's Table 7 (Avg.: each seed's mean over the domains)",
 }
+
+
+def _seed_average(row: list[Cell]) -> Cell:
+    """The mean over a row's columns of each seed that finished in every column (Table 7's Avg.), as a cell."""
+    by_seed = [dict(zip(cell.seeds, cell.values, strict=True)) for cell in row]
+    seeds = [s for s in row[0].seeds if all(s in values for values in by_seed)] if row else []
+    averages = tuple(float(np.mean([values[s] for values in by_seed])) for s in seeds)
+    return Cell(row[0].objective, "avg", row[0].label_fraction, averages, tuple(seeds))
+
+
+def _selection_note(spec: BenchSpec) -> list[str]:
+    """For runs that record a model-selection rule (domain generalization): which rule chose their checkpoints, an
+    oracle said to be one."""
+    from ..rundir import RunDir
+
+    rules = {}
+    for run in spec.runs():
+        selection = (RunDir(run.run_dir).read_results().get("test") or {}).get("selection")
+        if isinstance(selection, dict) and "name" in selection:
+            rules[selection["name"]] = bool(selection.get("oracle"))
+    if not rules:
+        return []
+    names = ", ".join(sorted(rules))
+    oracle = (
+        " **ORACLE**: checkpoints scored with the unseen domains' own held-out images, not a fair comparison with "
+        "methods that never see them."
+        if any(rules.values())
+        else ""
+    )
+    return ["", f"Model selection: {names}.{oracle}"]
 
 
 def _markdown(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> str:
@@ -50,9 +82,12 @@ def _markdown(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout
         texts = [
             f"**{c.text()}**" if c.n and c.mean == best[col] else c.text() for c, col in zip(row, cols, strict=True)
         ]
-        if with_avg:
+        if with_avg and spec.table == "table7":
+            texts.append(_seed_average(row).text())
+        elif with_avg:
             texts.append(f"{np.mean([c.mean for c in row]):.2f}" if all(c.n for c in row) else "–")
         lines.append(f"| {label} | " + " | ".join(texts) + " |")
+    lines[3:3] = _selection_note(spec)
     lines += _reconstructed_note(cells, layout)
     lines += _significance(spec, cells, layout)
     return "\n".join(lines) + "\n"
@@ -117,12 +152,16 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
-def _summary_rows(cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> list[dict[str, Any]]:
+def _summary_rows(
+    spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: TableLayout
+) -> list[dict[str, Any]]:
     rows = []
     for name, label in layout.rows:
         row: dict[str, Any] = {"method": label, "objective": name}
-        for col, col_label in layout.columns:
-            cell = cells[(name, *col)]
+        columns = [(cells[(name, *col)], col_label) for col, col_label in layout.columns]
+        if spec.table == "table7" and len(columns) > 1:
+            columns.append((_seed_average([cell for cell, _ in columns]), "Avg."))
+        for cell, col_label in columns:
             row[f"{col_label} mean (%)"] = "" if not cell.n else round(cell.mean, 4)
             row[f"{col_label} std (%)"] = "" if cell.n < 2 else round(cell.std, 4)
             row[f"{col_label} n"] = cell.n
@@ -142,7 +181,7 @@ def write_summary(spec: BenchSpec) -> tuple[str, list[Path]]:
     markdown = _markdown(spec, cells, layout)
     paths = [spec.output / "runs.csv", spec.output / "summary.csv", spec.output / "summary.md"]
     _write_csv(paths[0], [run.csv_row(spec.metric) for run in runs])
-    _write_csv(paths[1], _summary_rows(cells, layout))
+    _write_csv(paths[1], _summary_rows(spec, cells, layout))
     paths[2].write_text(markdown)
     if any(cell.n for cell in cells.values()):
         paths += _plot(spec, cells, layout)

@@ -3,14 +3,26 @@
 
 from .base import Batch, Task
 from .classification import ClassificationTask
+from .domain_generalization import DomainGeneralizationTask
 from .segmentation import SegmentationTask
 
-__all__ = ["DEFAULT_TASK", "TASKS", "Batch", "ClassificationTask", "SegmentationTask", "Task", "get_task"]
+__all__ = [
+    "DEFAULT_TASK",
+    "TASKS",
+    "Batch",
+    "ClassificationTask",
+    "DomainGeneralizationTask",
+    "SegmentationTask",
+    "Task",
+    "get_task",
+]
 
 DEFAULT_TASK = ClassificationTask.name
 """The task of ``coretune fit`` without ``--task``, and of checkpoints that record none."""
 
-TASKS: dict[str, type[Task]] = {ClassificationTask.name: ClassificationTask, SegmentationTask.name: SegmentationTask}
+TASKS: dict[str, type[Task]] = {
+    task.name: task for task in (ClassificationTask, SegmentationTask, DomainGeneralizationTask)
+}
 """The tasks :class:`coretune.engine.FineTuner` accepts (``task=``, ``coretune fit --task NAME``), by name."""
 
 

@@ -75,6 +75,9 @@ class Task:
         """``settings``: the :class:`~coretune.engine.FineTuner` settings (its ``hparams``); a task reads the ones
         it takes."""
         self.settings = dict(settings or {})
+        #: Where the weights under test were written, set by the engine before each test: the checkpoint's ``path``,
+        #: ``epoch`` (0-based) and ``step``; empty when they are the model's own weights in memory.
+        self.tested_checkpoint: dict[str, Any] = {}
 
     # -- the network ----------------------------------------------------------------------------------------
     def build_backbone(self, backbone: str, **options: Any) -> Encoder:
@@ -111,6 +114,11 @@ class Task:
         """The training loss of a batch: ``objective(features, targets, inputs=inputs, **extras)``."""
         return objective(features, batch.targets, inputs=inputs, **batch.extras)
 
+    def update_eval_metrics(self, metrics: Any, logits: Tensor, batch: Batch) -> None:
+        """Update validation or test metrics with a batch's logits (``metrics.update(logits, targets)`` by default;
+        a task whose metrics need the batch's extras overrides it)."""
+        metrics.update(logits, batch.targets)
+
     def predict(self, objective: Objective, features: Tensor, x: Tensor) -> Tensor:
         """Logits of images ``x`` from their :meth:`features`."""
         return objective.predict(features)
@@ -144,6 +152,11 @@ class Task:
     def summary_line(self, test: Mapping[str, Any]) -> str:
         """The run summary's line of results (``coretune fit``'s end) from ``results.json``'s ``test`` entry."""
         raise NotImplementedError
+
+    def test_checkpoint(self, run_dir: Path) -> str | None:
+        """The checkpoint ``coretune fit`` tests once training ends (a path, or Lightning's ``"best"``); ``None``
+        (default): the final weights, in memory."""
+        return None
 
     def write_figures(self, module: L.LightningModule, datamodule: Any, run_dir: Path) -> list[Path]:
         """Write the task's figures besides the learning curve into ``run_dir`` (none by default)."""

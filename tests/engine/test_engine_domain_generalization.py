@@ -1,0 +1,197 @@
+"""Domain generalization through the real command line: ``coretune fit --task domain_generalization`` on tiny
+generated multi-domain trees, every objective, domain labels reaching the objectives, the reports of each selection
+rule, ``coretune test`` of its checkpoint, the configs, the one-line errors and a Table 7 bench sweep."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from coretune import objectives
+from coretune.cli import main
+from coretune.data.domains import DomainGeneralizationData
+from coretune.engine import read_metrics
+from coretune.engine.fitcli import resolved_fit_config
+from coretune.objectives import CETuning
+from coretune.tasks import Batch, DomainGeneralizationTask
+from domain_trees import make_domain_tree
+from fit_flags import QUIET
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = [
+    "--task", "domain_generalization", "--model.backbone=small_cnn", "--data.image_size=16", "--data.batch_size=6",
+    "--data.steps_per_epoch=3", *QUIET,
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 domains (art, cartoon, photo, sketch) × 3 shapes × 5 images of 16 px."""
+    return make_domain_tree(tmp_path_factory.mktemp("dg") / "tree", size=16)
+
+
+def fit(tree: Path, run_dir: Path, *args: str) -> dict[str, Any]:
+    main(["fit", *TINY, f"--data.root={tree}", "--data.test_domains=photo", f"--run_dir={run_dir}", *args])
+    return json.loads((run_dir / "results.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(objectives.available()))
+def test_every_objective_fits_with_domain_batches(name: str, tree: Path, tmp_path: Path) -> None:
+    results = fit(tree, tmp_path / name, "--objective", name, "--trainer.max_epochs=1")
+    test = results["test"]
+    assert set(test["test_domains"]) == {"photo"} and 0.0 <= test["top1"] <= 1.0
+    assert set(test["training_domains_heldout"]) == {"art", "cartoon", "sketch"}
+    assert len(read_metrics(tmp_path / name / "metrics.csv")) == 1
+
+
+def test_domain_labels_reach_the_objectives_that_take_them(tree: Path, tmp_path: Path) -> None:
+    # same-domain positives need the batches' domain labels: the fit would stop at its first step without them
+    results = fit(tree, tmp_path / "run", "--objective", "core", "--objective.same_domain_positives=true",
+                  "--trainer.max_epochs=1")  # fmt: skip
+    assert results["test"]["top1"] >= 0.0
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["model"]["task"] == "domain_generalization"
+    assert config["objective"]["init_args"]["same_domain_positives"] is True
+
+    seen: dict[str, Any] = {}
+
+    class Spy(CETuning):
+        def forward(self, features: torch.Tensor, labels: torch.Tensor, *, inputs: Any = None, domains: Any = None):
+            seen["domains"] = domains
+            return super().forward(features, labels, inputs=inputs)
+
+    task = DomainGeneralizationTask()
+    batch = task.unpack((torch.zeros(4, 3, 8, 8), torch.tensor([0, 1, 0, 1]), torch.tensor([0, 0, 2, 2])))
+    assert batch.extras["domains"].tolist() == [0, 0, 2, 2]
+    spy = Spy()
+    spy.build(5, 2)
+    task.loss(spy, torch.randn(4, 5), batch, batch.inputs)
+    assert seen["domains"].tolist() == [0, 0, 2, 2]
+    plain = objectives.create("ce", 5, 2)  # takes no domain labels: trained on images and labels alone
+    task.loss(plain, torch.randn(4, 5), Batch(batch.inputs, batch.targets, batch.extras), batch.inputs)
+
+
+def test_each_unseen_domain_the_held_out_parts_and_the_chosen_checkpoint_are_reported(
+    tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    results = fit(tree, run, "--objective", "ce_con", "--trainer.max_epochs=3", "--model.optimizer=adam",
+                  "--model.lr=0.003", "--model.schedule=exponential")  # fmt: skip
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    rows = read_metrics(run / "metrics.csv")
+    assert len(rows) == 3 and {"val/art/top1", "val/cartoon/top1", "val/sketch/top1", "val/top1"} <= set(rows[0])
+    for row in rows:  # val/top1 is the unweighted mean over the training domains' held-out parts
+        parts = [float(row[f"val/{d}/top1"]) for d in ("art", "cartoon", "sketch")]
+        assert float(row["val/top1"]) == pytest.approx(sum(parts) / 3)
+    scores = [float(r["val/top1"]) for r in rows]
+    best = scores.index(max(scores))  # ModelCheckpoint keeps the first of equal bests
+    test = results["test"]
+    selection = test["selection"]
+    assert selection["rule"] == "training_domain_validation" and selection["oracle"] is False
+    assert selection["checkpoint"] == "best.ckpt" and selection["path"].endswith("checkpoints/best.ckpt")
+    assert (selection["epoch"], selection["step"]) == (best, int(rows[best]["step"]))
+    assert selection["score"] == pytest.approx(max(scores))  # its held-out parts, scored again in the test
+    assert test["training_domain_val_top1"] == pytest.approx(max(scores))
+    assert test["training_domains_heldout"]["art"] == pytest.approx(float(rows[best]["val/art/top1"]))
+    assert test["top1"] == test["test_domains"]["photo"] and "photo" in test["test_domains_heldout"]
+    assert results["validated_on_test_images"] is False
+    assert "unseen domain(s): photo" in out and "selection: training-domain validation set (best.ckpt, epoch" in out
+    assert "ORACLE" not in out
+    # coretune test of the chosen checkpoint: the same entry, named by the checkpoint it reads
+    main(["test", f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}", f"--data.root={tree}",
+          "--data.test_domains=photo"])  # fmt: skip
+    scored = json.loads((run / "test_results.json").read_text())["test"]
+    assert scored["test_domains"] == pytest.approx(test["test_domains"])
+    assert scored["selection"]["epoch"] == selection["epoch"]
+
+
+@pytest.mark.parametrize("rule", ["test_domain_validation", "last_checkpoint"])
+def test_the_oracle_and_the_last_checkpoint_test_the_last_weights(
+    rule: str, tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = fit(tree, tmp_path / rule, "--objective", "ce", "--trainer.max_epochs=2", f"--data.selection={rule}")
+    out = " ".join(capsys.readouterr().out.split())
+    selection = results["test"]["selection"]
+    assert selection["checkpoint"] == "last.ckpt" and (selection["epoch"], selection["step"]) == (1, 6)
+    if rule == "test_domain_validation":
+        assert selection["oracle"] is True and selection["name"] == "test-domain validation set (oracle)"
+        assert selection["score"] == results["test"]["test_domain_val_top1"]
+        assert "ORACLE: chosen with the unseen domains' images" in out
+    else:
+        assert selection["oracle"] is False and "ORACLE" not in out
+
+
+@pytest.mark.parametrize(
+    ("change", "args", "message"),
+    [
+        ("remove_class", [], "domain 'sketch' (ROOT/sketch) is missing class folder(s) ['triangle'] that 'art' has"),
+        (None, ["--data.test_domains=foto"],
+         "unknown test domain(s) ['foto']: the domains under the data root are ['art', 'cartoon', 'photo', 'sketch']"),
+        ("one_domain", ["--data.test_domains=art"], "data root ROOT holds one domain folder ('art')"),
+        (None, ["--data.batch_size=8"], "batch_size 8 does not split equally over the 3 training domains"),
+    ],
+)  # fmt: skip
+def test_bad_layouts_are_one_line_errors(change: str | None, args: list[str], message: str, tmp_path: Path) -> None:
+    root = make_domain_tree(tmp_path / "tree", size=16)
+    if change == "remove_class":
+        shutil.rmtree(root / "sketch" / "triangle")
+    elif change == "one_domain":
+        for domain in ("cartoon", "photo", "sketch"):
+            shutil.rmtree(root / domain)
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", *TINY, f"--data.root={root}", "--data.test_domains=photo", "--trainer.max_epochs=1", *args,
+              f"--run_dir={tmp_path / 'r'}"])  # fmt: skip
+    error = str(exit_.value.code)  # sys.exit(message): printed to stderr, exit status 1
+    assert error.startswith("coretune fit: error: ") and "\n" not in error
+    assert message.replace("ROOT", str(root)) in error
+
+
+@pytest.mark.parametrize("config", ["dg/pacs.yaml", "dg/vlcs.yaml", "dg/office_home.yaml", "cpu/pacs.yaml"])
+def test_the_configs_resolve_to_appendix_c(config: str, tree: Path) -> None:
+    resolved = resolved_fit_config(
+        [f"--config={REPO / 'configs' / config}", f"--data.root={tree}", "--data.test_domains=photo"]
+    )
+    model, data = resolved["model"], resolved["data"]
+    assert model["task"] == "domain_generalization"
+    assert (model["optimizer"], model["lr"], model["schedule"], model["weight_decay"]) == (
+        "adam", 5e-5, "exponential", 0.0,
+    )  # fmt: skip
+    assert data["selection"] == "training_domain_validation" and data["holdout_fraction"] == 0.2
+    steps = resolved["trainer"]["max_epochs"] * data["steps_per_epoch"]
+    if config.startswith("dg/"):
+        assert (model["backbone"], data["image_size"], data["batch_size"], steps) == ("resnet50", 224, 96, 20_000)
+    else:
+        assert (model["backbone"], data["image_size"], data["batch_size"], steps) == ("resnet18", 64, 48, 1_500)
+    DomainGeneralizationData(**data).check_folders()
+
+
+def test_a_bench_spec_runs_every_split_objective_and_seed_in_table7(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = make_domain_tree(tmp_path / "tree", domains=("art", "photo", "sketch"), per_class=4, size=16)
+    spec = {
+        "name": "dg-tiny",
+        "output": str(tmp_path / "out"),
+        "base_args": [*TINY, f"--data.root={root}", "--data.batch_size=4", "--data.steps_per_epoch=2",
+                      "--trainer.max_epochs=1"],
+        "datasets": {d: [f"--data.test_domains={d}"] for d in ("art", "photo", "sketch")},
+        "objectives": ["ce", "core"],
+        "seeds": [0],
+        "table": "table7",
+    }  # fmt: skip
+    path = tmp_path / "bench.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    main(["bench", str(path)])
+    out = capsys.readouterr().out
+    assert "| Method | art | photo | sketch | Avg. |" in out and "as in the paper's Table 7" in out
+    assert "| CE |" in out and "| Core-tuning |" in out and "Model selection: training-domain validation set." in out
+    for domain in ("art", "photo", "sketch"):
+        for name in ("ce", "core"):
+            results = json.loads((tmp_path / "out" / domain / name / "frac1" / "seed0" / "results.json").read_text())
+            assert list(results["test"]["test_domains"]) == [domain]

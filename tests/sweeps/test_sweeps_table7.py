@@ -1,0 +1,85 @@
+"""Table 7's layout (domain generalization): one column per held-out domain plus the average, each seed's mean over
+the domains then mean ± std over seeds; the selection rule named, an oracle marked."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from coretune.sweeps import BenchSpec
+from coretune.sweeps.report import write_summary
+from coretune.sweeps.spec import table_layout
+
+DOMAINS = ("art", "cartoon", "photo", "sketch")
+
+
+def dg_spec(tmp_path: Path, objectives: list[str] | None = None) -> BenchSpec:
+    datasets = {d: [f"--data.root={tmp_path}", f"--data.test_domains={d}"] for d in DOMAINS}
+    return BenchSpec.from_dict(
+        {
+            "output": str(tmp_path / "out"),
+            "datasets": datasets,
+            "objectives": objectives or ["ce", "ce_con", "core"],
+            "seeds": [0, 1, 2],
+            "table": "table7",
+        }
+    )
+
+
+def fabricate(spec: BenchSpec, top1: dict[str, list[list[float]]], oracle: bool = False) -> None:
+    """Finished DG runs: ``top1[objective][seed][domain index]`` (fractions), their selection rule recorded."""
+    name = "test-domain validation set (oracle)" if oracle else "training-domain validation set"
+    for run in spec.runs():
+        value = top1[run.objective][spec.seeds.index(run.seed)][DOMAINS.index(run.dataset)]
+        run.run_dir.mkdir(parents=True)
+        test = {"top1": value, "test_domains": {run.dataset: value}, "selection": {"name": name, "oracle": oracle}}
+        (run.run_dir / "results.json").write_text(json.dumps({"test": test, "epochs": 2}))
+
+
+VALUES = {
+    "ce": [[0.70, 0.60, 0.90, 0.50], [0.72, 0.62, 0.88, 0.54], [0.68, 0.61, 0.89, 0.52]],
+    "ce_con": [[0.75, 0.65, 0.91, 0.60], [0.74, 0.66, 0.92, 0.58], [0.76, 0.64, 0.90, 0.62]],
+    "core": [[0.78, 0.70, 0.93, 0.64], [0.80, 0.69, 0.94, 0.66], [0.79, 0.71, 0.95, 0.65]],
+}
+
+
+def test_one_column_per_held_out_domain_and_the_seed_averaged_mean(tmp_path: Path) -> None:
+    spec = dg_spec(tmp_path)
+    layout = table_layout(spec)
+    assert layout.rows == [("ce", "CE"), ("ce_con", "CE-Con"), ("core", "Core-tuning")]
+    assert [label for _, label in layout.columns] == list(DOMAINS)
+    assert len(spec.runs()) == 3 * 4 * 3 and spec.runs()[0].args[-4:] == (
+        "--objective", "ce", "--data.label_fraction=1.0", "--seed=0",
+    )  # fmt: skip
+    fabricate(spec, VALUES)
+    markdown, paths = write_summary(spec)
+    assert "| Method | art | cartoon | photo | sketch | Avg. |" in markdown
+    assert "as in the paper's Table 7 (Avg.: each seed's mean over the domains): mean ± sample standard" in markdown
+    assert "Model selection: training-domain validation set." in markdown and "ORACLE" not in markdown
+    # CE's seeds average (0.70+0.60+0.90+0.50)/4 = 67.5, 69.0, 67.5 → 68.00 ± 0.87
+    ce = "| 70.00 ± 2.00 (n=3) | 61.00 ± 1.00 (n=3) | 89.00 ± 1.00 (n=3) | 52.00 ± 2.00 (n=3) | 68.00 ± 0.87 (n=3) |"
+    assert f"| CE {ce}" in markdown
+    assert "| Core-tuning | **79.00 ± 1.00 (n=3)** |" in markdown
+    with (spec.output / "summary.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["Avg. mean (%)"] == "68.0" and float(rows[0]["Avg. std (%)"]) == pytest.approx(0.866, abs=1e-3)
+    assert spec.output / "summary.md" in paths
+
+
+def test_an_oracle_selection_is_marked_in_the_table(tmp_path: Path) -> None:
+    spec = dg_spec(tmp_path, ["ce", "core"])
+    fabricate(spec, VALUES, oracle=True)
+    markdown, _ = write_summary(spec)
+    marked = "Model selection: test-domain validation set (oracle). **ORACLE**: checkpoints scored with the unseen "
+    assert marked in markdown
+
+
+def test_the_average_counts_only_seeds_finished_in_every_domain(tmp_path: Path) -> None:
+    spec = dg_spec(tmp_path, ["ce"])
+    fabricate(spec, {"ce": VALUES["ce"]})
+    (spec.output / "photo" / "ce" / "frac1" / "seed2" / "results.json").unlink()
+    markdown, _ = write_summary(spec)
+    assert "| **89.00 ± 1.41 (n=2)** | **52.00 ± 2.00 (n=3)** | 68.25 ± 1.06 (n=2) |" in markdown

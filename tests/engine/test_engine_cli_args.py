@@ -86,3 +86,79 @@ def test_no_command_takes_an_abbreviated_option(args: list[str], capsys: pytest.
         main(args)
     assert done.value.code not in (None, 0)
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+CORE_CONFIG = (
+    "model:\n  backbone: small_cnn\nobjective:\n  class_path: coretune.objectives.CoreTuning\n"
+    "  init_args:\n    eta: 0.3\n    alpha: 5.0\n    temperature: 0.2\n"
+)
+"""A Core-tuning config whose hyper-parameters are none of the defaults (BSS's eta, L2-SP's alpha, Core's own)."""
+
+
+def printed_objective(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    """The ``objective`` section of ``coretune fit ARGS --print_config``."""
+    with pytest.raises(SystemExit) as done:
+        main(["fit", *args, "--print_config"])
+    assert done.value.code in (None, 0)
+    return yaml.safe_load(capsys.readouterr().out)["objective"]
+
+
+def test_another_objective_after_a_config_takes_its_own_defaults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # jsonargparse kept the config's init_args the new class also accepts: BSS ran with Core-tuning's eta 0.1
+    # (configs/cpu/cifar10.yaml), 100 x the paper's 0.001, and L2-SP with its alpha
+    shipped = str(CONFIGS / "cpu" / "cifar10.yaml")
+    assert printed_objective(["--config", shipped, "--objective", "bss"], capsys) == {
+        "class_path": "coretune.objectives.bss.BSS",
+        "init_args": {"eta": 0.001, "k": 1},
+    }
+    config = tmp_path / "core.yaml"
+    config.write_text(CORE_CONFIG)
+    assert printed_objective(["--config", str(config), "--objective=l2sp"], capsys)["init_args"] == {
+        "alpha": 0.01,
+        "beta": 0.01,
+    }
+    bi_tuning = printed_objective(["--config", str(config), "--objective", "bi_tuning"], capsys)["init_args"]
+    assert bi_tuning["temperature"] == 0.07  # its own default, not the config's Core-tuning temperature
+    # the hyper-parameters given after --objective win; before it, they were the old objective's
+    args = ["--config", str(config), "--objective.eta=0.5", "--objective", "bss", "--objective.eta", "0.01"]
+    assert printed_objective(args, capsys)["init_args"] == {"eta": 0.01, "k": 1}
+    assert printed_objective(["--objective", "core", "--objective.eta=0.5", "--objective", "bss"], capsys)[
+        "init_args"
+    ] == {"eta": 0.001, "k": 1}
+
+
+def test_the_configs_own_objective_keeps_the_configs_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a re-run (resume compares the settings): the same objective, or a Table 2 row of its class, keeps them
+    config = tmp_path / "core.yaml"
+    config.write_text(CORE_CONFIG)
+    for name in ("core", "CoreTuning", "coretune.objectives.core.CoreTuning"):
+        core = printed_objective(["--config", str(config), "--objective", name], capsys)["init_args"]
+        assert (core["eta"], core["alpha"], core["temperature"], core["focal"]) == (0.3, 5.0, 0.2, True)
+    ce_con = printed_objective(["--config", str(config), "--objective", "ce_con"], capsys)["init_args"]
+    assert (ce_con["eta"], ce_con["temperature"], ce_con["focal"], ce_con["mixing"]) == (0.3, 0.2, False, "none")
+
+
+def test_a_runs_config_given_back_with_another_objective(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fit_flags import QUIET, TINY_FIT
+    from image_trees import make_image_tree
+
+    config, run = tmp_path / "core.yaml", tmp_path / "run"
+    config.write_text(CORE_CONFIG)
+    tree = make_image_tree(tmp_path / "data", per_class=4, val_per_class=2, size=16)
+    one_step = [
+        *TINY_FIT,
+        *QUIET,
+        "--trainer.limit_train_batches=1",
+        "--trainer.limit_val_batches=1",
+        f"--run_dir={run}",
+    ]
+    main(["fit", "--config", str(config), "--objective", "bss", "--objective.k=2", *one_step, f"--data.root={tree}"])
+    capsys.readouterr()
+    recorded = yaml.safe_load((run / "config.yaml").read_text())["objective"]
+    assert recorded == {"class_path": "coretune.objectives.bss.BSS", "init_args": {"eta": 0.001, "k": 2}}
+    again = ["--config", str(run / "config.yaml")]
+    assert printed_objective([*again, "--objective", "bss"], capsys) == recorded  # the same objective: a re-run
+    core = printed_objective([*again, "--objective", "core"], capsys)["init_args"]
+    assert (core["eta"], core["alpha"]) == (0.1, 1.0)  # Core-tuning's own, not BSS's eta

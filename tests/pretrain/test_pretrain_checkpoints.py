@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from coretune.cli import main
 from coretune.engine import checkpoint_io
@@ -96,6 +97,38 @@ def test_method_alias_and_default() -> None:
     assert translate_args(["--seed=3"]) == ["--model=coretune.pretrain.module.SimCLR", "--seed_everything=3"]
     with pytest.raises(ValueError, match="unknown pre-training method 'byol': choose one of simclr, moco_v2"):
         translate_args(["--method", "byol"])
+
+
+def printed_model(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    """The ``model`` section of ``coretune pretrain ARGS --print_config``."""
+    with pytest.raises(SystemExit) as done:
+        main(["pretrain", *args, "--print_config"])
+    assert done.value.code in (None, 0)
+    return yaml.safe_load(capsys.readouterr().out)["model"]
+
+
+def test_method_after_a_config_of_another_method_takes_its_own_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --method after a SimCLR config was ignored (--model went first, the config overrode it); a method's own
+    # settings (optimiser, lr, weight decay) are its defaults, the shared ones (backbone) stay the config's
+    config = tmp_path / "simclr.yaml"
+    init_args = {"backbone": "small_cnn", "lr": 0.002, "temperature": 0.3}
+    config.write_text(
+        yaml.safe_dump({"model": {"class_path": "coretune.pretrain.module.SimCLR", "init_args": init_args}})
+    )
+    moco = printed_model(["--config", str(config), "--method", "moco_v2"], capsys)
+    assert moco["class_path"] == "coretune.pretrain.module.MoCoV2"
+    moco_args = moco["init_args"]
+    assert (moco_args["optimizer"], moco_args["lr"], moco_args["weight_decay"]) == ("sgd", 0.06, 5e-4)
+    assert (moco_args["backbone"], moco_args["temperature"]) == ("small_cnn", 0.3)
+    options = ["--model.lr=0.5", "--method", "moco_v2", "--model.weight_decay", "0.001"]  # options after a config win
+    moco_args = printed_model(["--config", str(config), *options], capsys)["init_args"]
+    assert (moco_args["lr"], moco_args["weight_decay"]) == (0.5, 0.001)
+    simclr = printed_model(["--config", str(config), "--method", "simclr"], capsys)  # the same method: a re-run
+    assert simclr["class_path"] == "coretune.pretrain.module.SimCLR"
+    assert {k: simclr["init_args"][k] for k in init_args} == init_args
+    assert printed_model(["--config", str(config)], capsys)["init_args"]["lr"] == 0.002
 
 
 def _cli(line: str) -> list[str]:

@@ -293,3 +293,33 @@ def test_epoch_bars_follow_the_running_fits(tmp_path: Path) -> None:
     assert out.getvalue().splitlines()[-1] == (  # its length known from config.yaml
         f"▶ tiny/ce/frac1/seed0 resumes after epoch 3 of 20 (log: {ce.run_dir / 'log.txt'})"
     )
+
+
+def test_a_spec_objective_other_than_its_base_configs_runs_with_its_own_defaults(
+    image_tree: Path, tmp_path: Path
+) -> None:
+    # the base config is Core-tuning's (eta 0.3): BSS's run took that eta (jsonargparse keeps the init_args the
+    # new class also accepts); the spec's own objective args still win
+    core = tmp_path / "core.yaml"
+    core.write_text(yaml.safe_dump({"objective": {"class_path": "CoreTuning", "init_args": {"eta": 0.3}}}))
+    config = tmp_path / "bench.yaml"
+    one_step = [*TINY_FIT, "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "output": str(tmp_path / "out"),
+                "base_args": [f"--config={core}", *one_step],
+                "datasets": {"tiny": [f"--data.root={image_tree}"]},
+                "objectives": ["bss", {"name": "bss_k2", "objective": "bss", "args": ["--objective.k=2"]}, "core"],
+            }
+        )
+    )
+    spec = BenchSpec.from_yaml(config)
+    assert [resolved_fit_config(run.args)["objective"]["init_args"]["eta"] for run in spec.runs()] == [
+        0.001,
+        0.001,
+        0.3,
+    ]
+    main(["bench", str(config), "--only_objectives=[bss, bss_k2]"])
+    recorded = [yaml.safe_load((run.run_dir / "config.yaml").read_text())["objective"] for run in spec.runs()[:2]]
+    assert [r["init_args"] for r in recorded] == [{"eta": 0.001, "k": 1}, {"eta": 0.001, "k": 2}]

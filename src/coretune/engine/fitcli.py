@@ -13,7 +13,10 @@ that check every run's arguments before the first starts.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
+import json
+import pydoc
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,39 +37,67 @@ from .trainer import check_trainer_options, default_callbacks, default_precision
 __all__ = ["FitArgsError", "FitCLI", "fit", "resolved_fit_config", "task_of_args", "translate_args"]
 
 
-def _objective_class_path(name: str) -> tuple[str, list[str]]:
-    """Class path and preset arguments of a registered objective name (class paths pass through)."""
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _registered_class(name: str) -> type[objectives.Objective] | None:
+    """The registered objective class a class path (any module that exports it) or class name (``CoreTuning``) names,
+    else None."""
+    classes = {objectives.get(n)[0] for n in objectives.available()}
+    found = pydoc.locate(name) if "." in name else next((cls for cls in classes if cls.__name__ == name), None)
+    return found if found in classes else None
+
+
+def _objective_class_path(name: str, current: str | None = None) -> tuple[str, list[str]]:
+    """Class path of a registered objective name (class paths pass through) and the ``--objective`` arguments that
+    set it and its preset.
+
+    When it names another class than ``current`` (the objective a ``--config`` or an earlier ``--objective`` set),
+    every hyper-parameter is its new class's default or preset: jsonargparse would keep the ``init_args`` the new
+    class also accepts (Core-tuning's ``eta: 0.1`` as BSS's ``eta``, 100 x its 0.001)."""
+    preset: dict[str, Any] = {}
     if name in objectives.available():
         cls, preset = objectives.get(name)
-        args = [f"--objective.{k}={_cli_value(v)}" for k, v in preset.items()]
-        return f"{cls.__module__}.{cls.__qualname__}", args
-    if "." not in name and name not in {objectives.get(n)[0].__name__ for n in objectives.available()}:
-        objectives.get(name)  # neither a name nor a class (path): "unknown objective 'x'; choose one of: ..."
-    return name, []
+    elif (cls := _registered_class(name)) is None:
+        if "." not in name:
+            objectives.get(name)  # neither a name nor a class (path): "unknown objective 'x'; choose one of: ..."
+        return name, [f"--objective={name}"]
+    class_path = _class_path(cls)
+    if current is not None and class_path != current:
+        defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
+        init_args = {k: list(v) if isinstance(v, tuple) else v for k, v in {**defaults, **preset}.items()}
+        return class_path, [f"--objective={json.dumps({'class_path': class_path, 'init_args': init_args})}"]
+    given = class_path if name in objectives.available() else name  # a class (path) jsonargparse resolves itself
+    return class_path, [f"--objective={given}", *(f"--objective.{k}={_cli_value(v)}" for k, v in preset.items())]
 
 
 def _cli_value(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _translate_config(path: str) -> str:
+def _translate_config(path: str) -> tuple[str, str | None]:
     """A ``--config`` value whose ``objective`` names a registered objective (``objective: core`` or
     ``objective: {class_path: ce_con, init_args: {...}}``), rewritten as the YAML text of the same config with the
     class path and the preset's settings (the file's own ``init_args`` win), and so is one whose ``trainer.logger``
-    is a short name (:func:`~coretune.engine.loggers.expand_config_loggers`). Other configs pass through."""
+    is a short name (:func:`~coretune.engine.loggers.expand_config_loggers`); other configs pass through. Also
+    returns the class path of the objective it sets (None: it sets none, or is not a readable file)."""
     file = Path(path)
     if not file.is_file():
-        return path
+        return path, None
     config = yaml.safe_load(file.read_text())
     logged = expand_config_loggers(config, path)
     spec = config.get("objective") if isinstance(config, dict) else None
     name = spec if isinstance(spec, str) else spec.get("class_path") if isinstance(spec, dict) else None
-    if not isinstance(name, str) or name not in objectives.available():
-        return yaml.safe_dump(config, sort_keys=False) if logged else path
+    text = yaml.safe_dump(config, sort_keys=False) if logged else path
+    if not isinstance(name, str):
+        return text, None
+    if name not in objectives.available():
+        return text, _class_path(cls) if (cls := _registered_class(name)) else name
     cls, preset = objectives.get(name)
     init_args = {**preset, **(spec.get("init_args") or {} if isinstance(spec, dict) else {})}
-    config["objective"] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init_args}
-    return yaml.safe_dump(config, sort_keys=False)
+    config["objective"] = {"class_path": _class_path(cls), "init_args": init_args}
+    return yaml.safe_dump(config, sort_keys=False), _class_path(cls)
 
 
 def task_of_args(args: Sequence[str]) -> str:
@@ -101,17 +132,19 @@ def translate_args(args: list[str]) -> list[str]:
     ``--config`` files), ``--task NAME``, ``--seed N``, ``--trainer.logger NAME``
     (:func:`~coretune.engine.loggers.logger_args`; also ``trainer: {logger: NAME}`` inside ``--config`` files)."""
     out: list[str] = []
+    objective: str | None = None  # the class path of the objective set so far (a config's, an --objective's)
     it = iter(args)
     for arg in it:
         key, eq, value = arg.partition("=")
         if key in ("--config", "-c"):
-            out.append(f"--config={_translate_config(value if eq else next(it, ''))}")
-        elif key in ("--objective", "--objective.help"):
-            value = value if eq else next(it, "")
-            class_path, preset = _objective_class_path(value)
-            out.append(f"{key}={class_path}")
-            if key == "--objective":
-                out.extend(preset)
+            config, config_objective = _translate_config(value if eq else next(it, ""))
+            out.append(f"--config={config}")
+            objective = config_objective or objective
+        elif key == "--objective":
+            objective, objective_args = _objective_class_path(value if eq else next(it, ""), objective)
+            out.extend(objective_args)
+        elif key == "--objective.help":
+            out.append(f"{key}={_objective_class_path(value if eq else next(it, ''))[0]}")
         elif key == "--seed":
             out.append(f"--seed_everything={value if eq else next(it, '')}")
         elif key == "--task":

@@ -8,9 +8,15 @@ with the same ``--run_dir`` resumes from its ``checkpoints/last.ckpt``.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import json
+import pydoc
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
+
+import yaml
 
 from ..engine import RunDirCLI, check_trainer_options, quiet_lightning, with_atomic_io
 from ..engine.loggers import LOGGER_ALIAS, logger_args, place_loggers, translate_logger_config
@@ -33,13 +39,42 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def _config_method(path: str) -> type[ContrastivePretrainer] | None:
+    """The method (class) a ``--config`` file's ``model.class_path`` names, else None."""
+    with contextlib.suppress(OSError, yaml.YAMLError):
+        model = (yaml.safe_load(Path(path).read_text()) or {}).get("model")
+        if isinstance(model, dict) and isinstance(name := model.get("class_path"), str):
+            found = pydoc.locate(name) if "." in name else None
+            return found if found in METHODS.values() else None
+    return None
+
+
+def _model_arg(cls: type[ContrastivePretrainer], previous: type[ContrastivePretrainer] | None) -> str:
+    """``--model`` switching to method ``cls`` after a config of method ``previous``: the settings whose defaults
+    differ between the two (the methods' own optimiser, lr, ...) are ``cls``'s defaults, which jsonargparse would
+    otherwise take from the config; the shared ones (backbone, temperature, ...) stay the config's."""
+    if previous is None or previous is cls:
+        return f"--model={_class_path(cls)}"
+    old = inspect.signature(previous).parameters
+    init_args = {
+        k: p.default
+        for k, p in inspect.signature(cls).parameters.items()
+        if k in old and p.default is not p.empty and old[k].default != p.default
+    }
+    return f"--model={json.dumps({'class_path': _class_path(cls), 'init_args': init_args})}"
+
+
 def translate_args(args: list[str]) -> list[str]:
-    """Rewrite ``--method NAME`` to ``--model=<class path>`` (first, so ``--model.*`` options apply to it),
-    ``--seed N`` to ``--seed_everything=N``, ``--trainer.logger NAME`` to the logger's class path and settings
-    (:func:`~coretune.engine.loggers.logger_args`; also inside ``--config`` files); without ``--method``/``--model``
-    the method is SimCLR."""
+    """Rewrite ``--method NAME`` to ``--model=<class path>`` (right after the ``--config`` before it, else first, so
+    ``--model.*`` options apply to it, and with :func:`_model_arg`'s settings when that config is the other
+    method's), ``--seed N`` to ``--seed_everything=N``, ``--trainer.logger NAME`` to the logger's class path and
+    settings (:func:`~coretune.engine.loggers.logger_args`; also inside ``--config`` files); without
+    ``--method``/``--model`` the method is SimCLR."""
     out: list[str] = []
-    model: str | None = None
+    model: str | None = None  # a --model class path that is not one of METHODS
+    method: type[ContrastivePretrainer] | None = None
+    config_method: type[ContrastivePretrainer] | None = None  # the method of the last --config before it
+    at = 0  # where --model goes: after that config
     it = iter(args)
     for arg in it:
         key, eq, value = arg.partition("=")
@@ -47,16 +82,22 @@ def translate_args(args: list[str]) -> list[str]:
             value = value if eq else next(it, "")
             if key == "--method" and value not in METHODS:
                 raise ValueError(f"unknown pre-training method {value!r}: choose one of {', '.join(METHODS)}")
-            model = _class_path(METHODS[value]) if key == "--method" else value
+            cls = METHODS[value] if key == "--method" else pydoc.locate(value)
+            model, method = (None, cls) if cls in METHODS.values() else (value, None)
         elif key == "--seed":
             out.append(f"--seed_everything={value if eq else next(it, '')}")
         elif key in ("--config", "-c"):
-            out.append(f"--config={translate_logger_config(value if eq else next(it, ''))}")
+            value = value if eq else next(it, "")
+            if (method or model) is None:
+                at, config_method = len(out) + 1, _config_method(value) or config_method
+            out.append(f"--config={translate_logger_config(value)}")
         elif key == "--trainer.logger":
             out.extend(logger_args(value if eq else next(it, "")))
         else:
             out.append(arg)
-    return [f"--model={model or _class_path(SimCLR)}", *out]
+    if method is None and model is None:
+        return [f"--model={_class_path(SimCLR)}", *out]
+    return [*out[:at], model or _model_arg(method, config_method), *out[at:]]
 
 
 class PretrainCLI(RunDirCLI):

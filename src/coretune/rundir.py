@@ -8,6 +8,7 @@
     results.json         test results, timings …; holds "test" once the fit has ended
     test_results.json    what ``coretune test`` found (the fit's results.json is left as it is)
     val_results.json     what ``coretune validate`` found
+    robust_results.json  what ``coretune eval robust`` found (clean and robust accuracy)
     learning_curve.png
     checkpoints/         best.ckpt, last.ckpt (what a re-run resumes from)
     fit.pid              the claim of the process running it (:mod:`coretune.runclaim`)
@@ -66,6 +67,10 @@ class RunDir:
     @property
     def val_results(self) -> Path:
         return self.path / "val_results.json"
+
+    @property
+    def robust_results(self) -> Path:
+        return self.path / "robust_results.json"
 
     @property
     def learning_curve(self) -> Path:

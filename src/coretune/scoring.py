@@ -9,18 +9,19 @@ two. The results go to a JSON file of their own in the checkpoint's run director
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Literal
 
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace
 
 from .data import ImageClassificationData
 from .engine import FineTuner, atomic_write, default_precision
 from .runconfig import add_config_argument, parse_with_config
 from .rundir import RunDir
 
-__all__ = ["Split", "score", "score_parser"]
+__all__ = ["Split", "check_classes", "load_scored", "score", "score_parser"]
 
 Split = Literal["test", "validate"]
 
@@ -58,21 +59,11 @@ def score(command: Split, args: Sequence[str]) -> Path:
     """Run ``coretune test`` or ``coretune validate`` with ``args``; print and return the results file."""
     import lightning as L
 
-    parser = score_parser(command)
-    cfg = parse_with_config(parser, args)
+    results_file = attrgetter("test_results" if command == "test" else "val_results")
+    cfg, model, output = load_scored(score_parser(command), args, command, results_file)
     ckpt = Path(cfg.ckpt_path).resolve()
-    run = RunDir.of_checkpoint(ckpt)
-    output = Path(cfg.output) if cfg.output else run.test_results if command == "test" else run.val_results
-    if output.name == run.results.name and output.is_file():
-        raise ValueError(
-            f"--output {output} would overwrite a fit's results.json, which coretune {command} leaves as it is: "
-            "give another file name"
-        )
-    model = FineTuner.from_checkpoint(cfg.ckpt_path)
-    parser.set_defaults({f"data.{key}": value for key, value in model.trained_data.items()})
-    cfg = parse_with_config(parser, args)  # the checkpoint's settings as defaults: the command line still wins
     data = ImageClassificationData(**cfg.data.as_dict())
-    _check_classes(model, data, cfg.ckpt_path)
+    check_classes(model, data, cfg.ckpt_path)
     trainer = L.Trainer(
         default_root_dir=str(output.parent), precision=cfg.precision, logger=False, enable_checkpointing=False
     )
@@ -93,7 +84,33 @@ def score(command: Split, args: Sequence[str]) -> Path:
     return output
 
 
-def _check_classes(model: FineTuner, data: ImageClassificationData, ckpt_path: str) -> None:
+def load_scored(
+    parser: ArgumentParser,
+    args: Sequence[str],
+    command: str,
+    results_file: Callable[[RunDir], Path],
+    check: Callable[[Namespace], None] | None = None,
+) -> tuple[Namespace, FineTuner, Path]:
+    """``(settings, model, output file)`` of a command that scores ``--ckpt_path`` (``test``, ``validate``,
+    ``eval robust``): ``args`` parsed with the checkpoint's image size and normalisation as the ``data`` defaults (the
+    command line still wins); the output is ``--output`` or ``results_file`` of the checkpoint's run directory, and
+    never the fit's ``results.json``. That, and ``check`` of the settings, come before the checkpoint is read."""
+    cfg = parse_with_config(parser, args)
+    if check is not None:
+        check(cfg)
+    run = RunDir.of_checkpoint(Path(cfg.ckpt_path).resolve())
+    output = Path(cfg.output) if cfg.output else results_file(run)
+    if output.name == run.results.name and output.is_file():
+        raise ValueError(
+            f"--output {output} would overwrite a fit's results.json, which coretune {command} leaves as it is: "
+            "give another file name"
+        )
+    model = FineTuner.from_checkpoint(cfg.ckpt_path)
+    parser.set_defaults({f"data.{key}": value for key, value in model.trained_data.items()})
+    return parse_with_config(parser, args), model, output
+
+
+def check_classes(model: FineTuner, data: ImageClassificationData, ckpt_path: str) -> None:
     """Refuse data whose classes are named otherwise than those the checkpoint was fine-tuned on (or ordered
     otherwise): its scores would compare the wrong labels. (Another number of classes is the model's own error.)"""
     names = model.class_names

@@ -23,7 +23,13 @@ def test_the_layout_of_a_run_directory(tmp_path: Path) -> None:
         "fit.pid",
         "log.txt",
     ]
-    assert [p.name for p in run.records()] == ["config.yaml", "fit_args.json", "metrics.csv", "results.json"]
+    assert [p.name for p in run.records()] == [
+        "config.yaml",
+        "fit_args.json",
+        "metrics.csv",
+        "results.json",
+        "robust_results.json",
+    ]
 
 
 def test_a_run_is_finished_once_results_hold_the_test_results(tmp_path: Path) -> None:

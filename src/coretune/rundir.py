@@ -105,8 +105,9 @@ class RunDir:
         return self.path / "stop_request"
 
     def records(self) -> tuple[Path, ...]:
-        """The small files of a run that its tables, curves and resume checks read (no checkpoints or logs)."""
-        return self.config, self.fit_args, self.metrics, self.results
+        """The small files of a run that its tables, curves and resume checks read, and the robustness its
+        checkpoint was measured with (``coretune eval robust``); no checkpoints or logs."""
+        return self.config, self.fit_args, self.metrics, self.results, self.robust_results
 
     def read_results(self) -> dict[str, Any]:
         """``results.json`` (empty before the fit has written it)."""

@@ -45,7 +45,7 @@ def test_every_command_help_names_itself(command: list[str], capsys: pytest.Capt
 @pytest.mark.parametrize(
     ("command", "aliases"),
     [
-        ("fit", ["--objective NAME ", "--objective.help NAME ", "--seed N "]),
+        ("fit", ["--objective NAME ", "--objective.help NAME ", "--seed N ", "--task NAME "]),
         ("pretrain", ["--method NAME ", "--seed N "]),
     ],
 )

@@ -20,7 +20,7 @@ commands:
   fit         fine-tune a backbone on an image folder (coretune fit --help)
   test        evaluate a fine-tuned checkpoint on the test split (test_results.json)
   validate    evaluate a fine-tuned checkpoint on the validation split (val_results.json)
-  predict     predict the classes of an image folder into a CSV
+  predict     predict an image folder: classes into a CSV, or segmentation masks into a folder
   export      export a fine-tuned checkpoint to safetensors + JSON config, torch.export, TorchScript (and ONNX)
   objectives  list the fine-tuning methods (objectives)
   pretrain    contrastive pre-training (SimCLR, MoCo v2) on an unlabelled image folder
@@ -60,13 +60,31 @@ def _predict_parser() -> ArgumentParser:
     parser = ArgumentParser(
         allow_abbrev=False,
         prog="coretune predict",
-        description="Predict every image under a folder; write a CSV of classes and probabilities.",
+        description="Predict every image under a folder as the checkpoint's task does: a CSV of classes and "
+        "probabilities (classification), or one palette PNG mask per image (segmentation).",
     )
     add_config_argument(parser)
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_argument("--input", type=str, required=True, help="Folder of images (searched recursively).")
-    parser.add_argument("--output", type=str, default="predictions.csv", help="CSV file to write.")
-    parser.add_argument("--image_size", type=int | None, default=None, help="Default: the training image size.")
+    parser.add_argument(
+        "--output",
+        type=str | None,
+        default=None,
+        help="CSV file to write (default predictions.csv); for segmentation, the folder of masks (default "
+        "predictions/).",
+    )
+    parser.add_argument(
+        "--image_size",
+        type=int | None,
+        default=None,
+        help="Default: the training image size (segmentation: each image at its own size).",
+    )
+    parser.add_argument(
+        "--overlay",
+        type=bool,
+        default=False,
+        help="Segmentation: also write <image>_overlay.png, the image with its mask's colours blended in.",
+    )
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--num_workers", type=int, default=0)
     parser.add_argument(
@@ -82,7 +100,7 @@ def _predict_parser() -> ArgumentParser:
 
 def predict(args: list[str]) -> None:
     from .predict import predict_folder
-    from .runconfig import parse_with_config
+    from .runconfig import config_files, parse_with_config
 
     cfg = parse_with_config(_predict_parser(), args)
     out = predict_folder(
@@ -93,13 +111,15 @@ def predict(args: list[str]) -> None:
         batch_size=cfg.batch_size,
         num_workers=cfg.num_workers,
         on_bad_image=cfg.on_bad_image,
+        overlay=cfg.overlay,
+        config_files=config_files(args),
     )
     print(f"predictions: {out}")
 
 
 def export(args: list[str]) -> None:
     from .export import export_checkpoint
-    from .runconfig import add_config_argument, parse_with_config
+    from .runconfig import add_config_argument, config_files, parse_with_config
 
     parser = ArgumentParser(
         allow_abbrev=False,
@@ -118,7 +138,12 @@ def export(args: list[str]) -> None:
     )
     cfg = parse_with_config(parser, args)
     for path in export_checkpoint(
-        cfg.ckpt_path, cfg.output, torchscript=cfg.torchscript, exported_program=cfg.exported_program, onnx=cfg.onnx
+        cfg.ckpt_path,
+        cfg.output,
+        torchscript=cfg.torchscript,
+        exported_program=cfg.exported_program,
+        onnx=cfg.onnx,
+        config_files=config_files(args),
     ):
         print(path)
 

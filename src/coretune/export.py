@@ -1,9 +1,11 @@
 """Export a fine-tuned model as ``model.safetensors`` + ``config.json`` (plus a ``torch.export`` program,
-TorchScript and ONNX), and load it back."""
+TorchScript and ONNX), and load it back: a classifier (images → class logits ``(B, K)``) or, for a segmentation
+checkpoint, the DeepLab-V3 model (images → per-pixel logits ``(B, K, H, W)`` at the input's size)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -11,7 +13,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from .engine import FineTuner
-from .models import create_backbone
+from .models import DeepLabV3, create_backbone, create_deeplabv3
+from .runconfig import check_config_task
 
 __all__ = ["ExportedClassifier", "export_checkpoint", "load_exported"]
 
@@ -47,6 +50,7 @@ def export_checkpoint(
     torchscript: bool = True,
     exported_program: bool = True,
     onnx: bool = False,
+    config_files: Sequence[str] = (),
 ) -> list[Path]:
     """Write ``model.safetensors``, ``config.json`` and optionally ``model.pt2``, ``model.torchscript.pt`` and
     ``model.onnx`` into ``output``.
@@ -55,17 +59,30 @@ def export_checkpoint(
     ``torch.export.load(path).module()``); ``model.torchscript.pt`` is traced with ``torch.jit``, which PyTorch
     has deprecated but many serving stacks still read; ``model.onnx`` (input ``images``, output ``logits``, dynamic
     batch dimension, weights in the one file) comes from ``torch.onnx``'s ``torch.export``-based exporter and needs
-    the ``onnx`` extra.
+    the ``onnx`` extra. A segmentation checkpoint exports its :class:`~coretune.models.DeepLabV3` (``config.json``
+    records ``task`` and ``output_stride``). ``config_files``: the ``--config`` files the options came from,
+    refused when they record another task than the checkpoint's.
     """
     if onnx:
         _require_onnx()
     model = FineTuner.from_checkpoint(ckpt_path).eval()
-    net = ExportedClassifier(model.backbone, model.objective.classifier).eval()
+    for config_file in config_files:
+        check_config_task(config_file, model.task.name, str(ckpt_path))
+    segmentation = model.task.name == "segmentation"
+    net: nn.Module
+    if segmentation:
+        net = DeepLabV3(model.backbone, model.num_classes or 0, model.hparams.output_stride)
+        net.head = model.objective.classifier
+    else:
+        net = ExportedClassifier(model.backbone, model.objective.classifier)
+    net.eval()
     net.to(memory_format=torch.contiguous_format)
     meta = model.checkpoint_info
     data = meta.get("data", {})
     config = {
         "format": EXPORT_FORMAT,
+        "task": model.task.name,
+        **({"output_stride": model.hparams.output_stride} if segmentation else {}),
         "backbone": model.hparams.backbone,
         "feature_dim": model.backbone.feature_dim,
         "num_classes": model.num_classes,
@@ -108,8 +125,9 @@ def export_checkpoint(
     return written
 
 
-def load_exported(folder: str | Path) -> tuple[ExportedClassifier, dict]:
-    """The model and config written by :func:`export_checkpoint` (strict load of every tensor)."""
+def load_exported(folder: str | Path) -> tuple[nn.Module, dict]:
+    """The model (:class:`ExportedClassifier`, or :class:`~coretune.models.DeepLabV3` for segmentation) and config
+    written by :func:`export_checkpoint` (strict load of every tensor)."""
     folder = Path(folder)
     config_path, weights_path = folder / "config.json", folder / "model.safetensors"
     if not config_path.is_file() or not weights_path.is_file():
@@ -117,7 +135,12 @@ def load_exported(folder: str | Path) -> tuple[ExportedClassifier, dict]:
     config = json.loads(config_path.read_text())
     if config.get("format") != EXPORT_FORMAT:
         raise ValueError(f"{config_path} has format {config.get('format')!r}, expected {EXPORT_FORMAT!r}")
-    backbone = create_backbone(config["backbone"])
-    net = ExportedClassifier(backbone, nn.Linear(config["feature_dim"], config["num_classes"]))
+    net: nn.Module
+    if config.get("task") == "segmentation":
+        net = create_deeplabv3(config["backbone"], config["num_classes"], config["output_stride"], verbose=False)
+    else:
+        net = ExportedClassifier(
+            create_backbone(config["backbone"]), nn.Linear(config["feature_dim"], config["num_classes"])
+        )
     net.load_state_dict(load_file(str(weights_path)))
     return net.eval(), config

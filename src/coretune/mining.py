@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["HardPairs", "beta_draws", "mine_hard_pairs", "representable"]
+__all__ = ["HardPairs", "beta_draws", "mine_hard_pairs", "mine_hard_positives", "representable"]
 
 
 @dataclass
@@ -210,3 +210,49 @@ def mine_hard_pairs(
     pos_targets = lam_pos[:, None] * onehot[hp] + (1 - lam_pos[:, None]) * onehot[hn]
     neg_targets = (1 - lam_neg[:, None]) * onehot[:b] + lam_neg[:, None] * onehot[rn]
     return HardPairs(hp, hn, rn, lam_pos, lam_neg, pos_features, neg_features, pos_targets, neg_targets)
+
+
+def mine_hard_positives(
+    features: Tensor,
+    pos_mask: Tensor,
+    alpha: float = 1.0,
+    lambda_p: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Hard positives ``z⁺`` of every anchor from a positive mask instead of labels (dense prediction: positives of
+    image-level labels that may be multi-label, and crops without a label).
+
+    With ``s_ij`` the cosine similarity, ``P_i = {j : pos_mask[i, j]}`` and ``N_i = {j ≠ i : j ∉ P_i}``: the
+    hardest positive ``hp(i) = argmin_{j ∈ P_i} s_ij`` and hardest negative ``hn(i) = argmax_{j ∈ N_i} s_ij``
+    (ties: lowest index; ``i`` when the set is empty), ``λ ~ Beta(α, α)``, ``λ ← max(λ, λ_p)`` and
+    ``z⁺ = λ z_hp + (1-λ) z_hn``: :func:`mine_hard_pairs`'s hard positive, whose positives are ``y_j = y_i``.
+    No hard negative and no soft label are made (for dense prediction the mixed features train no classifier).
+
+    Args:
+        features: ``(B, d)`` features ``z``.
+        pos_mask: ``(B, B)`` bool positives (the diagonal is ignored).
+        alpha: Beta concentration ``α > 0``.
+        lambda_p: lower clip ``λ_p ∈ [0, 1]`` of the hardest positive's weight.
+        generator: source of the random draws.
+
+    Returns:
+        ``(B, d)`` generated hard positives, differentiable in ``features``.
+    """
+    b = features.shape[0]
+    if features.dim() != 2 or pos_mask.shape != (b, b):
+        raise ValueError(
+            f"features must be (B, d) and pos_mask (B, B), got shapes {tuple(features.shape)} and "
+            f"{tuple(pos_mask.shape)}"
+        )
+    with torch.no_grad(), torch.autocast(device_type=features.device.type, enabled=False):
+        z = F.normalize(features.detach().float(), dim=1)
+        sim = z @ z.T
+        eye = torch.eye(b, dtype=torch.bool, device=features.device)
+        pos = pos_mask.to(torch.bool) & ~eye
+        neg = ~pos & ~eye
+        anchor = torch.arange(b, device=features.device)
+        hardest_pos = torch.where(pos.any(1), sim.masked_fill(~pos, float("inf")).argmin(1), anchor)
+        hardest_neg = torch.where(neg.any(1), sim.masked_fill(~neg, float("-inf")).argmax(1), anchor)
+    lam = representable(beta_draws(b, alpha, generator, features.device).clamp(min=lambda_p), features.dtype)
+    lp = lam.to(features.dtype)[:, None]
+    return lp * features[hardest_pos] + (1 - lp) * features[hardest_neg]

@@ -1,32 +1,55 @@
-"""``coretune predict``: classify every image under a folder with a fine-tuned checkpoint, into a CSV."""
+"""``coretune predict``: predict every image under a folder with a fine-tuned checkpoint, as its task does:
+classes and probabilities into a CSV (classification), one palette mask PNG per image (segmentation)."""
 
 from __future__ import annotations
 
 import csv
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader
+from torchvision.transforms import v2
 
 from .data import IMAGENET_MEAN, IMAGENET_STD, ImageFileDataset, eval_transform
 from .data.datasets import OnBadImage
 from .data.transforms import eval_draft_size
 from .engine import FineTuner, atomic_write
 from .models import CheckpointError
+from .runconfig import check_config_task
+from .tasks.segmentation import colorize, save_palette_mask
 
-__all__ = ["predict_folder"]
+__all__ = ["default_output", "predict_folder", "predict_masks"]
+
+
+def default_output(task: str) -> str:
+    """Where ``coretune predict`` writes without ``--output``: ``predictions/`` (a folder of masks) for
+    segmentation, ``predictions.csv`` otherwise."""
+    return "predictions" if task == "segmentation" else "predictions.csv"
 
 
 def predict_folder(
     ckpt_path: str | Path,
     folder: str | Path,
-    output: str | Path = "predictions.csv",
+    output: str | Path | None = None,
     image_size: int | None = None,
     batch_size: int = 64,
     num_workers: int = 0,
     on_bad_image: OnBadImage = "error",
+    overlay: bool = False,
+    config_files: Sequence[str] = (),
 ) -> Path:
-    """Write ``path, prediction, confidence, p_<class>…`` for every image under ``folder``; return the CSV path.
+    """Predict every image under ``folder`` with the checkpoint's task; return what was written (default
+    :func:`default_output`).
+
+    Classification writes ``path, prediction, confidence, p_<class>…`` for every image into a CSV; segmentation
+    one palette mask per image (:func:`predict_masks`, which ``overlay`` concerns). ``config_files``: the
+    ``--config`` files the options came from, refused when they record another task than the checkpoint's.
 
     The image size and normalisation default to those the model was fine-tuned with (stored in the checkpoint).
     The CSV is written to a temporary file that replaces ``output`` only once every image is predicted: an error
@@ -36,29 +59,93 @@ def predict_folder(
     Raises:
         CheckpointError: the checkpoint is unusable, or gives NaN or infinite outputs.
         DataError: the folder holds no image, or an unreadable one (``on_bad_image="error"``).
+        ValueError: a ``config_files`` entry is another task's, or an option does not apply to the task.
     """
     model = FineTuner.from_checkpoint(ckpt_path).eval()
+    for config in config_files:
+        check_config_task(config, model.task.name, str(ckpt_path))
+    output = Path(output if output is not None else default_output(model.task.name))
+    if model.task.name == "segmentation":
+        if image_size is not None:
+            raise ValueError(
+                f"--image_size {image_size}: a segmentation model predicts each image at its own size (its mask has "
+                "the image's size); drop --image_size"
+            )
+        return predict_masks(model, ckpt_path, folder, output, num_workers, on_bad_image, overlay)
+    if overlay:
+        raise ValueError("--overlay true is for segmentation checkpoints (it draws masks over images): drop it")
     data = model.trained_data
     size = image_size or data.get("image_size") or 224
     transform = eval_transform(size, tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD)))
     dataset = ImageFileDataset(str(folder), transform, draft_size=eval_draft_size(size), on_bad_image=on_bad_image)
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
     names = model.class_names
-    output = Path(output)
     with atomic_write(output, newline="") as f, torch.inference_mode():
         writer = csv.writer(f)
         writer.writerow(["path", "prediction", "confidence", *(f"p_{n}" for n in names)])
         for images, indices in loader:
-            logits = model(images).float()
-            if not (finite := torch.isfinite(logits).all(dim=1)).all():
-                bad = [dataset.paths[i] for i in indices[~finite].tolist()]
-                raise CheckpointError(
-                    f"checkpoint {ckpt_path} gives NaN or infinite outputs for {bad[0]}"
-                    f"{f' (and {len(bad) - 1} more of its batch)' if len(bad) > 1 else ''}: its weights overflow; "
-                    "use an earlier checkpoint of the run, or fine-tune again with a lower learning rate (--model.lr)"
-                )
+            logits = _finite_logits(model, images, ckpt_path, dataset.paths, indices)
             probs = torch.softmax(logits, dim=1)
             conf, pred = probs.max(dim=1)
             for i, p, c, row in zip(indices.tolist(), pred.tolist(), conf.tolist(), probs.tolist(), strict=True):
                 writer.writerow([dataset.paths[i], names[p], f"{c:.6f}", *(f"{x:.6f}" for x in row)])
+    return output
+
+
+def _finite_logits(
+    model: FineTuner, images: torch.Tensor, ckpt_path: str | Path, paths: Sequence[str], indices: torch.Tensor
+) -> torch.Tensor:
+    """``model(images)`` in float32; :class:`CheckpointError` naming the first image with a NaN or infinite one."""
+    logits = model(images).float()
+    if not (finite := torch.isfinite(logits).reshape(len(logits), -1).all(dim=1)).all():
+        bad = [paths[i] for i in indices[~finite].tolist()]
+        raise CheckpointError(
+            f"checkpoint {ckpt_path} gives NaN or infinite outputs for {bad[0]}"
+            f"{f' (and {len(bad) - 1} more of its batch)' if len(bad) > 1 else ''}: its weights overflow; "
+            "use an earlier checkpoint of the run, or fine-tune again with a lower learning rate (--model.lr)"
+        )
+    return logits
+
+
+def predict_masks(
+    model: FineTuner,
+    ckpt_path: str | Path,
+    folder: str | Path,
+    output: Path,
+    num_workers: int = 0,
+    on_bad_image: OnBadImage = "error",
+    overlay: bool = False,
+) -> Path:
+    """Segment every image under ``folder`` at its own size: ``output/<its path under folder>.png``, a palette
+    mask of class indices (:func:`~coretune.tasks.segmentation.save_palette_mask`; ``read_mask`` reads the
+    indices back), and with ``overlay`` ``<…>_overlay.png``, the image with the mask's colours blended in (50 %).
+    The files are written into a temporary folder beside ``output`` and moved into it once every image is done:
+    an error leaves ``output`` as it was."""
+    data = model.trained_data
+    mean, std = tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD))
+    transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    dataset = ImageFileDataset(str(folder), transform, on_bad_image=on_bad_image)
+    loader = DataLoader(dataset, batch_size=1, num_workers=num_workers)  # each image at its own size
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        written: list[Path] = []
+        with torch.inference_mode():
+            for images, indices in loader:
+                mask = _finite_logits(model, images, ckpt_path, dataset.paths, indices)[0].argmax(0).numpy()
+                name = Path(os.path.relpath(dataset.paths[int(indices[0])], folder)).with_suffix("")
+                (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                save_palette_mask(mask, staging / f"{name}.png")
+                written.append(Path(f"{name}.png"))
+                if overlay:
+                    rgb = images[0] * torch.tensor(std).view(3, 1, 1) + torch.tensor(mean).view(3, 1, 1)
+                    rgb = (rgb.clamp(0, 1).permute(1, 2, 0).numpy() * 255).astype(np.float32)
+                    blend = (0.5 * rgb + 0.5 * colorize(mask)).round().astype(np.uint8)
+                    Image.fromarray(blend).save(staging / f"{name}_overlay.png")
+                    written.append(Path(f"{name}_overlay.png"))
+        for relative in written:
+            (output / relative).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / relative, output / relative)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return output

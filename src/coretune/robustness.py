@@ -39,9 +39,10 @@ from torch import Tensor, nn
 
 from .attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode
 from .data import ImageClassificationData
-from .engine import atomic_write
-from .runconfig import add_config_argument
-from .scoring import check_classes, load_scored
+from .engine import FineTuner, atomic_write
+from .runconfig import add_config_argument, parse_with_config
+from .scoring import check_classes, results_output
+from .tasks import ClassificationTask
 
 __all__ = [
     "ATTACKS",
@@ -363,8 +364,19 @@ def evaluate_robust(args: Sequence[str]) -> Path:
         for attack in cfg.attack:
             check_settings(attack, threats, cfg.steps, cfg.step_size, cfg.max_images)
 
-    cfg, model, output = load_scored(robust_parser(), args, "eval robust", attrgetter("robust_results"), check)
-    check(cfg)  # the settings parsed again, with the checkpoint's data defaults
+    parser = robust_parser()
+    cfg = parse_with_config(parser, args)
+    check(cfg)
+    output = results_output(cfg.output, Path(cfg.ckpt_path).resolve(), attrgetter("robust_results"), "eval robust")
+    model = FineTuner.from_checkpoint(cfg.ckpt_path)
+    if model.task.name != ClassificationTask.name:
+        raise ValueError(
+            f"coretune eval robust scores classifiers: checkpoint {cfg.ckpt_path} is a {model.task.name} model"
+        )
+    parser.set_defaults({f"data.{key}": value for key, value in model.trained_data.items()})
+    # the checkpoint's settings as defaults: the command line still wins
+    cfg = parse_with_config(parser, args, task=model.task.name, checkpoint=cfg.ckpt_path)
+    check(cfg)
     data = ImageClassificationData(**{**cfg.data.as_dict(), "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)})
     check_classes(model, data, cfg.ckpt_path)
     loader = data.test_dataloader()

@@ -5,7 +5,8 @@ The sections and keys a command does not take (a fit's ``trainer``, ``model``, `
 left out; those it takes apply, and a ``data`` section's keys fill the options of the same name of a command that has
 no ``--data`` group (``predict --image_size``). Null values are left out too (a fit's ``ckpt_path: null`` means "not
 resumed", not "no checkpoint"). Inside a section the command takes, an unknown key is still the parser's error: the
-``data`` of another task is refused, not half applied.
+``data`` of another task is refused, not half applied: a config that records its task (``model.task``) given for a
+checkpoint of another task is refused in one line (:func:`parse_with_config`'s ``task``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-__all__ = ["add_config_argument", "parse_with_config"]
+__all__ = ["add_config_argument", "check_config_task", "config_files", "parse_with_config", "recorded_task"]
 
 
 def add_config_argument(parser: ArgumentParser) -> None:
@@ -30,29 +31,76 @@ def add_config_argument(parser: ArgumentParser) -> None:
     )
 
 
-def parse_with_config(parser: ArgumentParser, args: Sequence[str]) -> Namespace:
-    """``parser.parse_args(args)``, each ``--config FILE`` narrowed to what ``parser`` takes (see the module)."""
+def recorded_task(config: Any) -> str | None:
+    """The task a YAML configuration (a run's ``config.yaml``, a ``--config`` file) names as ``model.task`` (or a
+    top-level ``task``), or None."""
+    if not isinstance(config, dict):
+        return None
+    model = config.get("model")
+    task = model.get("task") if isinstance(model, dict) else None
+    task = config.get("task", task)
+    return task if isinstance(task, str) else None
+
+
+def parse_with_config(
+    parser: ArgumentParser, args: Sequence[str], task: str | None = None, checkpoint: str | None = None
+) -> Namespace:
+    """``parser.parse_args(args)``, each ``--config FILE`` narrowed to what ``parser`` takes (see the module).
+
+    Raises:
+        ValueError: a ``--config`` file records another task than ``task`` (that of ``checkpoint``).
+    """
     taken = set(vars(parser.get_defaults())) - {"config"}
     out: list[str] = []
     it = iter(args)
     for arg in it:
         key, eq, value = arg.partition("=")
         if key in ("--config", "-c"):
-            out.append(f"--config={_narrowed(value if eq else next(it, ''), taken)}")
+            path = value if eq else next(it, "")
+            check_config_task(path, task, checkpoint)
+            out.append(f"--config={_narrowed(path, taken)}")
         else:
             out.append(arg)
     return parser.parse_args(out)
 
 
-def _narrowed(path: str, taken: set[str]) -> str:
-    """The YAML text of the config file ``path`` with only the keys in ``taken``; ``path`` itself when it is no
-    readable mapping (the parser then gives its own error)."""
+def _read_mapping(path: str) -> dict[str, Any] | None:
+    """The YAML mapping in file ``path``, or None (no such file, not YAML, not a mapping)."""
     file = Path(path)
     try:
         config = yaml.safe_load(file.read_text()) if file.is_file() else None
     except yaml.YAMLError:
-        return path
-    if not isinstance(config, dict):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def config_files(args: Sequence[str]) -> list[str]:
+    """The ``--config`` files named in ``args``."""
+    it = iter(args)
+    return [
+        value if eq else next(it, "")
+        for key, eq, value in (arg.partition("=") for arg in it)
+        if key in ("--config", "-c")
+    ]
+
+
+def check_config_task(path: str, task: str | None, checkpoint: str | None = None) -> None:
+    """Refuse (``ValueError``, one line) the config file ``path`` when it records another task than ``task``, that
+    of ``checkpoint``."""
+    recorded = recorded_task(_read_mapping(path))
+    if task is not None and recorded is not None and recorded != task:
+        model = f"checkpoint {checkpoint}" if checkpoint else "the model"
+        raise ValueError(
+            f"--config {path} is the configuration of a {recorded} run (model.task: {recorded}) but {model} is a "
+            f"{task} model: pass the config.yaml of a {task} run, or the --data.* options alone"
+        )
+
+
+def _narrowed(path: str, taken: set[str]) -> str:
+    """The YAML text of the config file ``path`` with only the keys in ``taken``; ``path`` itself when it is no
+    readable mapping (the parser then gives its own error)."""
+    config = _read_mapping(path)
+    if config is None:
         return path
     kept: dict[str, Any] = {k: v for k, v in config.items() if k in taken and v is not None}
     if "data" not in taken and isinstance(data := config.get("data"), dict):

@@ -1,9 +1,10 @@
 """``coretune test`` and ``coretune validate``: score a fine-tuned checkpoint on a data split.
 
-The image size and normalisation default to those the model was fine-tuned with (its checkpoint), the classes must
-be those it was fine-tuned on; ``--data.*`` (or a run's ``config.yaml`` through ``--config``) overrides the first
-two. The results go to a JSON file of their own in the checkpoint's run directory (``test_results.json``,
-``val_results.json``); the fit's ``results.json`` is left as it is.
+The data options are those of the checkpoint's task (``--data.*`` of its data module: an image folder for
+classification). The image size and normalisation default to those the model was fine-tuned with (its
+checkpoint), the classes must be those it was fine-tuned on; ``--data.*`` (or a run's ``config.yaml`` through
+``--config``) overrides the first two. The results go to a JSON file of their own in the checkpoint's run
+directory (``test_results.json``, ``val_results.json``); the fit's ``results.json`` is left as it is.
 """
 
 from __future__ import annotations
@@ -14,20 +15,21 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, Literal
 
-from jsonargparse import ArgumentParser, Namespace
+from jsonargparse import ArgumentParser
 
-from .data import ImageClassificationData
 from .engine import FineTuner, atomic_write, default_precision
 from .runconfig import add_config_argument, parse_with_config
 from .rundir import RunDir
+from .tasks import DEFAULT_TASK, TASKS, Task
 
-__all__ = ["Split", "check_classes", "load_scored", "score", "score_parser"]
+__all__ = ["Split", "check_classes", "results_output", "score", "score_parser"]
 
 Split = Literal["test", "validate"]
 
 
-def score_parser(command: Split) -> ArgumentParser:
-    """The command line of ``coretune test`` or ``coretune validate``."""
+def score_parser(command: Split, task: type[Task] | Task = TASKS[DEFAULT_TASK]) -> ArgumentParser:
+    """The command line of ``coretune test`` or ``coretune validate`` for a checkpoint of ``task`` (its data
+    module's options)."""
     split = "test" if command == "test" else "validation"
     parser = ArgumentParser(
         allow_abbrev=False,
@@ -38,7 +40,7 @@ def score_parser(command: Split) -> ArgumentParser:
     )
     add_config_argument(parser)
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
-    parser.add_class_arguments(ImageClassificationData, "data")
+    parser.add_class_arguments(task.data_class, "data")
     parser.add_argument(
         "--output",
         type=str | None,
@@ -59,10 +61,20 @@ def score(command: Split, args: Sequence[str]) -> Path:
     """Run ``coretune test`` or ``coretune validate`` with ``args``; print and return the results file."""
     import lightning as L
 
-    results_file = attrgetter("test_results" if command == "test" else "val_results")
-    cfg, model, output = load_scored(score_parser(command), args, command, results_file)
-    ckpt = Path(cfg.ckpt_path).resolve()
-    data = ImageClassificationData(**cfg.data.as_dict())
+    ckpt_path = _ckpt_path_arg(args)
+    if ckpt_path is None:  # the parser's own error (or --help)
+        parse_with_config(score_parser(command), args)
+        raise ValueError("pass --ckpt_path, a .ckpt written by coretune fit")
+    ckpt = Path(ckpt_path).resolve()
+    model = FineTuner.from_checkpoint(ckpt_path)
+    parser = score_parser(command, model.task)
+    parser.set_defaults({f"data.{key}": value for key, value in model.trained_data.items()})
+    # the checkpoint's settings as defaults: the command line still wins
+    cfg = parse_with_config(parser, args, task=model.task.name, checkpoint=ckpt_path)
+    output = results_output(
+        cfg.output, ckpt, attrgetter("test_results" if command == "test" else "val_results"), command
+    )
+    data = model.task.data_class(**cfg.data.as_dict())
     check_classes(model, data, cfg.ckpt_path)
     trainer = L.Trainer(
         default_root_dir=str(output.parent), precision=cfg.precision, logger=False, enable_checkpointing=False
@@ -84,33 +96,30 @@ def score(command: Split, args: Sequence[str]) -> Path:
     return output
 
 
-def load_scored(
-    parser: ArgumentParser,
-    args: Sequence[str],
-    command: str,
-    results_file: Callable[[RunDir], Path],
-    check: Callable[[Namespace], None] | None = None,
-) -> tuple[Namespace, FineTuner, Path]:
-    """``(settings, model, output file)`` of a command that scores ``--ckpt_path`` (``test``, ``validate``,
-    ``eval robust``): ``args`` parsed with the checkpoint's image size and normalisation as the ``data`` defaults (the
-    command line still wins); the output is ``--output`` or ``results_file`` of the checkpoint's run directory, and
-    never the fit's ``results.json``. That, and ``check`` of the settings, come before the checkpoint is read."""
-    cfg = parse_with_config(parser, args)
-    if check is not None:
-        check(cfg)
-    run = RunDir.of_checkpoint(Path(cfg.ckpt_path).resolve())
-    output = Path(cfg.output) if cfg.output else results_file(run)
-    if output.name == run.results.name and output.is_file():
+def _ckpt_path_arg(args: Sequence[str]) -> str | None:
+    """The value of the last ``--ckpt_path`` in ``args`` (the checkpoint, whose task decides the data options)."""
+    found = None
+    for arg, following in zip(args, [*args[1:], None], strict=True):
+        key, eq, value = arg.partition("=")
+        if key == "--ckpt_path":
+            found = value if eq else following
+    return found
+
+
+def results_output(output: str | None, ckpt: Path, default: Callable[[RunDir], Path], command: str) -> Path:
+    """The file a command that scores checkpoint ``ckpt`` writes: ``output``, else ``default`` of the checkpoint's
+    run directory; never the fit's ``results.json`` (``ValueError``)."""
+    run = RunDir.of_checkpoint(ckpt)
+    path = Path(output) if output else default(run)
+    if path.name == run.results.name and path.is_file():
         raise ValueError(
-            f"--output {output} would overwrite a fit's results.json, which coretune {command} leaves as it is: "
+            f"--output {path} would overwrite a fit's results.json, which coretune {command} leaves as it is: "
             "give another file name"
         )
-    model = FineTuner.from_checkpoint(cfg.ckpt_path)
-    parser.set_defaults({f"data.{key}": value for key, value in model.trained_data.items()})
-    return parse_with_config(parser, args), model, output
+    return path
 
 
-def check_classes(model: FineTuner, data: ImageClassificationData, ckpt_path: str) -> None:
+def check_classes(model: FineTuner, data: Any, ckpt_path: str) -> None:
     """Refuse data whose classes are named otherwise than those the checkpoint was fine-tuned on (or ordered
     otherwise): its scores would compare the wrong labels. (Another number of classes is the model's own error.)"""
     names = model.class_names

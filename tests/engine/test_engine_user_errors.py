@@ -544,7 +544,7 @@ def test_crafted_checkpoint_metadata_is_refused_before_anything_is_built(
     content = torch.load(ckpt, weights_only=True)
     crafted(content, case)
     torch.save(content, ckpt)
-    monkeypatch.setattr("coretune.engine.module.create_backbone", None)  # nothing may be built
+    monkeypatch.setattr("coretune.tasks.base.create_backbone", None)  # nothing may be built
     assert error(command(kind, ckpt, tree, tmp_path)) == (
         f"checkpoint {ckpt} is damaged or was not written by `coretune fit`: {problem}; use another checkpoint of "
         "the run, or fine-tune again"
@@ -721,7 +721,10 @@ def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path
 @pytest.mark.parametrize(
     ("options", "expected"),
     [
-        (["--model.task=detection"], "invalid model settings: task must be one of classification (got 'detection')"),
+        (
+            ["--model.task=detection"],
+            "invalid model settings: task must be one of classification, segmentation (got 'detection')",
+        ),
         (["--objective=core", "--objective.eta=-0.1"], "invalid Core-tuning settings: eta must be >= 0 (got -0.1)"),
         (["--objective=core", "--objective.alpha=-1"], "invalid Core-tuning settings: alpha must be > 0 (got -1.0)"),
         (

@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,15 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..rundir import RunDir
+from ..tasks import DEFAULT_TASK, TASKS, Task
 
-__all__ = ["RunArtifacts", "epoch_summary", "plot_learning_curves", "read_metrics", "update_results"]
+__all__ = ["RunArtifacts", "epoch_summary", "plot_learning_curves", "read_metrics", "task_of", "update_results"]
 
-#: The ``metrics.csv`` values an epoch's log line shows (those the row has), loss first.
-SUMMARY_KEYS = ("train/loss", "train/top1", "val/loss", "val/top1")
+
+def task_of(pl_module: L.LightningModule) -> type[Task] | Task:
+    """The task of a module (:class:`~coretune.engine.FineTuner`'s ``task``), else (a pre-training module) the
+    default task's class: what names its monitored value and its log line's columns."""
+    return getattr(pl_module, "task", None) or TASKS[DEFAULT_TASK]
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -46,21 +51,27 @@ def update_results(run_dir: str | Path, **entries: Any) -> dict[str, Any]:
     return results
 
 
-def epoch_summary(row: dict[str, Any], max_epochs: int | None) -> str:
+def epoch_summary(row: dict[str, Any], max_epochs: int | None, keys: Sequence[str] | None = None) -> str:
     """One log line for a finished epoch, from its ``metrics.csv`` row: ``"epoch 5 of 20 (step 3905, 6.7 min):
-    train/loss 1.2345, train/top1 45.62%, val/loss 0.8123, val/top1 72.30%"`` (epochs counted from 1)."""
+    train/loss 1.2345, train/top1 45.62%, val/loss 0.8123, val/top1 72.30%"`` (epochs counted from 1).
+
+    ``keys``: the columns shown where the row has them (default: the default task's ``summary_keys``); losses as
+    numbers, the others (fractions) as percentages."""
     length = f" of {max_epochs}" if max_epochs is not None and max_epochs > 0 else ""
     values = [
-        f"{key} {100 * float(row[key]):.2f}%" if key.endswith("top1") else f"{key} {float(row[key]):.4f}"
-        for key in SUMMARY_KEYS
+        f"{key} {float(row[key]):.4f}" if key.endswith("loss") else f"{key} {100 * float(row[key]):.2f}%"
+        for key in (TASKS[DEFAULT_TASK].summary_keys if keys is None else keys)
         if row.get(key) not in (None, "")
     ]
     when = f"step {row['step']}, {float(row['epoch_time_s']) / 60:.1f} min"
     return f"epoch {int(row['epoch']) + 1}{length} ({when}): " + ", ".join(values)
 
 
-def plot_learning_curves(metrics_csv: str | Path, out_png: str | Path) -> None:
-    """Loss terms and top-1 accuracy against epoch, as a two-panel PNG."""
+def plot_learning_curves(metrics_csv: str | Path, out_png: str | Path, task: type[Task] | Task | None = None) -> None:
+    """Loss terms and the task's score (``train/<monitor>``, ``val/<monitor>``: top-1 accuracy, MIoU …) against
+    epoch, as a two-panel PNG (``task``: default, the default task's)."""
+    task = task or TASKS[DEFAULT_TASK]
+    score, score_label = task.monitor, task.monitor_label
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,12 +85,12 @@ def plot_learning_curves(metrics_csv: str | Path, out_png: str | Path) -> None:
     for key in rows[0]:
         points = [(e, float(r[key])) for e, r in zip(epochs, rows, strict=True) if r.get(key) not in (None, "")]
         xs, values = [e for e, _ in points], [v for _, v in points]  # val/* only where validation ran
-        if (key.startswith("train/") and not key.endswith(("top1", "top5"))) or key == "val/loss":
+        if (key.startswith("train/") and key.partition("/")[2] not in task.metric_names) or key == "val/loss":
             ax_loss.plot(xs, values, marker=".", label=key)
-        elif key.endswith("top1"):
+        elif key.endswith(f"/{score}"):
             ax_acc.plot(xs, [100 * v for v in values], marker=".", label=key)
     ax_loss.set(xlabel="epoch", ylabel="loss", title="losses")
-    ax_acc.set(xlabel="epoch", ylabel="top-1 (%)", title="accuracy")
+    ax_acc.set(xlabel="epoch", ylabel=f"{score_label} (%)", title=score_label)
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         if ax.lines:  # a pre-training run logs no accuracy
@@ -167,21 +178,25 @@ class RunArtifacts(L.Callback):
             writer.writerows(rows)
         os.replace(tmp, path)
         if trainer.progress_bar_callback is None:
-            rank_zero_info(epoch_summary(row, trainer.max_epochs))
+            rank_zero_info(epoch_summary(row, trainer.max_epochs, task_of(pl_module).summary_keys))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
         run_dir = self.run_dir(trainer)
-        plot_learning_curves(RunDir(run_dir).metrics, RunDir(run_dir).learning_curve)
+        task = task_of(pl_module)
+        plot_learning_curves(RunDir(run_dir).metrics, RunDir(run_dir).learning_curve, task)
+        if isinstance(task, Task) and trainer.datamodule is not None:
+            task.write_figures(pl_module, trainer.datamodule, run_dir)
         best = trainer.checkpoint_callback
+        best_score = float(best.best_model_score) if best and best.best_model_score is not None else None
         update_results(
             run_dir,
             wall_time_s=round(time.perf_counter() - self._fit_start, 2),
             train_time_s=round(self._train_time, 2),
             train_images_per_s=round(self._images / self._train_time, 1) if self._train_time > 0 else None,
             epochs=trainer.current_epoch,
-            best_val_top1=float(best.best_model_score) if best and best.best_model_score is not None else None,
+            **{f"best_val_{task.monitor}": best_score},
             best_checkpoint=str(best.best_model_path) if best and best.best_model_path else None,
             validated_on_test_images=getattr(trainer.datamodule, "validates_on_test", None),
         )

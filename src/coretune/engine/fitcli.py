@@ -1,9 +1,12 @@
-"""``coretune fit``: a LightningCLI over :class:`~coretune.engine.FineTuner` and
-:class:`~coretune.data.ImageClassificationData`, and the wiring that resolves its arguments without running it.
+"""``coretune fit``: a LightningCLI over :class:`~coretune.engine.FineTuner` and the data module of its task
+(``--task NAME``: :class:`~coretune.data.ImageClassificationData` for ``classification``, the default), and the
+wiring that resolves its arguments without running it.
 
 ``--objective NAME`` takes a registered objective name (``coretune objectives`` lists them) and
-``--objective.<param>`` its hyper-parameters; :func:`translate_args` rewrites those aliases (and ``--seed``) for
-LightningCLI. :func:`resolved_fit_config` is the configuration a fit would run with (``--print_config``), for sweeps
+``--objective.<param>`` its hyper-parameters; ``--task NAME`` is ``--model.task NAME`` (recorded there in
+``config.yaml`` and in the checkpoint's hyper-parameters); :func:`translate_args` rewrites those aliases (and
+``--seed``) for LightningCLI, and :func:`task_of_args` finds the task, whose data module the CLI is built
+with. :func:`resolved_fit_config` is the configuration a fit would run with (``--print_config``), for sweeps
 that check every run's arguments before the first starts.
 """
 
@@ -18,15 +21,16 @@ from typing import Any, ClassVar
 import yaml
 
 from .. import objectives
-from ..data import ImageClassificationData
 from ..models import HUB_PREFIXES, resolve_weights
+from ..runconfig import recorded_task
 from ..rundir import RunDir
+from ..tasks import DEFAULT_TASK, TASKS, Task
 from .checkpoint_io import with_atomic_io
 from .module import FineTuner
 from .rundir import RunDirCLI
 from .trainer import check_trainer_options, default_callbacks, default_precision, quiet_lightning
 
-__all__ = ["FitArgsError", "FitCLI", "fit", "resolved_fit_config", "translate_args"]
+__all__ = ["FitArgsError", "FitCLI", "fit", "resolved_fit_config", "task_of_args", "translate_args"]
 
 
 def _objective_class_path(name: str) -> tuple[str, list[str]]:
@@ -62,9 +66,36 @@ def _translate_config(path: str) -> str:
     return yaml.safe_dump(config, sort_keys=False)
 
 
+def task_of_args(args: Sequence[str]) -> str:
+    """The task ``coretune fit ARGS`` runs: the last ``--task``/``--model.task`` given, else the one its
+    ``--config`` file records, else :data:`~coretune.tasks.DEFAULT_TASK`.
+
+    Raises:
+        ValueError: ``--task`` names another task than the ``--config`` file it follows records (that file's
+            data and model settings are another task's).
+    """
+    task, config_task, config_file = None, None, None
+    it = iter(args)
+    for arg in it:
+        key, eq, value = arg.partition("=")
+        value = value if eq else next(it, "") if key in ("--config", "-c", "--task", "--model.task") else value
+        if key in ("--config", "-c") and Path(value).is_file():
+            with contextlib.suppress(yaml.YAMLError):
+                if (recorded := recorded_task(yaml.safe_load(Path(value).read_text()))) is not None:
+                    config_task, config_file = recorded, value
+        elif key in ("--task", "--model.task"):
+            task = value
+    if task is not None and config_task is not None and task != config_task:
+        raise ValueError(
+            f"--config {config_file} is the configuration of a {config_task} run (model.task: {config_task}) but "
+            f"--task {task} was given: drop --task to run it as {config_task}, or pass a {task} configuration"
+        )
+    return task or config_task or DEFAULT_TASK
+
+
 def translate_args(args: list[str]) -> list[str]:
     """Rewrite the friendly aliases: ``--objective NAME`` (registry names and Table 2 presets, also inside
-    ``--config`` files), ``--seed N``."""
+    ``--config`` files), ``--task NAME``, ``--seed N``."""
     out: list[str] = []
     it = iter(args)
     for arg in it:
@@ -79,19 +110,22 @@ def translate_args(args: list[str]) -> list[str]:
                 out.extend(preset)
         elif key == "--seed":
             out.append(f"--seed_everything={value if eq else next(it, '')}")
+        elif key == "--task":
+            out.append(f"--model.task={value if eq else next(it, '')}")
         else:
             out.append(arg)
     return out
 
 
 class FitCLI(RunDirCLI):
-    """``coretune fit``: a LightningCLI over :class:`FineTuner` and :class:`ImageClassificationData`."""
+    """``coretune fit``: a LightningCLI over :class:`FineTuner` and its task's data module."""
 
     command = "fit"
     aliases: ClassVar[Mapping[str, str]] = {
         "--objective NAME": "a registered objective or Table 2 preset and its settings (coretune objectives)",
         "--objective.help NAME": "the hyper-parameters of objective NAME",
         "--seed N": "--seed_everything N (also seeds the data split, --data.seed)",
+        "--task NAME": f"--model.task NAME: {', '.join(TASKS)} (default {DEFAULT_TASK}); the --data.* options are its",
     }
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -131,39 +165,43 @@ class FitCLI(RunDirCLI):
             return
         self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
         if self.trainer.is_global_zero:
-            _print_run_summary(Path(self.trainer.default_root_dir))
+            _print_run_summary(Path(self.trainer.default_root_dir), self.model.task)
 
 
-def _print_run_summary(run_dir: Path) -> None:
+def _print_run_summary(run_dir: Path, task: Task | None = None) -> None:
+    """The end of ``coretune fit``: where the run is and its test results (``task``: default, the run's own, as its
+    ``config.yaml`` records it)."""
     import json
 
     from rich.console import Console
 
+    if task is None:
+        task = TASKS.get(recorded_task(RunDir(run_dir).read_config()) or DEFAULT_TASK, TASKS[DEFAULT_TASK])()
     results = json.loads(RunDir(run_dir).results.read_text())
     test = results.get("test", {})
     console = Console()
     console.print(f"[bold]run directory[/bold]: {run_dir}")
     if test:
         console.print(
-            f"top-1 {100 * test['top1']:.2f}%  top-5 {100 * test['top5']:.2f}%  "
+            f"{task.summary_line(test)}  "
             f"({results.get('train_images_per_s')} train images/s, {results.get('wall_time_s')} s)"
         )
     console.print(f"metrics: {RunDir(run_dir).metrics}   curves: {RunDir(run_dir).learning_curve}")
     if results.get("validated_on_test_images") and results.get("best_checkpoint"):
         console.print(
-            "[yellow]note[/yellow]: validation read the test images (no separate val/ folder and no "
-            "--data.val_fraction), so best.ckpt and best_val_top1 were chosen on the test set; the top-1 above is "
-            "the final model's. To choose a checkpoint or setting, hold out a validation split: --data.val_fraction "
-            "0.1",
+            f"[yellow]note[/yellow]: validation read the test images ({task.no_validation_split}), so best.ckpt and "
+            f"best_val_{task.monitor} were chosen on the test set; the {task.monitor_label} above is the final "
+            f"model's. To choose a checkpoint or setting, hold out a validation split: {task.validation_split_fix}",
             highlight=False,
         )
 
 
 def fit(args: list[str]) -> None:
     quiet_lightning()
+    task = task_of_args(args)
     FitCLI.run(
         FineTuner,
-        ImageClassificationData,
+        TASKS[task].data_class if task in TASKS else TASKS[DEFAULT_TASK].data_class,  # else FineTuner refuses it
         args=["fit", *translate_args(args)],
         seed_everything_default=0,
         trainer_defaults={"precision": default_precision(), "logger": False},
@@ -205,7 +243,8 @@ def _check_local_paths(config: dict[str, Any]) -> None:
     """The data folders and the pre-trained checkpoint file of a resolved fit config exist (DataError or
     CheckpointError, both ValueErrors, otherwise)."""
     if "data" in config:
-        ImageClassificationData(**config["data"]).check_folders()
+        task = TASKS.get(recorded_task(config) or DEFAULT_TASK, TASKS[DEFAULT_TASK])
+        task.data_class(**config["data"]).check_folders()
     model = config.get("model", {})
     if (weights := model.get("weights")) and not (model.get("weights_download") and weights.startswith(HUB_PREFIXES)):
         resolve_weights(weights)  # a file that exists, or a hub name in the local cache (no network)

@@ -5,21 +5,27 @@ from __future__ import annotations
 import inspect
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from torch import Tensor
 
 from ..distributed import rank, scale_grad, world_size
-from ..models import CheckpointError, create_backbone, load_checkpoint_file
+from ..models import CheckpointError, load_checkpoint_file
 from ..objectives import CETuning, Objective
 from ..objectives import get as get_objective
-from ..tasks import TASKS
+from ..tasks import TASKS, Batch
+from ..tasks.segmentation import ImageLabelRule
 from .optim import OptimizerName, Schedule, build_optimizer, lr_factor, optimizer_problems
 
-__all__ = ["FineTuner", "NonFiniteLossError", "step_seed"]
+__all__ = ["BatchTransform", "FineTuner", "NonFiniteLossError", "step_seed"]
+
+BatchTransform = Callable[["FineTuner", Batch], Batch]
+"""A training-batch transform (:attr:`FineTuner.batch_transform`): the model and the unpacked batch in, the batch
+to train on out (e.g. adversarial training's, with its attacked images in place of or beside the clean ones)."""
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -84,10 +90,11 @@ class _OutputWatch:
         return bool(self.images_differ) and not bool(self.logits_differ)
 
 
-def _train_features(backbone: torch.nn.Module, x: Tensor) -> Tensor:
-    """``backbone(x)`` in training mode, with a clear error for a batch that BatchNorm cannot normalise."""
+def _train_features(features: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """``features(x)`` (the backbone's) in training mode, with a clear error for a batch that BatchNorm cannot
+    normalise."""
     try:
-        return backbone(x)
+        return features(x)
     except ValueError as err:
         if "Expected more than 1 value per channel" not in str(err):
             raise
@@ -238,8 +245,16 @@ class FineTuner(L.LightningModule):
         warmup_epochs: linear warm-up length in epochs (may be fractional).
         channels_last: use the channels-last memory format for the backbone and the images (fast for CNNs).
         freeze_backbone: train the heads only (linear probing).
-        task: what the data and predictions are (``classification``, the only task so far; see
-            :mod:`coretune.tasks`).
+        task: what the data, the network on the backbone and the predictions are: ``classification`` (default)
+            or another task of :data:`coretune.tasks.TASKS` (``coretune fit --task NAME``).
+        output_stride: segmentation: input size ÷ the dilated backbone's feature-map size (16 or 8).
+        image_labels: segmentation with Core-tuning: the rule giving each crop the image-level label its
+            contrastive positives come from, ``majority`` (its most frequent class) or ``multilabel`` (crops
+            sharing any class are positives); see :class:`coretune.tasks.SegmentationTask`.
+
+    Attributes:
+        batch_transform: ``None``, or a :data:`BatchTransform` applied to every unpacked training batch before the
+            backbone sees it (after the step's RNG seeding, so its draws are reproducible too).
     """
 
     def __init__(
@@ -262,6 +277,8 @@ class FineTuner(L.LightningModule):
         channels_last: bool = True,
         freeze_backbone: bool = False,
         task: str = "classification",
+        output_stride: Literal[16, 8] = 16,
+        image_labels: ImageLabelRule = "majority",
     ) -> None:
         super().__init__()
         problems = optimizer_problems(lr, weight_decay, momentum, warmup_epochs)
@@ -272,7 +289,10 @@ class FineTuner(L.LightningModule):
         if problems:
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective"])
-        self.backbone = create_backbone(
+        self.task = TASKS[task](self.hparams)
+        self.objective = objective if objective is not None else CETuning()
+        self.task.check_objective(self.objective)
+        self.backbone = self.task.build_backbone(
             backbone,
             weights=weights,
             weights_format=weights_format,
@@ -280,8 +300,7 @@ class FineTuner(L.LightningModule):
             weights_download=weights_download,
             **(backbone_args or {}),
         )
-        self.objective = objective if objective is not None else CETuning()
-        self.task = TASKS[task]()
+        self.batch_transform: BatchTransform | None = None
         self.class_names: list[str] | None = None
         self._watch: _OutputWatch | None = None  # the current evaluation epoch's outputs (collapse check)
         self.checkpoint_info: dict[str, Any] = {}  # the checkpoint's 'coretune' entry (from_checkpoint)
@@ -292,11 +311,11 @@ class FineTuner(L.LightningModule):
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def build(self, num_classes: int, class_names: list[str] | None = None) -> None:
-        """Create the objective's heads for ``num_classes`` classes and the metrics."""
+        """Create the task's heads (the objective's) for ``num_classes`` classes and the metrics."""
         if num_classes < 2:
-            raise ValueError(f"classification needs at least 2 classes, the data has {num_classes}")
+            raise ValueError(f"{self.task.name} needs at least 2 classes, the data has {num_classes}")
         if not self.objective.is_built:
-            self.objective.build(self.backbone.feature_dim, num_classes)
+            self.task.build_heads(self.objective, self.backbone.feature_dim, num_classes)
         elif self.objective.num_classes != num_classes:
             raise ValueError(
                 f"the model was built for {self.objective.num_classes} classes but the data has {num_classes}: "
@@ -304,8 +323,8 @@ class FineTuner(L.LightningModule):
             )
         self.class_names = list(class_names) if class_names is not None else [str(i) for i in range(num_classes)]
         self.train_metrics = self.task.train_metrics(num_classes)
-        self.val_metrics = self.task.train_metrics(num_classes)
-        self.test_metrics = self.task.eval_metrics(num_classes)
+        self.val_metrics = self.task.val_metrics(num_classes)
+        self.test_metrics = self.task.test_metrics(num_classes)
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
@@ -320,6 +339,8 @@ class FineTuner(L.LightningModule):
             self.build(datamodule.num_classes, getattr(datamodule, "class_names", None))
         if (example := example_image(datamodule)) is not None:
             self.example_input_array = example
+        if datamodule is not None:
+            self.task.check_data(datamodule, stage)
         if stage == "fit":
             self.objective.attach_backbone(self.backbone)
             views = self.objective.input_views
@@ -339,6 +360,7 @@ class FineTuner(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         checkpoint["coretune"] = {
+            "task": self.task.name,
             "data": {k: getattr(datamodule, k) for k in ("image_size", "mean", "std") if hasattr(datamodule, k)},
             "objective": self.objective.registered_name,
             "objective_class": f"{type(self.objective).__module__}.{type(self.objective).__qualname__}",
@@ -423,8 +445,13 @@ class FineTuner(L.LightningModule):
         return x
 
     def forward(self, x: Tensor) -> Tensor:
-        """Class logits of a batch of images."""
-        return self.objective.predict(self.backbone(self._images(x)))
+        """The task's logits of a batch of images (class logits ``(B, K)`` for classification)."""
+        x = self._images(x)
+        return self.task.predict(self.objective, self.task.features(self.backbone, x), x)
+
+    def transform_batch(self, batch: Batch) -> Batch:
+        """The training batch the backbone sees: :attr:`batch_transform`'s result, or ``batch`` itself."""
+        return batch if self.batch_transform is None else self.batch_transform(self, batch)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         # Every draw depends on (seed, step) only, so a run resumed from a checkpoint repeats the uninterrupted run
@@ -433,17 +460,17 @@ class FineTuner(L.LightningModule):
         # so every DDP process draws the same values for the global batch it mines.
         seed = step_seed(_run_seed(), self.global_step)
         torch.manual_seed(step_seed(seed, rank()) if rank() else seed)
-        x, y = self.task.unpack(batch)
-        query, key = _split_views(x)
+        unpacked = self.transform_batch(self.task.unpack(batch))
+        query, key = _split_views(unpacked.inputs)
         x = self._images(query)
         inputs = x if key is query else self._images(key)
-        z = _train_features(self.backbone, x)
-        if self.objective.gathers:
+        z = _train_features(lambda images: self.task.features(self.backbone, images), x)
+        if self.task.gathers(self.objective):
             # Every process computes the loss of the global batch, but its backbone only sees its own rows'
             # gradient; DDP's average over W processes would leave 1/W of the single-process gradient.
             z = scale_grad(z, world_size())
         torch.manual_seed(seed)
-        out = self.objective(z, y, inputs=inputs)
+        out = self.task.loss(self.objective, z, unpacked, inputs)
         if not torch.isfinite(out.loss):
             terms = ", ".join(f"{k}={float(v):.4g}" for k, v in out.terms.items())
             raise NonFiniteLossError(
@@ -451,7 +478,7 @@ class FineTuner(L.LightningModule):
                 f"step {self.global_step} "
                 f"(batch {batch_idx}; {terms}). Check the images for NaN/Inf, {_DIVERGED_FIX}"
             )
-        bs = y.shape[0]
+        y, bs = unpacked.targets, len(unpacked)
         self.log_dict(
             {f"train/{k}": v for k, v in out.terms.items()},
             on_step=False,
@@ -470,9 +497,10 @@ class FineTuner(L.LightningModule):
         return out.loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = self.task.unpack(batch)
+        unpacked = self.task.unpack(batch)
+        x, y = unpacked.inputs, unpacked.targets
         logits = self(x)
-        loss = torch.nn.functional.cross_entropy(logits.float(), y)
+        loss = self.task.eval_loss(logits, y)
         self._watch_outputs("validation", x, logits, batch_idx, loss)
         self.log("val/loss", loss, on_step=False, on_epoch=True, batch_size=y.shape[0], sync_dist=True)
         self.val_metrics.update(logits, y)
@@ -480,25 +508,22 @@ class FineTuner(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         self._check_collapse("validation")
         # compute() already reduced over processes; sync_dist averages equal values (and tells Lightning so).
-        self.log_dict({f"val/{k}": v for k, v in self.val_metrics.compute().items()}, prog_bar=True, sync_dist=True)
+        values = self.task.val_values(self.val_metrics.compute())
+        self.log_dict({f"val/{k}": v for k, v in values.items()}, prog_bar=True, sync_dist=True)
         self.val_metrics.reset()
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = self.task.unpack(batch)
+        unpacked = self.task.unpack(batch)
+        x, y = unpacked.inputs, unpacked.targets
         logits = self(x)
-        self._watch_outputs("test", x, logits, batch_idx, torch.nn.functional.cross_entropy(logits.float(), y))
+        self._watch_outputs("test", x, logits, batch_idx, self.task.eval_loss(logits, y))
         self.test_metrics.update(logits, y)
 
     def on_test_epoch_end(self) -> None:
         self._check_collapse("test")
-        values = self.test_metrics.compute()
-        self.test_results = {
-            "top1": float(values["top1"]),
-            "top5": float(values["top5"]),
-            "per_class_accuracy": dict(zip(self.class_names, values["per_class"].tolist(), strict=True)),
-            "confusion_matrix": values["confusion"].tolist(),
-        }
-        self.log_dict({"test/top1": values["top1"], "test/top5": values["top5"]}, sync_dist=True)
+        self.test_results = self.task.test_results(self.test_metrics.compute(), self.class_names or [])
+        scalars = {f"test/{k}": v for k, v in self.test_results.items() if isinstance(v, float)}
+        self.log_dict(scalars, sync_dist=True)
         self.test_metrics.reset()
 
     def _watch_outputs(self, stage: str, x: Tensor, logits: Tensor, batch_idx: int, loss: Tensor) -> None:
@@ -520,8 +545,9 @@ class FineTuner(L.LightningModule):
         collapsed = watch is not None and watch.collapsed()
         if not self.trainer.strategy.reduce_boolean_decision(collapsed, all=True) or watch is None:
             return
-        row = ", ".join(f"{v:.4g}" for v in watch.logits.float().tolist()[:5])
-        name = self.class_names[int(watch.logits.argmax())] if self.class_names else "?"
+        scores = watch.logits.float().reshape(len(watch.logits), -1).mean(1)  # (K,) also for per-pixel logits
+        row = ", ".join(f"{v:.4g}" for v in scores.tolist()[:5])
+        name = self.class_names[int(scores.argmax())] if self.class_names else "?"
         raise NonFiniteLossError(
             f"the model collapsed at epoch {self.current_epoch}, step {self.global_step}: all {watch.count} {stage} "
             f"images get the same logits ({row}{', …' if len(watch.logits) > 5 else ''}), so it predicts class "
@@ -558,7 +584,7 @@ class FineTuner(L.LightningModule):
             loader = self.trainer.datamodule.train_dataloader() if self.trainer.datamodule is not None else []
             batches = map(self.task.unpack, loader)
             self.objective.prepare(
-                (self._images(_split_views(x)[0].to(self.device)), y.to(self.device)) for x, y in batches
+                (self._images(_split_views(b.inputs)[0].to(self.device)), b.targets.to(self.device)) for b in batches
             )
 
     def on_train_epoch_start(self) -> None:

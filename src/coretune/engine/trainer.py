@@ -14,7 +14,8 @@ from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
 
 from ..rundir import RunDir
-from .callbacks import RunArtifacts
+from ..tasks import DEFAULT_TASK, TASKS
+from .callbacks import RunArtifacts, task_of
 from .checkpoint_io import AtomicCheckpointIO
 from .interrupts import StopOnSignal
 
@@ -95,18 +96,30 @@ def check_trainer_options(trainer: Mapping[str, Any]) -> None:
         raise ValueError("; ".join(problems))
 
 
-def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) -> list[Callback]:
-    """Best and last checkpoints (by ``val/top1``), run outputs, a resumable checkpoint on SIGTERM/SIGINT, and a
-    rich progress bar with ETA."""
-    checkpoint_dir = RunDir(run_dir).checkpoints if run_dir is not None else None
-    callbacks: list[Callback] = [
-        ModelCheckpoint(
-            dirpath=checkpoint_dir,
+class BestCheckpoint(ModelCheckpoint):
+    """``best.ckpt``: the model of the epoch with the highest ``val/<monitor>`` of the task being trained
+    (:attr:`coretune.tasks.Task.monitor`: top-1 for classification), set once the trainer knows the model."""
+
+    def __init__(self, dirpath: str | Path | None = None) -> None:
+        super().__init__(
+            dirpath=dirpath,
             filename="best",
-            monitor="val/top1",
+            monitor=f"val/{TASKS[DEFAULT_TASK].monitor}",
             mode="max",
             auto_insert_metric_name=False,
-        ),
+        )
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.monitor = f"val/{task_of(pl_module).monitor}"
+        super().setup(trainer, pl_module, stage)
+
+
+def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) -> list[Callback]:
+    """Best and last checkpoints (best by the task's ``val/<monitor>``, :class:`BestCheckpoint`), run outputs, a
+    resumable checkpoint on SIGTERM/SIGINT, and a rich progress bar with ETA."""
+    checkpoint_dir = RunDir(run_dir).checkpoints if run_dir is not None else None
+    callbacks: list[Callback] = [
+        BestCheckpoint(checkpoint_dir),
         # Every training epoch's end (after that epoch's validation, if any), overwritten: Lightning 2.6's
         # save_last=True writes last.ckpt only when `best` improves, and a plain ModelCheckpoint only at validated
         # epochs when check_val_every_n_epoch > 1.

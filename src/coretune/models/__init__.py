@@ -18,7 +18,13 @@ from .checkpoints import (
     resolve_weights,
 )
 from .encoder import TIMM_PREFIX, Encoder
-from .segmentation import DeepLabV3, create_deeplabv3, dilate_resnet
+from .segmentation import (
+    DeepLabV3,
+    create_deeplabv3,
+    create_dilated_backbone,
+    dilate_resnet,
+    resnet_feature_map,
+)
 
 __all__ = [
     "HUB_PREFIXES",
@@ -33,6 +39,7 @@ __all__ = [
     "UnreadableCheckpointError",
     "create_backbone",
     "create_deeplabv3",
+    "create_dilated_backbone",
     "dilate_resnet",
     "extract_backbone_state",
     "list_backbones",
@@ -42,5 +49,6 @@ __all__ = [
     "register_backbone",
     "register_layout",
     "require_checkpoint_file",
+    "resnet_feature_map",
     "resolve_weights",
 ]

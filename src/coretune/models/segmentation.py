@@ -8,7 +8,7 @@ tensor's shape, so the weights are loaded first and the last stages dilated afte
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -17,7 +17,14 @@ from torchvision.models.segmentation.deeplabv3 import DeepLabHead
 
 from .backbones import _TORCHVISION_RESNETS, Encoder, create_backbone
 
-__all__ = ["DILATION_BY_OUTPUT_STRIDE", "DeepLabV3", "create_deeplabv3", "dilate_resnet"]
+__all__ = [
+    "DILATION_BY_OUTPUT_STRIDE",
+    "DeepLabV3",
+    "create_deeplabv3",
+    "create_dilated_backbone",
+    "dilate_resnet",
+    "resnet_feature_map",
+]
 
 DILATION_BY_OUTPUT_STRIDE: dict[int, list[bool]] = {16: [False, False, True], 8: [False, True, True]}
 """torchvision's ``replace_stride_with_dilation`` for ``layer2``–``layer4`` at each output stride."""
@@ -48,6 +55,12 @@ def dilate_resnet(resnet: ResNet, replace_stride_with_dilation: list[bool]) -> N
                     conv.dilation, conv.padding = (rate, rate), (rate, rate)
 
 
+def resnet_feature_map(body: ResNet, x: Tensor) -> Tensor:
+    """A ResNet's last stage output ``(B, C, ⌈H/os⌉, ⌈W/os⌉)`` (stem, ``layer1``–``layer4``, no pooling)."""
+    x = body.maxpool(body.relu(body.bn1(body.conv1(x))))
+    return body.layer4(body.layer3(body.layer2(body.layer1(x))))
+
+
 class DeepLabV3(nn.Module):
     """A ResNet encoder, dilated to ``output_stride``, under torchvision's DeepLab-V3 head (ASPP + 3×3 conv + 1×1
     classifier).
@@ -71,10 +84,8 @@ class DeepLabV3(nn.Module):
         self.num_classes, self.output_stride = num_classes, output_stride
 
     def feature_map(self, x: Tensor) -> Tensor:
-        """The last stage's output ``(B, C, ⌈H/os⌉, ⌈W/os⌉)`` (ResNet stem, ``layer1``–``layer4``, no pooling)."""
-        body = self.encoder.body
-        x = body.maxpool(body.relu(body.bn1(body.conv1(x))))
-        return body.layer4(body.layer3(body.layer2(body.layer1(x))))
+        """The last stage's output ``(B, C, ⌈H/os⌉, ⌈W/os⌉)`` (:func:`resnet_feature_map`)."""
+        return resnet_feature_map(self.encoder.body, x)
 
     def forward_with_features(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(logits (B, K, H, W) upsampled to the input size, last feature map (B, C, h, w))``."""
@@ -105,15 +116,28 @@ def create_deeplabv3(
             ``num_classes < 2``.
         CheckpointError: the weights cannot be read or do not fit the backbone.
     """
-    if output_stride not in DILATION_BY_OUTPUT_STRIDE:
-        raise ValueError(f"output_stride must be 16 or 8 for DeepLab-V3, got {output_stride}")
     if num_classes < 2:
         raise ValueError(f"segmentation needs at least 2 classes, got {num_classes}")
+    encoder = create_dilated_backbone(
+        backbone, output_stride, weights=weights, weights_format=weights_format, verbose=verbose
+    )
+    return DeepLabV3(encoder, num_classes, output_stride)
+
+
+def create_dilated_backbone(backbone: str, output_stride: int = 16, **options: Any) -> Encoder:
+    """The coretune ResNet ``backbone`` (:func:`~coretune.models.create_backbone` with ``options``: weights, load
+    report …), its last stages dilated to ``output_stride`` (:data:`DILATION_BY_OUTPUT_STRIDE`).
+
+    Raises:
+        ValueError: ``backbone`` is not a torchvision ResNet, or ``output_stride`` is not 16 or 8.
+    """
+    if output_stride not in DILATION_BY_OUTPUT_STRIDE:
+        raise ValueError(f"output_stride must be 16 or 8 for DeepLab-V3, got {output_stride}")
     if backbone not in _TORCHVISION_RESNETS:
         raise ValueError(
             f"DeepLab-V3 needs a ResNet backbone ({', '.join(_TORCHVISION_RESNETS)}), got {backbone!r}: "
             "its last stages are dilated, which only these support here"
         )
-    encoder = create_backbone(backbone, weights=weights, weights_format=weights_format, verbose=verbose)
+    encoder = create_backbone(backbone, **options)
     dilate_resnet(encoder.body, DILATION_BY_OUTPUT_STRIDE[output_stride])
-    return DeepLabV3(encoder, num_classes, output_stride)
+    return encoder

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..rundir import RunDir
-from .records import RunRecord, run_progress, run_top1
+from .records import RunRecord, run_progress, run_score_name, run_top1
 from .spec import BenchSpec, Run
 from .stats import Cell
 
@@ -95,14 +95,15 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
 
 
 def collect_curves(spec: BenchSpec) -> list[CurvePoint]:
-    """The validated top-1 per epoch of every cell: mean and sample std (%) over its finished seeds that validated
-    that epoch (``val/top1`` in each run's ``metrics.csv``: the validation split, or the test images for runs that
-    hold none out), and the paired difference from the spec's baseline row in the same column: ``v − v_baseline``
-    on each seed both finished and validated at that epoch, mean and sample std (percentage points) and the number
-    of pairs (None for the baseline row and without pairs). One row per (data set, objective, label fraction,
-    epoch), epochs counted from 1. ``validated_on`` says what the cell's runs validated on (``results.json``'s
-    ``validated_on_test_images``): ``test`` (no validation split: the test images), ``val`` (a validation split),
-    ``mixed``, or None when no run records it."""
+    """The validated top-1 (the runs' task's score: MIoU for segmentation) per epoch of every cell: mean and sample
+    std (%) over its finished seeds that validated that epoch (``val/top1`` in each run's ``metrics.csv``:
+    the validation split, or the test images for runs that hold none out), and the paired difference from the
+    spec's baseline row in the same column: ``v − v_baseline`` on each seed both finished and validated at
+    that epoch, mean and sample std (percentage points) and the number of pairs (None for the baseline row
+    and without pairs). One row per (data set, objective, label fraction, epoch), epochs counted from 1.
+    ``validated_on`` says what the cell's runs validated on (``results.json``'s
+    ``validated_on_test_images``): ``test`` (no validation split: the test images), ``val`` (a validation
+    split), ``mixed``, or None when no run records it."""
     per_run: dict[tuple[str, str, float], dict[int, dict[int, float]]] = {}  # cell → seed → epoch → top-1 (%)
     sources: dict[tuple[str, str, float], set[str]] = {}  # cell → what its runs validated on
     for run in spec.runs():
@@ -113,10 +114,11 @@ def collect_curves(spec: BenchSpec) -> list[CurvePoint]:
         on_test = files.read_results().get("validated_on_test_images")
         sources.setdefault(key, set()).update([] if on_test is None else ["test" if on_test else "val"])
         curve = per_run.setdefault(key, {}).setdefault(run.seed, {})
+        score = f"val/{run_score_name(run.run_dir)}"  # val/top1 for classification
         with metrics.open(newline="") as f:
             for row in csv.DictReader(f):
-                if row.get("val/top1") not in (None, ""):
-                    curve[int(row["epoch"]) + 1] = 100 * float(row["val/top1"])
+                if row.get(score) not in (None, ""):
+                    curve[int(row["epoch"]) + 1] = 100 * float(row[score])
 
     def mean_std(values: list[float]) -> tuple[float | None, float | None]:
         if not values:

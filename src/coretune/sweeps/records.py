@@ -8,7 +8,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from ..runconfig import recorded_task
 from ..rundir import RunDir
+from ..tasks import DEFAULT_TASK, TASKS
 from .spec import Metric, check_val_split
 
 __all__ = [
@@ -57,14 +59,23 @@ class RunRecord:
         return {**row, "run_dir": str(self.run_dir)}
 
 
-def final_val_top1(metrics_csv: str | Path) -> float:
-    """``val/top1`` of the last validated epoch in a run's ``metrics.csv`` (a fraction in [0, 1])."""
+def run_score_name(run_dir: str | Path) -> str:
+    """The value a run is scored by: its task's monitored value (``top1`` for classification, ``miou`` for
+    segmentation), the task being the one its ``config.yaml`` records."""
+    task = recorded_task(RunDir(run_dir).read_config()) or DEFAULT_TASK
+    return TASKS[task].monitor if task in TASKS else TASKS[DEFAULT_TASK].monitor
+
+
+def final_val_top1(metrics_csv: str | Path, score: str | None = None) -> float:
+    """``val/<score>`` (default: ``val/`` + the run's :func:`run_score_name`, ``val/top1`` for classification) of
+    the last validated epoch in a run's ``metrics.csv`` (a fraction in [0, 1])."""
     from ..engine import read_metrics
 
-    values = [float(r["val/top1"]) for r in read_metrics(metrics_csv) if r.get("val/top1") not in (None, "")]
+    key = f"val/{score or run_score_name(Path(metrics_csv).parent)}"
+    values = [float(r[key]) for r in read_metrics(metrics_csv) if r.get(key) not in (None, "")]
     if not values:
         raise ValueError(
-            f"{metrics_csv} has no val/top1: validation never ran. Make --trainer.max_epochs a multiple of "
+            f"{metrics_csv} has no {key}: validation never ran. Make --trainer.max_epochs a multiple of "
             "--trainer.check_val_every_n_epoch so the last epoch is validated"
         )
     return values[-1]
@@ -118,10 +129,11 @@ def format_duration(seconds: float) -> str:
 
 
 def run_top1(run_dir: str | Path, metric: Metric = "test") -> float:
-    """Top-1 (%) of a finished run: its test result, or (``"val"``) its final epoch's ``val/top1``, which must come
-    from a validation split carved from the training set (``data.val_fraction`` > 0 in the run's config.yaml)."""
+    """The score (%) of a finished run (:func:`run_score_name`: top-1 for classification, MIoU for segmentation):
+    its test result, or (``"val"``) its final epoch's ``val/<score>``, which must come from a validation split
+    carved from the training set (``data.val_fraction`` > 0 in the run's config.yaml)."""
     run = RunDir(run_dir)
     if metric == "test":
-        return 100 * float(run.read_results()["test"]["top1"])
+        return 100 * float(run.read_results()["test"][run_score_name(run_dir)])
     check_val_split(run.read_config(), f"{run.path} ({run.config})")
     return 100 * final_val_top1(run.metrics)

@@ -2,27 +2,38 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
+import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from ..data import ImageClassificationData
+from .base import Task
+
 __all__ = ["ClassificationTask"]
 
 
-class ClassificationTask:
-    """The default task of :class:`coretune.engine.FineTuner`."""
+class ClassificationTask(Task):
+    """The default task of :class:`coretune.engine.FineTuner` (``--task classification``): an image folder
+    (:class:`~coretune.data.ImageClassificationData`), the objective's linear classifier on the backbone's pooled
+    features, top-1 chooses the best checkpoint."""
 
     name = "classification"
+    data_class = ImageClassificationData
+    monitor = "top1"
+    monitor_label = "top-1"
+    summary_keys: ClassVar[tuple[str, ...]] = ("train/loss", "train/top1", "val/loss", "val/top1")
+    metric_names: ClassVar[tuple[str, ...]] = ("top1", "top5")
+    no_validation_split = "no separate val/ folder and no --data.val_fraction"
+    validation_split_fix = "--data.val_fraction 0.1"
 
-    @staticmethod
-    def unpack(batch: Any) -> tuple[Tensor, Tensor]:
-        """Images and labels of a batch ``(x, y, ...)``."""
-        return batch[0], batch[1]
+    def eval_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        return F.cross_entropy(logits.float(), targets)
 
-    @staticmethod
-    def train_metrics(num_classes: int) -> MetricCollection:
+    def train_metrics(self, num_classes: int) -> MetricCollection:
         return MetricCollection(
             compute_groups=False,
             metrics={
@@ -31,8 +42,7 @@ class ClassificationTask:
             },
         )
 
-    @staticmethod
-    def eval_metrics(num_classes: int) -> MetricCollection:
+    def test_metrics(self, num_classes: int) -> MetricCollection:
         return MetricCollection(
             compute_groups=False,
             metrics={
@@ -42,3 +52,14 @@ class ClassificationTask:
                 "confusion": MulticlassConfusionMatrix(num_classes),
             },
         )
+
+    def test_results(self, computed: Mapping[str, Tensor], class_names: list[str]) -> dict[str, Any]:
+        return {
+            "top1": float(computed["top1"]),
+            "top5": float(computed["top5"]),
+            "per_class_accuracy": dict(zip(class_names, computed["per_class"].tolist(), strict=True)),
+            "confusion_matrix": computed["confusion"].tolist(),
+        }
+
+    def summary_line(self, test: Mapping[str, Any]) -> str:
+        return f"top-1 {100 * test['top1']:.2f}%  top-5 {100 * test['top5']:.2f}%"

@@ -1,5 +1,6 @@
-"""Semantic segmentation's task-specific pieces: metrics from one confusion matrix, the image-level labels that
-give the contrastive regulariser its positives, and the colour palette with its mask files and figures.
+"""Semantic segmentation (``--task segmentation``, :class:`SegmentationTask`) and its pieces: metrics from one
+confusion matrix, the image-level labels that give the contrastive regulariser its positives, the regulariser
+itself (:func:`dense_contrastive_loss`), and the colour palette with its mask files and figures.
 
 Masks are ``(B, H, W)`` int64 class indices with ``ignore_index`` (255) for pixels left out of everything.
 """
@@ -7,24 +8,34 @@ Masks are ``(B, H, W)`` int64 class indices with ``ignore_index`` (255) for pixe
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
+import lightning as L
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
-from torch import Tensor
-from torchmetrics.classification import MulticlassConfusionMatrix
+from torch import Tensor, nn
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+from torchvision.models.segmentation.deeplabv3 import DeepLabHead
 
-from ..data.segmentation import IGNORE_INDEX
-from ..losses import supcon_positive_mask
+from ..data.segmentation import IGNORE_INDEX, SegmentationData
+from ..losses import contrastive_loss, supcon_positive_mask
+from ..mining import mine_hard_positives
+from ..models import Encoder, create_dilated_backbone, resnet_feature_map
+from ..objectives import CETuning, CoreTuning, Objective, ObjectiveOutput
+from .base import Batch, Task
 
 __all__ = [
     "ImageLabelRule",
     "SegmentationMetrics",
+    "SegmentationTask",
     "class_pixel_counts",
     "colorize",
+    "dense_contrastive_loss",
     "image_labels",
     "majority_labels",
     "multilabel_labels",
@@ -269,3 +280,203 @@ def save_predictions_figure(
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the task
+# ------------------------------------------------------------------------------------------------------------
+def dense_contrastive_loss(
+    objective: CoreTuning, pooled: Tensor, labels: Tensor, generator: torch.Generator | None = None
+) -> Tensor:
+    """Core-tuning's contrastive regulariser for dense prediction, on ``pooled`` ``(B, C)`` (the backbone's last
+    feature map, globally average-pooled) with image-level ``labels`` (:func:`image_labels`).
+
+    - Positives: :func:`positive_mask` of the labels (a crop without a label is nobody's positive and has none,
+      so it is no anchor, only a negative of the others).
+    - ``objective.mixing == "hard"``: one hard *positive* is generated per anchor
+      (:func:`coretune.mining.mine_hard_positives`: its hardest positive mixed with its hardest negative) and is
+      its positive; no hard negative is generated (the paper's source: for dense prediction only hard positive
+      pairs are generated). A crop without a label gets no generated row. ``"none"`` (``ce_con``): the originals
+      alone (SupCon).
+    - The rows go through the objective's own projection head ``G_c`` and
+      :func:`coretune.losses.contrastive_loss` (focal as ``objective.focal``, temperature ``τ``); with
+      ``generated_pairs="own"`` each anchor's ``A_i`` holds the originals and its own generated row only.
+    """
+    b = pooled.shape[0]
+    labelled = labels >= 0 if labels.dim() == 1 else labels.any(1)
+    positives = positive_mask(labels)
+    rows, pos_mask, contrast = pooled, positives, None
+    if objective.mixing == "hard":
+        generated = mine_hard_positives(pooled, positives, objective.alpha, objective.lambda_p, generator)
+        own = torch.diag(labelled)
+        originals = positives if objective.original_positives else torch.zeros_like(positives)
+        rows, pos_mask = torch.cat([pooled, generated]), torch.cat([originals, own], dim=1)
+        others = own if objective.generated_pairs == "own" else labelled[None, :].expand(b, b)
+        contrast = torch.cat([torch.ones_like(positives), others], dim=1)
+    v = F.normalize(objective.projector(rows).float(), dim=1)
+    return contrastive_loss(v, pos_mask, objective.temperature, objective.focal, contrast)
+
+
+class SegmentationTask(Task):
+    """Semantic segmentation (``--task segmentation``, paper §5.2): DeepLab-V3 on a dilated ResNet.
+
+    - Data: :class:`~coretune.data.SegmentationData` (the PASCAL VOC layout); batches ``(images, masks)``.
+    - Network: the backbone's last stages dilated to ``output_stride`` (FineTuner's ``output_stride``, 16 or 8;
+      weights through the same loader and load report as classification), torchvision's DeepLab-V3 head (ASPP)
+      as the objective's classifier ``G_y``; logits upsampled to the input size.
+    - Objectives: ``ce`` (pixel-wise CE), and Core-tuning's class with ``mixing`` ``"hard"`` (``core``) or
+      ``"none"`` (``ce_con``): pixel-wise CE from the head + ``η ×`` the contrastive term of
+      :func:`dense_contrastive_loss` on the pooled last feature map, through the objective's own projection head.
+      The positives come from image-level labels, which the paper leaves undefined: FineTuner's ``image_labels``
+      rule, ``majority`` (default: the crop's most frequent non-ignored class, the class that dominates the pooled
+      feature; :func:`majority_labels`) or ``multilabel`` (crops sharing any class; :func:`multilabel_labels`).
+      As the paper's source does for dense prediction, only hard *positive* pairs are generated, and the mixed
+      features do not train the classifier (there is no soft-label CE: ``smooth_classifier`` and
+      ``classifier_pairs`` have no effect). Every other objective is refused.
+    - Metrics: pixel accuracy in training; validation and test from one confusion matrix over the split
+      (:class:`SegmentationMetrics`): pixel accuracy, MPA, FWIoU, MIoU (chooses ``best.ckpt``) and, in
+      ``results.json``, per-class accuracy and IoU and the confusion matrix. ``predictions.png`` shows a few
+      validation images with their ground truth and prediction.
+    """
+
+    name = "segmentation"
+    data_class = SegmentationData
+    monitor = "miou"
+    monitor_label = "MIoU"
+    summary_keys: ClassVar[tuple[str, ...]] = ("train/loss", "train/pixel_acc", "val/loss", "val/miou")
+    metric_names: ClassVar[tuple[str, ...]] = ("pixel_acc", "mpa", "fwiou", "miou")
+    no_validation_split = "ImageSets/Segmentation/ lists val.txt or test.txt, not both"
+    validation_split_fix = "list validation images in val.txt and test images in test.txt"
+    ignore_index = IGNORE_INDEX
+    #: How many validation images ``predictions.png`` shows.
+    figure_images = 4
+
+    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
+        super().__init__(settings)
+        self.output_stride = int(self.settings.get("output_stride", 16))
+        self.image_labels: ImageLabelRule = self.settings.get("image_labels", "majority")
+
+    # -- the network ----------------------------------------------------------------------------------------
+    def build_backbone(self, backbone: str, **options: Any) -> Encoder:
+        return create_dilated_backbone(backbone, self.output_stride, **options)
+
+    def check_objective(self, objective: Objective) -> None:
+        problem = None
+        if isinstance(objective, CoreTuning):
+            if objective.mixing == "manifold":
+                problem = "its mixing='manifold' mixes features to train the classifier, which has no pixels to mix"
+            elif objective.memory_size > 0:
+                problem = "its cross-batch memory (memory_size > 0) is for classification only"
+        elif type(objective) is not CETuning:
+            problem = "it is a classification method"
+        if problem is not None:
+            raise ValueError(
+                f"objective {objective.registered_name!r} does not apply to --task segmentation ({problem}): "
+                "use ce, ce_con or core"
+            )
+
+    def build_heads(self, objective: Objective, feature_dim: int, num_classes: int) -> None:
+        objective.build(feature_dim, num_classes)
+        objective.classifier = DeepLabHead(feature_dim, num_classes)
+
+    def check_data(self, datamodule: Any, stage: str) -> None:
+        ignore = getattr(datamodule, "ignore_index", IGNORE_INDEX)
+        if ignore != self.ignore_index:
+            raise ValueError(
+                f"--data.ignore_index {ignore}: the segmentation task leaves out mask value {self.ignore_index} "
+                f"only; remap the masks' ignored value to {self.ignore_index}"
+            )
+        if stage != "fit":
+            return
+        images = len(datamodule.train_dataset) if getattr(datamodule, "train_dataset", None) is not None else None
+        if getattr(datamodule, "batch_size", 2) < 2 or images == 1:
+            what = "--data.batch_size 1" if images != 1 else "a training set of 1 image"
+            raise ValueError(
+                f"{what}: DeepLab-V3's ASPP pools each image to one value per channel before a BatchNorm layer, "
+                "which cannot train on a batch of 1: use --data.batch_size 2 or more (and 2 or more training images)"
+            )
+
+    def gathers(self, objective: Objective) -> bool:
+        return False  # the contrastive term is computed per process
+
+    # -- steps ----------------------------------------------------------------------------------------------
+    def features(self, backbone: nn.Module, x: Tensor) -> Tensor:
+        return resnet_feature_map(backbone.body, x)
+
+    def predict(self, objective: Objective, features: Tensor, x: Tensor) -> Tensor:
+        logits = objective.classifier(features)
+        return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=False)
+
+    def loss(self, objective: Objective, features: Tensor, batch: Batch, inputs: Tensor) -> ObjectiveOutput:
+        masks = batch.targets
+        logits = self.predict(objective, features, masks)
+        ce = self.eval_loss(logits, masks)
+        loss, terms = ce, {"ce": ce.detach()}
+        if isinstance(objective, CoreTuning) and objective.eta > 0:
+            labels = image_labels(masks, objective.num_classes or 0, self.image_labels, self.ignore_index)
+            con = dense_contrastive_loss(objective, features.mean((2, 3)), labels, objective.generator)
+            loss = loss + objective.eta * con
+            terms["con"] = con.detach()
+        terms["loss"] = loss.detach()
+        return ObjectiveOutput(loss, logits, terms)
+
+    def eval_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """Pixel-wise CE over the non-ignored pixels (0 for a batch without any)."""
+        total = F.cross_entropy(logits.float(), targets, ignore_index=self.ignore_index, reduction="sum")
+        return total / (targets != self.ignore_index).sum().clamp(min=1)
+
+    # -- metrics and outputs --------------------------------------------------------------------------------
+    def train_metrics(self, num_classes: int) -> MetricCollection:
+        return MetricCollection(
+            {"pixel_acc": MulticlassAccuracy(num_classes, average="micro", ignore_index=self.ignore_index)}
+        )
+
+    def val_metrics(self, num_classes: int) -> SegmentationMetrics:
+        return SegmentationMetrics(num_classes, self.ignore_index)
+
+    def val_values(self, computed: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        return {k: computed[k].float() for k in self.metric_names}
+
+    def test_metrics(self, num_classes: int) -> SegmentationMetrics:
+        return SegmentationMetrics(num_classes, self.ignore_index)
+
+    def test_results(self, computed: Mapping[str, Tensor], class_names: list[str]) -> dict[str, Any]:
+        return {
+            **{k: float(computed[k]) for k in self.metric_names},
+            "per_class_iou": per_class_scores(computed["per_class_iou"], class_names),
+            "per_class_accuracy": per_class_scores(computed["per_class_acc"], class_names),
+            "confusion_matrix": computed["confusion"].tolist(),
+        }
+
+    def summary_line(self, test: Mapping[str, Any]) -> str:
+        return (
+            f"MIoU {100 * test['miou']:.2f}%  MPA {100 * test['mpa']:.2f}%  FWIoU {100 * test['fwiou']:.2f}%  "
+            f"pixel accuracy {100 * test['pixel_acc']:.2f}%"
+        )
+
+    def write_figures(self, module: L.LightningModule, datamodule: Any, run_dir: Path) -> list[Path]:
+        """``predictions.png``: the first :attr:`figure_images` validation images, their ground truth and the
+        model's prediction (:func:`save_predictions_figure`)."""
+        images, masks = [], []
+        for batch_images, batch_masks in datamodule.val_dataloader():
+            images.append(batch_images)
+            masks.append(batch_masks)
+            if sum(len(m) for m in masks) >= self.figure_images:
+                break
+        if not images:
+            return []
+        size = [max(t.shape[-2] for t in masks), max(t.shape[-1] for t in masks)]
+        x = torch.cat([F.pad(t, (0, size[1] - t.shape[-1], 0, size[0] - t.shape[-2])) for t in images])
+        y = torch.cat([F.pad(t, (0, size[1] - t.shape[-1], 0, size[0] - t.shape[-2]), value=self.ignore_index)
+                       for t in masks])  # fmt: skip
+        x, y = x[: self.figure_images], y[: self.figure_images]
+        training = module.training
+        module.eval()
+        with torch.inference_mode():
+            predictions = module(x.to(module.device)).argmax(1).cpu()
+        module.train(training)
+        path = Path(run_dir) / "predictions.png"
+        save_predictions_figure(
+            x, y, predictions, path, datamodule.mean, datamodule.std, getattr(module, "class_names", None)
+        )
+        return [path]

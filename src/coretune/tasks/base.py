@@ -1,0 +1,150 @@
+"""The task seam: what a task owns, so that the engine (:class:`coretune.engine.FineTuner`, ``coretune fit``, the
+run directory) holds nothing specific to one task.
+
+A task is one class per module under :mod:`coretune.tasks`, named in :data:`TASKS`. It owns
+
+- its data module (:attr:`Task.data_class`: the ``--data.*`` options of ``coretune fit``/``test``/``validate``);
+- the network it trains: the backbone (:meth:`Task.build_backbone`) and the heads on it (:meth:`Task.build_heads`,
+  usually the objective's);
+- how a batch is unpacked (:meth:`Task.unpack` → :class:`Batch`), how the backbone's features are taken
+  (:meth:`Task.features`), how the objective turns them into the training loss (:meth:`Task.loss`) and how the
+  model predicts (:meth:`Task.predict`);
+- its metrics for training, validation and test, the value the best checkpoint is chosen by (:attr:`Task.monitor`),
+  what ``results.json``'s ``test`` entry holds (:meth:`Task.test_results`), the run summary's line
+  (:meth:`Task.summary_line`) and its figures (:meth:`Task.write_figures`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import lightning as L
+from torch import Tensor, nn
+from torchmetrics import MetricCollection
+
+from ..models import Encoder, create_backbone
+from ..objectives import Objective, ObjectiveOutput
+
+__all__ = ["Batch", "Task"]
+
+
+@dataclass
+class Batch:
+    """A training or evaluation batch as the engine sees it, whatever the data module yields.
+
+    Attributes:
+        inputs: the images ``(B, 3, H, W)``, or a pair of views ``(view_1, view_2)`` when the objective asks for
+            two (``Objective.input_views == 2``).
+        targets: what the model is trained to predict (class labels ``(B,)``, masks ``(B, H, W)`` …).
+        extras: anything else a batch carries (e.g. ``domains``: domain labels ``(B,)``); every entry reaches the
+            objective as a keyword argument of the same name (:meth:`Task.loss`).
+    """
+
+    inputs: Any
+    targets: Tensor
+    extras: dict[str, Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.targets.shape[0])
+
+
+class Task:
+    """Base class of a task. Subclasses set the class attributes and override what differs from classification's
+    defaults below (a backbone's pooled features into the objective)."""
+
+    name: ClassVar[str] = ""
+    #: Its LightningDataModule (``coretune fit``'s ``--data.*``); it exposes ``num_classes`` and ``class_names``.
+    data_class: ClassVar[type[L.LightningDataModule]]
+    #: The validation value (``val/<monitor>``, higher is better) that chooses ``best.ckpt``, that ``results.json``
+    #: records as ``best_val_<monitor>``, that the learning curve plots and that sweeps score runs by.
+    monitor: ClassVar[str]
+    #: How :attr:`monitor` is named in figures and tables (``top-1``, ``MIoU``).
+    monitor_label: ClassVar[str]
+    #: The ``metrics.csv`` columns an epoch's log line shows (those the row has), loss first.
+    summary_keys: ClassVar[tuple[str, ...]]
+    #: Why a run validated on the test images, and how to hold out a validation split (the run summary's note).
+    no_validation_split: ClassVar[str]
+    validation_split_fix: ClassVar[str]
+    #: The names of its training and validation metrics (``train/<name>``, ``val/<name>``), as opposed to losses.
+    metric_names: ClassVar[tuple[str, ...]]
+
+    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
+        """``settings``: the :class:`~coretune.engine.FineTuner` settings (its ``hparams``); a task reads the ones
+        it takes."""
+        self.settings = dict(settings or {})
+
+    # -- the network ----------------------------------------------------------------------------------------
+    def build_backbone(self, backbone: str, **options: Any) -> Encoder:
+        """The backbone ``G_e``, pre-trained weights loaded (``options``: those of
+        :func:`~coretune.models.create_backbone`)."""
+        return create_backbone(backbone, **options)
+
+    def check_objective(self, objective: Objective) -> None:
+        """Raise ``ValueError`` (one line) if ``objective`` cannot train this task."""
+
+    def build_heads(self, objective: Objective, feature_dim: int, num_classes: int) -> None:
+        """Create the heads on the backbone for ``num_classes`` classes (the objective's, by default)."""
+        objective.build(feature_dim, num_classes)
+
+    def check_data(self, datamodule: Any, stage: str) -> None:
+        """Raise ``ValueError`` (one line) if the data module's settings do not suit this task for ``stage``
+        (``fit``, ``validate``, ``test`` …; called when the model is set up, after the data module)."""
+
+    def gathers(self, objective: Objective) -> bool:
+        """Whether the objective computes its loss on the batch gathered from every process (the engine then
+        rescales the backbone's gradient)."""
+        return objective.gathers
+
+    # -- batches and steps ----------------------------------------------------------------------------------
+    def unpack(self, batch: Any) -> Batch:
+        """The :class:`Batch` of what a data module yields: ``(inputs, targets, ...)`` by default."""
+        return Batch(batch[0], batch[1])
+
+    def features(self, backbone: nn.Module, x: Tensor) -> Tensor:
+        """What the backbone gives the objective for images ``x`` (its pooled features ``(B, d)`` by default)."""
+        return backbone(x)
+
+    def loss(self, objective: Objective, features: Tensor, batch: Batch, inputs: Tensor) -> ObjectiveOutput:
+        """The training loss of a batch: ``objective(features, targets, inputs=inputs, **extras)``."""
+        return objective(features, batch.targets, inputs=inputs, **batch.extras)
+
+    def predict(self, objective: Objective, features: Tensor, x: Tensor) -> Tensor:
+        """Logits of images ``x`` from their :meth:`features`."""
+        return objective.predict(features)
+
+    def eval_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """The validation/test loss of logits against targets."""
+        raise NotImplementedError
+
+    # -- metrics and outputs --------------------------------------------------------------------------------
+    def train_metrics(self, num_classes: int) -> MetricCollection:
+        """Metrics updated with each training batch's logits and logged per epoch as ``train/<name>``."""
+        raise NotImplementedError
+
+    def val_metrics(self, num_classes: int) -> Any:
+        """Metrics accumulated over the validation split (``update(logits, targets)``, ``compute()``)."""
+        return self.train_metrics(num_classes)
+
+    def val_values(self, computed: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The scalars of the validation metrics' ``compute()`` logged as ``val/<name>`` (into ``metrics.csv``)."""
+        return dict(computed)
+
+    def test_metrics(self, num_classes: int) -> Any:
+        """Metrics accumulated over the test split."""
+        raise NotImplementedError
+
+    def test_results(self, computed: Mapping[str, Tensor], class_names: list[str]) -> dict[str, Any]:
+        """``results.json``'s ``test`` entry (JSON values) from the test metrics' ``compute()``; its scalar
+        entries are also logged as ``test/<name>``."""
+        raise NotImplementedError
+
+    def summary_line(self, test: Mapping[str, Any]) -> str:
+        """The run summary's line of results (``coretune fit``'s end) from ``results.json``'s ``test`` entry."""
+        raise NotImplementedError
+
+    def write_figures(self, module: L.LightningModule, datamodule: Any, run_dir: Path) -> list[Path]:
+        """Write the task's figures besides the learning curve into ``run_dir`` (none by default)."""
+        return []

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from adversarial_models import DIGITS_MEAN, DIGITS_STD, digits, trained_digits_cnn
-from coretune.adversarial import AdversarialTraining, repeat_inputs
+from coretune.adversarial import AdversarialTraining, repeat_rows
 from coretune.attacks import PGD
 from coretune.losses import core_positive_mask, supcon_positive_mask
 
@@ -114,4 +114,4 @@ def test_the_adversarial_row_is_a_positive_of_its_clean_source() -> None:
     for mask in (supcon_positive_mask(labels), core_positive_mask(labels)[:, : 2 * b]):
         assert mask[rows, rows + b].all() and mask[rows + b, rows].all()
     keys = torch.randn(b, 5)
-    assert torch.equal(repeat_inputs(keys)[rows + b], keys)
+    assert torch.equal(repeat_rows(keys)[rows + b], keys)

@@ -46,6 +46,8 @@ def test_clean_and_robust_accuracy_of_a_checkpoint_under_both_pgds(
     pgd, referee = written["reports"]
     assert (pgd["attack"], referee["attack"]) == ("pgd", "torchattacks-pgd")
     assert written["checkpoint"] == str(ckpt) and written["split"] == "test"
+    assert written["adversarial_training"] == {"enable": False, "norm": "linf", "eps": 8 / 255, "steps": 10,
+                                               "step_size": None, "random_start": True}  # fmt: skip
     assert written["data"]["image_size"] == 8  # the checkpoint's size, and its normalisation inside the model
     assert written["data"]["mean"] == [0.485, 0.456, 0.406] and written["data"]["std"] == [0.229, 0.224, 0.225]
     # the paper's six threat models, PGD-10 with the step 2.5·ε/10

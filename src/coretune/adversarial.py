@@ -11,9 +11,10 @@ keeps its running statistics), only the images differentiated (the parameters ge
 positives this needs nothing more: the row carries its source's label ``y_i``, so SupCon's mask and Core-tuning's
 original-pair mask pair ``i`` with ``B + i`` (both ways), and Core-tuning mines its hard pairs over all ``2B`` rows.
 Objectives that take ``inputs`` (a second view, e.g. Bi-tuning's keys) get the clean source's inputs for an
-adversarial row (:func:`repeat_inputs`), so its instance positive is its clean source's key.
+adversarial row (:func:`repeat_rows`), so its instance positive is its clean source's key.
 
-Pure torch, below the engine: the engine calls :meth:`AdversarialTraining.extend` in its training step.
+Pure torch, below the engine: :class:`coretune.engine.adversarial.AdversarialBatches`, the training-batch transform
+``coretune fit --adversarial.enable true`` installs, calls :meth:`AdversarialTraining.extend` in each training step.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import Tensor, nn
 
 from .attacks import PGD, Norm, NormalizedModel
 
-__all__ = ["AdversarialTraining", "repeat_inputs"]
+__all__ = ["AdversarialTraining", "repeat_rows"]
 
 
 class AdversarialTraining:
@@ -104,10 +105,11 @@ class AdversarialTraining:
         return torch.cat([images, adv]), torch.cat([labels, labels])
 
 
-def repeat_inputs(inputs: Tensor) -> Tensor:
-    """An objective's ``inputs`` (e.g. a second view) for ``[x; x_adv]``: each adversarial row gets its clean
-    source's, so an instance-contrastive objective makes the adversarial row a positive of its source."""
-    return torch.cat([inputs, inputs])
+def repeat_rows(values: Tensor) -> Tensor:
+    """Per-row values of a batch (an objective's ``inputs``, e.g. a second view; domain labels) for
+    ``[x; x_adv]``: each adversarial row gets its clean source's, so an instance-contrastive objective makes the
+    adversarial row a positive of its source."""
+    return torch.cat([values, values])
 
 
 def _memory_format(images: Tensor) -> torch.memory_format:

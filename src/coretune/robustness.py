@@ -401,6 +401,7 @@ def evaluate_robust(args: Sequence[str]) -> Path:
         "checkpoint": str(Path(cfg.ckpt_path).resolve()),
         "data": cfg.data.as_dict(),
         "split": "test",
+        "adversarial_training": model.checkpoint_info.get("adversarial"),  # how the model was trained (None: clean)
         "reports": [asdict(report) for report in reports],
     }
     with atomic_write(output) as f:

@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("command", choices=["evaluate", "table"])
     parser.add_argument("spec", type=Path, help="the coretune bench spec whose runs to score")
     parser.add_argument("--threat_models", nargs="+", default=["linf:4/255", "l2:0.5"])
-    parser.add_argument("--autoattack_images", type=int, default=500)
+    parser.add_argument("--autoattack_images", type=int, default=200)
     args = parser.parse_args()
     spec = BenchSpec.from_yaml(args.spec)
     if args.command == "evaluate":

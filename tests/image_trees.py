@@ -15,16 +15,20 @@ def make_image_tree(
     val_per_class: int = 4,
     size: int = 32,
     seed: int = 0,
+    palette: np.ndarray | None = None,
+    noise: float = 25,
 ) -> Path:
-    """``root/{train,val}/<class>/*.png``: each class a distinct colour + noise, so a small CNN can learn it."""
+    """``root/{train,val}/<class>/*.png``: each class a distinct colour (random, or ``palette``'s row: RGB levels
+    0-255) + Gaussian noise of ``noise`` levels, so a small CNN can learn it."""
     rng = np.random.default_rng(seed)
-    palette = rng.integers(40, 215, size=(len(classes), 3))
+    if palette is None:
+        palette = rng.integers(40, 215, size=(len(classes), 3))
     for split, n in (("train", per_class), ("val", val_per_class)):
         for c, name in enumerate(classes):
             folder = root / split / name
             folder.mkdir(parents=True, exist_ok=True)
             for i in range(n):
-                pixels = palette[c] + rng.normal(0, 25, size=(size, size, 3))
+                pixels = palette[c] + rng.normal(0, noise, size=(size, size, 3))
                 Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(folder / f"{name}_{i}.png")
     return root
 

@@ -80,6 +80,21 @@ def test_coretune_pgd_and_torchattacks_pgd_agree_within_noise() -> None:
         assert abs(a.accuracy - b.accuracy) <= 0.03, (a, b)
 
 
+def test_torchattacks_leaves_a_channels_last_model_in_train_mode_as_it_was() -> None:
+    """torchattacks' PGDL2 views the images' gradient (channels-last for a channels-last model, as coretune's CNNs
+    are) and hands the model back in the mode it found it in: the BatchNorm statistics must not move, and both
+    PGDs draw the same random starts, so their ℓ∞ examples are the same."""
+    model = trained_digits_cnn().train().to(memory_format=torch.channels_last)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    threats = [("l2", 0.5), ("linf", 0.1)]
+    theirs = robust_accuracy(model, _digits_loader(100, batch_size=50), threats, attack="torchattacks-pgd")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(m.training for m in model.modules())
+    ours = robust_accuracy(model, _digits_loader(100, batch_size=50), threats)
+    assert theirs.results[1] == ours.results[1]
+    assert abs(theirs.results[0].accuracy - ours.results[0].accuracy) <= 0.03
+
+
 def test_autoattack_runs_locally_and_breaks_an_undefended_model() -> None:
     """At a large radius APGD-CE, AutoAttack's first attack, breaks every image, which ends the chain. At moderate
     radii the survivors go through APGD-T, FAB-T and Square (5,000 queries): about 100 s for 32 images on this

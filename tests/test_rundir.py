@@ -24,6 +24,9 @@ def test_the_layout_of_a_run_directory(tmp_path: Path) -> None:
         "log.txt",
     ]
     assert [p.name for p in run.records()] == ["config.yaml", "fit_args.json", "metrics.csv", "results.json"]
+    (tmp_path / "robust_results_autoattack.json").write_text("{}")  # coretune eval robust --output …, found
+    run.robust_results.write_text("{}")
+    assert [p.name for p in run.records()][4:] == ["robust_results.json", "robust_results_autoattack.json"]
 
 
 def test_a_run_is_finished_once_results_hold_the_test_results(tmp_path: Path) -> None:

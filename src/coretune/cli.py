@@ -24,7 +24,8 @@ commands:
   export      export a fine-tuned checkpoint to safetensors + JSON config, torch.export, TorchScript (and ONNX)
   objectives  list the fine-tuning methods (objectives)
   pretrain    contrastive pre-training (SimCLR, MoCo v2) on an unlabelled image folder
-  eval        kNN or linear-probe accuracy of a backbone and checkpoint (coretune eval knn|linear --help)
+  eval        kNN or linear-probe accuracy of a backbone and checkpoint (coretune eval knn|linear --help), or
+              clean and robust accuracy of a fine-tuned checkpoint under PGD / AutoAttack (coretune eval robust)
   demo        run the embedded demo end to end
   bench       run a grid of fit runs from a YAML spec; mean ± std tables and plots (coretune bench CONFIG.yaml)
   tune        choose η and α with an Optuna study on a validation split (coretune tune [options] -- FIT_ARGS)
@@ -184,7 +185,9 @@ def _eval_parser() -> ArgumentParser:
         "training split (evaluation transform) are the memory bank / probe data; the test split is scored.",
     )
     add_config_argument(parser)
-    parser.add_argument("protocol", type=Literal["knn", "linear"], help="knn or linear.")
+    parser.add_argument(
+        "protocol", type=Literal["knn", "linear"], help="knn or linear (robust: see coretune eval robust --help)."
+    )
     parser.add_argument(
         "--backbone",
         type=str | None,
@@ -230,6 +233,12 @@ def _stored_backbone(weights: str) -> str:
 
 def evaluate(args: list[str]) -> None:
     import json
+
+    if args[:1] == ["robust"]:
+        from .robustness import evaluate_robust
+
+        evaluate_robust(args[1:])
+        return
 
     import torch
     from rich.console import Console

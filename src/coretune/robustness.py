@@ -16,22 +16,46 @@ an undefended model's robust accuracy at ℓ∞ 8/255 should be near 0.
 The model takes ``[0, 1]`` pixel images (wrap a coretune model in :class:`~coretune.attacks.NormalizedModel`)
 and the loader yields unnormalised ``(images, labels, ...)`` batches, e.g. with
 ``eval_transform(size, mean=(0, 0, 0), std=(1, 1, 1))``. torchattacks is the optional extra ``robust``.
+
+``coretune eval robust`` (:func:`evaluate_robust`) does this for a fine-tuned checkpoint: its test split at the
+image size it was trained with, unnormalised, and the model wrapped in ``NormalizedModel`` with its normalisation.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from fractions import Fraction
+from functools import partial
+from operator import attrgetter
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 import torch
+from jsonargparse import ArgumentParser
 from torch import Tensor, nn
 
-from .attacks import PGD, Norm, check_pixel_images, eval_mode
+from .attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode
+from .data import ImageClassificationData
+from .engine import FineTuner, atomic_write
+from .runconfig import add_config_argument, parse_with_config
+from .scoring import check_classes, results_output
+from .tasks import ClassificationTask
 
-__all__ = ["ATTACKS", "PAPER_THREAT_MODELS", "RobustnessReport", "ThreatResult", "format_threat", "robust_accuracy"]
+__all__ = [
+    "ATTACKS",
+    "PAPER_THREAT_MODELS",
+    "RobustnessReport",
+    "ThreatResult",
+    "check_settings",
+    "evaluate_robust",
+    "format_threat",
+    "parse_threat",
+    "robust_accuracy",
+    "robust_parser",
+]
 
 Attack = Literal["pgd", "torchattacks-pgd", "autoattack"]
 ATTACKS: tuple[str, ...] = get_args(Attack)
@@ -110,10 +134,37 @@ def _import_torchattacks() -> Any:
     return torchattacks
 
 
+class _ContiguousGradient(torch.autograd.Function):
+    """The identity, whose backward makes the gradient contiguous."""
+
+    @staticmethod
+    def forward(ctx: Any, images: Tensor) -> Tensor:
+        return images.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return grad.contiguous()
+
+
+class _ContiguousInputGradient(nn.Module):
+    """``model`` whose inputs get a contiguous gradient: torchattacks' ``PGDL2`` ``.view``s it, which fails for the
+    channels-last gradient of a channels-last model (coretune's CNNs). It takes ``model``'s mode: torchattacks
+    gives an attacked model back the mode it found it in, with ``train()`` or ``eval()``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.train(model.training)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(_ContiguousGradient.apply(images))
+
+
 def _library_attack(
     torchattacks: Any, attack: str, model: nn.Module, pgd: PGD, num_classes: int, seed: int
 ) -> AttackFn:
     """torchattacks' attack for ``pgd``'s threat model (and, for PGD, its step size and random start)."""
+    model = _ContiguousInputGradient(model)
     if attack == "autoattack":
         norm = {"linf": "Linf", "l2": "L2"}[pgd.norm]
         return torchattacks.AutoAttack(
@@ -121,6 +172,42 @@ def _library_attack(
         )
     cls = torchattacks.PGD if pgd.norm == "linf" else torchattacks.PGDL2
     return cls(model, eps=pgd.eps, alpha=pgd.step_size, steps=pgd.steps, random_start=pgd.random_start)
+
+
+def check_settings(
+    attack: str,
+    threat_models: Sequence[tuple[str, float]],
+    steps: int = 10,
+    step_size: float | None = None,
+    max_images: int | None = None,
+) -> list[PGD]:
+    """The PGD of each threat model, once every setting of :func:`robust_accuracy` is checked (one-line
+    ``ValueError``s; a torchattacks attack also needs torchattacks installed, a ``RuntimeError`` naming the extra)."""
+    if attack not in ATTACKS:
+        raise ValueError(f"unknown attack {attack!r}: choose one of {', '.join(ATTACKS)}")
+    if max_images is not None and max_images < 1:
+        raise ValueError(f"max_images must be >= 1 (or None for every image), got {max_images}")
+    pgds = [PGD(norm, eps, steps, step_size) for norm, eps in threat_models]  # type: ignore[arg-type]
+    if attack != "pgd":
+        _import_torchattacks()
+    return pgds
+
+
+@contextmanager
+def _drawing_from(generator: torch.Generator) -> Iterator[None]:
+    """The global RNG of ``generator``'s device draws what ``generator`` would (torchattacks draws its random starts
+    from it), and ``generator`` advances by what was drawn."""
+    device = generator.device
+    if device.type == "cuda":
+        get_state = partial(torch.cuda.get_rng_state, device)
+        set_state = partial(torch.cuda.set_rng_state, device=device)
+    else:
+        get_state, set_state = torch.get_rng_state, torch.set_rng_state
+    set_state(generator.get_state())
+    try:
+        yield
+    finally:
+        generator.set_state(get_state())
 
 
 def robust_accuracy(
@@ -148,14 +235,10 @@ def robust_accuracy(
         attack: ``"pgd"``, ``"torchattacks-pgd"`` or ``"autoattack"`` (see the module docstring).
         steps / step_size: of both PGDs (``step_size`` ``None``: ``2.5·ε/steps``); AutoAttack ignores them.
         device: where to run (default: the model's device); the model is moved there.
-        seed: seeds the random starts (and AutoAttack's), so a run is reproducible.
+        seed: seeds the random starts (and AutoAttack's), so a run is reproducible; both PGDs draw the same starts.
         max_images: stop after this many images (``None``: the whole loader).
     """
-    if attack not in ATTACKS:
-        raise ValueError(f"unknown attack {attack!r}: choose one of {', '.join(ATTACKS)}")
-    if max_images is not None and max_images < 1:
-        raise ValueError(f"max_images must be >= 1 (or None for every image), got {max_images}")
-    pgds = [PGD(norm, eps, steps, step_size) for norm, eps in threat_models]  # validates every setting first
+    pgds = check_settings(attack, threat_models, steps, step_size, max_images)
     torchattacks = None if attack == "pgd" else _import_torchattacks()
     device = torch.device(device) if device is not None else next(model.parameters()).device
     model.to(device)
@@ -164,7 +247,7 @@ def robust_accuracy(
     seen = clean = 0
     robust = [0] * len(pgds)
     with eval_mode(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)  # torchattacks draws its random starts from the global RNG
+        torch.manual_seed(seed)  # AutoAttack draws from the global RNG too
         for batch in loader:
             images = batch[0].to(device)
             check_pixel_images(images, "robust_accuracy")  # torchattacks would silently clip normalised images
@@ -181,7 +264,11 @@ def robust_accuracy(
             for i, p in enumerate(pgds):
                 if not len(y):
                     continue
-                adv = p(model, x, y, generators[i]) if torchattacks is None else library_attacks[i](x, y)
+                if torchattacks is None:
+                    adv = p(model, x, y, generators[i])
+                else:
+                    with _drawing_from(generators[i]):  # the same random starts as coretune's PGD
+                        adv = library_attacks[i](x, y)
                 with torch.no_grad():
                     robust[i] += int((model(adv).argmax(dim=1) == y).sum())
             if max_images is not None and seen >= max_images:
@@ -200,3 +287,146 @@ def robust_accuracy(
         steps=None if auto else steps,
         seed=seed,
     )
+
+
+def parse_threat(text: str) -> tuple[str, float]:
+    """``"linf:8/255"`` → ``("linf", 0.0313…)``, ``"l2:0.5"`` → ``("l2", 0.5)``: a threat model as the command
+    line writes it, ``NORM:EPS`` with ε a number or a fraction (the norm and ε are checked by :class:`PGD`)."""
+    norm, colon, eps = text.partition(":")
+    try:
+        radius = float(Fraction(eps.strip()))
+    except (ValueError, ZeroDivisionError):
+        radius = None
+    if not colon or radius is None:
+        raise ValueError(f"threat model {text!r} is not NORM:EPS: write e.g. linf:8/255 or l2:0.5")
+    return norm.strip(), radius
+
+
+def _threat_text(norm: str, eps: float) -> str:
+    """The command line's ``NORM:EPS`` of a threat model (``linf:8/255``)."""
+    label = format_threat(norm, eps).partition(" ")[2]
+    return f"{norm}:{label}"
+
+
+def robust_parser() -> ArgumentParser:
+    """The command line of ``coretune eval robust``."""
+    parser = ArgumentParser(
+        allow_abbrev=False,
+        prog="coretune eval robust",
+        description="Clean and robust top-1 accuracy of a fine-tuned checkpoint on the test split, under PGD and "
+        "AutoAttack, for several threat models (paper §5.4, Table 8). The images are attacked in [0, 1] pixel "
+        "space at the image size the checkpoint was trained with; the model applies its own normalisation. Writes "
+        "robust_results.json in the checkpoint's run directory (or --output).",
+    )
+    add_config_argument(parser)
+    parser.add_argument("--ckpt_path", "--ckpt", type=str, required=True, help="A .ckpt written by coretune fit.")
+    parser.add_class_arguments(ImageClassificationData, "data")
+    parser.add_argument(
+        "--attack",
+        type=list[str] | str,
+        default=["pgd", "torchattacks-pgd"],
+        help="The attacks, each reported: pgd (coretune's PGD), torchattacks-pgd (torchattacks' PGD / PGDL2, the "
+        "referee) and autoattack (torchattacks' standard AutoAttack, parameter-free; slow on a CPU: see "
+        "--max_images). E.g. --attack autoattack or --attack '[pgd, autoattack]'.",
+    )
+    parser.add_argument(
+        "--threat_models",
+        type=list[str] | str,
+        default=[_threat_text(norm, eps) for norm, eps in PAPER_THREAT_MODELS],
+        help="NORM:EPS pairs, NORM linf or l2, EPS in [0, 1] pixel units (a number or a fraction); default the "
+        "paper's six, e.g. --threat_models '[linf:4/255, l2:0.5]'.",
+    )
+    parser.add_argument("--steps", type=int, default=10, help="PGD steps (both PGDs; AutoAttack sets its own).")
+    parser.add_argument("--step_size", type=float | None, default=None, help="PGD step size (default 2.5·eps/steps).")
+    parser.add_argument("--max_images", type=int | None, default=None, help="Score the first N test images only.")
+    parser.add_argument("--seed", type=int, default=0, help="Seeds the random starts (and AutoAttack's).")
+    parser.add_argument("--device", type=str | None, default=None, help="Default: cuda if available, or cpu.")
+    parser.add_argument(
+        "--output",
+        type=str | None,
+        default=None,
+        help="JSON file to write (default: robust_results.json in the checkpoint's run directory).",
+    )
+    return parser
+
+
+def evaluate_robust(args: Sequence[str]) -> Path:
+    """Run ``coretune eval robust`` with ``args``: print clean and robust accuracy per attack and threat model, and
+    write them (with the checkpoint, the data and the attack settings) to a JSON file, which is returned.
+
+    Every setting is checked, and torchattacks imported when an attack needs it, before the checkpoint is read."""
+
+    def check(cfg: Any) -> None:
+        cfg.attack, cfg.threat_models = _listed(cfg.attack), _listed(cfg.threat_models)
+        threats = [parse_threat(t) for t in cfg.threat_models]
+        if not cfg.attack:
+            raise ValueError(f"--attack names no attack: choose one or more of {', '.join(ATTACKS)}")
+        for attack in cfg.attack:
+            check_settings(attack, threats, cfg.steps, cfg.step_size, cfg.max_images)
+
+    parser = robust_parser()
+    cfg = parse_with_config(parser, args)
+    check(cfg)
+    output = results_output(cfg.output, Path(cfg.ckpt_path).resolve(), attrgetter("robust_results"), "eval robust")
+    model = FineTuner.from_checkpoint(cfg.ckpt_path)
+    if model.task.name != ClassificationTask.name:
+        raise ValueError(
+            f"coretune eval robust scores classifiers: checkpoint {cfg.ckpt_path} is a {model.task.name} model"
+        )
+    parser.set_defaults({f"data.{key}": value for key, value in model.trained_data.items()})
+    # the checkpoint's settings as defaults: the command line still wins
+    cfg = parse_with_config(parser, args, task=model.task.name, checkpoint=cfg.ckpt_path)
+    check(cfg)
+    data = ImageClassificationData(**{**cfg.data.as_dict(), "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)})
+    check_classes(model, data, cfg.ckpt_path)
+    loader = data.test_dataloader()
+    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    pixels = NormalizedModel(model, cfg.data.mean, cfg.data.std)  # the loader's images are unnormalised
+    threats = [parse_threat(t) for t in cfg.threat_models]
+    reports = [
+        robust_accuracy(
+            pixels,
+            loader,
+            threats,  # type: ignore[arg-type]
+            attack=attack,
+            steps=cfg.steps,
+            step_size=cfg.step_size,
+            device=device,
+            seed=cfg.seed,
+            max_images=cfg.max_images,
+        )
+        for attack in cfg.attack
+    ]
+    results = {
+        "checkpoint": str(Path(cfg.ckpt_path).resolve()),
+        "data": cfg.data.as_dict(),
+        "split": "test",
+        "adversarial_training": model.checkpoint_info.get("adversarial"),  # how the model was trained (None: clean)
+        "reports": [asdict(report) for report in reports],
+    }
+    with atomic_write(output) as f:
+        f.write(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    print(f"{cfg.ckpt_path}: {reports[0].num_images} test images, seed {cfg.seed}")
+    print("\n".join(comparison_lines(reports)))
+    print(f"robust results: {output}")
+    return output
+
+
+def _listed(values: str | list[str]) -> list[str]:
+    """An option that takes one value or a list, as a list."""
+    return [values] if isinstance(values, str) else values
+
+
+def comparison_lines(reports: Sequence[RobustnessReport]) -> list[str]:
+    """The reports of several attacks on the same threat models side by side, one line per accuracy under a header
+    naming each attack (``pgd-10``, ``torchattacks-pgd-10``, ``autoattack``)."""
+    labels = ["clean"] + [format_threat(r.norm, r.eps) for r in reports[0].results]
+    names = [f"{r.attack}-{r.steps}" if r.steps else r.attack for r in reports]
+    columns = [[r.clean_accuracy] + [t.accuracy for t in r.results] for r in reports]
+    width = max(map(len, labels))
+    widths = [max(len(name), 7) for name in names]
+    header = " " * width + "".join(f"  {name:>{w}}" for name, w in zip(names, widths, strict=True))
+    return [header.rstrip()] + [
+        f"{label:<{width}}" + "".join(f"  {column[i]:>{w}.2%}" for column, w in zip(columns, widths, strict=True))
+        for i, label in enumerate(labels)
+    ]

@@ -8,6 +8,8 @@
     results.json         test results, timings …; holds "test" once the fit has ended
     test_results.json    what ``coretune test`` found (the fit's results.json is left as it is)
     val_results.json     what ``coretune validate`` found
+    robust_results.json  what ``coretune eval robust`` found (clean and robust accuracy; robust_results_*.json
+                         for other --output names given there, e.g. AutoAttack's)
     learning_curve.png
     checkpoints/         best.ckpt, last.ckpt (what a re-run resumes from)
     fit.pid              the claim of the process running it (:mod:`coretune.runclaim`)
@@ -68,6 +70,10 @@ class RunDir:
         return self.path / "val_results.json"
 
     @property
+    def robust_results(self) -> Path:
+        return self.path / "robust_results.json"
+
+    @property
     def learning_curve(self) -> Path:
         return self.path / "learning_curve.png"
 
@@ -100,8 +106,10 @@ class RunDir:
         return self.path / "stop_request"
 
     def records(self) -> tuple[Path, ...]:
-        """The small files of a run that its tables, curves and resume checks read (no checkpoints or logs)."""
-        return self.config, self.fit_args, self.metrics, self.results
+        """The small files of a run that its tables, curves and resume checks read, and the robustness its
+        checkpoint was measured with (``coretune eval robust``'s ``robust_results*.json`` there); no checkpoints or
+        logs."""
+        return self.config, self.fit_args, self.metrics, self.results, *sorted(self.path.glob("robust_results*.json"))
 
     def read_results(self) -> dict[str, Any]:
         """``results.json`` (empty before the fit has written it)."""

@@ -10,7 +10,8 @@ directory (``test_results.json``, ``val_results.json``); the fit's ``results.jso
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +22,7 @@ from .runconfig import add_config_argument, parse_with_config
 from .rundir import RunDir
 from .tasks import DEFAULT_TASK, TASKS, Task
 
-__all__ = ["Split", "score", "score_parser"]
+__all__ = ["Split", "check_classes", "results_output", "score", "score_parser"]
 
 Split = Literal["test", "validate"]
 
@@ -70,15 +71,11 @@ def score(command: Split, args: Sequence[str]) -> Path:
     parser.set_defaults({f"data.{key}": value for key, value in model.trained_data.items()})
     # the checkpoint's settings as defaults: the command line still wins
     cfg = parse_with_config(parser, args, task=model.task.name, checkpoint=ckpt_path)
-    run = RunDir.of_checkpoint(ckpt)
-    output = Path(cfg.output) if cfg.output else run.test_results if command == "test" else run.val_results
-    if output.name == run.results.name and output.is_file():
-        raise ValueError(
-            f"--output {output} would overwrite a fit's results.json, which coretune {command} leaves as it is: "
-            "give another file name"
-        )
+    output = results_output(
+        cfg.output, ckpt, attrgetter("test_results" if command == "test" else "val_results"), command
+    )
     data = model.task.data_class(**cfg.data.as_dict())
-    _check_classes(model, data, cfg.ckpt_path)
+    check_classes(model, data, cfg.ckpt_path)
     trainer = L.Trainer(
         default_root_dir=str(output.parent), precision=cfg.precision, logger=False, enable_checkpointing=False
     )
@@ -109,7 +106,20 @@ def _ckpt_path_arg(args: Sequence[str]) -> str | None:
     return found
 
 
-def _check_classes(model: FineTuner, data: Any, ckpt_path: str) -> None:
+def results_output(output: str | None, ckpt: Path, default: Callable[[RunDir], Path], command: str) -> Path:
+    """The file a command that scores checkpoint ``ckpt`` writes: ``output``, else ``default`` of the checkpoint's
+    run directory; never the fit's ``results.json`` (``ValueError``)."""
+    run = RunDir.of_checkpoint(ckpt)
+    path = Path(output) if output else default(run)
+    if path.name == run.results.name and path.is_file():
+        raise ValueError(
+            f"--output {path} would overwrite a fit's results.json, which coretune {command} leaves as it is: "
+            "give another file name"
+        )
+    return path
+
+
+def check_classes(model: FineTuner, data: Any, ckpt_path: str) -> None:
     """Refuse data whose classes are named otherwise than those the checkpoint was fine-tuned on (or ordered
     otherwise): its scores would compare the wrong labels. (Another number of classes is the model's own error.)"""
     names = model.class_names

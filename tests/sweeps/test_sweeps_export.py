@@ -27,6 +27,8 @@ def test_export_keeps_the_records_of_finished_runs_which_count_when_copied_back(
         (run.run_dir / "checkpoints" / "last.ckpt").write_bytes(b"weights")
         (run.run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.5\n1,0.7\n")
         (run.run_dir / "log.txt").write_text("log\n")
+    for name in ("robust_results.json", "robust_results_autoattack.json"):  # coretune eval robust's, kept too
+        (spec.runs()[0].run_dir / name).write_text("{}\n")
     unfinished = spec.runs()[2].run_dir
     unfinished.mkdir(parents=True)
     (unfinished / "metrics.csv").write_text("epoch,val/top1\n0,\n")
@@ -34,7 +36,10 @@ def test_export_keeps_the_records_of_finished_runs_which_count_when_copied_back(
     main(["bench", str(config), "--export", str(records)])
     assert "copied the records of 2 finished run(s)" in capsys.readouterr().out
     kept = sorted(str(p.relative_to(records)) for p in records.rglob("*") if p.is_file())
-    assert kept == [f"d/ce/frac1/seed{s}/{f}" for s in (0, 1) for f in ("metrics.csv", "results.json")]
+    assert kept == sorted(
+        ["d/ce/frac1/seed0/robust_results.json", "d/ce/frac1/seed0/robust_results_autoattack.json"]
+        + [f"d/ce/frac1/seed{s}/{f}" for s in (0, 1) for f in ("metrics.csv", "results.json")]
+    )
     main(["bench", str(config), "--export", str(records), "--only_seeds=[1]"])
     assert "copied the records of 1 finished run(s)" in capsys.readouterr().out
     with pytest.raises(ValueError, match="is the spec's output folder"):

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import yaml
 
 from .. import objectives
+from ..adversarial import AdversarialTraining
 from ..models import HUB_PREFIXES, resolve_weights
 from ..runconfig import recorded_task
 from ..rundir import RunDir
@@ -176,6 +177,13 @@ class FitCLI(RunDirCLI):
             help="Fine-tuning method: a registered name (" + ", ".join(objectives.available()) + ") or class path.",
         )
         parser.link_arguments("objective", "model.objective", apply_on="instantiate")
+        parser.add_class_arguments(
+            AdversarialTraining,
+            "adversarial",
+            help="Adversarial training (classification): train on each batch and its PGD examples against the "
+            "current model (--adversarial.enable true; eps in [0, 1] pixel units, e.g. 0.0313725 = 8/255).",
+        )
+        parser.link_arguments("adversarial", "model.adversarial", apply_on="instantiate")
         parser.link_arguments("seed_everything", "data.seed")
         parser.add_argument(
             "--run_dir",

@@ -13,12 +13,14 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from ..adversarial import AdversarialTraining
 from ..distributed import rank, scale_grad, world_size
 from ..models import CheckpointError, load_checkpoint_file
 from ..objectives import CETuning, Objective
 from ..objectives import get as get_objective
-from ..tasks import TASKS, Batch
+from ..tasks import TASKS, Batch, ClassificationTask
 from ..tasks.segmentation import ImageLabelRule
+from .adversarial import AdversarialBatches
 from .optim import OptimizerName, Schedule, build_optimizer, lr_factor, optimizer_problems
 
 __all__ = ["BatchTransform", "FineTuner", "NonFiniteLossError", "step_seed"]
@@ -262,6 +264,10 @@ class FineTuner(L.LightningModule):
         image_labels: segmentation with Core-tuning: the rule giving each crop the image-level label its
             contrastive positives come from, ``majority`` (its most frequent class) or ``multilabel`` (crops
             sharing any class are positives); see :class:`coretune.tasks.SegmentationTask`.
+        adversarial: adversarial training (``coretune fit --adversarial.*``, classification): with
+            ``enable``, every training batch is extended with its PGD examples against the current model
+            (:class:`~coretune.engine.adversarial.AdversarialBatches`); recorded in checkpoints as
+            ``coretune.adversarial``.
 
     Attributes:
         batch_transform: ``None``, or a :data:`BatchTransform` applied to every unpacked training batch before the
@@ -290,6 +296,7 @@ class FineTuner(L.LightningModule):
         task: str = "classification",
         output_stride: Literal[16, 8] = 16,
         image_labels: ImageLabelRule = "majority",
+        adversarial: AdversarialTraining | None = None,
     ) -> None:
         super().__init__()
         problems = optimizer_problems(lr, weight_decay, momentum, warmup_epochs)
@@ -297,9 +304,11 @@ class FineTuner(L.LightningModule):
             problems.append(f"backbone_lr must be >= 0 (got {backbone_lr})")
         if task not in TASKS:
             problems.append(f"task must be one of {', '.join(TASKS)} (got {task!r})")
+        if adversarial is not None and adversarial.enable and task != ClassificationTask.name:
+            problems.append(f"adversarial training works with the classification task only (got task {task!r})")
         if problems:
             raise ValueError("invalid model settings: " + "; ".join(problems))
-        self.save_hyperparameters(ignore=["objective"])
+        self.save_hyperparameters(ignore=["objective", "adversarial"])
         self.task = TASKS[task](self.hparams)
         self.objective = objective if objective is not None else CETuning()
         self.task.check_objective(self.objective)
@@ -311,7 +320,10 @@ class FineTuner(L.LightningModule):
             weights_download=weights_download,
             **(backbone_args or {}),
         )
+        self.adversarial = adversarial
         self.batch_transform: BatchTransform | None = None
+        if adversarial is not None and adversarial.enable:
+            self.batch_transform = AdversarialBatches(adversarial)
         self.class_names: list[str] | None = None
         self._watch: _OutputWatch | None = None  # the current evaluation epoch's outputs (collapse check)
         self.checkpoint_info: dict[str, Any] = {}  # the checkpoint's 'coretune' entry (from_checkpoint)
@@ -354,6 +366,13 @@ class FineTuner(L.LightningModule):
         if datamodule is not None:
             self.task.check_data(datamodule, stage)
         if stage == "fit":
+            if isinstance(self.batch_transform, AdversarialBatches) and not (
+                hasattr(datamodule, "mean") and hasattr(datamodule, "std")
+            ):
+                raise ValueError(
+                    "adversarial training attacks images in pixel space and needs the data module's normalisation "
+                    "(mean and std attributes): use coretune's ImageClassificationData"
+                )
             self.objective.attach_backbone(self.backbone)
             views = self.objective.input_views
             if datamodule is not None and hasattr(datamodule, "train_views"):
@@ -380,6 +399,7 @@ class FineTuner(L.LightningModule):
             "num_classes": self.num_classes,
             "class_names": self.class_names,
             "feature_dim": self.backbone.feature_dim,
+            "adversarial": None if self.adversarial is None else self.adversarial.hparams(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

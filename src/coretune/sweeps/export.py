@@ -26,8 +26,8 @@ def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
             continue
         target = dest / run.run_dir.relative_to(spec.output)
         target.mkdir(parents=True, exist_ok=True)
-        for source, copy in zip(RunDir(run.run_dir).records(), RunDir(target).records(), strict=True):
+        for source in RunDir(run.run_dir).records():
             if source.is_file():
-                shutil.copy2(source, copy)
+                shutil.copy2(source, target / source.name)
         written.append(target)
     return written

@@ -106,7 +106,7 @@ def test_test_predict_and_export_follow_the_checkpoint(trained: tuple[Path, Path
         expected = model(x).argmax(1)[0].numpy()
     assert (mask == expected).mean() > 0.99  # the same prediction (JPEG decoding aside)
 
-    main(["export", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'exported'}", "--torchscript=false"])
+    main(["export", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'exported'}", "--format=safetensors,pt2"])
     net, config = load_exported(tmp_path / "exported")
     assert config["task"] == "segmentation" and config["output_stride"] == 8
     with torch.inference_mode():

@@ -14,7 +14,7 @@ import torch
 from coretune.cli import main
 from coretune.engine import FineTuner
 from coretune.export import load_exported
-from fit_flags import QUIET
+from fit_flags import QUIET, error
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -47,16 +47,6 @@ def export(checkpoint: Path, out: Path, *options: str) -> list[str]:
     """Run `coretune export` into `out`; the names of the files it lists."""
     main(["export", f"--ckpt_path={checkpoint}", f"--output={out}", *options])
     return sorted(p.name for p in out.iterdir())
-
-
-def error(args: list[str]) -> str:
-    """The one-line message `coretune` exits with."""
-    with pytest.raises(SystemExit) as info:
-        main(args)
-    message = str(info.value.code)
-    prefix = f"coretune {args[0]}: error: "
-    assert message.startswith(prefix) and "\n" not in message, message
-    return message[len(prefix) :]
 
 
 def test_format_onnx_matches_the_pytorch_model(

@@ -22,21 +22,11 @@ from coretune.losses import contrastive_loss
 from coretune.mining import beta_draws, mine_hard_positives
 from coretune.objectives import create
 from coretune.tasks.segmentation import dense_contrastive_loss, positive_mask
-from fit_flags import QUIET
+from fit_flags import QUIET, error
 from segmentation_sets import make_voc_set, save_mask
 
 SEG = ["--task", "segmentation", "--model.backbone=resnet18", "--model.weights=null"]
 TINY = ["--data.image_size=32", "--data.batch_size=4", "--trainer.max_epochs=1", *QUIET]
-
-
-def error(args: list[str]) -> str:
-    """The one-line message `coretune` exits with."""
-    with pytest.raises(SystemExit) as info:
-        main(args)
-    message = str(info.value.code)
-    prefix = f"coretune {args[0]}: error: "
-    assert message.startswith(prefix) and "\n" not in message, message
-    return message[len(prefix) :]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ commands:
   test        evaluate a fine-tuned checkpoint on the test split (test_results.json)
   validate    evaluate a fine-tuned checkpoint on the validation split (val_results.json)
   predict     predict an image folder: classes into a CSV, or segmentation masks into a folder
-  export      export a fine-tuned checkpoint to safetensors + JSON config, torch.export, TorchScript (and ONNX)
+  export      export a fine-tuned checkpoint: safetensors + JSON config, torch.export, TorchScript, ONNX (--format)
   objectives  list the fine-tuning methods (objectives)
   pretrain    contrastive pre-training (SimCLR, MoCo v2) on an unlabelled image folder
   eval        kNN or linear-probe accuracy of a backbone and checkpoint (coretune eval knn|linear --help), or

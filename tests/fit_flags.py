@@ -1,6 +1,11 @@
-"""Command-line flags shared by the tests that run ``coretune fit`` and ``coretune pretrain``."""
+"""Command-line flags shared by the tests that run ``coretune fit`` and ``coretune pretrain``, and the one-line error
+of a command."""
 
 from pathlib import Path
+
+import pytest
+
+from coretune.cli import main
 
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 """No progress bar or model summary in the tests' output."""
@@ -29,3 +34,15 @@ def pretrain_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
         *QUIET,
         *extra,
     ]
+
+
+def error(args: list[str]) -> str:
+    """The message ``coretune ARGS`` exits with, asserted to be a one-line user error (no traceback), without its
+    ``coretune <command>: error:`` prefix."""
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    message = str(info.value.code)
+    prefix = f"coretune {args[0]}: error: "
+    assert message.startswith(prefix), message
+    assert "\n" not in message and "Traceback" not in message, message
+    return message[len(prefix) :]

@@ -21,7 +21,7 @@ commands:
   test        evaluate a fine-tuned checkpoint on the test split (test_results.json)
   validate    evaluate a fine-tuned checkpoint on the validation split (val_results.json)
   predict     predict an image folder: classes into a CSV, or segmentation masks into a folder
-  export      export a fine-tuned checkpoint to safetensors + JSON config, torch.export, TorchScript (and ONNX)
+  export      export a fine-tuned checkpoint: safetensors + JSON config, torch.export, TorchScript, ONNX (--format)
   objectives  list the fine-tuning methods (objectives)
   pretrain    contrastive pre-training (SimCLR, MoCo v2) on an unlabelled image folder
   eval        kNN or linear-probe accuracy of a backbone and checkpoint (coretune eval knn|linear --help), or
@@ -117,34 +117,52 @@ def predict(args: list[str]) -> None:
     print(f"predictions: {out}")
 
 
+#: ``coretune export``'s options from before ``--format``: each adds (true) or drops (false) one format.
+_LEGACY_EXPORT_FLAGS = {"exported_program": "pt2", "torchscript": "torchscript", "onnx": "onnx"}
+
+
 def export(args: list[str]) -> None:
-    from .export import export_checkpoint
+    from .export import DEFAULT_FORMATS, EXPORT_FORMATS, export_checkpoint
     from .runconfig import add_config_argument, config_files, parse_with_config
 
     parser = ArgumentParser(
         allow_abbrev=False,
         prog="coretune export",
-        description="Export a fine-tuned model: model.safetensors + config.json, torch.export, TorchScript and ONNX.",
+        description="Export a fine-tuned model: config.json plus model.safetensors, torch.export (model.pt2), "
+        "TorchScript and ONNX, as --format selects.",
     )
     add_config_argument(parser)
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_argument("--output", type=str, required=True, help="Folder to write the exported files into.")
     parser.add_argument(
-        "--exported_program", type=bool, default=True, help="Also write model.pt2 (torch.export, dynamic batch)."
+        "--format",
+        type=list[str] | str | None,
+        default=None,
+        help=f"The formats to write, of {', '.join(EXPORT_FORMATS)}: one (--format onnx), several "
+        "(--format onnx,pt2, or --format+ onnx --format+ pt2). Default: "
+        f"{','.join(DEFAULT_FORMATS)}. ONNX needs pip install 'coretune[onnx]'.",
     )
-    parser.add_argument("--torchscript", type=bool, default=True, help="Also write model.torchscript.pt.")
-    parser.add_argument(
-        "--onnx", type=bool, default=False, help="Also write model.onnx (dynamic batch; pip install 'coretune[onnx]')."
-    )
+    for flag, fmt in _LEGACY_EXPORT_FLAGS.items():
+        parser.add_argument(
+            f"--{flag}", type=bool | None, default=None, help=f"Deprecated: true adds, false drops --format {fmt}."
+        )
+    if sum(arg == "--format" or arg.startswith("--format=") for arg in args) > 1:
+        raise ValueError(
+            "--format is given more than once: list the formats in one (--format onnx,pt2) or append with "
+            "--format+ (--format+ onnx --format+ pt2)"
+        )
     cfg = parse_with_config(parser, args)
-    for path in export_checkpoint(
-        cfg.ckpt_path,
-        cfg.output,
-        torchscript=cfg.torchscript,
-        exported_program=cfg.exported_program,
-        onnx=cfg.onnx,
-        config_files=config_files(args),
-    ):
+    legacy = {flag: cfg[flag] for flag in _LEGACY_EXPORT_FLAGS if cfg[flag] is not None}
+    formats = DEFAULT_FORMATS if cfg.format is None else cfg.format
+    if legacy:
+        given = " and ".join(f"--{flag} {str(on).lower()}" for flag, on in legacy.items())
+        if cfg.format is not None:
+            raise ValueError(f"{given} and --format both given: {given} is deprecated, list the formats in --format")
+        drop = {_LEGACY_EXPORT_FLAGS[flag] for flag, on in legacy.items() if not on}
+        add = {_LEGACY_EXPORT_FLAGS[flag] for flag, on in legacy.items() if on}
+        formats = [name for name in EXPORT_FORMATS if name not in drop and (name in DEFAULT_FORMATS or name in add)]
+        print(f"coretune export: warning: {given} is deprecated: use --format {','.join(formats)}", file=sys.stderr)
+    for path in export_checkpoint(cfg.ckpt_path, cfg.output, formats=formats, config_files=config_files(args)):
         print(path)
 
 

@@ -1,9 +1,11 @@
-"""Export a fine-tuned model as ``model.safetensors`` + ``config.json`` (plus a ``torch.export`` program,
-TorchScript and ONNX), and load it back: a classifier (images → class logits ``(B, K)``) or, for a segmentation
-checkpoint, the DeepLab-V3 model (images → per-pixel logits ``(B, K, H, W)`` at the input's size)."""
+"""Export a fine-tuned model as ``config.json`` plus the formats asked for — ``model.safetensors``, a
+``torch.export`` program, TorchScript, ONNX — and load it back: a classifier (images → class logits ``(B, K)``) or,
+for a segmentation checkpoint, the DeepLab-V3 model (images → per-pixel logits ``(B, K, H, W)`` at the input's
+size, any size in every format)."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,11 +16,29 @@ from torch import Tensor, nn
 
 from .engine import FineTuner
 from .models import DeepLabV3, create_backbone, create_deeplabv3
+from .models.segmentation import AtrousConv2d
 from .runconfig import check_config_task
 
-__all__ = ["ExportedClassifier", "export_checkpoint", "load_exported"]
+__all__ = [
+    "DEFAULT_FORMATS",
+    "EXPORT_FORMATS",
+    "ExportedClassifier",
+    "check_formats",
+    "export_checkpoint",
+    "load_exported",
+]
 
 EXPORT_FORMAT = "coretune-export-1"
+
+#: Every export format and the file it writes, in the order they are written.
+EXPORT_FORMATS: dict[str, str] = {
+    "safetensors": "model.safetensors",
+    "pt2": "model.pt2",
+    "torchscript": "model.torchscript.pt",
+    "onnx": "model.onnx",
+}
+#: What ``coretune export`` writes without ``--format``.
+DEFAULT_FORMATS: tuple[str, ...] = ("safetensors", "pt2", "torchscript")
 
 
 class ExportedClassifier(nn.Module):
@@ -33,8 +53,23 @@ class ExportedClassifier(nn.Module):
         return self.classifier(self.backbone(x))
 
 
+def check_formats(formats: str | Sequence[str]) -> list[str]:
+    """``formats`` (a name, a comma-separated list of names, or a list of them) as a list of
+    :data:`EXPORT_FORMATS` names, in the order they are written, each once; ``ValueError`` naming the valid
+    formats for an unknown name or none."""
+    values = [formats] if isinstance(formats, str) else formats
+    names = [name.strip() for value in values for name in str(value).split(",") if name.strip()]
+    unknown = [name for name in names if name not in EXPORT_FORMATS]
+    valid = ", ".join(EXPORT_FORMATS)
+    if unknown:
+        raise ValueError(f"unknown export format {unknown[0]!r}: choose one or more of {valid} (--format onnx,pt2)")
+    if not names:
+        raise ValueError(f"--format names no format: choose one or more of {valid}")
+    return [name for name in EXPORT_FORMATS if name in names]
+
+
 def _require_onnx() -> None:
-    """Refuse ``onnx=True`` before anything is written when the exporter's packages are missing."""
+    """Refuse the ONNX format before anything is written when the exporter's packages are missing."""
     try:
         import onnx  # noqa: F401
         import onnxscript  # noqa: F401
@@ -44,26 +79,41 @@ def _require_onnx() -> None:
         ) from None
 
 
+def _without_atrous_shortcut(net: nn.Module) -> nn.Module:
+    """A copy of ``net`` whose :class:`~coretune.models.AtrousConv2d` layers are plain ``nn.Conv2d`` (the same
+    weights and outputs): their shortcut branches on the feature map's size, which a traced or exported graph
+    would fix at the example's size."""
+    net = copy.deepcopy(net)
+    for module in net.modules():
+        if isinstance(module, AtrousConv2d):
+            module.__class__ = nn.Conv2d
+    return net
+
+
 def export_checkpoint(
     ckpt_path: str | Path,
     output: str | Path,
-    torchscript: bool = True,
-    exported_program: bool = True,
-    onnx: bool = False,
+    formats: str | Sequence[str] = DEFAULT_FORMATS,
     config_files: Sequence[str] = (),
 ) -> list[Path]:
-    """Write ``model.safetensors``, ``config.json`` and optionally ``model.pt2``, ``model.torchscript.pt`` and
-    ``model.onnx`` into ``output``.
+    """Write the files of ``formats`` (:data:`EXPORT_FORMATS`, default :data:`DEFAULT_FORMATS`) and
+    ``config.json`` into ``output``; return their paths.
 
-    ``model.pt2`` is a ``torch.export`` program with a dynamic batch dimension (load it with
-    ``torch.export.load(path).module()``); ``model.torchscript.pt`` is traced with ``torch.jit``, which PyTorch
-    has deprecated but many serving stacks still read; ``model.onnx`` (input ``images``, output ``logits``, dynamic
-    batch dimension, weights in the one file) comes from ``torch.onnx``'s ``torch.export``-based exporter and needs
-    the ``onnx`` extra. A segmentation checkpoint exports its :class:`~coretune.models.DeepLabV3` (``config.json``
-    records ``task`` and ``output_stride``). ``config_files``: the ``--config`` files the options came from,
-    refused when they record another task than the checkpoint's.
+    ``model.safetensors`` holds the weights (:func:`load_exported` rebuilds the model from them);
+    ``model.pt2`` is a ``torch.export`` program (load it with ``torch.export.load(path).module()``);
+    ``model.torchscript.pt`` is traced with ``torch.jit``, which PyTorch has deprecated but many serving stacks
+    still read; ``model.onnx`` (input ``images``, output ``logits``, weights in the one file) comes from
+    ``torch.onnx``'s ``torch.export``-based exporter and needs the ``onnx`` extra. Every format takes any batch
+    size; a classifier's the training image size, a segmentation model's (a
+    :class:`~coretune.models.DeepLabV3`; ``config.json`` records ``task`` and ``output_stride``) any height and
+    width — ``model.pt2`` from the smallest size its graph was checked for (17 px at output stride 16, 9 at 8),
+    smaller inputs fail its guard. ``config.json`` records the formats written and the ``input_shape`` they
+    take (``"batch"``, ``"height"``, ``"width"`` where any size goes). ``config_files``: the ``--config`` files
+    the options came from, refused when they record another task than the checkpoint's. Every option is
+    checked before anything is written.
     """
-    if onnx:
+    formats = check_formats(formats)
+    if "onnx" in formats:
         _require_onnx()
     model = FineTuner.from_checkpoint(ckpt_path).eval()
     for config_file in config_files:
@@ -79,6 +129,7 @@ def export_checkpoint(
     net.to(memory_format=torch.contiguous_format)
     meta = model.checkpoint_info
     data = meta.get("data", {})
+    size = data.get("image_size") or 224
     config = {
         "format": EXPORT_FORMAT,
         "task": model.task.name,
@@ -91,37 +142,44 @@ def export_checkpoint(
         "image_size": data.get("image_size"),
         "mean": data.get("mean"),
         "std": data.get("std"),
+        "formats": formats,
+        "input_shape": ["batch", 3, "height", "width"] if segmentation else ["batch", 3, size, size],
     }
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
-    written = [output / "model.safetensors", output / "config.json"]
-    save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()}, str(written[0]))
-    written[1].write_text(json.dumps(config, indent=2) + "\n")
-    size = config["image_size"] or 224
-    inputs, dynamic_batch = (torch.zeros(2, 3, size, size),), ({0: torch.export.Dim("batch")},)
-    if exported_program:
-        program = torch.export.export(net, inputs, dynamic_shapes=dynamic_batch)
-        written.append(output / "model.pt2")
+    written: list[Path] = []
+    if "safetensors" in formats:
+        written.append(output / EXPORT_FORMATS["safetensors"])
+        save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()}, str(written[-1]))
+    any_size = torch.export.Dim.DYNAMIC
+    dynamic = ({0: any_size, 2: any_size, 3: any_size} if segmentation else {0: torch.export.Dim("batch")},)
+    if segmentation:
+        net = _without_atrous_shortcut(net)
+    inputs = (torch.zeros(2, 3, size, size),)
+    if "pt2" in formats:
+        program = torch.export.export(net, inputs, dynamic_shapes=dynamic)
+        written.append(output / EXPORT_FORMATS["pt2"])
         torch.export.save(program, written[-1])
-    if torchscript:
-        example = torch.zeros(1, 3, size, size)
-        with torch.no_grad():
-            scripted = torch.jit.trace(net, example)
-        written.append(output / "model.torchscript.pt")
+    if "torchscript" in formats:
+        with torch.no_grad():  # the trace records the sizes it reads, so the interpolation follows the input's
+            scripted = torch.jit.trace(net, torch.zeros(1, 3, size, size))
+        written.append(output / EXPORT_FORMATS["torchscript"])
         scripted.save(str(written[-1]))
-    if onnx:
-        written.append(output / "model.onnx")
+    if "onnx" in formats:
+        written.append(output / EXPORT_FORMATS["onnx"])
         torch.onnx.export(
             net,
             inputs,
             written[-1],
             dynamo=True,
-            dynamic_shapes=dynamic_batch,
+            dynamic_shapes=dynamic,
             input_names=["images"],
             output_names=["logits"],
             external_data=False,
             verbose=False,
         )
+    written.append(output / "config.json")  # last: it lists the formats written
+    written[-1].write_text(json.dumps(config, indent=2) + "\n")
     return written
 
 
@@ -131,7 +189,10 @@ def load_exported(folder: str | Path) -> tuple[nn.Module, dict]:
     folder = Path(folder)
     config_path, weights_path = folder / "config.json", folder / "model.safetensors"
     if not config_path.is_file() or not weights_path.is_file():
-        raise FileNotFoundError(f"{folder} holds no coretune export (config.json + model.safetensors)")
+        raise FileNotFoundError(
+            f"{folder} holds no coretune export (config.json + model.safetensors): export the checkpoint with "
+            "coretune export (the safetensors format)"
+        )
     config = json.loads(config_path.read_text())
     if config.get("format") != EXPORT_FORMAT:
         raise ValueError(f"{config_path} has format {config.get('format')!r}, expected {EXPORT_FORMAT!r}")

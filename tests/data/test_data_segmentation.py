@@ -117,6 +117,32 @@ def test_label_fraction_is_seeded_nested_and_rounded(tmp_path: Path) -> None:
     assert message.endswith("raise it to ≥ 0.025")
 
 
+def test_val_fraction_holds_out_training_images_and_tests_on_val_txt(tmp_path: Path) -> None:
+    """A seeded part of the (label-fraction) train.txt images validates; val.txt is then the test split only."""
+    root = make_voc_set(tmp_path / "voc", {"train": 20, "val": 3})
+    val_ids = [f"val_{i:03d}" for i in range(3)]
+    held = {s: loaded(root, val_fraction=0.25, seed=s) for s in (0, 1)}
+    for dm in held.values():
+        assert len(dm.train_dataset) == 15 and len(dm.val_dataset) == 5
+        assert set(dm.train_dataset.ids) | set(dm.val_dataset.ids) == {f"train_{i:03d}" for i in range(20)}
+        assert dm.test_dataset.ids == val_ids and not dm.validates_on_test
+    assert held[0].val_dataset.ids == loaded(root, val_fraction=0.25, seed=0).val_dataset.ids  # seeded
+    assert held[0].val_dataset.ids != held[1].val_dataset.ids
+    fraction = loaded(root, label_fraction=0.5, val_fraction=0.2, seed=0)  # carved from the images one has
+    kept = loaded(root, label_fraction=0.5, seed=0).train_dataset.ids
+    assert (len(fraction.train_dataset), len(fraction.val_dataset)) == (8, 2)
+    assert set(fraction.train_dataset.ids) | set(fraction.val_dataset.ids) == set(kept)
+    plain = loaded(root)  # without val_fraction, val.txt validates (and tests)
+    assert plain.val_dataset.ids == val_ids and plain.validates_on_test
+    one = make_voc_set(tmp_path / "one", {"train": 1, "val": 1})
+    assert one_line_error("val_fraction 0.2 cannot hold out", one, val_fraction=0.2) == (
+        "val_fraction 0.2 cannot hold out part of 1 training image: both training and validation need one; add "
+        "images to train.txt, or set --data.val_fraction 0"
+    )
+    with pytest.raises(DataError, match=r"val_fraction must be in \[0, 1\) \(0 validates on val.txt or test.txt\)"):
+        SegmentationData("x", val_fraction=1.0)
+
+
 def test_the_training_loader_is_reproducible(voc_set: Path) -> None:
     first = [b[1] for b in data(voc_set, seed=3).train_dataloader()]
     again = [b[1] for b in data(voc_set, seed=3).train_dataloader()]

@@ -29,7 +29,7 @@ from coretune.data import SkippedImagesWarning, list_image_files
 from coretune.engine import FineTuner, NonFiniteLossError, read_metrics, setting_changes
 from coretune.models import create_backbone
 from coretune.runclaim import claim_run, point_claim
-from fit_flags import QUIET
+from fit_flags import QUIET, error
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
 
@@ -58,17 +58,6 @@ def fit_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
         *SHORT,
         *extra,
     ]
-
-
-def error(args: list[str]) -> str:
-    """The message `coretune` exits with (asserting it is a one-line user error, not a crash)."""
-    with pytest.raises(SystemExit) as info:
-        main(args)
-    message = str(info.value.code)
-    prefix = f"coretune {args[0]}: error: "
-    assert message.startswith(prefix), message
-    assert "\n" not in message and "Traceback" not in message, message
-    return message[len(prefix) :]
 
 
 # -- data -----------------------------------------------------------------------------------------------------

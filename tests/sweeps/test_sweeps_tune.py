@@ -314,3 +314,77 @@ def test_repeats_average_fits_over_seeds_and_splits(
         tune([data_arg], **grid)
     with pytest.raises(ValueError, match=r"^--repeats must be >= 1 \(got 0\)"):
         tune([data_arg], repeats=0, **grid)
+
+
+def test_segmentation_is_tuned_by_validation_miou_on_training_images(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 36: tune follows the task. Each trial holds out part of train.txt (--data.val_fraction) and is scored by
+    its final val/miou; val.txt is the test split, which selection never reads."""
+    from segmentation_sets import make_voc_set
+
+    root = make_voc_set(tmp_path / "voc", {"train": 10, "val": 2}, size=(32, 40))
+    out = tmp_path / "tune"
+    seg = ["--task", "segmentation", "--model.backbone=resnet18", "--model.weights=null", f"--data.root={root}"]
+    main(["tune", f"--output={out}", "--eta", "0.1", "1", "--alpha", "1", "--val_fraction=0.3", "--", *seg,
+          "--data.image_size=32", "--data.batch_size=4", *TINY_FIT[3:]])  # fmt: skip
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert [r["state"] for r in rows] == ["COMPLETE", "COMPLETE"] and "final_val_top1" not in rows[0]
+    for row in rows:
+        run = Path(row["run_dir"])
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        assert config["model"]["task"] == "segmentation" and config["data"]["val_fraction"] == 0.3
+        assert float(row["final_val_miou"]) == pytest.approx(float(read_metrics(run / "metrics.csv")[-1]["val/miou"]))
+        assert "miou" in json.loads((run / "results.json").read_text())["test"]  # tested on val.txt
+    best = (out / "best.yaml").read_text()
+    assert "# selected by the final-epoch val/miou = " in best and "val_fraction 0)." in best
+    assert "(final val MIoU " in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_domain_generalization_trials_validate_on_the_training_domains_held_out_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DomainGeneralizationData has no val_fraction: its validation split is each training domain's held-out part
+    (--data.holdout_fraction), which tune sets; a study stays with the task it started with."""
+    from domain_trees import make_domain_tree
+
+    launched: list[list[str]] = []
+
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
+        launched.append(args)
+        finish(run_dir, [0.5])
+        return 0
+
+    monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
+    tree = make_domain_tree(tmp_path / "tree", size=16)
+    dg = ["--task", "domain_generalization", f"--data.root={tree}", "--data.test_domains=photo", *TINY_FIT]
+    tune(dg, output=tmp_path / "out", eta=[1.0], alpha=[1.0], val_fraction=0.3)
+    (args,) = launched
+    assert "--data.holdout_fraction=0.3" in args and not any(a.startswith("--data.val_fraction") for a in args)
+    assert "holding out holdout_fraction for validation" in (tmp_path / "out" / "best.yaml").read_text()
+    with pytest.raises(ValueError, match=r"^remove --data.holdout_fraction from the fit arguments: the validation"):
+        tune([*dg, "--data.holdout_fraction=0.1"], output=tmp_path / "out", eta=[1.0], alpha=[1.0])
+    with pytest.raises(
+        ValueError,
+        match=r"^study 'coretune' scores fits of --task domain_generalization, not classification: pass a new",
+    ):
+        tune([f"--data.train_dir={tree / 'photo'}", *TINY_FIT], output=tmp_path / "out", eta=[1.0], alpha=[1.0])
+
+
+def test_an_objective_the_task_refuses_is_one_line_before_any_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from segmentation_sets import make_voc_set
+
+    launched: list[object] = []
+    monkeypatch.setattr(tune_module, "launch_fit", lambda *a, **k: launched.append(a) or 0)
+    root = make_voc_set(tmp_path / "voc")
+    with pytest.raises(SystemExit) as info:
+        main(["tune", f"--output={tmp_path / 'out'}", "--objective=ce_mix", "--", "--task=segmentation",
+              f"--data.root={root}"])  # fmt: skip
+    assert str(info.value.code) == (
+        "coretune tune: error: coretune fit would refuse the trial arguments: objective 'core' with "
+        "mixing='manifold' (as ce_mix) does not apply to --task segmentation (it mixes features to train the "
+        "classifier, which has no pixels to mix): use ce, ce_con or core"
+    )
+    assert launched == [] and not (tmp_path / "out").exists()

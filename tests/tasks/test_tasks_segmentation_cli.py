@@ -22,21 +22,11 @@ from coretune.losses import contrastive_loss
 from coretune.mining import beta_draws, mine_hard_positives
 from coretune.objectives import create
 from coretune.tasks.segmentation import dense_contrastive_loss, positive_mask
-from fit_flags import QUIET
+from fit_flags import QUIET, error
 from segmentation_sets import make_voc_set, save_mask
 
 SEG = ["--task", "segmentation", "--model.backbone=resnet18", "--model.weights=null"]
 TINY = ["--data.image_size=32", "--data.batch_size=4", "--trainer.max_epochs=1", *QUIET]
-
-
-def error(args: list[str]) -> str:
-    """The one-line message `coretune` exits with."""
-    with pytest.raises(SystemExit) as info:
-        main(args)
-    message = str(info.value.code)
-    prefix = f"coretune {args[0]}: error: "
-    assert message.startswith(prefix) and "\n" not in message, message
-    return message[len(prefix) :]
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +96,7 @@ def test_test_predict_and_export_follow_the_checkpoint(trained: tuple[Path, Path
         expected = model(x).argmax(1)[0].numpy()
     assert (mask == expected).mean() > 0.99  # the same prediction (JPEG decoding aside)
 
-    main(["export", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'exported'}", "--torchscript=false"])
+    main(["export", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'exported'}", "--format=safetensors,pt2"])
     net, config = load_exported(tmp_path / "exported")
     assert config["task"] == "segmentation" and config["output_stride"] == 8
     with torch.inference_mode():

@@ -37,7 +37,7 @@ from .datasets import OnBadImage
 from .errors import DataError
 from .images import IMAGE_EXTENSIONS, find_bad_images, load_rgb, require_folder, warn_skipped
 from .samplers import seeded_train_loader
-from .splits import stratified_subset
+from .splits import stratified_split, stratified_subset
 from .transforms import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = [
@@ -397,8 +397,11 @@ class SegmentationDataset(Dataset[tuple[Any, Any]]):
 class SegmentationData(L.LightningDataModule):
     """Semantic-segmentation data in the PASCAL VOC layout (see the module docstring) for fine-tuning.
 
-    Splits: ``train.txt`` trains; the validation loader reads ``val.txt`` (else ``test.txt``) and the test loader
-    ``test.txt`` (else ``val.txt``), as :class:`~coretune.data.ImageClassificationData` does with its folders.
+    Splits: ``train.txt`` trains; with ``val_fraction = 0`` the validation loader reads ``val.txt`` (else
+    ``test.txt``) and the test loader ``test.txt`` (else ``val.txt``), as
+    :class:`~coretune.data.ImageClassificationData` does with its folders. With ``val_fraction > 0`` a random part
+    of the (label-fraction) training images, drawn with ``seed``, is held out for validation, so selection
+    (``coretune tune``, ``best.ckpt``) never reads ``val.txt``/``test.txt``, which the test loader reads.
     Every mask is read once at :meth:`setup`, so a bad file stops the run before training, named.
 
     Classes: ``num_classes`` if given; else the number of names in ``classes.txt`` / ``labelmap.txt``
@@ -418,7 +421,9 @@ class SegmentationData(L.LightningDataModule):
         eval_batch_size: Validation/test batch size (default: batch_size).
         num_workers: DataLoader worker processes (0 loads in the main process).
         label_fraction: Fraction of the training images to use, drawn with seed; in (0, 1].
-        seed: Seed of the label-fraction subset and of the training order and augmentation.
+        val_fraction: Fraction of the (label-fraction) training images held out, drawn with seed, as the
+            validation split; the val.txt/test.txt images are then the test split only. 0 validates on val.txt.
+        seed: Seed of the label-fraction subset, the validation hold-out and the training order and augmentation.
         mean: Per-channel normalisation mean (RGB, in [0, 1]) of the pre-trained model.
         std: Per-channel normalisation standard deviation (RGB) of the pre-trained model.
         num_classes: Number of classes (default: from the class-name file, else from the masks).
@@ -440,6 +445,7 @@ class SegmentationData(L.LightningDataModule):
         eval_batch_size: int | None = None,
         num_workers: int = 0,
         label_fraction: float = 1.0,
+        val_fraction: float = 0.0,
         seed: int = 0,
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
@@ -459,6 +465,8 @@ class SegmentationData(L.LightningDataModule):
              f"eval_batch_size must be >= 1 (or unset to use batch_size), got {eval_batch_size}"),
             (num_workers >= 0, f"num_workers must be >= 0, got {num_workers}"),
             (0 < label_fraction <= 1, f"label_fraction must be in (0, 1] (1 uses every image), got {label_fraction}"),
+            (0 <= val_fraction < 1,
+             f"val_fraction must be in [0, 1) (0 validates on val.txt or test.txt), got {val_fraction}"),
             (len(mean) == 3 and len(std) == 3, f"mean and std need 3 values (R, G, B), got {mean} and {std}"),
             (all(v > 0 for v in std), f"std values must be > 0, got {std}"),
             (num_classes is None or num_classes >= 2, f"num_classes must be >= 2 (or unset), got {num_classes}"),
@@ -476,7 +484,7 @@ class SegmentationData(L.LightningDataModule):
         self.root = root
         self.image_size, self.batch_size, self.num_workers = image_size, batch_size, num_workers
         self.eval_batch_size = eval_batch_size or batch_size
-        self.label_fraction, self.seed = label_fraction, seed
+        self.label_fraction, self.val_fraction, self.seed = label_fraction, val_fraction, seed
         self.mean, self.std = tuple(mean), tuple(std)
         self.ignore_index, self.on_bad_image, self.pin_memory = ignore_index, on_bad_image, pin_memory
         self.train_transform = segmentation_train_transform(
@@ -513,6 +521,14 @@ class SegmentationData(L.LightningDataModule):
             train = train.subset(stratified_subset([0] * len(train), self.label_fraction, self.seed))
         val, test = splits.get("val", splits.get("test")), splits.get("test", splits.get("val"))
         assert val is not None and test is not None  # _check_layout found val.txt or test.txt
+        if self.val_fraction > 0:
+            if len(train) < 2:
+                raise DataError(
+                    f"val_fraction {self.val_fraction:g} cannot hold out part of {len(train)} training image: both "
+                    "training and validation need one; add images to train.txt, or set --data.val_fraction 0"
+                )
+            fit_idx, val_idx = stratified_split([0] * len(train), self.val_fraction, self.seed, name="val_fraction")
+            train, val = train.subset(fit_idx), train.subset(val_idx)
         self.validates_on_test = val is test
         self.train_dataset = train.with_transform(self.train_transform)
         self.val_dataset = val.with_transform(self.eval_transform)

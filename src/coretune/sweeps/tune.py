@@ -2,10 +2,14 @@
 
 The paper (§5.1, Appendix C) picks η and α from {0.1, 1, 10}; the default study is that 3 × 3 grid (Optuna's
 ``GridSampler``), ``--sampler tpe`` searches the same ranges on a log scale. Each trial is an ordinary
-``coretune fit`` subprocess with ``--data.val_fraction`` > 0: a stratified part of the training set is held out
-for validation and the held-out folder is the test split, which selection never reads. A trial's value is the
-**final** epoch's ``val/top1`` (the weights the run keeps and tests), not the best epoch's: picking the best epoch
-would be a second selection on the same split. ``--repeats K`` scores a trial by the mean over K fits with seeds
+``coretune fit`` subprocess that holds out part of the training data for validation, by the option of the fit's
+task (:attr:`~coretune.tasks.Task.validation_holdout`): ``--data.val_fraction`` > 0 (classification: a stratified
+part of the training set, the held-out folder being the test split; segmentation: a part of ``train.txt``,
+``val.txt``/``test.txt`` being the test split) or ``--data.holdout_fraction`` (domain generalization: each
+training domain's held-out part; the unseen domains are the test). Selection never reads the test split. A trial's
+value is the **final** epoch's ``val/<monitor>`` of the task (``val/top1``; ``val/miou`` for segmentation: the
+weights the run keeps and tests), not the best epoch's: picking the best epoch would be a second selection on the
+same split. ``--repeats K`` scores a trial by the mean over K fits with seeds
 ``seed … seed+K-1`` — each holds out another stratified split and starts from another initialisation (repeated
 hold-out) — so a choice rests on K validation splits instead of one. The study lives in a database
 (``sqlite:///<output>/study.db`` by default; any SQLAlchemy URL): re-running the command resumes it (finished
@@ -27,6 +31,7 @@ import yaml
 
 from ..runclaim import RunInUse
 from ..rundir import RunDir
+from ..tasks import DEFAULT_TASK, TASKS, Task, get_task
 from .launch import SweepInterrupted, catch_stop_signals, launch_fit
 from .records import final_val_top1
 from .spec import unvalidated_final_epoch
@@ -35,6 +40,7 @@ __all__ = ["TrialFailed", "main", "tune"]
 
 _FORBIDDEN_FIT_ARGS = {
     "--data.val_fraction": "the validation split is coretune tune's --val_fraction (> 0)",
+    "--data.holdout_fraction": "the validation split is coretune tune's --val_fraction (> 0)",
     "--run_dir": "coretune tune gives every trial its own run directory under --output",
     "--objective": "choose the objective with coretune tune --objective",
     "--objective.eta": "η is what the study chooses",
@@ -43,7 +49,7 @@ _FORBIDDEN_FIT_ARGS = {
 
 
 class TrialFailed(RuntimeError):
-    """A trial's ``coretune fit`` did not finish or logged no validation accuracy."""
+    """A trial's ``coretune fit`` did not finish or logged no validation score."""
 
 
 def _check_storage(storage: str) -> None:
@@ -81,17 +87,28 @@ def _check_fit_args(fit_args: list[str]) -> None:
             raise ValueError(f"remove {key} from the fit arguments: {_FORBIDDEN_FIT_ARGS[key]}")
 
 
-def _check_trial_args(trial_args: list[str]) -> None:
-    """Before the first trial, refuse fit arguments ``coretune fit`` would refuse, or that would not validate the
-    final epoch (a trial is scored by its final epoch's val/top1)."""
-    from ..engine.fitcli import FitArgsError, resolved_fit_config
+def _check_trial_args(fit_args: list[str], objective: str, val_fraction: float) -> tuple[type[Task], str]:
+    """Before the first trial, refuse fit arguments ``coretune fit`` would refuse, an objective the fit's task
+    refuses, or arguments that would not validate the final epoch (a trial is scored by its final epoch's
+    ``val/<monitor>``). Returns the fit's task and the fit argument that holds out its validation split."""
+    from .. import objectives
+    from ..engine.fitcli import FitArgsError, resolved_fit_config, task_of_args
 
+    task = get_task(task_of_args(fit_args))
+    holdout = f"--data.{task.validation_holdout}={val_fraction}"
     try:
-        config = resolved_fit_config(trial_args)
+        config = resolved_fit_config([*fit_args, "--objective", objective, holdout])
     except FitArgsError as error:
         raise ValueError(f"coretune fit would refuse the trial arguments: {error}. Fix the fit arguments") from None
+    try:
+        task(config.get("model")).check_objective(objectives.get(objective)[0](**config["objective"]["init_args"]))
+    except ValueError as error:
+        raise ValueError(f"coretune fit would refuse the trial arguments: {error}") from None
     if problem := unvalidated_final_epoch(config):
-        raise ValueError(f"coretune tune scores each trial by its final epoch's validation top-1, but {problem}")
+        raise ValueError(
+            f"coretune tune scores each trial by its final epoch's validation {task.monitor_label}, but {problem}"
+        )
+    return task, holdout
 
 
 def _check_objective(name: str) -> dict[str, Any]:
@@ -133,7 +150,8 @@ def _grid_left(study: Any, size: int) -> bool:
     return len(started) < size or any(t.state == TrialState.WAITING for t in trials)
 
 
-def _trial_rows(study: Any) -> list[dict[str, Any]]:
+def _trial_rows(study: Any, monitor: str) -> list[dict[str, Any]]:
+    """``trials.csv``'s rows: a trial's value is ``final_val_<monitor>`` (``final_val_top1``, ``final_val_miou``)."""
     rows = []
     for t in study.get_trials(deepcopy=False):
         rows.append(
@@ -142,8 +160,8 @@ def _trial_rows(study: Any) -> list[dict[str, Any]]:
                 "state": t.state.name,
                 "eta": t.params.get("eta", ""),
                 "alpha": t.params.get("alpha", ""),
-                "final_val_top1": "" if t.value is None else t.value,
-                "final_val_top1_per_seed": " ".join(f"{v:.4f}" for v in t.user_attrs.get("per_seed", [])),
+                f"final_val_{monitor}": "" if t.value is None else t.value,
+                f"final_val_{monitor}_per_seed": " ".join(f"{v:.4f}" for v in t.user_attrs.get("per_seed", [])),
                 "run_dir": t.user_attrs.get("run_dir", ""),
                 "duration_s": round(t.duration.total_seconds(), 1) if t.duration else "",
             }
@@ -170,7 +188,9 @@ def tune(
 
     ``eta``/``alpha``: the grid values (``grid``) or the ends of the log-scale ranges (``tpe``), default
     {0.1, 1, 10}. ``n_trials``: TPE's number of completed trials (default 20); the grid runs every point once.
-    ``repeats``: fits per trial (seeds ``seed``, ``seed + 1``, …); the trial's value is their mean final val top-1.
+    ``repeats``: fits per trial (seeds ``seed``, ``seed + 1``, …); the trial's value is their mean final
+    ``val/<monitor>`` (the fit's task's: top-1, or MIoU for segmentation). ``val_fraction``: the part of the
+    training data each fit holds out for validation (the task's :attr:`~coretune.tasks.Task.validation_holdout`).
     ``logger`` (``mlflow``, ``tensorboard``, ``csv``, ``wandb``): every fit logs into one place in ``output``, one
     MLflow experiment (or W&B project) named ``study_name``, each fit named by its trial folder.
     """
@@ -186,7 +206,7 @@ def tune(
 
         check_sweep_logger(logger)
     preset = _check_objective(objective)
-    _check_trial_args([*fit_args, "--objective", objective, f"--data.val_fraction={val_fraction}"])
+    task, holdout = _check_trial_args(fit_args, objective, val_fraction)
     eta, alpha = list(eta or [0.1, 1.0, 10.0]), list(alpha or [0.1, 1.0, 10.0])
     if min(alpha) <= 0 or min(eta) < 0:
         raise ValueError(f"α must be > 0 and η >= 0 (got eta {eta}, alpha {alpha})")
@@ -230,6 +250,7 @@ def tune(
         else optuna.samplers.TPESampler(seed=seed),
     )
     _check_repeats(study, repeats)
+    _check_task(study, task)
 
     def log_args(run_dir: Path) -> list[str]:
         if logger is None:
@@ -252,7 +273,7 @@ def tune(
                 objective,
                 f"--objective.eta={params['eta']}",
                 f"--objective.alpha={params['alpha']}",
-                f"--data.val_fraction={val_fraction}",
+                holdout,
                 f"--seed={run_seed}",
             ]
             if not RunDir(run_dir).is_finished():
@@ -268,7 +289,7 @@ def tune(
                         f"trial {trial.number} did not finish (exit code {code}): see {RunDir(run_dir).log}"
                     )
             try:
-                values.append(final_val_top1(RunDir(run_dir).metrics))
+                values.append(final_val_top1(RunDir(run_dir).metrics, task.monitor))
             except ValueError as err:
                 raise TrialFailed(str(err)) from None
         trial.set_user_attr("per_seed", values)
@@ -288,7 +309,7 @@ def tune(
             if done < target:
                 enough = optuna.study.MaxTrialsCallback(target, states=(state.COMPLETE,))
                 study.optimize(run_trial, n_trials=target - done, catch=catch, callbacks=[enough])
-    _write_outputs(study, output, objective, preset, val_fraction)
+    _write_outputs(study, output, objective, preset, task, val_fraction)
     return study
 
 
@@ -313,10 +334,24 @@ def _check_repeats(study: Any, repeats: int) -> None:
         )
 
 
-def _write_outputs(study: Any, output: Path, objective: str, preset: dict[str, Any], val_fraction: float) -> None:
+def _check_task(study: Any, task: type[Task]) -> None:
+    """Tie a study to the task its trials fit: one task's scores (top-1, MIoU) do not compare with another's."""
+    recorded = study.user_attrs.get("task")
+    if recorded is None and not study.get_trials(deepcopy=False):
+        study.set_user_attr("task", task.name)
+    elif (recorded or DEFAULT_TASK) != task.name:  # studies from before --task fitted classification
+        raise ValueError(
+            f"study {study.study_name!r} scores fits of --task {recorded or DEFAULT_TASK}, not {task.name}: pass a "
+            "new --study_name or --output to start a new study"
+        )
+
+
+def _write_outputs(
+    study: Any, output: Path, objective: str, preset: dict[str, Any], task: type[Task], val_fraction: float
+) -> None:
     from .. import objectives
 
-    rows = _trial_rows(study)
+    rows = _trial_rows(study, task.monitor)
     if rows:
         with (output / "trials.csv").open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -332,13 +367,19 @@ def _write_outputs(study: Any, output: Path, objective: str, preset: dict[str, A
     header = (
         f"# coretune tune: best of {len(complete)} finished trials of study {study.study_name!r} "
         f"({cls.__name__} via --objective {objective}),\n"
-        f"# selected by the final-epoch val/top1 = {best.value:.4f} on a {val_fraction:g} validation split of "
-        f"the training set{_per_seed_note(best)} (trial run directory: {best.user_attrs.get('run_dir')}).\n"
-        "# Use it with: coretune fit --config YOUR_CONFIG.yaml --config best.yaml (training on the whole "
-        "training set, val_fraction 0).\n"
+        f"# selected by the final-epoch val/{task.monitor} = {best.value:.4f} on a {val_fraction:g} validation split "
+        f"of the training set{_per_seed_note(best)} (trial run directory: {best.user_attrs.get('run_dir')}).\n"
+        f"# Use it with: coretune fit --config YOUR_CONFIG.yaml --config best.yaml{_final_fit_note(task)}.\n"
     )
     body = yaml.safe_dump({"objective": {"class_path": class_path, "init_args": init_args}}, sort_keys=False)
     (output / "best.yaml").write_text(header + body)
+
+
+def _final_fit_note(task: type[Task]) -> str:
+    """How the final fit uses the training data: all of it, where the task can validate elsewhere."""
+    if task.validation_holdout == "val_fraction":
+        return " (training on the whole training set, val_fraction 0)"
+    return f" (holding out {task.validation_holdout} for validation, as every fit of the task does)"
 
 
 def _per_seed_note(trial: Any) -> str:
@@ -357,8 +398,9 @@ def _parser() -> Any:
         usage="coretune tune [options] -- FIT_ARGS ...",
         description="Choose η and α of Core-tuning (or a Table 2 preset) with an Optuna study. Every trial runs "
         "coretune fit with FIT_ARGS (everything after --, e.g. --config configs/cpu/cifar10.yaml --data.root "
-        "DIR) plus the trial's η and α, and is scored by its final-epoch val/top1 on a validation split carved "
-        "from the training set (never the test split). Writes trials.csv and best.yaml into --output.",
+        "DIR) plus the trial's η and α, and is scored by its final-epoch val/<monitor> of the fit's task (top-1; "
+        "MIoU for segmentation) on a validation split held out of the training data (never the test split). "
+        "Writes trials.csv and best.yaml into --output.",
     )
     parser.add_argument("--output", type=str, default="runs/tune", help="Folder for the trials, study and results.")
     parser.add_argument("--objective", type=str, default="core", help="A registered objective with eta and alpha.")
@@ -370,7 +412,8 @@ def _parser() -> Any:
         "--val_fraction",
         type=float,
         default=0.2,
-        help="Fraction of the training set held out (stratified) for selection; must be > 0.",
+        help="Fraction of the training data held out for selection (classification: stratified; domain "
+        "generalization: --data.holdout_fraction, of each domain); must be > 0.",
     )
     parser.add_argument("--seed", type=int, default=0, help="Seed of the trials' fits and of the sampler.")
     parser.add_argument(
@@ -424,9 +467,9 @@ def main(args: list[str]) -> None:
         )
     except KeyboardInterrupt:  # a second Ctrl+C
         raise SweepInterrupted(signal.SIGINT, _interrupted_message(signal.SIGINT)) from None
-    best = study.best_trial
+    best, label = study.best_trial, TASKS[study.user_attrs.get("task", DEFAULT_TASK)].monitor_label
     Console().print(
-        f"best: η = {best.params['eta']:g}, α = {best.params['alpha']:g} (final val top-1 "
+        f"best: η = {best.params['eta']:g}, α = {best.params['alpha']:g} (final val {label} "
         f"{100 * best.value:.2f}%, trial {best.number}); wrote {Path(cfg.output) / 'best.yaml'} and "
         f"{Path(cfg.output) / 'trials.csv'}",
         highlight=False,

@@ -70,6 +70,9 @@ class Task:
     validation_split_fix: ClassVar[str]
     #: The names of its training and validation metrics (``train/<name>``, ``val/<name>``), as opposed to losses.
     metric_names: ClassVar[tuple[str, ...]]
+    #: Its data module's option that holds out part of the training data as the validation split, never reading the
+    #: test split: ``coretune tune`` sets it to its ``--val_fraction``.
+    validation_holdout: ClassVar[str] = "val_fraction"
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
         """``settings``: the :class:`~coretune.engine.FineTuner` settings (its ``hparams``); a task reads the ones

@@ -149,6 +149,7 @@ class DomainGeneralizationTask(ClassificationTask):
 
     name = "domain_generalization"
     data_class = DomainGeneralizationData
+    validation_holdout = "holdout_fraction"  # validation reads the training domains' held-out parts only
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__(settings)

@@ -344,8 +344,8 @@ class SegmentationTask(Task):
     monitor_label = "MIoU"
     summary_keys: ClassVar[tuple[str, ...]] = ("train/loss", "train/pixel_acc", "val/loss", "val/miou")
     metric_names: ClassVar[tuple[str, ...]] = ("pixel_acc", "mpa", "fwiou", "miou")
-    no_validation_split = "ImageSets/Segmentation/ lists val.txt or test.txt, not both"
-    validation_split_fix = "list validation images in val.txt and test images in test.txt"
+    no_validation_split = "ImageSets/Segmentation/ lists val.txt or test.txt, not both, and no --data.val_fraction"
+    validation_split_fix = "--data.val_fraction 0.1, or list validation images in val.txt and test images in test.txt"
     ignore_index = IGNORE_INDEX
     #: How many validation images ``predictions.png`` shows.
     figure_images = 4

@@ -1,0 +1,199 @@
+"""`coretune export --format …`: the formats asked for (safetensors, pt2, TorchScript, ONNX) beside config.json,
+onnxruntime computing the PyTorch logits, the deprecated `--onnx`/`--torchscript`/`--exported_program` flags, and a
+segmentation model that every format runs at other sizes than its training crop."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from coretune.cli import main
+from coretune.engine import FineTuner
+from coretune.export import load_exported
+from fit_flags import QUIET, error
+
+ort = pytest.importorskip("onnxruntime")
+
+ALL = ["model.safetensors", "model.pt2", "model.torchscript.pt", "model.onnx"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The last checkpoint of one epoch of `coretune fit` on a tiny tree, at 32 px."""
+    from image_trees import make_image_tree
+
+    base = tmp_path_factory.mktemp("onnx")
+    tree, run_dir = make_image_tree(base / "data"), base / "run"
+    main(
+        [
+            "fit",
+            f"--data.root={tree}",
+            "--data.image_size=32",
+            "--data.batch_size=8",
+            "--model.backbone=small_cnn",
+            "--trainer.max_epochs=1",
+            f"--run_dir={run_dir}",
+            *QUIET,
+        ]
+    )
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def export(checkpoint: Path, out: Path, *options: str) -> list[str]:
+    """Run `coretune export` into `out`; the names of the files it lists."""
+    main(["export", f"--ckpt_path={checkpoint}", f"--output={out}", *options])
+    return sorted(p.name for p in out.iterdir())
+
+
+def test_format_onnx_matches_the_pytorch_model(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "export"
+    assert export(checkpoint, out, "--format", "onnx") == ["config.json", "model.onnx"]  # weights inside
+    assert capsys.readouterr().out.splitlines() == [str(out / "model.onnx"), str(out / "config.json")]
+    config = json.loads((out / "config.json").read_text())
+    assert config["formats"] == ["onnx"] and config["input_shape"] == ["batch", 3, 32, 32]
+
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    (images_input,), (logits_output,) = session.get_inputs(), session.get_outputs()
+    assert (images_input.name, logits_output.name) == ("images", "logits")
+    assert isinstance(images_input.shape[0], str) and images_input.shape[1:] == [3, 32, 32]  # dynamic batch
+    model = FineTuner.from_checkpoint(checkpoint).eval()
+    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    for batch in (1, 3):
+        with torch.no_grad():
+            expected = model(images[:batch])
+        (logits,) = session.run(None, {"images": images[:batch].numpy()})
+        assert logits.shape == (batch, 3)
+        torch.testing.assert_close(torch.from_numpy(logits), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("options", "files"),
+    [
+        ([], ALL[:3]),  # the default, as before --format
+        (["--format=pt2,safetensors"], ALL[:2]),
+        (["--format", "[torchscript, onnx]"], ALL[2:]),
+        (["--format+", "onnx", "--format+", "torchscript", "--format+", "onnx"], ALL[2:]),
+        (["--format", " safetensors , onnx "], [ALL[0], ALL[3]]),
+    ],
+    ids=["default", "comma", "list", "appended", "spaces"],
+)
+def test_format_selects_the_files(checkpoint: Path, tmp_path: Path, options: list[str], files: list[str]) -> None:
+    assert export(checkpoint, tmp_path, *options) == sorted(["config.json", *files])
+    order = [name for name in ("safetensors", "pt2", "torchscript", "onnx") if f"model.{name}" in " ".join(files)]
+    assert json.loads((tmp_path / "config.json").read_text())["formats"] == order
+
+
+@pytest.mark.parametrize(
+    ("options", "files", "equivalent"),
+    [
+        (["--onnx=true"], ALL, "safetensors,pt2,torchscript,onnx"),
+        (["--exported_program=false"], [ALL[0], ALL[2]], "safetensors,torchscript"),
+        (["--torchscript=false", "--onnx=true"], [ALL[0], ALL[1], ALL[3]], "safetensors,pt2,onnx"),
+        (["--torchscript=true", "--onnx=false"], ALL[:3], "safetensors,pt2,torchscript"),
+    ],
+    ids=["onnx", "no-pt2", "two", "defaults"],
+)
+def test_the_old_flags_keep_their_meaning_and_name_their_format(
+    checkpoint: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    options: list[str],
+    files: list[str],
+    equivalent: str,
+) -> None:
+    assert export(checkpoint, tmp_path, *options) == sorted(["config.json", *files])
+    given = " and ".join(f"--{o[2:].replace('=', ' ')}" for o in options)
+    assert capsys.readouterr().err == f"coretune export: warning: {given} is deprecated: use --format {equivalent}\n"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            ["--format=tflite"],
+            "unknown export format 'tflite': choose one or more of safetensors, pt2, torchscript, onnx "
+            "(--format onnx,pt2)",
+        ),
+        (["--format=[]"], "--format names no format: choose one or more of safetensors, pt2, torchscript, onnx"),
+        (
+            ["--format=onnx", "--format", "pt2"],
+            "--format is given more than once: list the formats in one (--format onnx,pt2) or append with "
+            "--format+ (--format+ onnx --format+ pt2)",
+        ),
+        (
+            ["--format=onnx", "--torchscript=false"],
+            "--torchscript false and --format both given: --torchscript false is deprecated, list the formats in "
+            "--format",
+        ),
+    ],
+    ids=["unknown", "none", "repeated", "with-old-flag"],
+)
+def test_bad_formats_are_one_line_before_anything_is_written(
+    checkpoint: Path, tmp_path: Path, options: list[str], message: str
+) -> None:
+    assert error(["export", f"--ckpt_path={checkpoint}", f"--output={tmp_path / 'export'}", *options]) == message
+    assert not (tmp_path / "export").exists()
+
+
+def test_missing_onnx_packages_are_one_line_naming_the_extra(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # `import onnxscript` raises ImportError
+    expected = "ONNX export needs the onnx extra (onnxscript is not installed): pip install 'coretune[onnx]'"
+    for option in ("--format=pt2,onnx", "--onnx=true"):
+        assert error(["export", f"--ckpt_path={checkpoint}", f"--output={tmp_path / 'export'}", option]) == expected
+        assert not (tmp_path / "export").exists()  # refused before anything is written
+
+
+def test_load_exported_names_the_missing_weights(checkpoint: Path, tmp_path: Path) -> None:
+    export(checkpoint, tmp_path, "--format=pt2")
+    with pytest.raises(FileNotFoundError, match=r"holds no coretune export .*the safetensors format\)$"):
+        load_exported(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def segmentation_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The last checkpoint of one epoch of a DeepLab-V3 (ResNet-18, output stride 8) on 32 px crops."""
+    from segmentation_sets import make_voc_set
+
+    base = tmp_path_factory.mktemp("seg")
+    root = make_voc_set(base / "voc", {"train": 8, "val": 2}, size=(40, 48))
+    main([
+        "fit", "--task", "segmentation", "--model.backbone=resnet18", "--model.weights=null",
+        "--model.output_stride=8", f"--data.root={root}", f"--run_dir={base / 'run'}", "--data.image_size=32",
+        "--data.batch_size=4", "--trainer.max_epochs=1", "--trainer.precision=32-true", *QUIET,
+    ])  # fmt: skip
+    return base / "run" / "checkpoints" / "last.ckpt"
+
+
+def test_segmentation_exports_run_at_any_size(segmentation_checkpoint: Path, tmp_path: Path) -> None:
+    """Trained on 32 px crops, every format computes the eager model's logits at 104 × 120 (a feature map of 13 × 15,
+    where ASPP's rate-12 convolution reads real pixels, as it does not at 32 px) and 17 × 33, batches of 1 and 3."""
+    out = tmp_path / "exported"
+    assert export(segmentation_checkpoint, out, "--format=safetensors,pt2,torchscript,onnx") == sorted(
+        ["config.json", *ALL]
+    )
+    config = json.loads((out / "config.json").read_text())
+    assert config["input_shape"] == ["batch", 3, "height", "width"] and config["image_size"] == 32
+    model = FineTuner.from_checkpoint(segmentation_checkpoint).eval()
+    net, _ = load_exported(out)
+    program = torch.export.load(out / "model.pt2").module()
+    scripted = torch.jit.load(str(out / "model.torchscript.pt"))
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [isinstance(d, str) for d in session.get_inputs()[0].shape] == [True, False, True, True]
+    generator = torch.Generator().manual_seed(0)
+    for shape in ((1, 3, 104, 120), (3, 3, 17, 33)):
+        images = torch.randn(shape, generator=generator)
+        with torch.no_grad():
+            expected = model(images)
+            assert expected.shape == (shape[0], 4, *shape[2:])
+            for exported in (net, program, scripted):
+                torch.testing.assert_close(exported(images), expected, atol=1e-4, rtol=1e-4)
+        (logits,) = session.run(None, {"images": images.numpy()})
+        torch.testing.assert_close(torch.from_numpy(logits), expected, atol=1e-4, rtol=1e-4)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .collect import CurvePoint, _validated_on
-from .spec import BenchSpec, TableLayout, spec_metric_text
+from .spec import BenchSpec, TableLayout, measure_layout, spec_metric_text
 from .stats import Cell
 
 __all__ = ["curves_metric"]
@@ -30,13 +30,15 @@ def _plot_label(label: str) -> str:
     return label.replace("L^f_con", r"$\mathcal{L}^f_{con}$").replace("L_con", r"$\mathcal{L}_{con}$")
 
 
-def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> list[Path]:
+def _plot(spec: BenchSpec, cells: dict[tuple[Any, ...], Cell], layout: TableLayout, title_note: str = "") -> list[Path]:
+    """``bars.png`` (the table's cells, mean ± std, grouped by column; ``title_note`` follows the title, e.g. an
+    oracle's mark) and, with several label fractions, ``label_fraction.png``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def stats(name: str, col: tuple[str, float]) -> tuple[float, float]:
+    def stats(name: str, col: tuple[Any, ...]) -> tuple[float, float]:
         cell = cells[(name, *col)]
         return cell.mean, (0.0 if math.isnan(cell.std) else cell.std)
 
@@ -54,14 +56,14 @@ def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: Ta
     if lows:
         ax.set_ylim(bottom=max(0.0, 5 * math.floor(min(lows) / 5) - 5))
     ax.set_xticks(x, [label for _, label in layout.columns])
-    ax.set(ylabel=f"{spec_metric_text(spec)} (%)", title=f"{spec.name}: mean ± std over seeds")
+    ax.set(ylabel=f"{spec_metric_text(spec)} (%)", title=f"{spec.name}: mean ± std over seeds{title_note}")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     paths.append(spec.output / "bars.png")
     fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
 
-    if len(spec.label_fractions) > 1:
+    if len(spec.label_fractions) > 1 and not measure_layout(spec.table):  # Tables 6 and 8: the bars show it all
         fractions = sorted(spec.label_fractions)
         fig, axes = plt.subplots(1, len(spec.datasets), figsize=(5 * len(spec.datasets), 4), squeeze=False)
         for ax, dataset in zip(axes[0], spec.datasets, strict=True):

@@ -15,6 +15,9 @@ from .stats import Cell
 
 __all__ = ["curves_metric"]
 
+#: The bars' axis of the layouts of several measures (the columns say which).
+_MEASURE_AXIS = {"table6": "test score", "table8": "test accuracy"}
+
 
 def curves_metric(curves: list[CurvePoint]) -> str:
     """What the curves of :func:`collect_curves` show, for the plot's axes: the test top-1 when every run that records
@@ -55,8 +58,12 @@ def _plot(spec: BenchSpec, cells: dict[tuple[Any, ...], Cell], layout: TableLayo
         ax.bar(x + offset, means, width, yerr=stds, capsize=3, label=_plot_label(label))
     if lows:
         ax.set_ylim(bottom=max(0.0, 5 * math.floor(min(lows) / 5) - 5))
-    ax.set_xticks(x, [label for _, label in layout.columns])
-    ax.set(ylabel=f"{spec_metric_text(spec)} (%)", title=f"{spec.name}: mean ± std over seeds{title_note}")
+    measured = measure_layout(spec.table)  # long column labels (attack and threat model), a long metric text
+    ax.set_xticks(
+        x, [label for _, label in layout.columns], rotation=20 if measured else 0, ha="right" if measured else "center"
+    )
+    ylabel = _MEASURE_AXIS.get(spec.table, spec_metric_text(spec))
+    ax.set(ylabel=f"{ylabel} (%)", title=f"{spec.name}: mean ± std over seeds{title_note}")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     paths.append(spec.output / "bars.png")

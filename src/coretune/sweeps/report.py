@@ -19,7 +19,7 @@ from .collect import collect_cells, collect_curves
 from .measures import collect_measures, per_class_iou, spec_measures, training_domains_heldout
 from .plots import _plot, _plot_curves
 from .spec import BenchSpec, TableLayout, measure_layout, spec_metric_text, table_layout
-from .stats import Cell, compare
+from .stats import Cell, Comparison, compare
 
 __all__ = ["write_summary"]
 
@@ -64,9 +64,10 @@ def _selections(spec: BenchSpec) -> dict[str, list[dict[str, Any]]]:
 
 
 def _selection_text(selections: list[dict[str, Any]]) -> str:
-    """The rules of some runs' selections, an oracle marked ``(ORACLE)``: ``training-domain validation set``."""
+    """The rules of some runs' selections, an oracle marked: ``training-domain validation set``,
+    ``ORACLE: test-domain validation set (oracle)``."""
     rules = {s["name"]: bool(s.get("oracle")) for s in selections}
-    return ", ".join(f"{name}{' (ORACLE)' * oracle}" for name, oracle in sorted(rules.items()))
+    return ", ".join(f"{'ORACLE: ' * oracle}{name}" for name, oracle in sorted(rules.items()))
 
 
 def _selection_note(spec: BenchSpec) -> list[str]:
@@ -165,6 +166,22 @@ def _reconstructed_note(cells: Cells, layout: TableLayout) -> list[str]:
     ]
 
 
+def _comparisons(spec: BenchSpec, cells: Cells, layout: TableLayout) -> list[tuple[str, str, Comparison]]:
+    """``(column label, row label, comparison with the baseline row)`` of every finished non-baseline cell, column
+    by column; Table 7 adds its Avg. (each seed's mean over the domains, paired by seed like the domains)."""
+    columns = [(label, {name: cells[(name, *col)] for name, _ in layout.rows}) for col, label in layout.columns]
+    if spec.table == "table7" and len(layout.columns) > 1:
+        averages = {name: _seed_average([cells[(name, *col)] for col, _ in layout.columns]) for name, _ in layout.rows}
+        columns.append(("Avg.", averages))
+    found = []
+    for col_label, by_row in columns:
+        base = by_row[spec.baseline]
+        for name, label in layout.rows:
+            if name != spec.baseline and by_row[name].n and base.n:
+                found.append((col_label, label, compare(by_row[name], base)))
+    return found
+
+
 def _significance(spec: BenchSpec, cells: Cells, layout: TableLayout) -> list[str]:
     labels = dict(layout.rows)
     lines = [
@@ -181,18 +198,12 @@ def _significance(spec: BenchSpec, cells: Cells, layout: TableLayout) -> list[st
         "| Column | Method | Δ (pp) | 2 s_p (pp) | beyond 2σ | paired Δ per seed (pp) | paired t (p) |",
         "|---|---|:-:|:-:|:-:|:-:|:-:|",
     ]
-    for col, col_label in layout.columns:
-        base = cells[(spec.baseline, *col)]
-        for name, label in layout.rows:
-            cell = cells[(name, *col)]
-            if name == spec.baseline or not (cell.n and base.n):
-                continue
-            c = compare(cell, base)
-            verdict = "n/a" if c.beyond_two_std is None else ("yes" if c.beyond_two_std else "no")
-            two_sp = f"{2 * c.pooled_std:.2f}" if c.beyond_two_std is not None else "–"
-            per_seed = " / ".join(f"{d:+.2f}" for d in c.paired) or "–"
-            t_test = "–" if math.isnan(c.paired_t) else f"{c.paired_t:.1f} ({c.paired_p:.2g})"
-            lines.append(f"| {col_label} | {label} | {c.diff:+.2f} | {two_sp} | {verdict} | {per_seed} | {t_test} |")
+    for col_label, label, c in _comparisons(spec, cells, layout):
+        verdict = "n/a" if c.beyond_two_std is None else ("yes" if c.beyond_two_std else "no")
+        two_sp = f"{2 * c.pooled_std:.2f}" if c.beyond_two_std is not None else "–"
+        per_seed = " / ".join(f"{d:+.2f}" for d in c.paired) or "–"
+        t_test = "–" if math.isnan(c.paired_t) else f"{c.paired_t:.1f} ({c.paired_p:.2g})"
+        lines.append(f"| {col_label} | {label} | {c.diff:+.2f} | {two_sp} | {verdict} | {per_seed} | {t_test} |")
     return lines
 
 
@@ -240,22 +251,17 @@ def _cell_json(cell: Cell) -> dict[str, Any]:
 def _summary_json(spec: BenchSpec, cells: Cells, layout: TableLayout, rows: dict[str, dict[str, Any]]) -> str:
     """``summary.json``: per row, every column's cell (:func:`_cell_json`) and the layout's ``rows`` entries; the
     paired differences from the baseline row per column."""
-    differences = []
-    for col, col_label in layout.columns:
-        base = cells[(spec.baseline, *col)]
-        for name, label in layout.rows:
-            if name != spec.baseline and (cell := cells[(name, *col)]).n and base.n:
-                c = compare(cell, base)
-                differences.append(
-                    {
-                        "column": col_label,
-                        "method": label,
-                        "diff_pp": c.diff,
-                        "paired_pp": list(c.paired),
-                        "paired_t": None if math.isnan(c.paired_t) else c.paired_t,
-                        "paired_p": None if math.isnan(c.paired_p) else c.paired_p,
-                    }
-                )
+    differences = [
+        {
+            "column": col_label,
+            "method": label,
+            "diff_pp": c.diff,
+            "paired_pp": list(c.paired),
+            "paired_t": None if math.isnan(c.paired_t) else c.paired_t,
+            "paired_p": None if math.isnan(c.paired_p) else c.paired_p,
+        }
+        for col_label, label, c in _comparisons(spec, cells, layout)
+    ]
     summary = {
         "name": spec.name,
         "table": spec.table,

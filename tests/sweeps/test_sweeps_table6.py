@@ -151,3 +151,15 @@ def test_table6_refuses_runs_without_segmentation_measures_and_the_val_metric(tm
         "column's MPA, FWIoU or MIoU)); metric 'val' does not apply: drop it, or use table1 for the final epoch's "
         "validation score"
     )
+
+
+def test_before_any_run_finished_the_table_has_its_columns_and_no_numbers(tmp_path: Path) -> None:
+    spec_file = camvid_spec(tmp_path)
+    main(["bench", str(spec_file), "--aggregate_only"])
+    markdown = (tmp_path / "out" / "summary.md").read_text()
+    assert "| Method | MPA | FWIoU | MIoU |\n|---|:-:|:-:|:-:|\n| CE-tuning | – | – | – |\n" in markdown
+    assert "## Per-class IoU" not in markdown
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["rows"][0]["columns"]["MIoU"] == {
+        "mean": None, "std": None, "se": None, "n": 0, "seeds": [], "values": [], "reconstructed_seeds": [],
+    }  # fmt: skip

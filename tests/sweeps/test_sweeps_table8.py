@@ -177,3 +177,11 @@ def test_robust_table_evaluate_scores_each_finished_unscored_run_once(
     calls.clear()
     robust_table.evaluate(spec, ["linf:4/255"], 100)  # resumes: scored runs are skipped
     assert calls == []
+
+
+def test_before_any_run_finished_the_table_has_its_clean_column(tmp_path: Path) -> None:
+    spec_file = adversarial_spec(tmp_path)
+    main(["bench", str(spec_file), "--aggregate_only"])
+    markdown = (tmp_path / "out" / "summary.md").read_text()
+    assert "| Method | clean |\n|---|:-:|\n| ce | – |\n| at_ce_linf | – |\n" in markdown
+    assert "finished run(s) have no robust_results" not in markdown

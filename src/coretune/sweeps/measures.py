@@ -6,7 +6,7 @@ robust accuracy per attack and threat model, from ``coretune eval robust``'s ``r
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,18 +82,24 @@ def training_domains_heldout(run_dir: Path, test: dict[str, Any]) -> Measures:
     return {"heldout": ("held-out", 100 * float(value))} if isinstance(value, int | float) else {}
 
 
-def spec_measures(table: str) -> Callable[[Path, dict[str, Any]], Measures]:
-    """The measures a layout tabulates (:func:`~.spec.measure_layout`)."""
-    return {"table6": segmentation_measures, "table8": robust_measures}[table]
+def spec_measures(table: str) -> tuple[Callable[[Path, dict[str, Any]], Measures], tuple[tuple[str, str], ...]]:
+    """The measures a layout tabulates (:func:`~.spec.measure_layout`), and the columns it has before any run
+    finished (Table 8's attacks and threat models are those of the runs' files)."""
+    return {
+        "table6": (segmentation_measures, SEGMENTATION_MEASURES),
+        "table8": (robust_measures, (("clean", "clean"),)),
+    }[table]
 
 
 def collect_measures(
-    spec: BenchSpec, measures: Callable[[Path, dict[str, Any]], Measures]
+    spec: BenchSpec,
+    measures: Callable[[Path, dict[str, Any]], Measures],
+    columns: Sequence[tuple[str, str]] = (),
 ) -> tuple[dict[tuple[str, str, float, str], Cell], list[tuple[str, str]]]:
     """Cells keyed by ``(objective, dataset, label_fraction, measure key)`` of every finished run's ``measures``
-    (values in %, seeds in order, reconstructed records marked), and the measures found, ``(key, label)`` in the
-    order they first appear. A cell no run measured is empty."""
-    found: dict[str, str] = {}
+    (values in %, seeds in order, reconstructed records marked), and the measures, ``(key, label)``: ``columns``,
+    then those found in the order they first appear. A cell no run measured is empty."""
+    found: dict[str, str] = dict(columns)
     values: dict[tuple[str, str, float, str], list[tuple[int, float, bool]]] = {}
     for run in spec.runs():
         results = RunDir(run.run_dir).read_results()

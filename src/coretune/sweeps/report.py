@@ -386,7 +386,7 @@ def write_summary(spec: BenchSpec) -> tuple[str, list[Path]]:
     cells, runs = collect_cells(spec)  # type: ignore[assignment]
     measures: list[tuple[str, str]] = []
     if measure_layout(spec.table):
-        cells, measures = collect_measures(spec, spec_measures(spec.table))  # type: ignore[assignment]
+        cells, measures = collect_measures(spec, *spec_measures(spec.table))  # type: ignore[assignment]
     layout = table_layout(spec, measures)
     extra, json_rows = {
         "table6": lambda: _per_class_section(spec, layout),

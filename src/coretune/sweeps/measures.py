@@ -17,6 +17,7 @@ from .stats import Cell
 __all__ = [
     "ROBUST_RESULTS",
     "SEGMENTATION_MEASURES",
+    "attack_label",
     "collect_measures",
     "per_class_iou",
     "robust_measures",
@@ -47,6 +48,12 @@ def segmentation_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
     return {key: (label, 100 * float(test[key])) for key, label in SEGMENTATION_MEASURES}
 
 
+def attack_label(report: dict[str, Any]) -> str:
+    """An attack of a ``robust_results*.json`` report as ``coretune eval robust`` prints it: ``pgd-10``,
+    ``autoattack`` (AutoAttack sets its own steps)."""
+    return f"{report['attack']}-{report['steps']}" if report.get("steps") else report["attack"]
+
+
 def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
     """Clean accuracy and each (attack, threat model)'s robust accuracy (%) in a run's ``robust_results*.json``
     (``robust_results.json`` first, then the others by name). Clean accuracy is that of the report scored on the
@@ -63,7 +70,7 @@ def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
             for report in reports:
                 if clean is None or report["num_images"] > clean[0]:
                     clean = (report["num_images"], 100 * float(report["clean_accuracy"]))
-                attack = f"{report['attack']}-{report['steps']}" if report.get("steps") else report["attack"]
+                attack = attack_label(report)
                 for result in report["results"]:
                     label = f"{attack} {format_threat(result['norm'], result['eps'])}"
                     values.setdefault(label, (label, 100 * float(result["accuracy"])))

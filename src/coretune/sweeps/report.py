@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 
 from .collect import collect_cells, collect_curves
-from .measures import collect_measures, per_class_iou, spec_measures, training_domains_heldout
+from .measures import (
+    ROBUST_RESULTS,
+    attack_label,
+    collect_measures,
+    per_class_iou,
+    spec_measures,
+    training_domains_heldout,
+)
 from .plots import _plot, _plot_curves
 from .spec import BenchSpec, TableLayout, measure_layout, spec_metric_text, table_layout
 from .stats import Cell, Comparison, compare
@@ -348,7 +355,6 @@ def _heldout_section(spec: BenchSpec, layout: TableLayout) -> tuple[list[str], d
 def _robust_note(spec: BenchSpec) -> list[str]:
     """Table 8's notes: the test images each attack scored, and the finished runs without robust results."""
     from ..rundir import RunDir
-    from .measures import ROBUST_RESULTS
 
     images: dict[str, set[int]] = {}
     unscored = []
@@ -360,8 +366,7 @@ def _robust_note(spec: BenchSpec) -> list[str]:
             unscored.append(run.label)
         for path in files:
             for report in json.loads(path.read_text())["reports"]:
-                attack = f"{report['attack']}-{report['steps']}" if report.get("steps") else report["attack"]
-                images.setdefault(attack, set()).add(report["num_images"])
+                images.setdefault(attack_label(report), set()).add(report["num_images"])
     lines = ["", "Robust accuracy counts an image robust when it is classified correctly both clean and attacked."]
     if images:
         counts = "; ".join(f"{a}: {', '.join(map(str, sorted(n)))}" for a, n in sorted(images.items()))

@@ -1,5 +1,6 @@
 """Table 7's layout (domain generalization): one column per held-out domain plus the average, each seed's mean over
-the domains then mean ± std over seeds; the selection rule named, an oracle marked."""
+the domains then mean ± std over seeds, and its paired differences; the selection rule named with the checkpoints it
+chose, an oracle marked in every output; the training domains' held-out accuracy."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
+from scipy.stats import ttest_rel
 
-from coretune.sweeps import BenchSpec
+from coretune.cli import main
+from coretune.sweeps import BenchSpec, report
 from coretune.sweeps.report import write_summary
 from coretune.sweeps.spec import table_layout
 
@@ -29,13 +33,20 @@ def dg_spec(tmp_path: Path, objectives: list[str] | None = None) -> BenchSpec:
     )
 
 
-def fabricate(spec: BenchSpec, top1: dict[str, list[list[float]]], oracle: bool = False) -> None:
-    """Finished DG runs: ``top1[objective][seed][domain index]`` (fractions), their selection rule recorded."""
+def fabricate(
+    spec: BenchSpec, top1: dict[str, list[list[float]]], oracle: bool = False, heldout: float | None = None
+) -> None:
+    """Finished DG runs: ``top1[objective][seed][domain index]`` (fractions), their selection rule recorded; with
+    ``heldout``, also the training domains' held-out accuracy (``top1 + heldout``) and the chosen checkpoint
+    (``best.ckpt`` at 0-based epoch ``seed + 2``), as domain_test_results writes them."""
     name = "test-domain validation set (oracle)" if oracle else "training-domain validation set"
     for run in spec.runs():
         value = top1[run.objective][spec.seeds.index(run.seed)][DOMAINS.index(run.dataset)]
         run.run_dir.mkdir(parents=True)
         test = {"top1": value, "test_domains": {run.dataset: value}, "selection": {"name": name, "oracle": oracle}}
+        if heldout is not None:
+            test["training_domain_val_top1"] = value + heldout
+            test["selection"].update(checkpoint="best.ckpt", epoch=run.seed + 2, step=100 * (run.seed + 3))
         (run.run_dir / "results.json").write_text(json.dumps({"test": test, "epochs": 2}))
 
 
@@ -69,12 +80,55 @@ def test_one_column_per_held_out_domain_and_the_seed_averaged_mean(tmp_path: Pat
     assert spec.output / "summary.md" in paths
 
 
-def test_an_oracle_selection_is_marked_in_the_table(tmp_path: Path) -> None:
+def test_an_oracle_selection_is_marked_in_every_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = dg_spec(tmp_path, ["ce", "core"])
     fabricate(spec, VALUES, oracle=True)
+    titles: list[str] = []
+    monkeypatch.setattr(report, "_plot", lambda spec, cells, layout, note="": titles.append(note) or [])
     markdown, _ = write_summary(spec)
+    assert titles == [" (ORACLE model selection)"]  # bars.png's title
     marked = "Model selection: test-domain validation set (oracle). **ORACLE**: checkpoints scored with the unseen "
     assert marked in markdown
+    with (spec.output / "summary.csv").open(newline="") as f:
+        assert [r["selection"] for r in csv.DictReader(f)] == ["ORACLE: test-domain validation set (oracle)"] * 2
+    summary = json.loads((spec.output / "summary.json").read_text())
+    assert {s["oracle"] for row in summary["rows"] for s in row["selection"]} == {True}
+
+
+def test_table7_reports_the_training_domains_held_out_accuracy_the_chosen_checkpoints_and_the_average_difference(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = dg_spec(tmp_path, ["ce", "core"])
+    fabricate(spec, VALUES, heldout=0.05)
+    spec_file = tmp_path / "dg.yaml"
+    spec_file.write_text(yaml.safe_dump({
+        "output": str(spec.output), "datasets": {d: list(a) for d, a in spec.datasets.items()},
+        "objectives": ["ce", "core"], "seeds": [0, 1, 2], "table": "table7",
+    }))  # fmt: skip
+    main(["bench", str(spec_file), "--aggregate_only"])
+    markdown = (spec.output / "summary.md").read_text()
+    assert markdown in capsys.readouterr().out
+    assert "Model selection: training-domain validation set (tests best.ckpt; chosen at epochs 3, 4, 5)." in markdown
+    assert "## Held-out accuracy of the training domains" in markdown
+    heldout = markdown.split("## Held-out accuracy of the training domains")[1].split("## Differences")[0]
+    assert "| Method | art | cartoon | photo | sketch |" in heldout  # the split's unseen domain names the column
+    assert "| CE | 75.00 ± 2.00 (n=3) | 66.00 ± 1.00 (n=3) | 94.00 ± 1.00 (n=3) | 57.00 ± 2.00 (n=3) |" in heldout
+    assert "| Core-tuning | **84.00 ± 1.00 (n=3)** | **75.00 ± 1.00 (n=3)** |" in heldout
+    # Avg., paired by seed: Core-tuning's seeds average 76.25, 77.25, 77.50; CE's 67.50, 69.00, 67.50
+    p = ttest_rel([76.25, 77.25, 77.5], [67.5, 69.0, 67.5]).pvalue
+    assert f"| Avg. | Core-tuning | +9.00 | 1.54 | yes | +8.75 / +8.25 / +10.00 | 17.3 ({p:.2g}) |" in markdown
+    assert "| art | Core-tuning | +9.00 | 3.16 | yes | +8.00 / +8.00 / +11.00 |" in markdown
+    summary = json.loads((spec.output / "summary.json").read_text())
+    ce = summary["rows"][0]
+    assert ce["training domains held-out"]["photo"]["values"] == pytest.approx([95, 93, 94])
+    assert ce["columns"]["art"]["values"] == pytest.approx([70, 72, 68])
+    assert ce["selection"][0] == {
+        "dataset": "art", "seed": 0, "name": "training-domain validation set", "oracle": False,
+        "checkpoint": "best.ckpt", "epoch": 2, "step": 300,
+    }  # fmt: skip
+    assert [d["column"] for d in summary["differences"]] == [*DOMAINS, "Avg."]
+    with (spec.output / "summary.csv").open(newline="") as f:
+        assert [r["selection"] for r in csv.DictReader(f)] == ["training-domain validation set"] * 2
 
 
 def test_the_average_counts_only_seeds_finished_in_every_domain(tmp_path: Path) -> None:

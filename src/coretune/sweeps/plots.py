@@ -10,10 +10,13 @@ from typing import Any
 import numpy as np
 
 from .collect import CurvePoint, _validated_on
-from .spec import BenchSpec, TableLayout, spec_metric_text
+from .spec import BenchSpec, TableLayout, measure_layout, spec_metric_text
 from .stats import Cell
 
 __all__ = ["curves_metric"]
+
+#: The bars' axis of the layouts of several measures (the columns say which).
+_MEASURE_AXIS = {"table6": "test score", "table8": "test accuracy"}
 
 
 def curves_metric(curves: list[CurvePoint]) -> str:
@@ -30,13 +33,15 @@ def _plot_label(label: str) -> str:
     return label.replace("L^f_con", r"$\mathcal{L}^f_{con}$").replace("L_con", r"$\mathcal{L}_{con}$")
 
 
-def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> list[Path]:
+def _plot(spec: BenchSpec, cells: dict[tuple[Any, ...], Cell], layout: TableLayout, title_note: str = "") -> list[Path]:
+    """``bars.png`` (the table's cells, mean ± std, grouped by column; ``title_note`` follows the title, e.g. an
+    oracle's mark) and, with several label fractions, ``label_fraction.png``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def stats(name: str, col: tuple[str, float]) -> tuple[float, float]:
+    def stats(name: str, col: tuple[Any, ...]) -> tuple[float, float]:
         cell = cells[(name, *col)]
         return cell.mean, (0.0 if math.isnan(cell.std) else cell.std)
 
@@ -53,15 +58,19 @@ def _plot(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: Ta
         ax.bar(x + offset, means, width, yerr=stds, capsize=3, label=_plot_label(label))
     if lows:
         ax.set_ylim(bottom=max(0.0, 5 * math.floor(min(lows) / 5) - 5))
-    ax.set_xticks(x, [label for _, label in layout.columns])
-    ax.set(ylabel=f"{spec_metric_text(spec)} (%)", title=f"{spec.name}: mean ± std over seeds")
+    measured = measure_layout(spec.table)  # long column labels (attack and threat model), a long metric text
+    ax.set_xticks(
+        x, [label for _, label in layout.columns], rotation=20 if measured else 0, ha="right" if measured else "center"
+    )
+    ylabel = _MEASURE_AXIS.get(spec.table, spec_metric_text(spec))
+    ax.set(ylabel=f"{ylabel} (%)", title=f"{spec.name}: mean ± std over seeds{title_note}")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     paths.append(spec.output / "bars.png")
     fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
 
-    if len(spec.label_fractions) > 1:
+    if len(spec.label_fractions) > 1 and not measure_layout(spec.table):  # Tables 6 and 8: the bars show it all
         fractions = sorted(spec.label_fractions)
         fig, axes = plt.subplots(1, len(spec.datasets), figsize=(5 * len(spec.datasets), 4), squeeze=False)
         for ax, dataset in zip(axes[0], spec.datasets, strict=True):

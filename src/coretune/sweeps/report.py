@@ -1,20 +1,32 @@
-"""A sweep's report: the tables of mean ± std top-1 in the layouts of the paper's Tables 1, 2, 4 and 7, the
-differences from the baseline row, and the files ``summary.md``, ``summary.csv``, ``runs.csv`` and ``curves.csv``
-(with the plots of :mod:`.plots`)."""
+"""A sweep's report: the tables of mean ± std top-1 in the layouts of the paper's Tables 1, 2, 4 and 7, and of
+several measures per run in those of Tables 6 (segmentation: MPA, FWIoU, MIoU and the per-class IoU) and 8
+(adversarial training: clean and robust accuracy), the differences from the baseline row, and the files
+``summary.md``, ``summary.csv``, ``runs.csv`` and ``curves.csv`` (with the plots of :mod:`.plots`; Tables 6, 7 and
+8 also ``summary.json``)."""
 
 from __future__ import annotations
 
 import csv
+import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .collect import collect_cells, collect_curves
+from .measures import (
+    ROBUST_RESULTS,
+    attack_label,
+    collect_measures,
+    per_class_iou,
+    spec_measures,
+    training_domains_heldout,
+)
 from .plots import _plot, _plot_curves
-from .spec import BenchSpec, TableLayout, spec_metric_text, table_layout
-from .stats import Cell, compare
+from .spec import BenchSpec, TableLayout, measure_layout, spec_metric_text, table_layout
+from .stats import Cell, Comparison, compare
 
 __all__ = ["write_summary"]
 
@@ -24,9 +36,17 @@ _TITLES = {
     "table2": "{metric} (%) of the ablation rows of the paper's Table 2 (Core-tuning is the last row)",
     "table4": "{metric} (%) of each fine-tuning method (rows) against the fraction of labels used, as in the "
     "paper's table of various numbers of labeled data",
+    "table6": "Semantic segmentation: mean pixel accuracy (MPA), frequency-weighted IoU (FWIoU) and mean IoU (MIoU) "
+    "(%) on the test split, as in the paper's Table 6 (its Appendix D gives standard errors instead: SE = std / √n, "
+    "listed in summary.csv and summary.json)",
     "table7": "Domain generalization: {metric} (%) on the unseen domain of each leave-one-domain-out split "
     "(columns: the held-out domain), as in the paper's Table 7 (Avg.: each seed's mean over the domains)",
+    "table8": "Adversarial training: clean accuracy and robust accuracy (%) on the test split under each attack and "
+    "threat model of the runs' robust_results*.json (coretune eval robust), as in the paper's Table 8",
 }
+
+#: Cells keyed by ``(objective, *column key)``: ``(dataset, label_fraction)``, measured layouts ``(…, measure)``.
+Cells = dict[tuple[Any, ...], Cell]
 
 
 def _seed_average(row: list[Cell]) -> Cell:
@@ -37,63 +57,102 @@ def _seed_average(row: list[Cell]) -> Cell:
     return Cell(row[0].objective, "avg", row[0].label_fraction, averages, tuple(seeds))
 
 
-def _selection_note(spec: BenchSpec) -> list[str]:
-    """For runs that record a model-selection rule (domain generalization): which rule chose their checkpoints, an
-    oracle said to be one."""
+def _selections(spec: BenchSpec) -> dict[str, list[dict[str, Any]]]:
+    """Per objective, the ``selection`` entry of each finished run that records one (domain generalization: the
+    rule, whether it is an oracle, the checkpoint it tested), with the run's data set and seed."""
     from ..rundir import RunDir
 
-    rules = {}
+    found: dict[str, list[dict[str, Any]]] = {}
     for run in spec.runs():
         selection = (RunDir(run.run_dir).read_results().get("test") or {}).get("selection")
         if isinstance(selection, dict) and "name" in selection:
-            rules[selection["name"]] = bool(selection.get("oracle"))
-    if not rules:
+            found.setdefault(run.objective, []).append({"dataset": run.dataset, "seed": run.seed, **selection})
+    return found
+
+
+def _selection_text(selections: list[dict[str, Any]]) -> str:
+    """The rules of some runs' selections, an oracle marked: ``training-domain validation set``,
+    ``ORACLE: test-domain validation set (oracle)``."""
+    rules = {s["name"]: bool(s.get("oracle")) for s in selections}
+    return ", ".join(f"{'ORACLE: ' * oracle}{name}" for name, oracle in sorted(rules.items()))
+
+
+def _selection_note(spec: BenchSpec) -> list[str]:
+    """For runs that record a model-selection rule (domain generalization): which rule chose their checkpoints, the
+    checkpoint file it tests and the epochs chosen, an oracle said to be one."""
+    selections = [s for runs in _selections(spec).values() for s in runs]
+    if not selections:
         return []
-    names = ", ".join(sorted(rules))
+    rules: dict[str, tuple[bool, set[str], set[int]]] = {}
+    for s in selections:
+        oracle, files, epochs = rules.setdefault(s["name"], (bool(s.get("oracle")), set(), set()))
+        files.update([s["checkpoint"]] if "checkpoint" in s else [])
+        epochs.update([s["epoch"] + 1] if isinstance(s.get("epoch"), int) else [])
+    described = []
+    for name, (_, files, epochs) in sorted(rules.items()):
+        tested = f"tests {', '.join(sorted(files))}" if files else ""
+        chosen = f"chosen at epoch{'s' * (len(epochs) > 1)} {', '.join(map(str, sorted(epochs)))}" if epochs else ""
+        detail = "; ".join(part for part in (tested, chosen) if part)
+        described.append(f"{name}{f' ({detail})' if detail else ''}")
     oracle = (
         " **ORACLE**: checkpoints scored with the unseen domains' own held-out images, not a fair comparison with "
         "methods that never see them."
-        if any(rules.values())
+        if any(oracle for oracle, _, _ in rules.values())
         else ""
     )
-    return ["", f"Model selection: {names}.{oracle}"]
+    return ["", f"Model selection: {', '.join(described)}.{oracle}"]
 
 
-def _markdown(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> str:
+def _markdown(spec: BenchSpec, cells: Cells, layout: TableLayout, extra: list[str]) -> str:
+    """The summary: the table, its notes (model selection, reconstructed records), ``extra`` lines (a layout's
+    second table) and the differences from the baseline row."""
     cols = [key for key, _ in layout.columns]
-    with_avg = len(cols) > 1
-    best = {}
-    for col in cols:
-        means = [cells[(name, *col)].mean for name, _ in layout.rows if cells[(name, *col)].n]
-        best[col] = max(means) if means else math.nan
+    with_avg = len(cols) > 1 and not measure_layout(spec.table)  # no mean of MPA and MIoU, or clean and robust
     title = _TITLES[spec.table].format(metric=spec_metric_text(spec))
-    header = ["Method", *(label for _, label in layout.columns), *(["Avg."] if with_avg else [])]
+    averages = {}
+    for name, _ in layout.rows if with_avg else ():
+        row = [cells[(name, *col)] for col in cols]
+        if spec.table == "table7":
+            averages[name] = [_seed_average(row).text()]
+        else:
+            averages[name] = [f"{np.mean([c.mean for c in row]):.2f}" if all(c.n for c in row) else "–"]
     lines = [
         f"# {spec.name}",
         "",
         f"{title}: mean ± sample standard deviation (ddof = 1) over seeds {list(spec.seeds)}; "
         "n = finished runs of the cell; best mean per column in bold.",
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] + [":-:"] * (len(header) - 1)) + "|",
+        *_table(cells, layout, "Method", averages, ["Avg."] if with_avg else []),
     ]
+    lines[3:3] = _selection_note(spec)
+    lines += _reconstructed_note(cells, layout)
+    lines += extra
+    lines += _significance(spec, cells, layout)
+    return "\n".join(lines) + "\n"
+
+
+def _table(
+    cells: Cells, layout: TableLayout, corner: str, tails: dict[str, list[str]] | None = None, tail: Sequence[str] = ()
+) -> list[str]:
+    """A markdown table of ``layout``'s rows (under ``corner``) and columns, each cell's mean ± std (n), the best
+    mean per column in bold, then the columns ``tail`` (``tails``: each row's texts in them)."""
+    cols = [key for key, _ in layout.columns]
+    header = [corner, *(label for _, label in layout.columns), *tail]
+    best = {}
+    for col in cols:
+        means = [cells[(name, *col)].mean for name, _ in layout.rows if cells[(name, *col)].n]
+        best[col] = max(means) if means else math.nan
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + [":-:"] * (len(header) - 1)) + "|"]
     for name, label in layout.rows:
         row = [cells[(name, *col)] for col in cols]
         texts = [
             f"**{c.text()}**" if c.n and c.mean == best[col] else c.text() for c, col in zip(row, cols, strict=True)
         ]
-        if with_avg and spec.table == "table7":
-            texts.append(_seed_average(row).text())
-        elif with_avg:
-            texts.append(f"{np.mean([c.mean for c in row]):.2f}" if all(c.n for c in row) else "–")
-        lines.append(f"| {label} | " + " | ".join(texts) + " |")
-    lines[3:3] = _selection_note(spec)
-    lines += _reconstructed_note(cells, layout)
-    lines += _significance(spec, cells, layout)
-    return "\n".join(lines) + "\n"
+        lines.append(f"| {label} | " + " | ".join([*texts, *(tails or {}).get(name, [])]) + " |")
+    return lines
 
 
-def _reconstructed_note(cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> list[str]:
+def _reconstructed_note(cells: Cells, layout: TableLayout) -> list[str]:
     """The footnote of the cells marked † (some of their runs' records are reconstructed); nothing without any."""
     labels = dict(layout.rows)
     marked = [
@@ -114,7 +173,23 @@ def _reconstructed_note(cells: dict[tuple[str, str, float], Cell], layout: Table
     ]
 
 
-def _significance(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: TableLayout) -> list[str]:
+def _comparisons(spec: BenchSpec, cells: Cells, layout: TableLayout) -> list[tuple[str, str, Comparison]]:
+    """``(column label, row label, comparison with the baseline row)`` of every finished non-baseline cell, column
+    by column; Table 7 adds its Avg. (each seed's mean over the domains, paired by seed like the domains)."""
+    columns = [(label, {name: cells[(name, *col)] for name, _ in layout.rows}) for col, label in layout.columns]
+    if spec.table == "table7" and len(layout.columns) > 1:
+        averages = {name: _seed_average([cells[(name, *col)] for col, _ in layout.columns]) for name, _ in layout.rows}
+        columns.append(("Avg.", averages))
+    found = []
+    for col_label, by_row in columns:
+        base = by_row[spec.baseline]
+        for name, label in layout.rows:
+            if name != spec.baseline and by_row[name].n and base.n:
+                found.append((col_label, label, compare(by_row[name], base)))
+    return found
+
+
+def _significance(spec: BenchSpec, cells: Cells, layout: TableLayout) -> list[str]:
     labels = dict(layout.rows)
     lines = [
         "",
@@ -130,18 +205,12 @@ def _significance(spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], la
         "| Column | Method | Δ (pp) | 2 s_p (pp) | beyond 2σ | paired Δ per seed (pp) | paired t (p) |",
         "|---|---|:-:|:-:|:-:|:-:|:-:|",
     ]
-    for col, col_label in layout.columns:
-        base = cells[(spec.baseline, *col)]
-        for name, label in layout.rows:
-            cell = cells[(name, *col)]
-            if name == spec.baseline or not (cell.n and base.n):
-                continue
-            c = compare(cell, base)
-            verdict = "n/a" if c.beyond_two_std is None else ("yes" if c.beyond_two_std else "no")
-            two_sp = f"{2 * c.pooled_std:.2f}" if c.beyond_two_std is not None else "–"
-            per_seed = " / ".join(f"{d:+.2f}" for d in c.paired) or "–"
-            t_test = "–" if math.isnan(c.paired_t) else f"{c.paired_t:.1f} ({c.paired_p:.2g})"
-            lines.append(f"| {col_label} | {label} | {c.diff:+.2f} | {two_sp} | {verdict} | {per_seed} | {t_test} |")
+    for col_label, label, c in _comparisons(spec, cells, layout):
+        verdict = "n/a" if c.beyond_two_std is None else ("yes" if c.beyond_two_std else "no")
+        two_sp = f"{2 * c.pooled_std:.2f}" if c.beyond_two_std is not None else "–"
+        per_seed = " / ".join(f"{d:+.2f}" for d in c.paired) or "–"
+        t_test = "–" if math.isnan(c.paired_t) else f"{c.paired_t:.1f} ({c.paired_p:.2g})"
+        lines.append(f"| {col_label} | {label} | {c.diff:+.2f} | {two_sp} | {verdict} | {per_seed} | {t_test} |")
     return lines
 
 
@@ -152,9 +221,8 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
-def _summary_rows(
-    spec: BenchSpec, cells: dict[tuple[str, str, float], Cell], layout: TableLayout
-) -> list[dict[str, Any]]:
+def _summary_rows(spec: BenchSpec, cells: Cells, layout: TableLayout) -> list[dict[str, Any]]:
+    selections = _selections(spec)
     rows = []
     for name, label in layout.rows:
         row: dict[str, Any] = {"method": label, "objective": name}
@@ -164,27 +232,184 @@ def _summary_rows(
         for cell, col_label in columns:
             row[f"{col_label} mean (%)"] = "" if not cell.n else round(cell.mean, 4)
             row[f"{col_label} std (%)"] = "" if cell.n < 2 else round(cell.std, 4)
+            if spec.table == "table6":  # the paper's Appendix D gives standard errors
+                row[f"{col_label} se (%)"] = "" if cell.n < 2 else round(cell.std / math.sqrt(cell.n), 4)
             row[f"{col_label} n"] = cell.n
+        if spec.table == "table7":
+            row["selection"] = _selection_text(selections.get(name, []))
         rows.append(row)
     return rows
 
 
+def _cell_json(cell: Cell) -> dict[str, Any]:
+    """A cell for ``summary.json``: mean, sample std, standard error (std / √n), n, and each seed's value (%)."""
+    spread = cell.n >= 2
+    return {
+        "mean": None if not cell.n else cell.mean,
+        "std": cell.std if spread else None,
+        "se": cell.std / math.sqrt(cell.n) if spread else None,
+        "n": cell.n,
+        "seeds": list(cell.seeds),
+        "values": list(cell.values),
+        "reconstructed_seeds": list(cell.reconstructed),
+    }
+
+
+def _summary_json(spec: BenchSpec, cells: Cells, layout: TableLayout, rows: dict[str, dict[str, Any]]) -> str:
+    """``summary.json``: per row, every column's cell (:func:`_cell_json`) and the layout's ``rows`` entries; the
+    paired differences from the baseline row per column."""
+    differences = [
+        {
+            "column": col_label,
+            "method": label,
+            "diff_pp": c.diff,
+            "paired_pp": list(c.paired),
+            "paired_t": None if math.isnan(c.paired_t) else c.paired_t,
+            "paired_p": None if math.isnan(c.paired_p) else c.paired_p,
+        }
+        for col_label, label, c in _comparisons(spec, cells, layout)
+    ]
+    summary = {
+        "name": spec.name,
+        "table": spec.table,
+        "values": f"{spec_metric_text(spec)} in % (differences in percentage points)",
+        "seeds": list(spec.seeds),
+        "baseline": spec.baseline,
+        "rows": [
+            {
+                "method": label,
+                "objective": name,
+                "columns": {col_label: _cell_json(cells[(name, *col)]) for col, col_label in layout.columns},
+                **rows.get(name, {}),
+            }
+            for name, label in layout.rows
+        ],
+        "differences": differences,
+    }
+    return json.dumps(summary, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _per_class_section(spec: BenchSpec, layout: TableLayout) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Table 6's second table, the test IoU (%) of each class (rows) per method (columns; per data set and label
+    fraction when the spec has several), mean ± std over seeds (n), and per row for summary.json: each class's cell
+    per ``"<dataset> <fraction %>"``."""
+    per_class = per_class_iou(spec)
+    groups = [(dataset, fraction) for dataset in spec.datasets for fraction in spec.label_fractions]
+    columns = [(name, label, group) for name, label in layout.rows for group in groups]
+    classes = list(dict.fromkeys(c for name, _, group in columns for c in per_class.get((name, *group), {})))
+    json_rows: dict[str, dict[str, Any]] = {}
+    for name, _, (dataset, fraction) in columns:
+        found = per_class.get((name, dataset, fraction), {})
+        cells = {c: _cell_json(found[c]) for c in classes if c in found}
+        json_rows.setdefault(name, {"per_class_iou": {}})["per_class_iou"][f"{dataset} {100 * fraction:g}%"] = cells
+    if not classes:
+        return [], json_rows
+    header = ["Class"]
+    for _, label, (dataset, fraction) in columns:
+        header.append(f"{label} ({dataset} {100 * fraction:g}%)" if len(groups) > 1 else label)
+    lines = [
+        "",
+        "## Per-class IoU",
+        "",
+        "Test IoU (%) of each class (results.json's per_class_iou): mean ± std over seeds (n); a class absent from "
+        "a run's test split has no IoU there. MIoU is each run's mean over its classes.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] + [":-:"] * (len(header) - 1)) + "|",
+    ]
+    for c in classes:
+        texts = []
+        for name, _, group in columns:
+            cell = per_class.get((name, *group), {}).get(c)
+            texts.append("–" if cell is None else cell.text())
+        lines.append(f"| {c} | " + " | ".join(texts) + " |")
+    return lines, json_rows
+
+
+def _heldout_section(spec: BenchSpec, layout: TableLayout) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Table 7's second table, each split's accuracy on the held-out parts of its training domains (the
+    training-domain validation score of the checkpoint each run tested), and per row for summary.json: those cells
+    and the runs' selections."""
+    cells, found = collect_measures(spec, training_domains_heldout)
+    selections = _selections(spec)
+    json_rows: dict[str, dict[str, Any]] = {name: {"selection": selections.get(name, [])} for name, _ in layout.rows}
+    if not found:
+        return [], json_rows
+    heldout = TableLayout(layout.rows, [((*col, "heldout"), label) for col, label in layout.columns])
+    for name, _ in layout.rows:
+        json_rows[name]["training domains held-out"] = {
+            label: _cell_json(cells[(name, *col)]) for col, label in heldout.columns
+        }
+    return [
+        "",
+        "## Held-out accuracy of the training domains",
+        "",
+        "Top-1 (%) on the held-out 20% of each split's training domains (columns: the split's unseen domain), mean "
+        "over those domains: the in-domain accuracy of the checkpoint each run tested (its training-domain "
+        "validation score). Mean ± std over seeds (n).",
+        "",
+        *_table(cells, heldout, "Method"),
+    ], json_rows
+
+
+def _robust_note(spec: BenchSpec) -> list[str]:
+    """Table 8's notes: the test images each attack scored, and the finished runs without robust results."""
+    from ..rundir import RunDir
+
+    images: dict[str, set[int]] = {}
+    unscored = []
+    for run in spec.runs():
+        if not RunDir(run.run_dir).is_finished():
+            continue
+        files = sorted(run.run_dir.glob(ROBUST_RESULTS))
+        if not files:
+            unscored.append(run.label)
+        for path in files:
+            for report in json.loads(path.read_text())["reports"]:
+                images.setdefault(attack_label(report), set()).add(report["num_images"])
+    lines = ["", "Robust accuracy counts an image robust when it is classified correctly both clean and attacked."]
+    if images:
+        counts = "; ".join(f"{a}: {', '.join(map(str, sorted(n)))}" for a, n in sorted(images.items()))
+        lines[-1] += f" Test images scored per attack: {counts} (clean: the report on the most images)."
+    if unscored:
+        lines[-1] += (
+            f" {len(unscored)} finished run(s) have no robust_results*.json yet ({', '.join(unscored)}): score them "
+            "with `python benchmarks/robust_table.py evaluate SPEC` (coretune eval robust per run)."
+        )
+    return lines
+
+
 def write_summary(spec: BenchSpec) -> tuple[str, list[Path]]:
     """Write ``runs.csv``, ``summary.md``, ``summary.csv``, ``curves.csv`` (:func:`collect_curves`) and the plots
-    into ``spec.output``.
+    into ``spec.output``; for Tables 6, 7 and 8 also ``summary.json`` (every cell's seeds and values, its standard
+    error, the paired differences, and the layout's second table: per-class IoU, the training domains' held-out
+    accuracy and each run's model selection).
 
     Returns the markdown summary and the written paths.
     """
-    cells, runs = collect_cells(spec)
-    layout = table_layout(spec)
+    cells: Cells
+    cells, runs = collect_cells(spec)  # type: ignore[assignment]
+    measures: list[tuple[str, str]] = []
+    if measure_layout(spec.table):
+        cells, measures = collect_measures(spec, *spec_measures(spec.table))  # type: ignore[assignment]
+    layout = table_layout(spec, measures)
+    extra, json_rows = {
+        "table6": lambda: _per_class_section(spec, layout),
+        "table7": lambda: _heldout_section(spec, layout),
+        "table8": lambda: (_robust_note(spec), {}),
+    }.get(spec.table, lambda: ([], {}))()
     spec.output.mkdir(parents=True, exist_ok=True)
-    markdown = _markdown(spec, cells, layout)
+    markdown = _markdown(spec, cells, layout, extra)
     paths = [spec.output / "runs.csv", spec.output / "summary.csv", spec.output / "summary.md"]
     _write_csv(paths[0], [run.csv_row(spec.metric) for run in runs])
     _write_csv(paths[1], _summary_rows(spec, cells, layout))
     paths[2].write_text(markdown)
+    if spec.table in ("table6", "table7", "table8"):
+        paths.append(spec.output / "summary.json")
+        paths[-1].write_text(_summary_json(spec, cells, layout, json_rows))
     if any(cell.n for cell in cells.values()):
-        paths += _plot(spec, cells, layout)
+        oracle = any(s.get("oracle") for runs in _selections(spec).values() for s in runs)
+        paths += _plot(spec, cells, layout, " (ORACLE model selection)" if oracle else "")
     if curves := collect_curves(spec):
         paths.append(spec.output / "curves.csv")
         _write_csv(paths[-1], [point.csv_row() for point in curves])

@@ -24,6 +24,7 @@ __all__ = [
     "Run",
     "TableLayout",
     "check_val_split",
+    "measure_layout",
     "metric_text",
     "spec_metric_text",
     "table_layout",
@@ -31,11 +32,27 @@ __all__ = [
 ]
 
 
-Layout = Literal["table1", "table2", "table4", "table7"]
+Layout = Literal["table1", "table2", "table4", "table6", "table7", "table8"]
 
 
 #: Table 7's row labels (domain generalization: CE, CE-Con and Core-tuning, the paper's "ours").
 TABLE7_LABELS = {"ce": "CE", "ce_con": "CE-Con", "core": "Core-tuning"}
+
+#: Table 6's row labels (segmentation: CE-tuning and Core-tuning).
+TABLE6_LABELS = {"ce": "CE-tuning", "core": "Core-tuning"}
+
+#: The layouts whose columns are several test measures of each run (Table 6: MPA, FWIoU and MIoU; Table 8: clean
+#: and robust accuracy per attack and threat model) instead of one score per data set and label fraction, and what
+#: their cells hold.
+_MEASURE_TEXT = {
+    "table6": "test score (the column's MPA, FWIoU or MIoU)",
+    "table8": "test accuracy (the column's: clean, or robust under an attack and threat model)",
+}
+
+
+def measure_layout(table: str) -> bool:
+    """Whether a layout's columns are several measures of each run (``table6``, ``table8``)."""
+    return table in _MEASURE_TEXT
 
 
 Metric = Literal["test", "val"]
@@ -58,7 +75,10 @@ def metric_text(metric: Metric, fit_args: Sequence[str] = ()) -> str:
 
 
 def spec_metric_text(spec: BenchSpec) -> str:
-    """:func:`metric_text` of a spec's runs (its first run's arguments: the task is the spec's base arguments')."""
+    """What a spec's cells hold: :func:`metric_text` of its runs (its first run's arguments: the task is the spec's
+    base arguments'), or for a layout of several measures (:func:`measure_layout`) what its columns measure."""
+    if spec.table in _MEASURE_TEXT:
+        return _MEASURE_TEXT[spec.table]
     runs = spec.runs()
     return metric_text(spec.metric, runs[0].args if runs else ())
 
@@ -187,6 +207,11 @@ class BenchSpec:
         metric = raw.get("metric", "test")
         if metric not in get_args(Metric):
             raise fail(f"metric must be one of {', '.join(get_args(Metric))} (got {metric!r})")
+        if metric != "test" and measure_layout(table):
+            raise fail(
+                f"{table} tabulates measures of the test split ({_MEASURE_TEXT[table]}); metric {metric!r} does not "
+                "apply: drop it, or use table1 for the final epoch's validation score"
+            )
         names = [e.name for e in entries]
         baseline = raw.get("baseline") or ("ce" if table == "table2" and "ce" in names else names[0])
         if baseline not in names:
@@ -323,24 +348,32 @@ class TableLayout:
     """Rows (objective names and labels) and columns (``(dataset, label_fraction)`` and labels) of a summary."""
 
     rows: list[tuple[str, str]]
-    columns: list[tuple[tuple[str, float], str]]
+    columns: list[tuple[tuple[Any, ...], str]]  # (dataset, label_fraction) or, measured, (…, measure key)
 
 
-def table_layout(spec: BenchSpec) -> TableLayout:
+def table_layout(spec: BenchSpec, measures: Sequence[tuple[str, str]] = ()) -> TableLayout:
     """Table 1: methods × data sets; Table 2: the ablation rows (paper order and labels) × data sets; Table 4:
     methods × label fractions; Table 7 (domain generalization): methods (CE, CE-Con, Core-tuning) × held-out domains
-    (one "data set" of the spec per leave-one-domain-out split). A dimension with several values that the layout does
-    not name joins the columns."""
+    (one "data set" of the spec per leave-one-domain-out split); Tables 6 and 8 (:func:`measure_layout`): methods ×
+    ``measures`` (``(key, label)``; columns keyed ``(dataset, label_fraction, key)``). A dimension with several
+    values that the layout does not name joins the columns."""
     from ..objectives import TABLE2_ROWS
 
-    labels = {"table2": {name: label for label, name in TABLE2_ROWS}, "table7": TABLE7_LABELS}.get(spec.table, {})
+    labels = {
+        "table2": {name: label for label, name in TABLE2_ROWS},
+        "table6": TABLE6_LABELS,
+        "table7": TABLE7_LABELS,
+    }.get(spec.table, {})
     rows = [(e.name, labels.get(e.name, e.name)) for e in spec.objectives]
-    show_dataset = spec.table != "table4" or len(spec.datasets) > 1
+    measured = measure_layout(spec.table)
+    show_dataset = (spec.table != "table4" and not measured) or len(spec.datasets) > 1
     show_fraction = spec.table == "table4" or len(spec.label_fractions) > 1
-    columns = []
+    columns: list[tuple[tuple[Any, ...], str]] = []
     for dataset in spec.datasets:
         for fraction in spec.label_fractions:
             parts = [dataset] if show_dataset else []
             parts += [f"{100 * fraction:g}%"] if show_fraction else []
-            columns.append(((dataset, fraction), " ".join(parts)))
+            if not measured:
+                columns.append(((dataset, fraction), " ".join(parts)))
+            columns += [((dataset, fraction, key), " ".join([*parts, label])) for key, label in measures]
     return TableLayout(rows, columns)

@@ -1,0 +1,154 @@
+"""Several measures of each finished run, as cells over seeds: the columns of the layouts that tabulate more than one
+number per run (Table 6: segmentation's MPA, FWIoU and MIoU, and the per-class IoU; Table 8: clean accuracy and
+robust accuracy per attack and threat model, from ``coretune eval robust``'s ``robust_results*.json``), and Table
+7's second table (the training domains' held-out accuracy)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..rundir import RunDir
+from .spec import BenchSpec, BenchSpecError
+from .stats import Cell
+
+__all__ = [
+    "ROBUST_RESULTS",
+    "SEGMENTATION_MEASURES",
+    "attack_label",
+    "collect_measures",
+    "per_class_iou",
+    "robust_measures",
+    "segmentation_measures",
+    "spec_measures",
+    "training_domains_heldout",
+]
+
+#: Table 6's columns: ``results.json``'s test key and the paper's name.
+SEGMENTATION_MEASURES = (("mpa", "MPA"), ("fwiou", "FWIoU"), ("miou", "MIoU"))
+
+#: The files ``coretune eval robust`` writes into a run directory (``robust_results.json``, and others named with
+#: ``--output``, e.g. ``robust_results_autoattack.json``); ``coretune bench --export`` keeps them.
+ROBUST_RESULTS = "robust_results*.json"
+
+#: A run's measures: ``{key: (column label, value in %)}``, keys in column order.
+Measures = dict[str, tuple[str, float]]
+
+
+def segmentation_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
+    """MPA, FWIoU and MIoU (%) of a finished segmentation run's test entry."""
+    missing = [key for key, _ in SEGMENTATION_MEASURES if not isinstance(test.get(key), int | float)]
+    if missing:
+        raise BenchSpecError(
+            f"table6 tabulates segmentation runs' MPA, FWIoU and MIoU, but {RunDir(run_dir).results} has no "
+            f"{', '.join(missing)} in its test entry (not a --task segmentation run?): use table1 for one score per run"
+        )
+    return {key: (label, 100 * float(test[key])) for key, label in SEGMENTATION_MEASURES}
+
+
+def attack_label(report: dict[str, Any]) -> str:
+    """An attack of a ``robust_results*.json`` report as ``coretune eval robust`` prints it: ``pgd-10``,
+    ``autoattack`` (AutoAttack sets its own steps)."""
+    return f"{report['attack']}-{report['steps']}" if report.get("steps") else report["attack"]
+
+
+def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
+    """Clean accuracy and each (attack, threat model)'s robust accuracy (%) in a run's ``robust_results*.json``
+    (``robust_results.json`` first, then the others by name). Clean accuracy is that of the report scored on the
+    most test images (the first such): an attack run on the first N images only (AutoAttack, ``--max_images``) has
+    its own clean accuracy over them. Columns are labelled ``pgd-10 ℓ∞ 4/255`` (attack and steps, as ``coretune
+    eval robust`` prints them, then the threat model); nothing without such files."""
+    from ..robustness import format_threat
+
+    clean: tuple[int, float] | None = None
+    values: Measures = {}
+    for path in sorted(run_dir.glob(ROBUST_RESULTS)):
+        try:
+            reports = json.loads(path.read_text())["reports"]
+            for report in reports:
+                if clean is None or report["num_images"] > clean[0]:
+                    clean = (report["num_images"], 100 * float(report["clean_accuracy"]))
+                attack = attack_label(report)
+                for result in report["results"]:
+                    label = f"{attack} {format_threat(result['norm'], result['eps'])}"
+                    values.setdefault(label, (label, 100 * float(result["accuracy"])))
+        except (ValueError, KeyError, TypeError) as error:
+            raise BenchSpecError(
+                f"{path} is not a result of coretune eval robust ({type(error).__name__}: {error}): write it again "
+                "with coretune eval robust --output, or move it out of the run directory"
+            ) from None
+    return {"clean": ("clean", clean[1]), **values} if clean is not None else {}
+
+
+def training_domains_heldout(run_dir: Path, test: dict[str, Any]) -> Measures:
+    """A domain-generalization run's mean accuracy (%) on its training domains' held-out parts (the
+    training-domain validation score of the checkpoint it tested); nothing for runs that do not record it."""
+    value = test.get("training_domain_val_top1")
+    return {"heldout": ("held-out", 100 * float(value))} if isinstance(value, int | float) else {}
+
+
+def spec_measures(table: str) -> tuple[Callable[[Path, dict[str, Any]], Measures], tuple[tuple[str, str], ...]]:
+    """The measures a layout tabulates (:func:`~.spec.measure_layout`), and the columns it has before any run
+    finished (Table 8's attacks and threat models are those of the runs' files)."""
+    return {
+        "table6": (segmentation_measures, SEGMENTATION_MEASURES),
+        "table8": (robust_measures, (("clean", "clean"),)),
+    }[table]
+
+
+def collect_measures(
+    spec: BenchSpec,
+    measures: Callable[[Path, dict[str, Any]], Measures],
+    columns: Sequence[tuple[str, str]] = (),
+) -> tuple[dict[tuple[str, str, float, str], Cell], list[tuple[str, str]]]:
+    """Cells keyed by ``(objective, dataset, label_fraction, measure key)`` of every finished run's ``measures``
+    (values in %, seeds in order, reconstructed records marked), and the measures, ``(key, label)``: ``columns``,
+    then those found in the order they first appear. A cell no run measured is empty."""
+    found: dict[str, str] = dict(columns)
+    values: dict[tuple[str, str, float, str], list[tuple[int, float, bool]]] = {}
+    for run in spec.runs():
+        results = RunDir(run.run_dir).read_results()
+        if not (test := results.get("test") or {}):
+            continue
+        for key, (label, value) in measures(run.run_dir, test).items():
+            found.setdefault(key, label)
+            cell = values.setdefault((run.objective, run.dataset, run.label_fraction, key), [])
+            cell.append((run.seed, value, bool(results.get("reconstructed"))))
+    cells = {}
+    for entry in spec.objectives:
+        for dataset in spec.datasets:
+            for fraction in spec.label_fractions:
+                for key in found:
+                    runs = sorted(values.get((entry.name, dataset, fraction, key), []))
+                    cells[(entry.name, dataset, fraction, key)] = Cell(
+                        entry.name,
+                        dataset,
+                        fraction,
+                        tuple(v for _, v, _ in runs),
+                        tuple(s for s, _, _ in runs),
+                        tuple(s for s, _, rebuilt in runs if rebuilt),
+                    )
+    return cells, list(found.items())
+
+
+def per_class_iou(spec: BenchSpec) -> dict[tuple[str, str, float], dict[str, Cell]]:
+    """Per ``(objective, dataset, label_fraction)``: each class's test IoU (%) over the finished seeds
+    (``results.json``'s ``per_class_iou``; a class absent from a run's test split, ``null`` there, is left out of
+    that seed), classes in the order the runs list them."""
+    per_seed: dict[tuple[str, str, float], dict[str, list[tuple[int, float]]]] = {}
+    for run in sorted(spec.runs(), key=lambda r: r.seed):
+        test = RunDir(run.run_dir).read_results().get("test") or {}
+        classes = per_seed.setdefault((run.objective, run.dataset, run.label_fraction), {})
+        for name, value in (test.get("per_class_iou") or {}).items():
+            classes.setdefault(name, [])
+            if value is not None:
+                classes[name].append((run.seed, 100 * float(value)))
+    return {
+        key: {
+            name: Cell(key[0], key[1], key[2], tuple(v for _, v in pairs), tuple(s for s, _ in pairs))
+            for name, pairs in classes.items()
+        }
+        for key, classes in per_seed.items()
+    }

@@ -1,0 +1,187 @@
+"""Table 8's layout (adversarial training): clean accuracy and robust accuracy per attack and threat model from each
+run's robust_results*.json, mean ± std over seeds, paired differences from the baseline; reproduced from exported
+records with --aggregate_only; and benchmarks/robust_table.py's evaluate, which writes those files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from scipy.stats import ttest_rel
+
+from coretune.cli import main
+from coretune.sweeps import BenchSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+ADVERSARIAL = ROOT / "configs" / "bench" / "cifar10_cpu_10pct_adversarial.yaml"
+THREATS = (("linf", 4 / 255), ("l2", 0.5))
+
+#: Per objective, per seed: clean, PGD-10 at ℓ∞ 4/255 and ℓ2 0.5 (10,000 images; torchattacks' PGD 1 point lower),
+#: then AutoAttack's clean and robust accuracy at both (200 images).
+RECORDS = {
+    "ce": [
+        (0.80, 0.01, 0.10, 0.81, 0.0, 0.05),
+        (0.82, 0.02, 0.12, 0.80, 0.0, 0.06),
+        (0.84, 0.03, 0.14, 0.85, 0.0, 0.07),
+    ],
+    "at_ce_linf": [
+        (0.70, 0.40, 0.45, 0.70, 0.35, 0.40),
+        (0.71, 0.42, 0.46, 0.72, 0.36, 0.41),
+        (0.72, 0.44, 0.47, 0.71, 0.37, 0.42),
+    ],
+    "at_core_linf": [
+        (0.72, 0.43, 0.46, 0.73, 0.36, 0.41),
+        (0.74, 0.44, 0.49, 0.74, 0.38, 0.43),
+        (0.76, 0.48, 0.49, 0.77, 0.40, 0.45),
+    ],
+}
+
+
+def report(attack: str, images: int, clean: float, robust: tuple[float, float], steps: int | None) -> dict:
+    """One attack's entry of ``coretune eval robust``'s JSON (``RobustnessReport`` as written)."""
+    results = [
+        {"norm": n, "eps": e, "accuracy": a, "step_size": None} for (n, e), a in zip(THREATS, robust, strict=True)
+    ]
+    return {
+        "attack": attack,
+        "num_images": images,
+        "clean_accuracy": clean,
+        "results": results,
+        "steps": steps,
+        "seed": 0,
+    }
+
+
+def fabricate(
+    spec: BenchSpec, records: dict[str, list[tuple[float, ...]]], unscored: tuple[str, int] = ("", -1)
+) -> None:
+    """Finished runs of ``records``' objectives (test top-1 = the clean accuracy) with their robust_results.json
+    (both PGD-10s) and robust_results_autoattack.json, except the run ``unscored`` (objective, seed)."""
+    for run in spec.runs():
+        if run.objective not in records:
+            continue
+        clean, linf, l2, aa_clean, aa_linf, aa_l2 = records[run.objective][spec.seeds.index(run.seed)]
+        run.run_dir.mkdir(parents=True)
+        (run.run_dir / "results.json").write_text(json.dumps({"test": {"top1": clean, "top5": 1.0}, "epochs": 20}))
+        if (run.objective, run.seed) == unscored:
+            continue
+        pgds = [
+            report("pgd", 10000, clean, (linf, l2), 10),
+            report("torchattacks-pgd", 10000, clean, (linf - 0.01, l2 - 0.01), 10),
+        ]
+        autoattack = [report("autoattack", 200, aa_clean, (aa_linf, aa_l2), None)]
+        for name, reports in (("robust_results.json", pgds), ("robust_results_autoattack.json", autoattack)):
+            (run.run_dir / name).write_text(
+                json.dumps({"checkpoint": "last.ckpt", "split": "test", "reports": reports})
+            )
+
+
+def adversarial_spec(tmp_path: Path) -> Path:
+    raw = yaml.safe_load(ADVERSARIAL.read_text())
+    spec_file = tmp_path / "adversarial.yaml"
+    spec_file.write_text(yaml.safe_dump({**raw, "output": str(tmp_path / "out")}))
+    return spec_file
+
+
+def test_table8_from_exported_records_is_clean_and_robust_accuracy_per_attack(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert yaml.safe_load(ADVERSARIAL.read_text())["table"] == "table8"
+    spec_file = adversarial_spec(tmp_path)
+    spec = BenchSpec.from_yaml(spec_file)
+    fabricate(spec, RECORDS, unscored=("at_core_linf", 2))
+    (spec.runs()[0].run_dir / "checkpoints").mkdir()
+    (spec.runs()[0].run_dir / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    records = tmp_path / "records"
+    main(["bench", str(spec_file), "--export", str(records)])  # the records a commit keeps, robust results included
+    shutil.rmtree(spec.output)
+    shutil.copytree(records, spec.output)  # the documented reproduction: copy them back, then one command
+    main(["bench", str(spec_file), "--aggregate_only"])
+    markdown = (spec.output / "summary.md").read_text()
+    assert markdown in capsys.readouterr().out
+    assert (
+        "Adversarial training: clean accuracy and robust accuracy (%) on the test split under each attack and threat "
+        "model of the runs' robust_results*.json (coretune eval robust), as in the paper's Table 8: mean ± sample"
+    ) in markdown
+    assert (
+        "| Method | clean | pgd-10 ℓ∞ 4/255 | pgd-10 ℓ2 0.5 | torchattacks-pgd-10 ℓ∞ 4/255 "
+        "| torchattacks-pgd-10 ℓ2 0.5 | autoattack ℓ∞ 4/255 | autoattack ℓ2 0.5 |"
+    ) in markdown
+    # clean: the PGD report's (10,000 images), not AutoAttack's 200; ℓ∞ 1, 2, 3; torchattacks 1 point lower
+    ce = "| ce | **82.00 ± 2.00 (n=3)** | 2.00 ± 1.00 (n=3) | 12.00 ± 2.00 (n=3) | 1.00 ± 1.00 (n=3) "
+    assert ce + "| 11.00 ± 2.00 (n=3) | 0.00 ± 0.00 (n=3) | 6.00 ± 1.00 (n=3) |" in markdown
+    assert "| at_ce_linf | 71.00 ± 1.00 (n=3) | 42.00 ± 2.00 (n=3) | 46.00 ± 1.00 (n=3) |" in markdown
+    # at_core_linf's seed 2 has no robust results: n = 2 in those columns
+    assert "| at_core_linf | 73.00 ± 1.41 (n=2) | **43.50 ± 0.71 (n=2)** | **47.50 ± 2.12 (n=2)** |" in markdown
+    assert "| at_ce_l2 | – | – | – | – | – | – | – |" in markdown  # not run
+    assert "Test images scored per attack: autoattack: 200; pgd-10: 10000; torchattacks-pgd-10: 10000" in markdown
+    assert (
+        "1 finished run(s) have no robust_results*.json yet (cifar10/at_core_linf/frac0.1/seed2): score them with "
+        "`python benchmarks/robust_table.py evaluate SPEC`"
+    ) in markdown
+    # AT-CE − CE under PGD-10 ℓ∞ 4/255: paired 39, 40, 41 → t = 40 / (1 / √3); s_p² = (2·1 + 2·4) / 4
+    p = ttest_rel([40, 42, 44], [1, 2, 3]).pvalue
+    assert (
+        f"| pgd-10 ℓ∞ 4/255 | at_ce_linf | +40.00 | 3.16 | yes | +39.00 / +40.00 / +41.00 | 69.3 ({p:.2g}) |"
+        in markdown
+    )
+    assert "| clean | at_core_linf | -9.00 | 3.65 | yes | -8.00 / -8.00 | – |" in markdown  # seed 2 unscored
+    summary = json.loads((spec.output / "summary.json").read_text())
+    at_ce = summary["rows"][1]
+    assert at_ce["objective"] == "at_ce_linf" and at_ce["columns"]["autoattack ℓ∞ 4/255"]["values"] == pytest.approx(
+        [35, 36, 37]
+    )
+    assert {p.name for p in spec.output.iterdir()} >= {"summary.json", "bars.png", "runs.csv", "summary.csv"}
+
+
+def test_a_malformed_robust_results_file_is_one_line(tmp_path: Path) -> None:
+    spec_file = adversarial_spec(tmp_path)
+    spec = BenchSpec.from_yaml(spec_file)
+    fabricate(spec, {"ce": RECORDS["ce"]})
+    bad = spec.runs()[0].run_dir / "robust_results.json"
+    bad.write_text(json.dumps({"clean": 0.8}))
+    with pytest.raises(SystemExit) as info:
+        main(["bench", str(spec_file), "--aggregate_only"])
+    assert str(info.value.code) == (
+        f"coretune bench: error: {bad} is not a result of coretune eval robust (KeyError: 'reports'): write it again "
+        "with coretune eval robust --output, or move it out of the run directory"
+    )
+
+
+def test_robust_table_evaluate_scores_each_finished_unscored_run_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module_spec = importlib.util.spec_from_file_location("robust_table", ROOT / "benchmarks" / "robust_table.py")
+    robust_table = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(robust_table)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(robust_table, "coretune", calls.append)
+    spec = BenchSpec.from_yaml(adversarial_spec(tmp_path)).subset(["ce", "at_ce_linf"], [0])
+    fabricate(spec, {"ce": RECORDS["ce"][:1]})  # at_ce_linf seed 0 is not finished
+    ce = spec.runs()[0].run_dir
+    (ce / "robust_results_autoattack.json").unlink()
+    (ce / "robust_results.json").unlink()
+    robust_table.evaluate(spec, ["linf:4/255", "l2:0.5"], 100)
+    common = ["eval", "robust", f"--ckpt={ce / 'checkpoints' / 'last.ckpt'}", f"--config={ce / 'config.yaml'}",
+              "--threat_models=[linf:4/255, l2:0.5]"]  # fmt: skip
+    assert calls == [
+        [*common, "--attack=[pgd, torchattacks-pgd]"],
+        [*common, "--attack=autoattack", "--max_images=100", f"--output={ce / 'robust_results_autoattack.json'}"],
+    ]
+    (ce / "robust_results.json").write_text("{}")
+    (ce / "robust_results_autoattack.json").write_text("{}")
+    calls.clear()
+    robust_table.evaluate(spec, ["linf:4/255"], 100)  # resumes: scored runs are skipped
+    assert calls == []
+
+
+def test_before_any_run_finished_the_table_has_its_clean_column(tmp_path: Path) -> None:
+    spec_file = adversarial_spec(tmp_path)
+    main(["bench", str(spec_file), "--aggregate_only"])
+    markdown = (tmp_path / "out" / "summary.md").read_text()
+    assert "| Method | clean |\n|---|:-:|\n| ce | – |\n| at_ce_linf | – |\n" in markdown
+    assert "finished run(s) have no robust_results" not in markdown

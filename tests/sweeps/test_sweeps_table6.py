@@ -163,3 +163,22 @@ def test_before_any_run_finished_the_table_has_its_columns_and_no_numbers(tmp_pa
     assert summary["rows"][0]["columns"]["MIoU"] == {
         "mean": None, "std": None, "se": None, "n": 0, "seeds": [], "values": [], "reconstructed_seeds": [],
     }  # fmt: skip
+
+
+def test_validation_curves_are_plotted_per_data_set_under_a_measures_layout(tmp_path: Path) -> None:
+    """Table 6's columns are measures, not data sets: the curves still get one panel (it used to stop the
+    aggregation with matplotlib's "Number of columns must be a positive integer, not 0")."""
+    spec_file = camvid_spec(tmp_path)
+    spec = BenchSpec.from_yaml(spec_file)
+    fabricate(spec, RUNS)
+    for run in spec.runs():
+        start = 0.2 + 0.01 * spec.seeds.index(run.seed)
+        (run.run_dir / "metrics.csv").write_text(
+            "epoch,step,val/miou\n" + "".join(f"{e},{10 * (e + 1)},{start + 0.05 * e}\n" for e in (4, 9))
+        )
+    main(["bench", str(spec_file), "--aggregate_only"])
+    with (spec.output / "curves.csv").open(newline="") as f:
+        ce = [r for r in csv.DictReader(f) if r["objective"] == "ce"]
+    assert [r["epoch"] for r in ce] == ["5", "10"]
+    assert float(ce[0]["val_top1_mean_pct"]) == pytest.approx(41.0)  # 100 × (0.2 + 0.05·4 + 0.01), seeds 0-2
+    assert (spec.output / "curves.png").stat().st_size > 0

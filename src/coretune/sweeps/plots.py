@@ -100,6 +100,9 @@ def _plot_curves(spec: BenchSpec, curves: list[CurvePoint], layout: TableLayout)
     columns = [
         (col, label) for col, label in layout.columns if any((r.dataset, r.label_fraction) == col for r in curves)
     ]
+    if not columns:  # a layout whose columns are measures (table6, table8): one panel per data set and fraction
+        cols = list(dict.fromkeys((r.dataset, r.label_fraction) for r in curves))
+        columns = [(col, col[0] if len(cols) == 1 else f"{col[0]} {col[1]:g}") for col in cols]
     with_deltas = any(r.delta_n is not None for r in curves)
     panels = 2 if with_deltas else 1
     fig, axes = plt.subplots(panels, len(columns), figsize=(5 * len(columns), 4 * panels), squeeze=False)

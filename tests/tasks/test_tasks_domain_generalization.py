@@ -10,6 +10,7 @@ import torch
 
 from coretune.data.domains import SELECTIONS, EvalGroup
 from coretune.tasks.domain_generalization import (
+    DomainGeneralizationTask,
     GroupAccuracy,
     domain_test_results,
     domain_val_values,
@@ -42,6 +43,19 @@ def test_group_accuracy_counts_each_group_over_batches() -> None:
     unsized = GroupAccuracy()  # as many groups as the largest seen + 1
     unsized.update(logits_for([1, 1]), torch.tensor([1, 0]), torch.tensor([0, 1]))
     assert unsized.compute().tolist() == [1.0, 0.0]
+
+
+def test_validation_that_saw_only_the_first_group_is_padded_not_a_crash() -> None:
+    """Lightning's sanity check validates the first batches only, all of group 0: torchmetrics squeezes the
+    one-group result to a 0-d tensor (the real PACS run stopped on len() of it)."""
+    task = DomainGeneralizationTask()
+    task.val_groups = GROUPS[2:]
+    metric = GroupAccuracy()
+    metric.update(logits_for([0, 1]), torch.tensor([0, 0]), torch.tensor([0, 0]))
+    computed = metric.compute()
+    assert computed.dim() == 0  # what the task receives
+    values = task.val_values(computed)
+    assert float(values["art/top1"]) == pytest.approx(0.5) and math.isnan(values["sketch/top1"])
 
 
 def test_validation_values_are_each_training_domain_and_their_unweighted_mean() -> None:

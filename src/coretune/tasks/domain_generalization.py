@@ -204,5 +204,8 @@ class DomainGeneralizationTask(ClassificationTask):
 
 
 def _padded(accuracies: Tensor, size: int) -> Tensor:
-    """``accuracies`` of groups ``0 … n-1`` extended with NaN to ``size`` groups (groups with no item seen)."""
+    """``accuracies`` of groups ``0 … n-1`` extended with NaN to ``size`` groups (groups with no item seen).
+    torchmetrics squeezes a one-element result to 0-d (only group 0 seen, as in Lightning's sanity check over the
+    first validation batches), hence the reshape."""
+    accuracies = accuracies.reshape(-1)
     return torch.cat([accuracies, accuracies.new_full((max(0, size - len(accuracies)),), float("nan"))])

@@ -10,7 +10,7 @@ from PIL import Image
 from torch import Tensor, nn
 
 from adversarial_models import digits, trained_digits_cnn
-from coretune.attacks import PGD, NormalizedModel, eval_mode, pgd
+from coretune.attacks import PGD, NormalizedModel, eval_mode, pgd, pixel_radius
 from coretune.data import IMAGENET_MEAN, IMAGENET_STD, eval_transform
 
 
@@ -136,6 +136,9 @@ def test_l2_pgd_equals_torchattacks_pgdl2() -> None:
         assert abs(ours - theirs) <= 0.02, (eps, ours, theirs)
 
 
+NOT_A_RADIUS = "PGD {name} must be a number or a fraction in [0, 1] pixel units (e.g. 8/255 or 0.5), got '{value}'"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -145,6 +148,10 @@ def test_l2_pgd_equals_torchattacks_pgdl2() -> None:
         ({"steps": 0}, "PGD steps must be >= 1, got 0"),
         ({"step_size": 0.0}, "PGD step_size must be > 0 (or None for 2.5·eps/steps), got 0.0"),
         ({"step_size": -1.0}, "PGD step_size must be > 0 (or None for 2.5·eps/steps), got -1.0"),
+        ({"eps": "eight"}, NOT_A_RADIUS.format(name="eps", value="eight")),
+        ({"eps": "8/0"}, NOT_A_RADIUS.format(name="eps", value="8/0")),
+        ({"eps": "-8/255"}, "PGD eps must be a finite radius >= 0 in [0, 1] pixel units (e.g. 8/255), got -0.0313725"),
+        ({"step_size": "fast"}, NOT_A_RADIUS.format(name="step_size", value="fast")),
     ],
 )
 def test_bad_settings_give_one_line_errors(kwargs: dict, message: str) -> None:
@@ -168,6 +175,15 @@ def test_normalised_images_are_refused_with_the_fix() -> None:
     )
     with pytest.raises(ValueError, match=r"PGD needs images \(N, ...\) and labels \(N,\), got \(397, 1, 8, 8\) and "):
         pgd(model, x, y[:5], norm="linf", eps=0.1)
+
+
+@pytest.mark.parametrize(
+    ("value", "radius"), [("8/255", 8 / 255), (" 2/255 ", 2 / 255), ("0.5", 0.5), ("1", 1.0), (0.25, 0.25), (1, 1.0)]
+)
+def test_radii_are_numbers_or_the_fractions_papers_write(value: float | str, radius: float) -> None:
+    assert pixel_radius(value) == radius and type(pixel_radius(value)) is float
+    attack = PGD(eps=value, step_size=value)
+    assert (attack.eps, attack.step_size) == (radius, radius)
 
 
 def test_defaults_and_zero_radius() -> None:

@@ -88,6 +88,15 @@ def test_autoattack_a_config_and_a_chosen_threat_model(fitted_greys: tuple[Path,
     assert report["results"] == [{"norm": "linf", "eps": 8 / 255, "accuracy": 0.0, "step_size": None}]
 
 
+def test_a_fractional_step_size_is_recorded_as_a_number(fitted_greys: tuple[Path, Path], tmp_path: Path) -> None:
+    tree, ckpt = fitted_greys
+    out = tmp_path / "pgd.json"
+    main(["eval", "robust", f"--ckpt={ckpt}", f"--data.root={tree}", "--attack=pgd", "--threat_models=linf:4/255",
+          "--steps=2", "--step_size=2/255", "--max_images=4", f"--output={out}"])  # fmt: skip
+    (report,) = json.loads(out.read_text())["reports"]
+    assert report["results"][0]["step_size"] == 2 / 255 and report["steps"] == 2
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -96,6 +105,10 @@ def test_autoattack_a_config_and_a_chosen_threat_model(fitted_greys: tuple[Path,
         (["--threat_models=linf8"], "threat model 'linf8' is not NORM:EPS: write e.g. linf:8/255 or l2:0.5"),
         (["--steps=0"], "PGD steps must be >= 1, got 0"),
         (["--step_size=0"], "PGD step_size must be > 0 (or None for 2.5·eps/steps), got 0.0"),
+        (
+            ["--step_size=2/O"],
+            "PGD step_size must be a number or a fraction in [0, 1] pixel units (e.g. 8/255 or 0.5), got '2/O'",
+        ),
         (["--attack=fgsm"], "unknown attack 'fgsm': choose one of pgd, torchattacks-pgd, autoattack"),
         (["--attack=[]"], "--attack names no attack: choose one or more of pgd, torchattacks-pgd, autoattack"),
         (["--max_images=0"], "max_images must be >= 1 (or None for every image), got 0"),

@@ -35,9 +35,11 @@ class AdversarialTraining:
     Args:
         enable: train on clean and PGD images together (off: the settings are checked but unused).
         norm: the threat model's norm, ``"linf"`` or ``"l2"``.
-        eps: the radius ε >= 0 in ``[0, 1]`` pixel units (ℓ∞ 8/255 is eight grey levels).
+        eps: the radius ε >= 0 in ``[0, 1]`` pixel units (ℓ∞ 8/255 is eight grey levels), a number or a fraction:
+            ``--adversarial.eps 8/255`` works.
         steps: PGD steps, >= 1 (the paper's PGD-10).
-        step_size: ``α > 0``; ``None`` for ``2.5·eps/steps`` (2/255 for ε = 8/255 and 10 steps).
+        step_size: ``α > 0``, a number or a fraction; ``None`` for ``2.5·eps/steps`` (2/255 for ε = 8/255 and 10
+            steps).
         random_start: start each attack from a random point of the ε-ball (the issue's and Madry et al.'s).
 
     Raises:
@@ -48,9 +50,9 @@ class AdversarialTraining:
         self,
         enable: bool = False,
         norm: Norm = "linf",
-        eps: float = 8 / 255,
+        eps: float | str = 8 / 255,
         steps: int = 10,
-        step_size: float | None = None,
+        step_size: float | str | None = None,
         random_start: bool = True,
     ) -> None:
         try:
@@ -58,14 +60,15 @@ class AdversarialTraining:
         except ValueError as err:
             raise ValueError(f"invalid adversarial-training settings: {err}") from None
         self.enable = enable
-        self.norm, self.eps, self.steps, self.step_size = norm, eps, steps, step_size
+        self.norm, self.eps, self.steps = norm, self.attack.eps, steps
+        self.step_size = None if step_size is None else self.attack.step_size
         self.random_start = random_start
 
     def __repr__(self) -> str:
         return f"AdversarialTraining(enable={self.enable}, {self.attack})"
 
     def hparams(self) -> dict[str, object]:
-        """The constructor's arguments, as given (for config files and checkpoints)."""
+        """The constructor's arguments, fractions as numbers (for config files and checkpoints)."""
         return {
             "enable": self.enable,
             "norm": self.norm,

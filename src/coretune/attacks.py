@@ -14,18 +14,36 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from fractions import Fraction
 from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["PGD", "Norm", "NormalizedModel", "check_pixel_images", "eval_mode", "pgd"]
+__all__ = ["PGD", "Norm", "NormalizedModel", "check_pixel_images", "eval_mode", "pgd", "pixel_radius"]
 
 Norm = Literal["linf", "l2"]
 NORMS: tuple[str, ...] = get_args(Norm)
 
 _TINY = 1e-12  # keeps the ℓ2 directions of an all-zero gradient or perturbation at zero instead of NaN
+
+
+def pixel_radius(value: float | str, name: str = "eps") -> float:
+    """A radius or step in ``[0, 1]`` pixel units as a number or as the fraction papers write: ``8/255``,
+    ``"8/255"``, ``"0.5"`` and ``0.5`` all work (``"8/255"`` → 0.0313725…).
+
+    Raises:
+        ValueError: one line naming ``name`` when ``value`` is neither a number nor a fraction.
+    """
+    if isinstance(value, str):
+        try:
+            return float(Fraction(value.strip()))
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(
+                f"PGD {name} must be a number or a fraction in [0, 1] pixel units (e.g. 8/255 or 0.5), got {value!r}"
+            ) from None
+    return float(value)
 
 
 class NormalizedModel(nn.Module):
@@ -96,24 +114,27 @@ class PGD:
 
     Args:
         norm: ``"linf"`` or ``"l2"``.
-        eps: the radius ε >= 0 of the ball, in ``[0, 1]`` pixel units (ε = 0 returns the clean images).
+        eps: the radius ε >= 0 of the ball, in ``[0, 1]`` pixel units (ε = 0 returns the clean images); a number
+            or a fraction (``"8/255"``, :func:`pixel_radius`).
         steps: number of ascent steps, >= 1.
-        step_size: ``α > 0``; ``None`` for ``2.5·eps/steps``.
+        step_size: ``α > 0`` (a number or a fraction); ``None`` for ``2.5·eps/steps``.
         random_start: start from a random point of the ball instead of the clean image.
     """
 
     def __init__(
         self,
         norm: Norm = "linf",
-        eps: float = 8 / 255,
+        eps: float | str = 8 / 255,
         steps: int = 10,
-        step_size: float | None = None,
+        step_size: float | str | None = None,
         random_start: bool = True,
     ) -> None:
+        eps = pixel_radius(eps)
+        step_size = None if step_size is None else pixel_radius(step_size, "step_size")
         if norm not in NORMS:
             raise ValueError(f"PGD norm must be one of {', '.join(NORMS)}; got {norm!r}")
         if not (math.isfinite(eps) and eps >= 0):
-            raise ValueError(f"PGD eps must be a finite radius >= 0 in [0, 1] pixel units (e.g. 8/255), got {eps}")
+            raise ValueError(f"PGD eps must be a finite radius >= 0 in [0, 1] pixel units (e.g. 8/255), got {eps:g}")
         if steps < 1:
             raise ValueError(f"PGD steps must be >= 1, got {steps}")
         if step_size is not None and not (math.isfinite(step_size) and step_size > 0):
@@ -185,9 +206,9 @@ def pgd(
     labels: Tensor,
     *,
     norm: Norm,
-    eps: float,
+    eps: float | str,
     steps: int = 10,
-    step_size: float | None = None,
+    step_size: float | str | None = None,
     random_start: bool = True,
     generator: torch.Generator | None = None,
 ) -> Tensor:

@@ -37,7 +37,7 @@ import torch
 from jsonargparse import ArgumentParser
 from torch import Tensor, nn
 
-from .attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode
+from .attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode, pixel_radius
 from .data import ImageClassificationData
 from .engine import FineTuner, atomic_write
 from .runconfig import add_config_argument, parse_with_config
@@ -294,8 +294,8 @@ def parse_threat(text: str) -> tuple[str, float]:
     line writes it, ``NORM:EPS`` with ε a number or a fraction (the norm and ε are checked by :class:`PGD`)."""
     norm, colon, eps = text.partition(":")
     try:
-        radius = float(Fraction(eps.strip()))
-    except (ValueError, ZeroDivisionError):
+        radius = pixel_radius(eps)
+    except ValueError:
         radius = None
     if not colon or radius is None:
         raise ValueError(f"threat model {text!r} is not NORM:EPS: write e.g. linf:8/255 or l2:0.5")
@@ -337,7 +337,12 @@ def robust_parser() -> ArgumentParser:
         "paper's six, e.g. --threat_models '[linf:4/255, l2:0.5]'.",
     )
     parser.add_argument("--steps", type=int, default=10, help="PGD steps (both PGDs; AutoAttack sets its own).")
-    parser.add_argument("--step_size", type=float | None, default=None, help="PGD step size (default 2.5·eps/steps).")
+    parser.add_argument(
+        "--step_size",
+        type=float | str | None,
+        default=None,
+        help="PGD step size in pixel units, a number or a fraction (e.g. 2/255; default 2.5·eps/steps).",
+    )
     parser.add_argument("--max_images", type=int | None, default=None, help="Score the first N test images only.")
     parser.add_argument("--seed", type=int, default=0, help="Seeds the random starts (and AutoAttack's).")
     parser.add_argument("--device", type=str | None, default=None, help="Default: cuda if available, or cpu.")
@@ -358,6 +363,8 @@ def evaluate_robust(args: Sequence[str]) -> Path:
 
     def check(cfg: Any) -> None:
         cfg.attack, cfg.threat_models = _listed(cfg.attack), _listed(cfg.threat_models)
+        if cfg.step_size is not None:  # "2/255" → 0.00784…, so the results file records a number
+            cfg.step_size = pixel_radius(cfg.step_size, "step_size")
         threats = [parse_threat(t) for t in cfg.threat_models]
         if not cfg.attack:
             raise ValueError(f"--attack names no attack: choose one or more of {', '.join(ATTACKS)}")

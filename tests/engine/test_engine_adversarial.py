@@ -76,8 +76,8 @@ def test_the_trained_batch_holds_pgd_rows_and_the_attack_leaves_the_model_alone(
 
     monkeypatch.setattr(objectives.CETuning, "forward", forward)
     run = tmp_path / "run"
-    main(["fit", *TINY_FIT, *QUIET, *STEPS, f"--data.root={tree}", f"--run_dir={run}", *AT,
-          "--adversarial.eps=0.05"])  # fmt: skip
+    eps = "--adversarial.eps=1/20"  # a fraction, as papers write 8/255
+    main(["fit", *TINY_FIT, *QUIET, *STEPS, f"--data.root={tree}", f"--run_dir={run}", *AT, eps])
     assert len(spy.calls) == 2  # one attack per training step
     mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
     std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
@@ -91,16 +91,17 @@ def test_the_trained_batch_holds_pgd_rows_and_the_attack_leaves_the_model_alone(
         assert adv.min() >= -1e-3 and adv.max() <= 1 + 1e-3
         assert call["kwargs"]["mean"] == pytest.approx(mean.flatten().tolist())
         assert call["unchanged"] and call["grads_untouched"] and call["modes_kept"]  # parameters, BN, modes
-    # recorded: config.yaml's adversarial section, the checkpoint's coretune entry
+    # recorded: config.yaml's adversarial section as written (it parses again), the checkpoint's as numbers
     config = yaml.safe_load(RunDir(run).config.read_text())
-    assert config["adversarial"] == {"enable": True, "norm": "linf", "eps": 0.05, "steps": 2, "step_size": None,
+    assert config["adversarial"] == {"enable": True, "norm": "linf", "eps": "1/20", "steps": 2, "step_size": None,
                                      "random_start": True}  # fmt: skip
     checkpoint = torch.load(RunDir(run).last_checkpoint, weights_only=True)
-    assert checkpoint["coretune"]["adversarial"] == config["adversarial"]
+    assert checkpoint["coretune"]["adversarial"] == {**config["adversarial"], "eps": 0.05}
     assert FineTuner.from_checkpoint(RunDir(run).last_checkpoint).batch_transform is None  # evaluation: clean
     main(["eval", "robust", f"--ckpt={RunDir(run).last_checkpoint}", f"--data.root={tree}", "--attack=pgd",
           "--threat_models=linf:8/255", "--steps=1"])  # fmt: skip
-    assert json.loads(RunDir(run).robust_results.read_text())["adversarial_training"] == config["adversarial"]
+    robust = json.loads(RunDir(run).robust_results.read_text())
+    assert robust["adversarial_training"] == checkpoint["coretune"]["adversarial"]
 
 
 @pytest.mark.parametrize("name", sorted(objectives.available()))
@@ -147,6 +148,10 @@ def test_a_resume_with_other_adversarial_settings_is_refused(tree: Path, tmp_pat
         ("--adversarial.eps=-0.1", "PGD eps must be a finite radius >= 0 in [0, 1] pixel units (e.g. 8/255), got -0.1"),
         ("--adversarial.steps=0", "PGD steps must be >= 1, got 0"),
         ("--adversarial.step_size=0", "PGD step_size must be > 0 (or None for 2.5·eps/steps), got 0.0"),
+        (
+            "--adversarial.eps=8/O",
+            "PGD eps must be a number or a fraction in [0, 1] pixel units (e.g. 8/255 or 0.5), got '8/O'",
+        ),
     ],
 )
 def test_bad_adversarial_settings_are_one_line_and_nothing_is_written(

@@ -181,7 +181,8 @@ class FitCLI(RunDirCLI):
             AdversarialTraining,
             "adversarial",
             help="Adversarial training (classification): train on each batch and its PGD examples against the "
-            "current model (--adversarial.enable true; eps in [0, 1] pixel units, e.g. 0.0313725 = 8/255).",
+            "current model (--adversarial.enable true; eps in [0, 1] pixel units, a number or a fraction, e.g. "
+            "--adversarial.eps 8/255).",
         )
         parser.link_arguments("adversarial", "model.adversarial", apply_on="instantiate")
         parser.link_arguments("seed_everything", "data.seed")

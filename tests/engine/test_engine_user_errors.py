@@ -739,10 +739,31 @@ def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path
         ),
         (["--model.lr=0"], "invalid model settings: lr must be > 0 (got 0.0)"),
         (["--model.lr=-0.01"], "invalid model settings: lr must be > 0 (got -0.01)"),
+        (
+            ["--model.output_stride=8"],
+            "invalid model settings: output_stride is a segmentation setting that task 'classification' ignores (got "
+            "8): drop --model.output_stride, or fit with --task segmentation",
+        ),
+        (
+            ["--model.image_labels=multilabel", "--model.output_stride=8"],
+            "invalid model settings: output_stride is a segmentation setting that task 'classification' ignores (got "
+            "8): drop --model.output_stride, or fit with --task segmentation; image_labels is a segmentation setting "
+            "that task 'classification' ignores (got 'multilabel'): drop --model.image_labels, or fit with --task "
+            "segmentation",
+        ),
     ],
 )
 def test_bad_configuration_values(options: list[str], expected: str, tree: Path, tmp_path: Path) -> None:
     assert error(fit_args(tree, tmp_path / "run", *options)) == expected
+
+
+def test_segmentation_settings_are_refused_by_every_other_task_and_their_defaults_pass() -> None:
+    for task in ("classification", "domain_generalization"):
+        with pytest.raises(ValueError, match=rf"output_stride is a segmentation setting that task '{task}' ignores"):
+            FineTuner(backbone="resnet18", task=task, output_stride=8)
+        FineTuner(backbone="resnet18", task=task, output_stride=16, image_labels="majority")  # the defaults
+    model = FineTuner(backbone="resnet18", task="segmentation", output_stride=8, image_labels="multilabel")
+    assert (model.task.output_stride, model.task.image_labels) == (8, "multilabel")
 
 
 @pytest.mark.parametrize(

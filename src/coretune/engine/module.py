@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -228,6 +228,21 @@ def _preview(value: Any, show: int = 4) -> str:
     return repr(value)
 
 
+def _foreign_settings(task: str, settings: Mapping[str, Any]) -> list[str]:
+    """One problem per setting that only another task reads, set away from its default: ``task`` would
+    silently ignore it (``output_stride 8`` for classification)."""
+    if task not in TASKS:
+        return []
+    return [
+        f"{key} is a {other.name} setting that task {task!r} ignores (got {settings[key]!r}): drop "
+        f"--model.{key}, or fit with --task {other.name}"
+        for other in TASKS.values()
+        if other.name != task
+        for key, default in other.own_settings.items()
+        if key in settings and key not in TASKS[task].own_settings and settings[key] != default
+    ]
+
+
 class FineTuner(L.LightningModule):
     """A backbone ``G_e`` and an objective (its heads and loss), trained with the paper's optimiser (Appendix C).
 
@@ -260,7 +275,9 @@ class FineTuner(L.LightningModule):
         freeze_backbone: train the heads only (linear probing).
         task: what the data, the network on the backbone and the predictions are: ``classification`` (default)
             or another task of :data:`coretune.tasks.TASKS` (``coretune fit --task NAME``).
-        output_stride: segmentation: input size ÷ the dilated backbone's feature-map size (16 or 8).
+        output_stride: segmentation: input size ÷ the dilated backbone's feature-map size (16 or 8). This and
+            ``image_labels`` are the segmentation task's own settings: other tasks refuse them set away from their
+            defaults, which they would silently ignore.
         image_labels: segmentation with Core-tuning: the rule giving each crop the image-level label its
             contrastive positives come from, ``majority`` (its most frequent class) or ``multilabel`` (crops
             sharing any class are positives); see :class:`coretune.tasks.SegmentationTask`.
@@ -306,6 +323,7 @@ class FineTuner(L.LightningModule):
             problems.append(f"task must be one of {', '.join(TASKS)} (got {task!r})")
         if adversarial is not None and adversarial.enable and task != ClassificationTask.name:
             problems.append(f"adversarial training works with the classification task only (got task {task!r})")
+        problems += _foreign_settings(task, {"output_stride": output_stride, "image_labels": image_labels})
         if problems:
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective", "adversarial"])

@@ -73,6 +73,9 @@ class Task:
     #: Its data module's option that holds out part of the training data as the validation split, never reading the
     #: test split: ``coretune tune`` sets it to its ``--val_fraction``.
     validation_holdout: ClassVar[str] = "val_fraction"
+    #: The :class:`~coretune.engine.FineTuner` settings only this task reads, with their defaults: another task
+    #: refuses them set to anything else (a setting that would silently do nothing).
+    own_settings: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
         """``settings``: the :class:`~coretune.engine.FineTuner` settings (its ``hparams``); a task reads the ones

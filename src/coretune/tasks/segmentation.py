@@ -349,11 +349,12 @@ class SegmentationTask(Task):
     ignore_index = IGNORE_INDEX
     #: How many validation images ``predictions.png`` shows.
     figure_images = 4
+    own_settings: ClassVar[Mapping[str, Any]] = {"output_stride": 16, "image_labels": "majority"}
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__(settings)
-        self.output_stride = int(self.settings.get("output_stride", 16))
-        self.image_labels: ImageLabelRule = self.settings.get("image_labels", "majority")
+        self.output_stride = int(self.settings.get("output_stride", self.own_settings["output_stride"]))
+        self.image_labels: ImageLabelRule = self.settings.get("image_labels", self.own_settings["image_labels"])
 
     # -- the network ----------------------------------------------------------------------------------------
     def build_backbone(self, backbone: str, **options: Any) -> Encoder:

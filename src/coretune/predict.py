@@ -16,9 +16,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from .data import IMAGENET_MEAN, IMAGENET_STD, ImageFileDataset, eval_transform
+from .data import IMAGENET_MEAN, IMAGENET_STD, ImageFileDataset
 from .data.datasets import OnBadImage
-from .data.transforms import eval_draft_size
 from .engine import FineTuner, atomic_write
 from .models import CheckpointError
 from .runconfig import check_config_task
@@ -76,8 +75,9 @@ def predict_folder(
         raise ValueError("--overlay true is for segmentation checkpoints (it draws masks over images): drop it")
     data = model.trained_data
     size = image_size or data.get("image_size") or 224
-    transform = eval_transform(size, tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD)))
-    dataset = ImageFileDataset(str(folder), transform, draft_size=eval_draft_size(size), on_bad_image=on_bad_image)
+    mean, std = tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD))
+    transform, draft = model.task.image_transform(size, mean, std)  # as the task's test split reads images
+    dataset = ImageFileDataset(str(folder), transform, draft_size=draft, on_bad_image=on_bad_image)
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
     names = model.class_names
     with atomic_write(output, newline="") as f, torch.inference_mode():

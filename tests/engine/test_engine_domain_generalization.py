@@ -4,6 +4,7 @@ rule, ``coretune test`` of its checkpoint, the configs, the one-line errors and 
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -12,13 +13,17 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from PIL import Image
 
 from coretune import objectives
 from coretune.cli import main
+from coretune.data import ImageFileDataset, eval_transform
 from coretune.data.domains import DomainGeneralizationData
-from coretune.engine import read_metrics
+from coretune.data.transforms import resize_transform
+from coretune.engine import FineTuner, read_metrics
 from coretune.engine.fitcli import resolved_fit_config
 from coretune.objectives import CETuning
+from coretune.rundir import RunDir
 from coretune.tasks import Batch, DomainGeneralizationTask
 from domain_trees import make_domain_tree
 from fit_flags import QUIET
@@ -125,6 +130,33 @@ def test_the_oracle_and_the_last_checkpoint_test_the_last_weights(
         assert "ORACLE: chosen with the unseen domains' images" in out
     else:
         assert selection["oracle"] is False and "ORACLE" not in out
+
+
+def test_predict_reads_new_images_as_the_test_split_does(tree: Path, tmp_path: Path) -> None:
+    """A DG model is tested on whole images resized to a square (DomainBed's evaluation): ``coretune predict`` must
+    read a folder the same way, not resize-and-centre-crop as classification does (which cuts a wide image's sides)."""
+    fit(tree, tmp_path / "run", "--objective", "ce", "--trainer.max_epochs=1")
+    ckpt = RunDir(tmp_path / "run").last_checkpoint
+    folder = tmp_path / "new"
+    folder.mkdir()
+    for i, shape in enumerate(("disc", "square", "triangle")):  # wide images: the shape at the left edge
+        left = Image.open(sorted((tree / "photo" / shape).iterdir())[0]).convert("RGB")
+        wide = Image.new("RGB", (48, 16), (255, 255, 255))
+        wide.paste(left, (0, 0))
+        wide.save(folder / f"{i}.png")
+    out = tmp_path / "preds.csv"
+    main(["predict", f"--ckpt_path={ckpt}", f"--input={folder}", f"--output={out}"])
+    model = FineTuner.from_checkpoint(ckpt).eval()
+    rows = list(csv.DictReader(out.open()))
+    predicted = torch.tensor([[float(r[f"p_{n}"]) for n in model.class_names] for r in rows])
+
+    def probs(transform: Any) -> torch.Tensor:
+        files = ImageFileDataset(str(folder), transform)
+        with torch.no_grad():
+            return torch.softmax(model(torch.stack([files[i][0] for i in range(len(files))])), dim=1)
+
+    assert torch.allclose(predicted, probs(resize_transform(16)), atol=1e-5)
+    assert not torch.allclose(predicted, probs(eval_transform(16)), atol=1e-3)  # the crop would differ
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import torch.nn.functional as F
@@ -11,6 +11,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from ..data import ImageClassificationData
+from ..data.transforms import eval_draft_size, eval_transform
 from .base import Task
 
 __all__ = ["ClassificationTask"]
@@ -29,6 +30,13 @@ class ClassificationTask(Task):
     metric_names: ClassVar[tuple[str, ...]] = ("top1", "top5")
     no_validation_split = "no separate val/ folder and no --data.val_fraction"
     validation_split_fix = "--data.val_fraction 0.1"
+
+    def image_transform(
+        self, image_size: int, mean: tuple[float, float, float], std: tuple[float, float, float]
+    ) -> tuple[Callable[[Any], Tensor], int]:
+        """How this task's test split reads one image, and the JPEG draft size to decode it at: ``coretune
+        predict`` reads a folder of new images the same way (here resize, then centre crop)."""
+        return eval_transform(image_size, mean, std), eval_draft_size(image_size)
 
     def eval_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         return F.cross_entropy(logits.float(), targets)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from sweep_helpers import fabricate, spec_of
 
 from coretune.sweeps import BenchSpecError, final_val_top1, format_duration, training_time_left, write_summary
+from coretune.sweeps.spec import check_val_split
 
 
 def test_metric_val_refuses_runs_that_validated_on_the_test_split(tmp_path: Path) -> None:
@@ -24,6 +25,15 @@ def test_metric_val_refuses_runs_that_validated_on_the_test_split(tmp_path: Path
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"data": {"root": "DATA", "val_fraction": 0.2}}))
     (run_dir / "metrics.csv").write_text("epoch,val/top1\n0,0.9\n1,0.7\n")
     assert "| ce | **70.00 (n=1)** |" in write_summary(spec)[0]  # the last validated epoch, not the test's 50
+
+
+def test_domain_generalization_runs_hold_out_with_their_own_option() -> None:
+    dg = {"model": {"task": "domain_generalization"}, "data": {"holdout_fraction": 0.2}}
+    check_val_split(dg, "run a")  # DomainBed's training-domain holdout is the validation split
+    with pytest.raises(BenchSpecError, match=r"run b has none \(data.holdout_fraction is not > 0.*--data.holdout_"):
+        check_val_split({**dg, "data": {"holdout_fraction": 0.0, "val_fraction": 0.2}}, "run b")
+    with pytest.raises(BenchSpecError, match=r"\(data.val_fraction is not > 0.* add --data.val_fraction=0.2"):
+        check_val_split({"model": {"task": "segmentation"}, "data": {"holdout_fraction": 0.2}}, "run c")
 
 
 def test_final_val_top1_is_the_last_validated_epoch(tmp_path: Path) -> None:

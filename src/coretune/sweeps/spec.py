@@ -107,11 +107,16 @@ class BenchSpecError(ValueError):
 
 def check_val_split(config: dict[str, Any], run: str) -> None:
     """Refuse (``metric: val``) a run whose resolved fit ``config`` has no validation split carved from the training
-    set (``data.val_fraction`` > 0): without one it validates on the test split."""
-    if not float((config.get("data") or {}).get("val_fraction") or 0) > 0:
+    set (its task's holdout option > 0: ``data.val_fraction``, ``data.holdout_fraction`` for domain generalization):
+    without one it validates on the test split."""
+    from ..tasks import DEFAULT_TASK, TASKS
+
+    task = TASKS.get((config.get("model") or {}).get("task") or DEFAULT_TASK, TASKS[DEFAULT_TASK])
+    option = task.validation_holdout
+    if not float((config.get("data") or {}).get(option) or 0) > 0:
         raise BenchSpecError(
             f"metric 'val' needs a validation split carved from the training set, but {run} has none "
-            "(data.val_fraction is not > 0, so it validates on the test split): add --data.val_fraction=0.2 to the "
+            f"(data.{option} is not > 0, so it validates on the test split): add --data.{option}=0.2 to the "
             "spec's base_args (with a new output folder if runs finished without it), or use metric 'test'"
         )
 

@@ -102,3 +102,25 @@ def test_fit_records_the_task_in_config_yaml_and_the_checkpoint(image_tree: Path
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["coretune"]["task"] == ckpt["hyper_parameters"]["task"] == "classification"
     assert FineTuner.from_checkpoint(run / "checkpoints" / "last.ckpt").task.name == "classification"
+
+
+@pytest.mark.parametrize("task_name", ["classification", "domain_generalization"])
+def test_predict_reads_images_as_the_tasks_test_split_does(task_name: str, tmp_path: Path) -> None:
+    """``Task.image_transform`` (what ``coretune predict`` uses) is the data module's own test-split reading: same
+    tensor from a wide image, same draft size — one definition, not two that can drift apart."""
+    from PIL import Image
+
+    from coretune.data import DomainGeneralizationData, ImageClassificationData
+    from domain_trees import make_domain_tree
+    from image_trees import make_image_tree
+
+    if task_name == "classification":
+        data: Any = ImageClassificationData(str(make_image_tree(tmp_path / "t", size=24)), image_size=16)
+    else:
+        data = DomainGeneralizationData(str(make_domain_tree(tmp_path / "t")), test_domains="photo", image_size=16)
+    data.setup()
+    split = data.test_dataset.parts[0] if task_name == "domain_generalization" else data.test_dataset
+    transform, draft = get_task(task_name)().image_transform(16, data.mean, data.std)
+    assert draft == split.draft_size
+    wide = Image.fromarray(torch.randint(0, 255, (16, 48, 3), dtype=torch.uint8).numpy())
+    assert torch.equal(transform(wide), split.transform(wide))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import Literal, get_args
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, get_args
 
 import lightning as L
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from .datasets import ImageFileDataset, LabeledImageDataset, OnBadImage, check_cifar_root, load_cifar
@@ -128,7 +130,7 @@ class ImageClassificationData(L.LightningDataModule):
         self.on_bad_image, self.pin_memory, self.cache_images = on_bad_image, pin_memory, cache_images
         self.crop_scale, self.hflip = (float(crop_scale[0]), float(crop_scale[1])), hflip
         self.train_transform = train_transform(image_size, self.mean, self.std, rotation, self.crop_scale, hflip)
-        self.eval_transform = eval_transform(image_size, self.mean, self.std)
+        self.eval_transform, self.eval_draft = self.test_transform(image_size, self.mean, self.std)
         self.train_views = 1
         self.validates_on_test = False
         self.train_dataset: LabeledImageDataset | None = None
@@ -137,6 +139,14 @@ class ImageClassificationData(L.LightningDataModule):
         self._class_names: list[str] | None = None
 
     # -- set-up ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def test_transform(
+        image_size: int, mean: Sequence[float], std: Sequence[float]
+    ) -> tuple[Callable[[Any], Tensor], int]:
+        """How the validation and test splits (and ``coretune predict``) read one image: resize, centre crop and
+        normalise; with the JPEG draft size to decode it at."""
+        return eval_transform(image_size, tuple(mean), tuple(std)), eval_draft_size(image_size)
+
     def setup(self, stage: str | None = None) -> None:
         """Read the splits, subsample and split them (once: later calls, for any stage, do nothing)."""
         if self._class_names is not None:
@@ -160,7 +170,7 @@ class ImageClassificationData(L.LightningDataModule):
         self.train_dataset = train.with_transform(
             self.train_transform, train_draft_size(self.image_size, self.crop_scale)
         )
-        eval_draft = eval_draft_size(self.image_size)
+        eval_draft = self.eval_draft
         self.val_dataset = val.with_transform(self.eval_transform, eval_draft) if val is not None else None
         self.test_dataset = test.with_transform(self.eval_transform, eval_draft) if test is not None else None
         if self.cache_images:  # after with_transform: decoded at each split's draft size, as an access would
@@ -307,7 +317,7 @@ class ImageClassificationData(L.LightningDataModule):
         ds = ImageFileDataset(
             folder,
             self.eval_transform,
-            draft_size=eval_draft_size(self.image_size),
+            draft_size=self.eval_draft,
             on_bad_image=self.on_bad_image,
         )
         return self._eval_loader(ds)

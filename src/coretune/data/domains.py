@@ -17,12 +17,13 @@ the unseen domains' ``out`` parts, which a real deployment does not have), and t
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import lightning as L
 import numpy as np
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from .datasets import LabeledImageDataset, OnBadImage
@@ -315,7 +316,7 @@ class DomainGeneralizationData(L.LightningDataModule):
             image_size, self.mean, self.std, crop_scale=self.crop_scale, hflip=hflip, color_jitter=color_jitter,
             grayscale=grayscale,
         )  # fmt: skip
-        self.eval_transform = resize_transform(image_size, self.mean, self.std)
+        self.eval_transform, self.eval_draft = self.test_transform(image_size, self.mean, self.std)
         self.train_views = 1
         self.validates_on_test = False  # model selection never reads the unseen domains' reported images
         self.split: DomainSplit | None = None
@@ -326,6 +327,14 @@ class DomainGeneralizationData(L.LightningDataModule):
         self.test_groups: list[EvalGroup] = []
 
     # -- set-up ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def test_transform(
+        image_size: int, mean: Sequence[float], std: Sequence[float]
+    ) -> tuple[Callable[[Any], Tensor], int]:
+        """How the evaluation groups (and ``coretune predict``) read one image: the whole image resized to a square,
+        no crop (DomainBed's evaluation, Appendix C: "test images are resized"), decoded at ``image_size``."""
+        return resize_transform(image_size, tuple(mean), tuple(std)), image_size
+
     def setup(self, stage: str | None = None) -> None:
         """Read the domains and split them (once: later calls, for any stage, do nothing)."""
         if self.split is not None:
@@ -354,8 +363,8 @@ class DomainGeneralizationData(L.LightningDataModule):
         self.split = split
 
     def _eval_items(self, groups: list[EvalGroup], part: Any) -> GroupedItems:
-        size = self.image_size
-        return GroupedItems([(part(g.domain, g.part, self.eval_transform, size), k) for k, g in enumerate(groups)])
+        transform, draft = self.eval_transform, self.eval_draft
+        return GroupedItems([(part(g.domain, g.part, transform, draft), k) for k, g in enumerate(groups)])
 
     def _train_draft(self) -> int:
         return train_draft_size(self.image_size, self.crop_scale)

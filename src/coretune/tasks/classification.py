@@ -11,7 +11,6 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from ..data import ImageClassificationData
-from ..data.transforms import eval_draft_size, eval_transform
 from .base import Task
 
 __all__ = ["ClassificationTask"]
@@ -34,9 +33,9 @@ class ClassificationTask(Task):
     def image_transform(
         self, image_size: int, mean: tuple[float, float, float], std: tuple[float, float, float]
     ) -> tuple[Callable[[Any], Tensor], int]:
-        """How this task's test split reads one image, and the JPEG draft size to decode it at: ``coretune
-        predict`` reads a folder of new images the same way (here resize, then centre crop)."""
-        return eval_transform(image_size, mean, std), eval_draft_size(image_size)
+        """How this task's test split reads one image, and the draft size to decode it at (the data module's
+        ``test_transform``): ``coretune predict`` reads a folder of new images the same way."""
+        return self.data_class.test_transform(image_size, mean, std)
 
     def eval_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         return F.cross_entropy(logits.float(), targets)

@@ -11,7 +11,7 @@ domains' held-out parts in test.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -22,7 +22,6 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from ..data.domains import SELECTIONS, DomainGeneralizationData, EvalGroup
-from ..data.transforms import resize_transform
 from ..objectives import Objective, ObjectiveOutput
 from ..rundir import RunDir
 from .base import Batch
@@ -157,13 +156,6 @@ class DomainGeneralizationTask(ClassificationTask):
         self.val_groups: list[EvalGroup] = []
         self.test_groups: list[EvalGroup] = []
         self.selection = "training_domain_validation"
-
-    def image_transform(
-        self, image_size: int, mean: tuple[float, float, float], std: tuple[float, float, float]
-    ) -> tuple[Callable[[Any], Tensor], int]:
-        """The whole image resized to a square, no crop (DomainBed's evaluation, Appendix C: "test images are
-        resized"), decoded at ``image_size``."""
-        return resize_transform(image_size, mean, std), image_size
 
     def check_data(self, datamodule: Any, stage: str) -> None:
         """Take the evaluation groups and the selection rule of a :class:`DomainGeneralizationData`."""

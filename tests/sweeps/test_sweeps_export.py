@@ -42,6 +42,11 @@ def test_export_keeps_the_records_of_finished_runs_which_count_when_copied_back(
     )
     main(["bench", str(config), "--export", str(records), "--only_seeds=[1]"])
     assert "copied the records of 1 finished run(s)" in capsys.readouterr().out
+    assert not (spec.output / "summary.md").exists()  # --export alone runs and writes nothing else
+    main(["bench", str(config), "--export", str(records), "--aggregate_only"])  # both, in one command
+    out = capsys.readouterr().out
+    assert "copied the records of 2 finished run(s)" in out and "| ce | **71.00 ± 1.41 (n=2)** |" in out
+    assert (spec.output / "summary.md").is_file()
     with pytest.raises(ValueError, match="is the spec's output folder"):
         export_records(spec, spec.output)
     shutil.rmtree(spec.output)  # the machine (and its runs/) is gone; the records are back

@@ -72,7 +72,8 @@ def _parser() -> Any:
         default=None,
         help="Copy the small files of every finished run (of --only_objectives/--only_seeds if given: config.yaml, "
         "fit_args.json, metrics.csv, results.json; no checkpoints) into this folder, in the output folder's layout; "
-        "copied back into the output folder, they count as finished runs. Runs nothing.",
+        "copied back into the output folder, they count as finished runs. Runs nothing; with --aggregate_only the "
+        "tables and plots are rewritten first.",
     )
     return parser
 
@@ -90,6 +91,8 @@ def main(args: list[str]) -> None:
         print_status(subset, console, whole=spec)
         return
     if cfg.export is not None:
+        if cfg.aggregate_only:
+            _print_summary(spec, console)
         written = export_records(subset, cfg.export)
         console.print(f"copied the records of {len(written)} finished run(s) to {cfg.export}", highlight=False)
         return
@@ -98,9 +101,7 @@ def main(args: list[str]) -> None:
         report = run_sweep(subset, workers=cfg.workers, dry_run=cfg.dry_run, console=console, logger=cfg.logger)
         if cfg.dry_run:
             return
-    markdown, paths = write_summary(spec)
-    console.print(markdown, highlight=False, markup=False, soft_wrap=True)
-    console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, soft_wrap=True)
+    _print_summary(spec, console)
     if report is not None and report.signum is not None:
         counts = (
             f"{len(report.finished)} run(s) finished, {len(report.interrupted)} interrupted with a resumable "
@@ -129,3 +130,10 @@ def main(args: list[str]) -> None:
             + ("fix the cause and " if report.failed else "")
             + "re-run the same command to run them again"
         )
+
+
+def _print_summary(spec: BenchSpec, console: Any) -> None:
+    """Rewrite the spec's tables and plots (:func:`write_summary`) and show them."""
+    markdown, paths = write_summary(spec)
+    console.print(markdown, highlight=False, markup=False, soft_wrap=True)
+    console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, soft_wrap=True)

@@ -202,3 +202,27 @@ def test_the_model_summary_counts_the_flops_of_one_view_at_the_datas_size(
     with torch.no_grad(), FlopCounterMode(display=False) as reference:
         model.eval()(torch.zeros(1, 3, 16, 16))  # one view through the encoder and the projection head
     assert summary.total_flops == reference.get_total_flops() > 0
+
+
+def test_snapshot_epochs_keep_the_encoder_of_those_epochs_beside_the_final_one(tmp_path: Path) -> None:
+    """``--snapshot_epochs [1, 2]`` of a 3-epoch run: ``pretrained-epoch1/2.pth.tar``, each that epoch's encoder
+    (epoch 2's equals the resumable checkpoint's weights after epoch 2), loadable like ``pretrained.pth.tar``."""
+    from fit_flags import pretrain_args
+
+    run = tmp_path / "run"
+    images = make_image_folder(tmp_path / "images")
+    main(pretrain_args(images, run, "--trainer.max_epochs=2", "--snapshot_epochs=[1, 2]"))
+    second = torch.load(run / "pretrained-epoch2.pth.tar", weights_only=True)
+    assert torch.load(run / "pretrained-epoch1.pth.tar", weights_only=True)["epoch"] == 1 and second["epoch"] == 2
+    final = torch.load(run / PRETRAINED_FILENAME, weights_only=True)
+    assert all(torch.equal(second["state_dict"][k], v) for k, v in final["state_dict"].items())
+    main(pretrain_args(images, run, "--trainer.max_epochs=3", "--snapshot_epochs=[1, 2]"))  # resumed: epoch 3
+    assert torch.load(run / PRETRAINED_FILENAME, weights_only=True)["epoch"] == 3
+    first = torch.load(run / "pretrained-epoch1.pth.tar", weights_only=True)  # kept, not overwritten
+    assert first["epoch"] == 1 and sorted(p.name for p in run.glob("pretrained*")) == [
+        "pretrained-epoch1.pth.tar", "pretrained-epoch2.pth.tar", PRETRAINED_FILENAME
+    ]  # fmt: skip
+    for name in ("pretrained-epoch1.pth.tar", "pretrained-epoch2.pth.tar"):
+        report = load_pretrained(create_backbone("small_cnn", verbose=False), run / name)
+        assert report.loaded and not report.missing
+    assert not all(torch.equal(first["state_dict"][k], v) for k, v in second["state_dict"].items())

@@ -52,10 +52,13 @@ def _corrupt(root: Path) -> Path:
         (IMAGES, ["--model.weights=nope.pth"], r"error: checkpoint nope\.pth does not exist: check the path given as"),
         (IMAGES, ["--model.backbone=resnet999"], r"error: unknown backbone 'resnet999': choose one of .*timm"),
         (IMAGES, ["--method=moco_v2", "--model.queue_size=64"], r"queue_size 64 exceeds the 12 training images"),
+        (IMAGES, ["--snapshot_epochs=[1,3]"], r"--snapshot_epochs \[1, 3\]: \[3\] never end in this run; give epoch "
+         r"counts from 1 to --trainer.max_epochs \(1\)$"),
     ],
     ids=[
         "missing-folder", "empty-folder", "one-image", "corrupt-image", "batch-of-1", "bad-augmentation",
         "unknown-method", "bad-temperature", "missing-init-weights", "unknown-backbone", "queue-too-long",
+        "snapshot-beyond-the-run",
     ],
 )  # fmt: skip
 def test_user_errors_are_one_line(make_root: object, extra: list[str], message: str, tmp_path: Path) -> None:

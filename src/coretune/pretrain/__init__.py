@@ -12,6 +12,7 @@ from .module import (
     make_pretrain_trainer,
     pretrain_callbacks,
     pretrain_trainer_defaults,
+    snapshot_path,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "nt_xent",
     "pretrain_callbacks",
     "pretrain_trainer_defaults",
+    "snapshot_path",
 ]

@@ -26,6 +26,7 @@ from .module import (
     ContrastivePretrainer,
     MoCoV2,
     SimCLR,
+    check_snapshot_epochs,
     pretrain_callbacks,
     pretrain_trainer_defaults,
 )
@@ -120,17 +121,26 @@ class PretrainCLI(RunDirCLI):
             "it wins over --trainer.default_root_dir). Reuse it to resume from its checkpoints/last.ckpt. Refused "
             "while another run uses it (its claim, fit.pid).",
         )
+        parser.add_argument(
+            "--snapshot_epochs",
+            type=list[int],
+            default=[],
+            help="Also keep the encoder after each of these epochs (counted from 1) as pretrained-epoch<E>.pth.tar in "
+            "the run directory: checkpoints of graded strength from one run (e.g. [10, 25, 50]).",
+        )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         check_trainer_options(config["trainer"])
+        check_snapshot_epochs(config["snapshot_epochs"], config["trainer"].get("max_epochs"))
         self.settle_run_dir("pretrain-" + str(config["model"]["class_path"]).rsplit(".", 1)[-1].lower())
         place_loggers(config, resuming=config.get("ckpt_path") is not None)
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         trainer = self._get(self.config_init, "trainer", default={})
         # callbacks naming the run directory: given no folder, Lightning puts the checkpoints in a logger's
-        self.trainer_defaults["callbacks"] = pretrain_callbacks(trainer["default_root_dir"])
+        snapshots = self._get(self.config_init, "snapshot_epochs", default=[])
+        self.trainer_defaults["callbacks"] = pretrain_callbacks(trainer["default_root_dir"], snapshots)
         kwargs["plugins"] = with_atomic_io(trainer.get("plugins"))
         return super().instantiate_trainer(**kwargs)
 

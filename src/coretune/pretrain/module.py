@@ -15,6 +15,7 @@ other tools read:
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,11 @@ __all__ = [
     "ExportPretrained",
     "MoCoV2",
     "SimCLR",
+    "check_snapshot_epochs",
     "make_pretrain_trainer",
     "pretrain_callbacks",
     "pretrain_trainer_defaults",
+    "snapshot_path",
 ]
 
 PRETRAINED_FILENAME = "pretrained.pth.tar"
@@ -329,21 +332,44 @@ class MoCoV2(ContrastivePretrainer):
 
 class ExportPretrained(Callback):
     """Atomically write :meth:`ContrastivePretrainer.pretrained_checkpoint` to ``path`` after every epoch
-    (default ``<run dir>/pretrained.pth.tar``)."""
+    (default ``<run dir>/pretrained.pth.tar``), and keep a copy, ``pretrained-epoch<E>.pth.tar`` beside it, after each
+    epoch ``E`` of ``snapshot_epochs`` (counted from 1): encoders of graded strength from one run."""
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, snapshot_epochs: Sequence[int] = ()) -> None:
         self.path = Path(path) if path is not None else None
+        self.snapshot_epochs = frozenset(snapshot_epochs)
 
     def target(self, trainer: L.Trainer) -> Path:
         return self.path if self.path is not None else Path(trainer.default_root_dir) / PRETRAINED_FILENAME
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero and isinstance(pl_module, ContrastivePretrainer):
-            atomic_torch_save(pl_module.pretrained_checkpoint(), self.target(trainer))
+            checkpoint, target = pl_module.pretrained_checkpoint(), self.target(trainer)
+            atomic_torch_save(checkpoint, target)
+            if trainer.current_epoch + 1 in self.snapshot_epochs:
+                atomic_torch_save(checkpoint, snapshot_path(target, trainer.current_epoch + 1))
 
 
-def pretrain_callbacks(run_dir: str | Path | None = None) -> list[Callback]:
-    """``checkpoints/last.ckpt`` (every epoch, to resume), the exported encoder, ``metrics.csv``/``results.json``/
+def snapshot_path(pretrained: Path, epoch: int) -> Path:
+    """Where :class:`ExportPretrained` keeps the encoder after ``epoch``: ``pretrained-epoch<epoch>.pth.tar`` beside
+    ``pretrained``."""
+    stem, dot, suffixes = pretrained.name.partition(".")
+    return pretrained.with_name(f"{stem}-epoch{epoch}{dot}{suffixes}")
+
+
+def check_snapshot_epochs(snapshot_epochs: Sequence[int], max_epochs: int | None) -> None:
+    """Refuse snapshot epochs the run will never end: below 1 or beyond ``max_epochs`` (one ``ValueError``)."""
+    bad = [e for e in snapshot_epochs if e < 1 or (max_epochs is not None and max_epochs >= 0 and e > max_epochs)]
+    if bad:
+        limit = f"1 to --trainer.max_epochs ({max_epochs})" if max_epochs is not None and max_epochs >= 0 else ">= 1"
+        raise ValueError(
+            f"--snapshot_epochs {list(snapshot_epochs)}: {bad} never end in this run; give epoch counts from {limit}"
+        )
+
+
+def pretrain_callbacks(run_dir: str | Path | None = None, snapshot_epochs: Sequence[int] = ()) -> list[Callback]:
+    """``checkpoints/last.ckpt`` (every epoch, to resume), the exported encoder (and its ``snapshot_epochs`` copies,
+    :class:`ExportPretrained`), ``metrics.csv``/``results.json``/
     learning curve, the run's settings for its loggers, and a resumable stop on SIGTERM/SIGINT; ``run_dir`` None
     means the trainer's ``default_root_dir`` (``checkpoints/`` there while the trainer has no logger, else in the
     first logger's folder). (Lightning adds its rich progress bar unless ``enable_progress_bar=False``.)"""
@@ -352,7 +378,7 @@ def pretrain_callbacks(run_dir: str | Path | None = None) -> list[Callback]:
         ModelCheckpoint(
             dirpath=RunDir(root).checkpoints if root else None, filename="last", enable_version_counter=False
         ),
-        ExportPretrained(root / PRETRAINED_FILENAME if root else None),
+        ExportPretrained(root / PRETRAINED_FILENAME if root else None, snapshot_epochs),
         RunArtifacts(run_dir),
         LogRunSettings(),
         StopOnSignal(),

@@ -1,0 +1,215 @@
+"""Fine-tuning gain against the strength of the pre-trained checkpoint (issue 41, part 2; the paper's Table 3 and
+its Appendix E figure): one ``coretune bench`` spec whose columns (``datasets``) are checkpoints, each fine-tuned by
+CE-tuning and the methods compared with it.
+
+    .venv/bin/python benchmarks/strength_gain.py evaluate configs/bench/cifar10_cpu_strength.yaml
+    .venv/bin/python benchmarks/strength_gain.py plot configs/bench/cifar10_cpu_strength.yaml \\
+        configs/bench/cifar10_cpu_strength_1pct.yaml
+
+``evaluate`` scores every checkpoint of the spec (its ``--model.weights``; none: a random initialisation) frozen,
+with ``coretune eval knn`` and ``coretune eval linear`` on the spec's data at its image size, into
+``--eval_dir`` (``<checkpoint>-knn.json``, ``<checkpoint>-linear.json``; a file that exists is kept, so the command
+resumes). ``plot`` reads the specs' finished runs (run directories, or exported records copied back) and those
+files, and writes a table (``--markdown``) and a figure (``--figure``): per checkpoint and label fraction, each
+method's mean top-1 and its paired difference from CE-tuning (seed by seed), and Core-tuning's difference from
+``ce_mix`` (its contribution beyond the mixup), against the checkpoint's kNN top-1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from coretune.cli import main as coretune
+from coretune.sweeps import BenchSpec, collect_cells
+from coretune.sweeps.stats import Cell, compare
+
+EVAL_DIR = Path("docs/records/cifar10-cpu-strength-eval")
+PROTOCOLS = ("knn", "linear")
+
+
+def _option(args: list[str], name: str) -> str | None:
+    """The last ``--name=value`` of ``args`` (the one a fit would take), or None."""
+    values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
+    return values[-1] if values else None
+
+
+def checkpoints(spec: BenchSpec) -> dict[str, list[str]]:
+    """The ``coretune eval`` arguments of each column of ``spec``: backbone, weights (if any), data root, image size."""
+    found = {}
+    for name, dataset_args in spec.datasets.items():
+        args = [*spec.base_args, *dataset_args]
+        weights = _option(args, "model.weights")
+        found[name] = [
+            f"--backbone={_option(args, 'model.backbone') or 'resnet18'}",
+            *([f"--weights={weights}"] if weights not in (None, "null") else []),
+            f"--data.root={_option(args, 'data.root')}",
+            f"--data.image_size={_option(args, 'data.image_size') or 224}",
+            "--data.batch_size=256",
+        ]
+    return found
+
+
+def evaluate(spec: BenchSpec, eval_dir: Path) -> None:
+    """``coretune eval knn|linear`` of every checkpoint of ``spec`` not scored yet, into ``eval_dir``."""
+    for name, args in checkpoints(spec).items():
+        for protocol in PROTOCOLS:
+            out = eval_dir / f"{name}-{protocol}.json"
+            if out.is_file():
+                print(f"skip {name} {protocol}: {out} exists")
+                continue
+            coretune(["eval", protocol, *args, f"--output={out}"])
+
+
+def _top1(eval_dir: Path, name: str, protocol: str) -> float:
+    """The checkpoint's frozen-feature top-1 (%) under ``protocol`` (``evaluate``'s file), NaN if not scored."""
+    path = eval_dir / f"{name}-{protocol}.json"
+    return 100 * float(json.loads(path.read_text())["top1"]) if path.is_file() else math.nan
+
+
+@dataclass(frozen=True)
+class Gain:
+    """Paired (same-seed) differences of a method's top-1 from a reference method's: mean, sample std, pairs."""
+
+    mean: float
+    std: float
+    pairs: int
+
+    @classmethod
+    def of(cls, cell: Cell, reference: Cell) -> Gain:
+        paired = compare(cell, reference).paired
+        if not paired:
+            return cls(math.nan, math.nan, 0)
+        std = float(np.std(paired, ddof=1)) if len(paired) > 1 else math.nan
+        return cls(float(np.mean(paired)), std, len(paired))
+
+    def text(self) -> str:
+        if not self.pairs:
+            return "–"
+        return f"{self.mean:+.2f}" + ("" if math.isnan(self.std) else f" ± {self.std:.2f}") + f" (n={self.pairs})"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One method on one checkpoint at one label fraction."""
+
+    checkpoint: str
+    label_fraction: float
+    knn: float
+    linear: float
+    method: str
+    top1: float
+    baseline_top1: float
+    gain: Gain  # over the baseline (CE-tuning)
+    beyond_mix: Gain | None  # Core-tuning over ce_mix: its contribution beyond the mixup
+
+
+def gains(specs: list[BenchSpec], eval_dir: Path, baseline: str = "ce") -> list[Row]:
+    """One row per (spec column, label fraction, method other than ``baseline``) of the specs' finished runs."""
+    rows = []
+    for spec in specs:
+        cells, _ = collect_cells(spec)
+        names = [o.name for o in spec.objectives]
+        for name in spec.datasets:
+            for fraction in spec.label_fractions:
+                base = cells[(baseline, name, fraction)]
+                for method in (n for n in names if n != baseline):
+                    cell = cells[(method, name, fraction)]
+                    mix = cells[("ce_mix", name, fraction)] if method == "core" and "ce_mix" in names else None
+                    rows.append(Row(
+                        name, fraction, _top1(eval_dir, name, "knn"), _top1(eval_dir, name, "linear"), method,
+                        cell.mean, base.mean, Gain.of(cell, base), Gain.of(cell, mix) if mix is not None else None,
+                    ))  # fmt: skip
+    return rows
+
+
+def _number(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value:.2f}"
+
+
+def markdown(rows: list[Row], baseline: str = "ce") -> str:
+    """The table of :func:`gains`: per label fraction (most labels first), checkpoints from weakest (kNN) up."""
+    lines = [
+        f"| Labels | Checkpoint | kNN top-1 | linear top-1 | {baseline} top-1 | Method | top-1 | paired gain over "
+        f"{baseline} (pp) | Core − ce_mix (pp) |",
+        "|:-:|---|:-:|:-:|:-:|---|:-:|:-:|:-:|",
+    ]
+    for r in sorted(rows, key=lambda r: (-r.label_fraction, r.knn, r.checkpoint, r.method)):
+        lines.append(
+            f"| {100 * r.label_fraction:g}% | {r.checkpoint} | {_number(r.knn)} | {_number(r.linear)} | "
+            f"{_number(r.baseline_top1)} | {r.method} | {_number(r.top1)} | {r.gain.text()} | "
+            f"{r.beyond_mix.text() if r.beyond_mix is not None else ''} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def figure(rows: list[Row], path: Path, baseline: str = "ce") -> Path:
+    """Each method's paired gain over ``baseline`` (mean ± std over seeds) against the checkpoint's kNN top-1, one
+    line per (method, label fraction); Core-tuning's gain over ``ce_mix`` dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[tuple[str, float], list[tuple[float, Gain]]] = {}
+    for r in rows:
+        series.setdefault((f"{r.method} − {baseline}", r.label_fraction), []).append((r.knn, r.gain))
+        if r.beyond_mix is not None:
+            series.setdefault(("core − ce_mix", r.label_fraction), []).append((r.knn, r.beyond_mix))
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for (label, fraction), points in sorted(series.items()):
+        shown = sorted((x, g) for x, g in points if not math.isnan(x) and g.pairs)
+        if not shown:
+            continue
+        ax.errorbar(
+            [x for x, _ in shown],
+            [g.mean for _, g in shown],
+            yerr=[0 if math.isnan(g.std) else g.std for _, g in shown],
+            capsize=3,
+            marker="o" if fraction >= 0.1 else "s",
+            linestyle="--" if label.startswith("core − ce_mix") else "-",
+            label=f"{label}, {100 * fraction:g}% labels",
+        )
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_xlabel("checkpoint's kNN top-1 (%), frozen features")
+    ax.set_ylabel("paired gain in fine-tuned top-1 (pp)")
+    ax.set_title("Fine-tuning gain against pre-training strength (mean ± std over seeds)", fontsize=10)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    else:  # no checkpoint both scored (evaluate) and fine-tuned by two methods yet
+        ax.text(0.5, 0.5, "no scored checkpoint with finished runs yet", ha="center", transform=ax.transAxes)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["evaluate", "plot"])
+    parser.add_argument("specs", type=Path, nargs="+", help="coretune bench specs whose columns are checkpoints")
+    parser.add_argument("--eval_dir", type=Path, default=EVAL_DIR, help="the kNN / linear-probe results (JSON)")
+    parser.add_argument("--figure", type=Path, default=Path("docs/img/strength_gain.png"))
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file")
+    args = parser.parse_args(argv)
+    specs = [BenchSpec.from_yaml(s) for s in args.specs]
+    if args.command == "evaluate":
+        for spec in specs:
+            evaluate(spec, args.eval_dir)
+        return
+    rows = gains(specs, args.eval_dir)
+    table = markdown(rows)
+    print(table)
+    if args.markdown is not None:
+        args.markdown.write_text(table)
+    print(f"wrote {figure(rows, args.figure)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""benchmarks/strength_gain.py (issue 41, part 2): the frozen-feature scores of each checkpoint column of a bench
+spec, and each method's paired gain over CE-tuning against the checkpoint's kNN top-1."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+from sweep_helpers import data_root, fabricate
+
+from coretune.sweeps import BenchSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+# per (objective, checkpoint): test top-1 of seeds 0 1 2 (fractions); core − ce per seed on "strong": +2, +3, +4
+TOP1 = {
+    ("ce", "weak"): [0.50, 0.52, 0.54],
+    ("ce_mix", "weak"): [0.49, 0.52, 0.56],
+    ("core", "weak"): [0.50, 0.51, None],  # seed 2 unfinished: 2 pairs
+    ("ce", "strong"): [0.80, 0.80, 0.80],
+    ("ce_mix", "strong"): [0.81, 0.82, 0.83],
+    ("core", "strong"): [0.82, 0.83, 0.84],
+}
+
+
+@pytest.fixture
+def strength() -> ModuleType:
+    module_spec = importlib.util.spec_from_file_location("strength_gain", ROOT / "benchmarks" / "strength_gain.py")
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules["strength_gain"] = module  # its dataclasses resolve their annotations through it
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _spec(tmp_path: Path) -> BenchSpec:
+    path = tmp_path / "strength.yaml"
+    path.write_text(yaml.safe_dump({
+        "output": str(tmp_path / "out"),
+        "base_args": [f"--data.root={data_root(tmp_path)}", "--data.image_size=32", "--model.weights=base.pth"],
+        "datasets": {"weak": ["--model.weights=null"], "strong": ["--model.weights=strong.pth"]},
+        "objectives": ["ce", "ce_mix", "core"], "label_fractions": [0.1], "seeds": [0, 1, 2],
+    }, sort_keys=False))  # fmt: skip
+    return BenchSpec.from_yaml(path)
+
+
+def test_evaluate_scores_each_checkpoint_once_with_its_weights_or_none(
+    strength: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(strength, "coretune", calls.append)
+    spec, out = _spec(tmp_path), tmp_path / "eval"
+    strength.evaluate(spec, out)
+    data = [f"--data.root={tmp_path / 'data'}", "--data.image_size=32", "--data.batch_size=256"]
+    assert calls == [
+        ["eval", "knn", "--backbone=resnet18", *data, f"--output={out / 'weak-knn.json'}"],  # null: random init
+        ["eval", "linear", "--backbone=resnet18", *data, f"--output={out / 'weak-linear.json'}"],
+        ["eval", "knn", "--backbone=resnet18", "--weights=strong.pth", *data, f"--output={out / 'strong-knn.json'}"],
+        ["eval", "linear", "--backbone=resnet18", "--weights=strong.pth", *data,
+         f"--output={out / 'strong-linear.json'}"],
+    ]  # fmt: skip
+    out.mkdir()
+    for name in ("weak-knn", "weak-linear", "strong-knn"):
+        (out / f"{name}.json").write_text("{}")
+    calls.clear()
+    strength.evaluate(spec, out)  # resumes: only the missing file
+    assert [c[1] for c in calls] == ["linear"] and calls[0][-1] == f"--output={out / 'strong-linear.json'}"
+
+
+def test_gains_are_paired_by_seed_and_core_is_also_compared_with_ce_mix(strength: ModuleType, tmp_path: Path) -> None:
+    spec, out = _spec(tmp_path), tmp_path / "eval"
+    fabricate(spec, {(o, d, 0.1): v for (o, d), v in TOP1.items()})
+    out.mkdir()
+    for name, knn in (("weak", 0.2), ("strong", 0.6)):
+        (out / f"{name}-knn.json").write_text(json.dumps({"top1": knn}))
+    (out / "strong-linear.json").write_text(json.dumps({"top1": 0.7}))
+    rows = {(r.checkpoint, r.method): r for r in strength.gains([spec], out)}
+    strong = rows[("strong", "core")]
+    assert (strong.knn, strong.linear, strong.top1, strong.baseline_top1) == pytest.approx((60, 70, 83, 80))
+    assert (strong.gain.mean, strong.gain.std, strong.gain.pairs) == pytest.approx((3.0, 1.0, 3))
+    assert (strong.beyond_mix.mean, strong.beyond_mix.pairs) == pytest.approx((1.0, 3))
+    assert strong.beyond_mix.std == pytest.approx(0.0, abs=1e-9)
+    weak = rows[("weak", "core")]  # seeds 0 and 1 only: 0 and −1 pp
+    assert (weak.gain.mean, weak.gain.pairs) == pytest.approx((-0.5, 2)) and math.isnan(weak.linear)
+    assert rows[("weak", "ce_mix")].beyond_mix is None
+    table = strength.markdown(list(rows.values()))
+    lines = table.splitlines()
+    assert lines[2].startswith("| 10% | weak | 20.00 | – | 52.00 | ce_mix |")  # weakest (kNN) first
+    assert "| 10% | strong | 60.00 | 70.00 | 80.00 | core | 83.00 | +3.00 ± 1.00 (n=3) | +1.00 ± 0.00 (n=3) |" in lines
+    png = strength.figure(list(rows.values()), tmp_path / "img" / "gain.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_command_writes_the_table_and_the_figure(strength: ModuleType, tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    fabricate(spec, {(o, d, 0.1): v for (o, d), v in TOP1.items()})
+    table, png = tmp_path / "table.md", tmp_path / "gain.png"
+    strength.main(["plot", str(tmp_path / "strength.yaml"), f"--eval_dir={tmp_path / 'none'}", f"--figure={png}",
+                   f"--markdown={table}"])  # fmt: skip
+    assert png.is_file() and "| 10% | strong | – | – | 80.00 | core | 83.00 | +3.00 ± 1.00 (n=3) |" in table.read_text()

@@ -162,3 +162,27 @@ def test_a_runs_config_given_back_with_another_objective(tmp_path: Path, capsys:
     assert printed_objective([*again, "--objective", "bss"], capsys) == recorded  # the same objective: a re-run
     core = printed_objective([*again, "--objective", "core"], capsys)["init_args"]
     assert (core["eta"], core["alpha"]) == (0.1, 1.0)  # Core-tuning's own, not BSS's eta
+
+
+def test_another_preset_of_the_same_class_drops_the_settings_the_first_preset_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a ce_mix run's config.yaml (eta 0, manifold mixup) given back with --objective core trained CE + mixup under
+    # Core-tuning's name; a preset's own settings are reset to the class defaults, the user's tuned values stay
+    config = tmp_path / "ce_mix.yaml"
+    config.write_text(yaml.safe_dump({"objective": {"class_path": "coretune.objectives.core.CoreTuning", "init_args": {
+        "eta": 0.0, "mixing": "manifold", "alpha": 10.0, "temperature": 0.2}}}))  # fmt: skip
+    core = printed_objective(["--config", str(config), "--objective", "core"], capsys)["init_args"]
+    assert (core["eta"], core["mixing"], core["focal"], core["alpha"], core["temperature"]) == (
+        0.1, "hard", True, 10.0, 0.2
+    )  # fmt: skip
+    ce_con = printed_objective(["--config", str(config), "--objective", "ce_con"], capsys)["init_args"]
+    assert (ce_con["eta"], ce_con["mixing"], ce_con["focal"], ce_con["alpha"]) == (0.1, "none", False, 10.0)
+    assert printed_objective(["--config", str(config), "--objective", "ce_mix"], capsys)["init_args"]["eta"] == 0.0
+    # on the command line too, and --objective.X after the second preset still wins
+    core = printed_objective(["--objective", "ce_con", "--objective", "core"], capsys)["init_args"]
+    assert (core["focal"], core["mixing"]) == (True, "hard")
+    args = ["--objective", "ce_mix", "--objective", "core", "--objective.eta=0"]
+    assert printed_objective(args, capsys)["init_args"]["eta"] == 0.0
+    tuned = ["--config", str(config), "--objective.eta=0.5", "--objective", "core"]  # 0.5: no preset's value
+    assert printed_objective(tuned, capsys)["init_args"]["eta"] == 0.5

@@ -50,13 +50,37 @@ def _registered_class(name: str) -> type[objectives.Objective] | None:
     return found if found in classes else None
 
 
-def _objective_class_path(name: str, current: str | None = None) -> tuple[str, list[str]]:
+def _sibling_relics(cls: type, preset: dict[str, Any], current_args: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings another preset of ``cls`` left in ``current_args`` (a config's or an earlier ``--objective``'s
+    ``init_args``) that the preset ``preset`` of the same class does not set, with the class defaults that replace
+    them: ``ce_mix``'s ``eta: 0.0`` and ``mixing: manifold`` when ``--objective core`` follows a ``ce_mix`` run's
+    config. A value no sibling preset sets (a tuned ``eta: 0.5``) is the user's and stays."""
+    defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
+    sibling_values: dict[str, list[Any]] = {}
+    for other in objectives.available():
+        other_cls, other_preset = objectives.get(other)
+        if other_cls is cls:
+            for key, value in other_preset.items():
+                sibling_values.setdefault(key, []).append(value)
+    return {
+        key: defaults[key]
+        for key, values in sibling_values.items()
+        if key not in preset and key in current_args and key in defaults
+        and current_args[key] in values and current_args[key] != defaults[key]
+    }  # fmt: skip
+
+
+def _objective_class_path(
+    name: str, current: str | None = None, current_args: Mapping[str, Any] | None = None
+) -> tuple[str, list[str]]:
     """Class path of a registered objective name (class paths pass through) and the ``--objective`` arguments that
     set it and its preset.
 
     When it names another class than ``current`` (the objective a ``--config`` or an earlier ``--objective`` set),
     every hyper-parameter is its new class's default or preset: jsonargparse would keep the ``init_args`` the new
-    class also accepts (Core-tuning's ``eta: 0.1`` as BSS's ``eta``, 100 x its 0.001)."""
+    class also accepts (Core-tuning's ``eta: 0.1`` as BSS's ``eta``, 100 x its 0.001). When it names another preset
+    of the same class, the settings the earlier preset set in ``current_args`` are reset too
+    (:func:`_sibling_relics`); the other settings (a config's tuned η) stay."""
     preset: dict[str, Any] = {}
     if name in objectives.available():
         cls, preset = objectives.get(name)
@@ -70,35 +94,47 @@ def _objective_class_path(name: str, current: str | None = None) -> tuple[str, l
         init_args = {k: list(v) if isinstance(v, tuple) else v for k, v in {**defaults, **preset}.items()}
         return class_path, [f"--objective={json.dumps({'class_path': class_path, 'init_args': init_args})}"]
     given = class_path if name in objectives.available() else name  # a class (path) jsonargparse resolves itself
-    return class_path, [f"--objective={given}", *(f"--objective.{k}={_cli_value(v)}" for k, v in preset.items())]
+    settings = {**_sibling_relics(cls, preset, current_args or {}), **preset} if current is not None else preset
+    return class_path, [f"--objective={given}", *(f"--objective.{k}={_cli_value(v)}" for k, v in settings.items())]
+
+
+def _settings_of(objective_args: list[str]) -> dict[str, Any]:
+    """The hyper-parameters the ``--objective`` arguments of :func:`_objective_class_path` set, typed."""
+    first, rest = objective_args[0].partition("=")[2], objective_args[1:]
+    init_args = json.loads(first).get("init_args", {}) if first.startswith("{") else {}
+    given = (a.partition("=") for a in rest)
+    return {**init_args, **{key[len("--objective.") :]: yaml.safe_load(value) for key, _, value in given}}
 
 
 def _cli_value(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _translate_config(path: str) -> tuple[str, str | None]:
+def _translate_config(path: str) -> tuple[str, str | None, dict[str, Any]]:
     """A ``--config`` value whose ``objective`` names a registered objective (``objective: core`` or
     ``objective: {class_path: ce_con, init_args: {...}}``), rewritten as the YAML text of the same config with the
     class path and the preset's settings (the file's own ``init_args`` win), and so is one whose ``trainer.logger``
     is a short name (:func:`~coretune.engine.loggers.expand_config_loggers`); other configs pass through. Also
-    returns the class path of the objective it sets (None: it sets none, or is not a readable file)."""
+    returns the class path of the objective it sets (None: it sets none, or is not a readable file) and its
+    ``init_args``."""
     file = Path(path)
     if not file.is_file():
-        return path, None
+        return path, None, {}
     config = yaml.safe_load(file.read_text())
     logged = expand_config_loggers(config, path)
     spec = config.get("objective") if isinstance(config, dict) else None
     name = spec if isinstance(spec, str) else spec.get("class_path") if isinstance(spec, dict) else None
     text = yaml.safe_dump(config, sort_keys=False) if logged else path
     if not isinstance(name, str):
-        return text, None
+        return text, None, {}
+    own = (spec.get("init_args") or {}) if isinstance(spec, dict) else {}
+    own = own if isinstance(own, dict) else {}
     if name not in objectives.available():
-        return text, _class_path(cls) if (cls := _registered_class(name)) else name
+        return text, _class_path(cls) if (cls := _registered_class(name)) else name, own
     cls, preset = objectives.get(name)
-    init_args = {**preset, **(spec.get("init_args") or {} if isinstance(spec, dict) else {})}
+    init_args = {**preset, **own}
     config["objective"] = {"class_path": _class_path(cls), "init_args": init_args}
-    return yaml.safe_dump(config, sort_keys=False), _class_path(cls)
+    return yaml.safe_dump(config, sort_keys=False), _class_path(cls), init_args
 
 
 def task_of_args(args: Sequence[str]) -> str:
@@ -134,16 +170,23 @@ def translate_args(args: list[str]) -> list[str]:
     (:func:`~coretune.engine.loggers.logger_args`; also ``trainer: {logger: NAME}`` inside ``--config`` files)."""
     out: list[str] = []
     objective: str | None = None  # the class path of the objective set so far (a config's, an --objective's)
+    settings: dict[str, Any] = {}  # its init_args known so far
     it = iter(args)
     for arg in it:
         key, eq, value = arg.partition("=")
         if key in ("--config", "-c"):
-            config, config_objective = _translate_config(value if eq else next(it, ""))
+            config, config_objective, config_settings = _translate_config(value if eq else next(it, ""))
             out.append(f"--config={config}")
-            objective = config_objective or objective
+            if config_objective is not None:
+                objective, settings = config_objective, config_settings
         elif key == "--objective":
-            objective, objective_args = _objective_class_path(value if eq else next(it, ""), objective)
+            previous = objective
+            objective, objective_args = _objective_class_path(value if eq else next(it, ""), objective, settings)
             out.extend(objective_args)
+            settings = {**(settings if objective == previous else {}), **_settings_of(objective_args)}
+        elif key.startswith("--objective.") and key != "--objective.help" and eq:
+            settings[key[len("--objective.") :]] = yaml.safe_load(value)
+            out.append(arg)
         elif key == "--objective.help":
             out.append(f"{key}={_objective_class_path(value if eq else next(it, ''))[0]}")
         elif key == "--seed":

@@ -64,6 +64,21 @@ def fit_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
 def test_missing_root(tmp_path: Path) -> None:
     root = tmp_path / "nowhere"
     assert error(fit_args(root, tmp_path / "run")) == f"data root {root} does not exist: pass an existing folder"
+    assert not (tmp_path / "run").exists()  # the run directory it created is gone: nothing was trained
+
+
+def test_a_run_that_fails_before_training_leaves_no_run_behind_but_keeps_a_folder_it_did_not_make(
+    tree: Path, tmp_path: Path
+) -> None:
+    root = copy_tree(tree, tmp_path)
+    for image in (root / "train" / "eel").iterdir():
+        image.unlink()
+    error(fit_args(root, tmp_path / "run", "--trainer.logger=csv"))  # the logger's folder is made, then setup fails
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    error(fit_args(root, tmp_path / "mine"))
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
 
 
 def test_empty_class_folder(tree: Path, tmp_path: Path) -> None:
@@ -217,6 +232,7 @@ def test_diverging_loss_names_epoch_and_step(tree: Path, tmp_path: Path) -> None
     message = error(fit_args(tree, tmp_path / "run", "--model.lr=1e30", "--trainer.precision=32-true"))
     assert re.match(r"the training loss is (nan|inf) at epoch 0, step 1 \(batch 1; ce=", message), message
     assert message.endswith("lower the learning rate (--model.lr), or train in float32 (--trainer.precision 32-true).")
+    assert (tmp_path / "run" / "config.yaml").is_file()  # it trained a step: its run directory stays
 
 
 @pytest.mark.parametrize(

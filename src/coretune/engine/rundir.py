@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import shutil
 import time
 import warnings
 from argparse import RawDescriptionHelpFormatter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -239,6 +240,22 @@ class _KeepLinesHelpFormatter(RawDescriptionHelpFormatter, DefaultHelpFormatter)
     """jsonargparse's help, keeping the line breaks of descriptions and the epilog (one alias a line)."""
 
 
+class _RemoveIfUntrained:
+    """An exit handler for a run directory this process created: when the run fails before its first optimiser
+    step (``steps()`` is 0; no checkpoint or ``metrics.csv``), remove the directory and what it holds (the claim,
+    ``config.yaml``, a logger's empty run such as MLflow's), so that a mistyped data root leaves no empty run
+    behind. A run that trained at all keeps everything."""
+
+    def __init__(self, run_dir: str | Path, steps: Callable[[], int]) -> None:
+        self.run, self.steps = RunDir(Path(run_dir)), steps
+
+    def __call__(self, exc_type: type[BaseException] | None, *_: Any) -> bool:
+        trained = self.steps() > 0 or self.run.metrics.is_file() or any(self.run.checkpoints.glob("*.ckpt"))
+        if exc_type is not None and self.run.path.is_dir() and not trained:
+            shutil.rmtree(self.run.path, ignore_errors=True)
+        return False  # the error goes on
+
+
 class RunDirCLI(LightningCLI):
     """A LightningCLI whose run writes into ``--run_dir`` (added by the subclass), held while it runs.
 
@@ -298,6 +315,9 @@ class RunDirCLI(LightningCLI):
         resolve_run_dir(config, default_name)
         found = found and config.get("ckpt_path") is not None
         if is_launching_process():
+            if not Path(config["run_dir"]).exists():
+                steps = lambda: int(getattr(getattr(self, "trainer", None), "global_step", 0))  # noqa: E731
+                self._hold.push(_RemoveIfUntrained(config["run_dir"], steps))  # runs after the claim's release
             self._hold.enter_context(fit_claim(config["run_dir"]))
         changes = check_resume(config, yaml.safe_load(self._parser(self.subcommand).dump(config, skip_unset=False)))
         if found or changes:

@@ -109,7 +109,10 @@ def test_metric_val_tabulates_the_final_epoch_on_the_validation_split(image_tree
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--trainer.max_epochs=2"], r"run tiny/ce/frac1/seed0 has none .* add --data.val_fraction=0.2"),
+        (
+            ["--trainer.max_epochs=2"],
+            r"run tiny/ce/frac1/seed0 validates on its test split .* add --data.val_fraction=0.2",
+        ),
         (
             ["--data.val_fraction=0.5", "--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=2"],
             r"trains 3 epochs and validates every 2: make --trainer.max_epochs a multiple",
@@ -117,9 +120,12 @@ def test_metric_val_tabulates_the_final_epoch_on_the_validation_split(image_tree
     ],
 )
 def test_metric_val_refuses_a_spec_before_any_run_starts(
-    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str
 ) -> None:
     """The resolved fit configuration is checked up front: no hour-long run is wasted on an unusable spec."""
+    from image_trees import make_image_tree
+
+    image_tree = make_image_tree(tmp_path / "tree")  # train/ and val/: validation is the test split
     launched: list[object] = []
     monkeypatch.setattr("coretune.sweeps.launch.launch_fit", lambda *a, **k: launched.append(a) or 0)
     spec = spec_of(

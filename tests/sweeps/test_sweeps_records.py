@@ -30,10 +30,36 @@ def test_metric_val_refuses_runs_that_validated_on_the_test_split(tmp_path: Path
 def test_domain_generalization_runs_hold_out_with_their_own_option() -> None:
     dg = {"model": {"task": "domain_generalization"}, "data": {"holdout_fraction": 0.2}}
     check_val_split(dg, "run a")  # DomainBed's training-domain holdout is the validation split
-    with pytest.raises(BenchSpecError, match=r"run b has none \(data.holdout_fraction is not > 0.*--data.holdout_"):
+    message = r"run b validates on its test split \(data.holdout_fraction is not > 0.*--data.holdout_"
+    with pytest.raises(BenchSpecError, match=message):
         check_val_split({**dg, "data": {"holdout_fraction": 0.0, "val_fraction": 0.2}}, "run b")
     with pytest.raises(BenchSpecError, match=r"\(data.val_fraction is not > 0.* add --data.val_fraction=0.2"):
         check_val_split({"model": {"task": "segmentation"}, "data": {"holdout_fraction": 0.2}}, "run c")
+
+
+def test_data_with_a_validation_split_of_its_own_needs_no_holdout(tmp_path: Path, voc_set: Path) -> None:
+    """CamVid's val.txt beside test.txt, an image folder's val/ beside test/: validation is not the test split."""
+    import shutil
+
+    from image_trees import make_image_tree
+
+    lists = voc_set / "ImageSets" / "Segmentation"
+    seg = {"model": {"task": "segmentation"}, "data": {"root": str(voc_set), "val_fraction": 0.0}}
+    with pytest.raises(BenchSpecError, match=r"run a validates on its test split"):
+        check_val_split(seg, "run a")  # val.txt only: it is also the test split
+    shutil.copy(lists / "val.txt", lists / "test.txt")
+    check_val_split(seg, "run a")
+    tree = make_image_tree(tmp_path / "tree", per_class=2, val_per_class=1, size=8)
+    folders = {"data": {"root": str(tree), "val_fraction": 0.0}}
+    with pytest.raises(BenchSpecError, match=r"run b validates on its test split"):
+        check_val_split(folders, "run b")  # train/ and val/ only
+    shutil.copytree(tree / "val", tree / "test")
+    check_val_split(folders, "run b")
+    # a finished run's results say what it validated on, whatever the data on this machine
+    gone = {"data": {"root": str(tmp_path / "elsewhere"), "val_fraction": 0.0}}
+    check_val_split(gone, "run c", {"validated_on_test_images": False})
+    with pytest.raises(BenchSpecError, match=r"run d validates on its test split"):
+        check_val_split(folders, "run d", {"validated_on_test_images": True})
 
 
 def test_final_val_top1_is_the_last_validated_epoch(tmp_path: Path) -> None:

@@ -188,6 +188,16 @@ class ImageClassificationData(L.LightningDataModule):
         self._check_cifar_options()
         check_cifar_root(self.root, self.dataset)
 
+    def separate_validation(self) -> bool:
+        """Whether validation reads other images than the test split, reading no image: ``val_fraction`` > 0, or
+        both a validation and a test folder (not the same one). CIFAR has only a test split."""
+        if self.val_fraction > 0:
+            return True
+        if self.dataset != "imagefolder":
+            return False
+        _, val_dir, test_dir = self._folders()
+        return val_dir is not None and test_dir is not None and os.path.realpath(val_dir) != os.path.realpath(test_dir)
+
     def _check_cifar_options(self) -> None:
         if self.root is None:
             raise DataError(f"dataset={self.dataset} needs --data.root: the folder holding its python files")

@@ -383,6 +383,11 @@ class DomainGeneralizationData(L.LightningDataModule):
         if unknown := [d for d in self.test_domains if d not in names]:
             raise DataError(f"unknown test domain(s) {unknown}: the domains under the data root are {names}")
 
+    def separate_validation(self) -> bool:
+        """Whether validation reads other images than the test split: the training domains' held-out parts
+        (``holdout_fraction`` > 0); the unseen domains are never validated on."""
+        return self.holdout_fraction > 0
+
     # -- what the data is -----------------------------------------------------------------------------------
     @property
     def domain_names(self) -> list[str]:

@@ -540,6 +540,11 @@ class SegmentationData(L.LightningDataModule):
         :meth:`ImageClassificationData.check_folders <coretune.data.ImageClassificationData.check_folders>`)."""
         self._check_layout()
 
+    def separate_validation(self) -> bool:
+        """Whether validation reads other images than the test split, reading no image: ``val_fraction`` > 0, or
+        both ``val.txt`` and ``test.txt`` listed."""
+        return self.val_fraction > 0 or self._check_layout()[1] == ["val", "test"]
+
     def _check_layout(self) -> tuple[str, list[str]]:
         """``(root, evaluation splits listed: "val" and/or "test")``; :class:`DataError` names what is missing."""
         if self.root is None:

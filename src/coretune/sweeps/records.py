@@ -132,10 +132,10 @@ def format_duration(seconds: float) -> str:
 
 def run_top1(run_dir: str | Path, metric: Metric = "test") -> float:
     """The score (%) of a finished run (:func:`run_score_name`: top-1 for classification, MIoU for segmentation):
-    its test result, or (``"val"``) its final epoch's ``val/<score>``, which must come from a validation split
-    carved from the training set (``data.val_fraction`` > 0 in the run's config.yaml)."""
+    its test result, or (``"val"``) its final epoch's ``val/<score>``, which must come from a validation split other
+    than the test split (:func:`~coretune.sweeps.spec.check_val_split`)."""
     run = RunDir(run_dir)
     if metric == "test":
         return 100 * float(run.read_results()["test"][run_score_name(run_dir)])
-    check_val_split(run.read_config(), f"{run.path} ({run.config})")
+    check_val_split(run.read_config(), f"{run.path} ({run.config})", run.read_results())
     return 100 * final_val_top1(run.metrics)

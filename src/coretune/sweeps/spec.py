@@ -105,19 +105,32 @@ class BenchSpecError(ValueError):
     """A bench spec (YAML) with a missing, unknown or invalid entry."""
 
 
-def check_val_split(config: dict[str, Any], run: str) -> None:
-    """Refuse (``metric: val``) a run whose resolved fit ``config`` has no validation split carved from the training
-    set (its task's holdout option > 0: ``data.val_fraction``, ``data.holdout_fraction`` for domain generalization):
-    without one it validates on the test split."""
+def check_val_split(config: dict[str, Any], run: str, results: dict[str, Any] | None = None) -> None:
+    """Refuse (``metric: val``) a run that validates on its test split: a finished run's ``results`` say so
+    (``validated_on_test_images``); before it runs, its resolved fit ``config`` must hold out part of the training
+    set (the task's holdout option > 0: ``data.val_fraction``, ``data.holdout_fraction`` for domain
+    generalization) or name data with a validation split of its own (``val/`` beside ``test/``, ``val.txt`` beside
+    ``test.txt``; the data module's ``separate_validation``, reading no image)."""
     from ..tasks import DEFAULT_TASK, TASKS
 
     task = TASKS.get((config.get("model") or {}).get("task") or DEFAULT_TASK, TASKS[DEFAULT_TASK])
     option = task.validation_holdout
-    if not float((config.get("data") or {}).get(option) or 0) > 0:
+    data = config.get("data") or {}
+    if results is not None and results.get("validated_on_test_images") is not None:
+        separate = not results["validated_on_test_images"]
+    elif float(data.get(option) or 0) > 0:
+        return
+    else:
+        try:
+            separate = bool(data) and task.data_class(**data).separate_validation()
+        except (ValueError, OSError, TypeError):  # data not here (records of another machine) or not readable
+            separate = False
+    if not separate:
         raise BenchSpecError(
-            f"metric 'val' needs a validation split carved from the training set, but {run} has none "
-            f"(data.{option} is not > 0, so it validates on the test split): add --data.{option}=0.2 to the "
-            "spec's base_args (with a new output folder if runs finished without it), or use metric 'test'"
+            f"metric 'val' needs a validation split other than the test split, but {run} validates on its test "
+            f"split (data.{option} is not > 0 and the data has no validation split of its own): add "
+            f"--data.{option}=0.2 to the spec's base_args (with a new output folder if runs finished without it), or "
+            "use metric 'test'"
         )
 
 

@@ -70,7 +70,7 @@ def predict_folder(
                 f"--image_size {image_size}: a segmentation model predicts each image at its own size (its mask has "
                 "the image's size); drop --image_size"
             )
-        return predict_masks(model, ckpt_path, folder, output, num_workers, on_bad_image, overlay)
+        return predict_masks(model, ckpt_path, folder, output, num_workers, on_bad_image, overlay, batch_size)
     if overlay:
         raise ValueError("--overlay true is for segmentation checkpoints (it draws masks over images): drop it")
     data = model.trained_data
@@ -107,6 +107,22 @@ def _finite_logits(
     return logits
 
 
+def same_size_batches(paths: Sequence[str], batch_size: int) -> list[list[int]]:
+    """Batches of the indices of ``paths``, each of images of one width and height (read from the file headers,
+    in order of first appearance), at most ``batch_size`` long: a segmentation model predicts each image at its
+    own size, and images of one size can share a forward pass. A file whose header cannot be read is a batch of
+    its own (reading it then raises the usual error, or it was left out by ``on_bad_image="skip"``)."""
+    groups: dict[object, list[int]] = {}
+    for i, path in enumerate(paths):
+        try:
+            with Image.open(path) as img:
+                key: object = img.size
+        except Exception:  # any unreadable header: the dataset names the problem when it decodes it
+            key = ("unreadable", i)
+        groups.setdefault(key, []).append(i)
+    return [group[i : i + batch_size] for group in groups.values() for i in range(0, len(group), batch_size)]
+
+
 def predict_masks(
     model: FineTuner,
     ckpt_path: str | Path,
@@ -115,8 +131,10 @@ def predict_masks(
     num_workers: int = 0,
     on_bad_image: OnBadImage = "error",
     overlay: bool = False,
+    batch_size: int = 64,
 ) -> Path:
-    """Segment every image under ``folder`` at its own size: ``output/<its path under folder>.png``, a palette
+    """Segment every image under ``folder`` at its own size, up to ``batch_size`` images of one size at a time
+    (:func:`same_size_batches`): ``output/<its path under folder>.png``, a palette
     mask of class indices (:func:`~coretune.tasks.segmentation.save_palette_mask`; ``read_mask`` reads the
     indices back), and with ``overlay`` ``<…>_overlay.png``, the image with the mask's colours blended in (50 %).
     The files are written into a temporary folder beside ``output`` and moved into it once every image is done:
@@ -125,24 +143,25 @@ def predict_masks(
     mean, std = tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD))
     transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
     dataset = ImageFileDataset(str(folder), transform, on_bad_image=on_bad_image)
-    loader = DataLoader(dataset, batch_size=1, num_workers=num_workers)  # each image at its own size
+    loader = DataLoader(dataset, batch_sampler=same_size_batches(dataset.paths, batch_size), num_workers=num_workers)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         written: list[Path] = []
         with torch.inference_mode():
             for images, indices in loader:
-                mask = _finite_logits(model, images, ckpt_path, dataset.paths, indices)[0].argmax(0).numpy()
-                name = Path(os.path.relpath(dataset.paths[int(indices[0])], folder)).with_suffix("")
-                (staging / name).parent.mkdir(parents=True, exist_ok=True)
-                save_palette_mask(mask, staging / f"{name}.png")
-                written.append(Path(f"{name}.png"))
-                if overlay:
-                    rgb = images[0] * torch.tensor(std).view(3, 1, 1) + torch.tensor(mean).view(3, 1, 1)
-                    rgb = (rgb.clamp(0, 1).permute(1, 2, 0).numpy() * 255).astype(np.float32)
-                    blend = (0.5 * rgb + 0.5 * colorize(mask)).round().astype(np.uint8)
-                    Image.fromarray(blend).save(staging / f"{name}_overlay.png")
-                    written.append(Path(f"{name}_overlay.png"))
+                masks = _finite_logits(model, images, ckpt_path, dataset.paths, indices).argmax(1).numpy()
+                for image, index, mask in zip(images, indices.tolist(), masks, strict=True):
+                    name = Path(os.path.relpath(dataset.paths[index], folder)).with_suffix("")
+                    (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                    save_palette_mask(mask, staging / f"{name}.png")
+                    written.append(Path(f"{name}.png"))
+                    if overlay:
+                        rgb = image * torch.tensor(std).view(3, 1, 1) + torch.tensor(mean).view(3, 1, 1)
+                        rgb = (rgb.clamp(0, 1).permute(1, 2, 0).numpy() * 255).astype(np.float32)
+                        blend = (0.5 * rgb + 0.5 * colorize(mask)).round().astype(np.uint8)
+                        Image.fromarray(blend).save(staging / f"{name}_overlay.png")
+                        written.append(Path(f"{name}_overlay.png"))
         for relative in written:
             (output / relative).parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging / relative, output / relative)

@@ -85,10 +85,13 @@ def test_test_predict_and_export_follow_the_checkpoint(trained: tuple[Path, Path
     (images / "sub").mkdir(parents=True)
     for name in ("val_000.jpg", "val_001.jpg"):
         (images / "sub" / name).write_bytes((root / "JPEGImages" / name).read_bytes())
-    main(["predict", f"--ckpt_path={ckpt}", f"--input={images}", f"--output={tmp_path / 'masks'}", "--overlay=true"])
+    Image.open(root / "JPEGImages" / "val_002.jpg").resize((40, 32)).save(images / "small.png")  # another size
+    main(["predict", f"--ckpt_path={ckpt}", f"--input={images}", f"--output={tmp_path / 'masks'}", "--overlay=true",
+          "--batch_size=2"])  # fmt: skip
     model = FineTuner.from_checkpoint(ckpt).eval()
     mask = read_mask(str(tmp_path / "masks" / "sub" / "val_000.png"))
     assert mask.shape == (48, 64) and (tmp_path / "masks" / "sub" / "val_001_overlay.png").is_file()
+    assert read_mask(str(tmp_path / "masks" / "small.png")).shape == (32, 40)  # its own batch, its own size
     with torch.inference_mode():
         x = torch.from_numpy(np.array(Image.open(images / "sub" / "val_000.jpg"))).float()
         mean, std = torch.tensor(model.trained_data["mean"]), torch.tensor(model.trained_data["std"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -161,7 +162,9 @@ def export_checkpoint(
         written.append(output / EXPORT_FORMATS["pt2"])
         torch.export.save(program, written[-1])
     if "torchscript" in formats:
-        with torch.no_grad():  # the trace records the sizes it reads, so the interpolation follows the input's
+        with torch.no_grad(), warnings.catch_warnings():  # the format asked for: not torch's deprecation notice
+            warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
+            # the trace records the sizes it reads, so the interpolation follows the input's
             scripted = torch.jit.trace(net, torch.zeros(1, 3, size, size))
         written.append(output / EXPORT_FORMATS["torchscript"])
         scripted.save(str(written[-1]))

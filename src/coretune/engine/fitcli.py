@@ -50,12 +50,17 @@ def _registered_class(name: str) -> type[objectives.Objective] | None:
     return found if found in classes else None
 
 
+def _defaults(cls: type) -> dict[str, Any]:
+    """The constructor arguments of ``cls`` that have a default, with it."""
+    return {k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
+
+
 def _sibling_relics(cls: type, preset: dict[str, Any], current_args: Mapping[str, Any]) -> dict[str, Any]:
     """The settings another preset of ``cls`` left in ``current_args`` (a config's or an earlier ``--objective``'s
     ``init_args``) that the preset ``preset`` of the same class does not set, with the class defaults that replace
     them: ``ce_mix``'s ``eta: 0.0`` and ``mixing: manifold`` when ``--objective core`` follows a ``ce_mix`` run's
     config. A value no sibling preset sets (a tuned ``eta: 0.5``) is the user's and stays."""
-    defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
+    defaults = _defaults(cls)
     sibling_values: dict[str, list[Any]] = {}
     for other in objectives.available():
         other_cls, other_preset = objectives.get(other)
@@ -72,9 +77,9 @@ def _sibling_relics(cls: type, preset: dict[str, Any], current_args: Mapping[str
 
 def _objective_class_path(
     name: str, current: str | None = None, current_args: Mapping[str, Any] | None = None
-) -> tuple[str, list[str]]:
-    """Class path of a registered objective name (class paths pass through) and the ``--objective`` arguments that
-    set it and its preset.
+) -> tuple[str, list[str], dict[str, Any]]:
+    """Class path of a registered objective name (class paths pass through), the ``--objective`` arguments that
+    set it and its preset, and the hyper-parameters those arguments set.
 
     When it names another class than ``current`` (the objective a ``--config`` or an earlier ``--objective`` set),
     every hyper-parameter is its new class's default or preset: jsonargparse would keep the ``init_args`` the new
@@ -87,23 +92,15 @@ def _objective_class_path(
     elif (cls := _registered_class(name)) is None:
         if "." not in name:
             objectives.get(name)  # neither a name nor a class (path): "unknown objective 'x'; choose one of: ..."
-        return name, [f"--objective={name}"]
+        return name, [f"--objective={name}"], {}
     class_path = _class_path(cls)
     if current is not None and class_path != current:
-        defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
-        init_args = {k: list(v) if isinstance(v, tuple) else v for k, v in {**defaults, **preset}.items()}
-        return class_path, [f"--objective={json.dumps({'class_path': class_path, 'init_args': init_args})}"]
+        init_args = {k: list(v) if isinstance(v, tuple) else v for k, v in {**_defaults(cls), **preset}.items()}
+        return class_path, [f"--objective={json.dumps({'class_path': class_path, 'init_args': init_args})}"], init_args
     given = class_path if name in objectives.available() else name  # a class (path) jsonargparse resolves itself
     settings = {**_sibling_relics(cls, preset, current_args or {}), **preset} if current is not None else preset
-    return class_path, [f"--objective={given}", *(f"--objective.{k}={_cli_value(v)}" for k, v in settings.items())]
-
-
-def _settings_of(objective_args: list[str]) -> dict[str, Any]:
-    """The hyper-parameters the ``--objective`` arguments of :func:`_objective_class_path` set, typed."""
-    first, rest = objective_args[0].partition("=")[2], objective_args[1:]
-    init_args = json.loads(first).get("init_args", {}) if first.startswith("{") else {}
-    given = (a.partition("=") for a in rest)
-    return {**init_args, **{key[len("--objective.") :]: yaml.safe_load(value) for key, _, value in given}}
+    args = [f"--objective={given}", *(f"--objective.{k}={_cli_value(v)}" for k, v in settings.items())]
+    return class_path, args, settings
 
 
 def _cli_value(value: Any) -> str:
@@ -181,9 +178,9 @@ def translate_args(args: list[str]) -> list[str]:
                 objective, settings = config_objective, config_settings
         elif key == "--objective":
             previous = objective
-            objective, objective_args = _objective_class_path(value if eq else next(it, ""), objective, settings)
+            objective, objective_args, given = _objective_class_path(value if eq else next(it, ""), objective, settings)
             out.extend(objective_args)
-            settings = {**(settings if objective == previous else {}), **_settings_of(objective_args)}
+            settings = {**(settings if objective == previous else {}), **given}
         elif key.startswith("--objective.") and key != "--objective.help" and eq:
             settings[key[len("--objective.") :]] = yaml.safe_load(value)
             out.append(arg)

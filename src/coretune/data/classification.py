@@ -170,9 +170,8 @@ class ImageClassificationData(L.LightningDataModule):
         self.train_dataset = train.with_transform(
             self.train_transform, train_draft_size(self.image_size, self.crop_scale)
         )
-        eval_draft = self.eval_draft
-        self.val_dataset = val.with_transform(self.eval_transform, eval_draft) if val is not None else None
-        self.test_dataset = test.with_transform(self.eval_transform, eval_draft) if test is not None else None
+        self.val_dataset = val.with_transform(self.eval_transform, self.eval_draft) if val is not None else None
+        self.test_dataset = test.with_transform(self.eval_transform, self.eval_draft) if test is not None else None
         if self.cache_images:  # after with_transform: decoded at each split's draft size, as an access would
             self.train_dataset = self.train_dataset.decoded()
             self.val_dataset = self.val_dataset.decoded() if self.val_dataset is not None else None

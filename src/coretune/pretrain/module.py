@@ -359,9 +359,10 @@ def snapshot_path(pretrained: Path, epoch: int) -> Path:
 
 def check_snapshot_epochs(snapshot_epochs: Sequence[int], max_epochs: int | None) -> None:
     """Refuse snapshot epochs the run will never end: below 1 or beyond ``max_epochs`` (one ``ValueError``)."""
-    bad = [e for e in snapshot_epochs if e < 1 or (max_epochs is not None and max_epochs >= 0 and e > max_epochs)]
+    bounded = max_epochs is not None and max_epochs >= 0  # -1 or None: no epoch limit
+    bad = [e for e in snapshot_epochs if e < 1 or (bounded and e > max_epochs)]
     if bad:
-        limit = f"1 to --trainer.max_epochs ({max_epochs})" if max_epochs is not None and max_epochs >= 0 else ">= 1"
+        limit = f"1 to --trainer.max_epochs ({max_epochs})" if bounded else ">= 1"
         raise ValueError(
             f"--snapshot_epochs {list(snapshot_epochs)}: {bad} never end in this run; give epoch counts from {limit}"
         )

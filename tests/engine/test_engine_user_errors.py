@@ -61,10 +61,11 @@ def fit_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
 
 
 # -- data -----------------------------------------------------------------------------------------------------
-def test_missing_root(tmp_path: Path) -> None:
+def test_missing_root(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "nowhere"
     assert error(fit_args(root, tmp_path / "run")) == f"data root {root} does not exist: pass an existing folder"
     assert not (tmp_path / "run").exists()  # the run directory it created is gone: nothing was trained
+    assert "GPU available" not in "".join(capfd.readouterr())  # the error comes before Lightning's hardware report
 
 
 def test_a_run_that_fails_before_training_leaves_no_run_behind_but_keeps_a_folder_it_did_not_make(

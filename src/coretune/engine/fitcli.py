@@ -244,6 +244,9 @@ class FitCLI(RunDirCLI):
         place_loggers(config, resuming=config.get("ckpt_path") is not None)
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """The Trainer, once the data folders are known to exist (a wrong path is then the only line a user sees,
+        not after Lightning's accelerator report)."""
+        self.datamodule.check_folders()
         trainer = self._get(self.config_init, "trainer", default={})
         show_progress = trainer.get("enable_progress_bar") is not False
         self.trainer_defaults["callbacks"] = default_callbacks(trainer["default_root_dir"], progress=show_progress)

@@ -87,3 +87,19 @@ def test_a_name_that_leads_out_of_the_output_folder_is_refused(tmp_path: Path, w
 def test_shipped_bench_specs_parse(path: Path) -> None:
     spec = BenchSpec.from_yaml(path)
     assert spec.runs() and all("--run_dir" not in " ".join(r.args) for r in spec.runs())
+
+
+def test_table1_shares_its_ce_and_core_runs_with_the_memory_spec() -> None:
+    """configs/bench/cifar10_cpu_10pct_table1.yaml's header copies the memory spec's ce_b64 / core_b64 records as its
+    ce / core runs: the sweep reuses them only if every fit argument is the same (check_run_args)."""
+    bench = Path(__file__).parents[2] / "configs" / "bench"
+    table1 = {
+        (r.objective, r.seed): r.args for r in BenchSpec.from_yaml(bench / "cifar10_cpu_10pct_table1.yaml").runs()
+    }
+    memory = {
+        (r.objective, r.seed): r.args for r in BenchSpec.from_yaml(bench / "cifar10_cpu_10pct_memory.yaml").runs()
+    }
+    for seed in (0, 1, 2):
+        assert table1["ce", seed] == memory["ce_b64", seed]
+        assert table1["core", seed] == memory["core_b64", seed]
+    assert all("--data.batch_size=64" in args for args in table1.values())

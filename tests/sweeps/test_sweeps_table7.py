@@ -84,7 +84,7 @@ def test_an_oracle_selection_is_marked_in_every_output(tmp_path: Path, monkeypat
     spec = dg_spec(tmp_path, ["ce", "core"])
     fabricate(spec, VALUES, oracle=True)
     titles: list[str] = []
-    monkeypatch.setattr(report, "_plot", lambda spec, cells, layout, note="": titles.append(note) or [])
+    monkeypatch.setattr(report, "plot_bars", lambda spec, cells, layout, note="": titles.append(note) or [])
     markdown, _ = write_summary(spec)
     assert titles == [" (ORACLE model selection)"]  # bars.png's title
     marked = "Model selection: test-domain validation set (oracle). **ORACLE**: checkpoints scored with the unseen "

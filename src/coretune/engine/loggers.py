@@ -21,7 +21,7 @@ import lightning as L
 import yaml
 from lightning.pytorch import loggers
 
-from .module import _run_seed
+from .module import run_seed
 from .rundir import RESUMABLE_CHANGES
 
 __all__ = [
@@ -250,7 +250,7 @@ def run_settings(model: L.LightningModule, datamodule: Any = None) -> dict[str, 
     (η, α, …) or a pre-training run's ``method``, ``seed``, ``model.<x>`` and ``data.<x>`` (label fraction, image
     size, …), without the settings a resume may change (:data:`~coretune.engine.RESUMABLE_CHANGES`), so a resumed
     run logs the same values, and without private entries (LightningCLI's ``_instantiator``)."""
-    settings: dict[str, Any] = {"seed": _run_seed()}
+    settings: dict[str, Any] = {"seed": run_seed()}
     if method := getattr(model, "method", ""):
         settings["method"] = method  # a pre-training method (coretune pretrain)
     if (objective := getattr(model, "objective", None)) is not None:

@@ -23,7 +23,7 @@ from ..tasks.segmentation import ImageLabelRule
 from .adversarial import AdversarialBatches
 from .optim import OptimizerName, Schedule, build_optimizer, lr_factor, optimizer_problems
 
-__all__ = ["BatchTransform", "FineTuner", "NonFiniteLossError", "step_seed"]
+__all__ = ["BatchTransform", "FineTuner", "NonFiniteLossError", "run_seed", "step_seed"]
 
 BatchTransform = Callable[["FineTuner", Batch], Batch]
 """A training-batch transform (:attr:`FineTuner.batch_transform`): the model and the unpacked batch in, the batch
@@ -41,7 +41,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + 2**40 + epoch) % 2**63
 
 
-def _run_seed() -> int:
+def run_seed() -> int:
     """The run's seed (Lightning's ``seed_everything`` exports it as ``PL_GLOBAL_SEED``)."""
     return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
@@ -511,7 +511,7 @@ class FineTuner(L.LightningModule):
         # exactly (the data module does the same per image). The backbone's own draws (dropout, stochastic depth)
         # also depend on the process, like its images; the objective's (mixup weights, random negatives) do not,
         # so every DDP process draws the same values for the global batch it mines.
-        seed = step_seed(_run_seed(), self.global_step)
+        seed = step_seed(run_seed(), self.global_step)
         torch.manual_seed(step_seed(seed, rank()) if rank() else seed)
         unpacked = self.transform_batch(self.task.unpack(batch))
         query, key = _split_views(unpacked.inputs)
@@ -648,7 +648,7 @@ class FineTuner(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         # Seeded by (seed, epoch): a re-initialisation (RIFLE) is the same on every DDP process and after a resume.
-        torch.manual_seed(epoch_seed(_run_seed(), self.current_epoch))
+        torch.manual_seed(epoch_seed(run_seed(), self.current_epoch))
         self.objective.on_train_epoch_start(self.current_epoch, self.trainer.max_epochs or 1)
         if self.objective.needs_optimizer_reset:  # e.g. RIFLE re-initialised the classifier
             optimizer = self.optimizers()

@@ -14,7 +14,7 @@ from .records import RunRecord, run_progress, run_score_name, run_top1
 from .spec import BenchSpec, Run
 from .stats import Cell
 
-__all__ = ["CurvePoint", "ValidatedOn", "collect_cells", "collect_curves"]
+__all__ = ["CurvePoint", "ValidatedOn", "collect_cells", "collect_curves", "validated_on_of"]
 
 ValidatedOn = Literal["test", "val", "mixed"]
 """What a cell's runs validated on: the test images (no validation split), a validation split, or both."""
@@ -151,7 +151,7 @@ def collect_curves(spec: BenchSpec) -> list[CurvePoint]:
                     n=len(values),
                     val_top1_mean_pct=mean,
                     val_top1_std_pct=std,
-                    validated_on=_validated_on(sources[(dataset, objective, fraction)]),
+                    validated_on=validated_on_of(sources[(dataset, objective, fraction)]),
                     baseline=spec.baseline,
                     delta_n=len(deltas) if deltas else None,
                     delta_mean_pp=delta_mean,
@@ -161,6 +161,6 @@ def collect_curves(spec: BenchSpec) -> list[CurvePoint]:
     return rows
 
 
-def _validated_on(sources: set[str]) -> ValidatedOn | None:
+def validated_on_of(sources: set[str]) -> ValidatedOn | None:
     """``test``, ``val``, ``mixed`` or None (none known) for the set of what some runs validated on."""
     return "mixed" if len(sources) > 1 else next(iter(sources), None)

@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from .collect import CurvePoint, _validated_on
+from .collect import CurvePoint, validated_on_of
 from .spec import BenchSpec, TableLayout, measure_layout, spec_metric_text
 from .stats import Cell
 
-__all__ = ["curves_metric"]
+__all__ = ["curves_metric", "plot_bars", "plot_curves"]
 
 #: The bars' axis of the layouts of several measures (the columns say which).
 _MEASURE_AXIS = {"table6": "test score", "table8": "test accuracy"}
@@ -24,7 +24,7 @@ def curves_metric(curves: list[CurvePoint]) -> str:
     it validated on the test images, the validation top-1 when every such run validated on a split of the training
     set, a generic label when they differ or none records it."""
     texts = {"test": "test top-1 (no validation split)", "val": "validation top-1"}
-    validated_on = _validated_on({r.validated_on for r in curves} - {None})
+    validated_on = validated_on_of({r.validated_on for r in curves} - {None})
     return texts.get(validated_on, "validated top-1 (validation split or test images)")
 
 
@@ -33,7 +33,9 @@ def _plot_label(label: str) -> str:
     return label.replace("L^f_con", r"$\mathcal{L}^f_{con}$").replace("L_con", r"$\mathcal{L}_{con}$")
 
 
-def _plot(spec: BenchSpec, cells: dict[tuple[Any, ...], Cell], layout: TableLayout, title_note: str = "") -> list[Path]:
+def plot_bars(
+    spec: BenchSpec, cells: dict[tuple[Any, ...], Cell], layout: TableLayout, title_note: str = ""
+) -> list[Path]:
     """``bars.png`` (the table's cells, mean ± std, grouped by column; ``title_note`` follows the title, e.g. an
     oracle's mark) and, with several label fractions, ``label_fraction.png``."""
     import matplotlib
@@ -88,7 +90,7 @@ def _plot(spec: BenchSpec, cells: dict[tuple[Any, ...], Cell], layout: TableLayo
     return paths
 
 
-def _plot_curves(spec: BenchSpec, curves: list[CurvePoint], layout: TableLayout) -> Path:
+def plot_curves(spec: BenchSpec, curves: list[CurvePoint], layout: TableLayout) -> Path:
     """``curves.png``: validated top-1 against epoch, mean ± std band over seeds, one panel per table column; below,
     when any row shares seeds with the baseline, the paired difference from the baseline row (mean ± std band over
     the shared seeds), which separates rows whose curves overlap."""

@@ -24,7 +24,7 @@ from .measures import (
     spec_measures,
     training_domains_heldout,
 )
-from .plots import _plot, _plot_curves
+from .plots import plot_bars, plot_curves
 from .spec import BenchSpec, TableLayout, measure_layout, spec_metric_text, table_layout
 from .stats import Cell, Comparison, compare
 
@@ -409,9 +409,9 @@ def write_summary(spec: BenchSpec) -> tuple[str, list[Path]]:
         paths[-1].write_text(_summary_json(spec, cells, layout, json_rows))
     if any(cell.n for cell in cells.values()):
         oracle = any(s.get("oracle") for runs in _selections(spec).values() for s in runs)
-        paths += _plot(spec, cells, layout, " (ORACLE model selection)" if oracle else "")
+        paths += plot_bars(spec, cells, layout, " (ORACLE model selection)" if oracle else "")
     if curves := collect_curves(spec):
         paths.append(spec.output / "curves.csv")
         _write_csv(paths[-1], [point.csv_row() for point in curves])
-        paths.append(_plot_curves(spec, curves, layout))
+        paths.append(plot_curves(spec, curves, layout))
     return markdown, paths

@@ -21,7 +21,7 @@ from ..objectives import get as get_objective
 from ..tasks import TASKS, Batch, ClassificationTask
 from ..tasks.segmentation import ImageLabelRule
 from .adversarial import AdversarialBatches
-from .optim import OptimizerName, Schedule, build_optimizer, lr_factor, optimizer_problems
+from .optim import OptimizerName, Schedule, build_optimizer, diverged_fix, lr_factor, optimizer_problems
 
 __all__ = ["BatchTransform", "FineTuner", "NonFiniteLossError", "run_seed", "step_seed"]
 
@@ -62,9 +62,6 @@ def example_image(datamodule: Any) -> Tensor | None:
 class NonFiniteLossError(FloatingPointError):
     """The training loss, or the validation or test loss, became NaN or infinite, or the model's outputs collapsed
     (the same logits for every image of an evaluation epoch)."""
-
-
-_DIVERGED_FIX = "lower the learning rate (--model.lr), or train in float32 (--trainer.precision 32-true)."
 
 
 class _OutputWatch:
@@ -529,7 +526,7 @@ class FineTuner(L.LightningModule):
             raise NonFiniteLossError(
                 f"the training loss is {float(out.loss.detach())} at epoch {self.current_epoch}, "
                 f"step {self.global_step} "
-                f"(batch {batch_idx}; {terms}). Check the images for NaN/Inf, {_DIVERGED_FIX}"
+                f"(batch {batch_idx}; {terms}). Check the images for NaN/Inf, {self._diverged_fix()}"
             )
         y, bs = unpacked.targets, len(unpacked)
         self.log_dict(
@@ -592,11 +589,15 @@ class FineTuner(L.LightningModule):
             raise NonFiniteLossError(
                 f"the {stage} loss is {float(loss)} at epoch {self.current_epoch}, step {self.global_step} (batch "
                 f"{batch_idx}; {int((~torch.isfinite(logits)).any(dim=1).sum())} of {len(logits)} images have "
-                f"non-finite logits). Check the pre-trained weights, {_DIVERGED_FIX}"
+                f"non-finite logits). Check the pre-trained weights, {self._diverged_fix()}"
             )
         if batch_idx == 0 or self._watch is None:
             self._watch = _OutputWatch(x, logits.detach())
         self._watch.update(x, logits.detach())
+
+    def _diverged_fix(self) -> str:
+        """What to try after a blow-up, for this run's precision (none known outside a Trainer)."""
+        return diverged_fix(getattr(self._trainer, "precision", None))
 
     def _check_collapse(self, stage: str) -> None:
         """Raise :class:`NonFiniteLossError` when the ``stage`` epoch's outputs collapsed (on every process)."""
@@ -610,7 +611,7 @@ class FineTuner(L.LightningModule):
         raise NonFiniteLossError(
             f"the model collapsed at epoch {self.current_epoch}, step {self.global_step}: all {watch.count} {stage} "
             f"images get the same logits ({row}{', …' if len(watch.logits) > 5 else ''}), so it predicts class "
-            f"{name!r} for every image. Check the pre-trained weights, {_DIVERGED_FIX}"
+            f"{name!r} for every image. Check the pre-trained weights, {self._diverged_fix()}"
         )
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:

@@ -10,7 +10,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-__all__ = ["EXPONENTIAL_FINAL_FACTOR", "Schedule", "build_optimizer", "lr_factor", "optimizer_problems"]
+__all__ = ["EXPONENTIAL_FINAL_FACTOR", "Schedule", "build_optimizer", "diverged_fix", "lr_factor", "optimizer_problems"]
 
 OptimizerName = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["cosine", "linear", "poly", "constant", "exponential"]
@@ -72,3 +72,13 @@ def lr_factor(step: int, total_steps: int, schedule: Schedule = "cosine", warmup
     if schedule == "exponential":
         return EXPONENTIAL_FINAL_FACTOR**progress
     raise ValueError(f"unknown schedule {schedule!r}; choose 'cosine', 'linear', 'poly', 'constant' or 'exponential'")
+
+
+def diverged_fix(precision: str | None) -> str:
+    """What to try when a run's loss or outputs blew up, for a run at Lightning ``precision`` (``"bf16-mixed"``,
+    ``"32-true"``, …): a smaller step or clipped gradients (docs/results.md, section 7), and float32 when the run is
+    not already in it."""
+    fix = "lower the learning rate (--model.lr), clip the gradients (--trainer.gradient_clip_val 1.0)"
+    if str(precision).startswith(("32", "64")):
+        return fix.replace(", clip", " or clip") + "."
+    return f"{fix}, or train in float32 (--trainer.precision 32-true)."

@@ -36,7 +36,7 @@ from ..engine import (
 )
 from ..engine.loggers import LogRunSettings
 from ..engine.module import example_image
-from ..engine.optim import OptimizerName, Schedule, optimizer_problems
+from ..engine.optim import OptimizerName, Schedule, diverged_fix, optimizer_problems
 from ..heads import ProjectionHead
 from ..models import create_backbone
 from ..rundir import RunDir
@@ -128,8 +128,7 @@ class ContrastivePretrainer(L.LightningModule):
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
                 f"the {self.method} loss is {float(loss.detach())} at epoch {self.current_epoch}, "
-                f"step {self.global_step}: lower the learning rate (--model.lr) or train in float32 "
-                "(--trainer.precision 32-true)"
+                f"step {self.global_step}: {diverged_fix(getattr(self._trainer, 'precision', None))}"
             )
         self.log("train/loss", loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=view1.shape[0])
         return loss

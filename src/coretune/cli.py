@@ -219,6 +219,12 @@ def _eval_parser() -> ArgumentParser:
         help="Checkpoint: pre-trained (coretune pretrain, MoCo, SimCLR …) or fine-tuned.",
     )
     parser.add_argument("--weights_format", type=str, default="auto", help="Checkpoint layout (auto).")
+    parser.add_argument(
+        "--weights_allow_cast",
+        type=bool,
+        default=False,
+        help="Load --weights whose floating-point tensors are stored as integers (or quantised), converted.",
+    )
     parser.add_class_arguments(ImageClassificationData, "data")
     parser.add_argument("--k", type=int, default=20, help="kNN: number of neighbours.")
     parser.add_argument("--temperature", type=float, default=0.07, help="kNN: temperature τ of the votes.")
@@ -270,7 +276,9 @@ def evaluate(args: list[str]) -> None:
     if cfg.backbone is None and cfg.weights is None:
         raise ValueError("pass --backbone (and --weights for a pre-trained checkpoint)")
     backbone = cfg.backbone or _stored_backbone(cfg.weights)
-    encoder = create_backbone(backbone, weights=cfg.weights, weights_format=cfg.weights_format)
+    encoder = create_backbone(
+        backbone, weights=cfg.weights, weights_format=cfg.weights_format, allow_cast=cfg.weights_allow_cast
+    )
     data = ImageClassificationData(**cfg.data.as_dict())
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     result = evaluate_encoder(

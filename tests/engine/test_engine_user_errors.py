@@ -29,7 +29,7 @@ from coretune.data import SkippedImagesWarning, list_image_files
 from coretune.engine import FineTuner, NonFiniteLossError, read_metrics, setting_changes
 from coretune.models import create_backbone
 from coretune.runclaim import claim_run, point_claim
-from fit_flags import QUIET, error
+from fit_flags import QUIET, error, pretrain_args
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
 
@@ -473,11 +473,22 @@ def test_integer_weights_are_refused_unless_the_cast_is_forced(
         f"checkpoint {weights} stores {len(floats)} floating-point tensors of backbone 'small_cnn' as int64 (e.g. "
         f"{', '.join(floats[:3])}): integer or quantised weights are not the float weights the model needs. "
         "Dequantise the checkpoint or export its float weights; if the integers are the real values, force the "
-        "conversion with --model.weights_allow_cast true (allow_cast=True in Python)"
+        "conversion with --model.weights_allow_cast true (coretune eval: --weights_allow_cast true; allow_cast=True "
+        "in Python)"
     )
     assert not (tmp_path / "run" / "checkpoints").exists()
     main(fit_args(tree, tmp_path / "run", f"--model.weights={weights}", "--model.weights_allow_cast=true"))
     report = f"{len(state)}/{len(state)} tensors loaded, 0 missing, 0 unexpected; cast {len(floats)} non-floating "
+    assert report + "tensors to floating point (allow_cast)" in capsys.readouterr().err
+    # the option the message names exists wherever weights load: continued pre-training and coretune eval
+    eval_args = ["eval", "knn", "--backbone=small_cnn", f"--weights={weights}", f"--data.root={tree}",
+                 "--data.image_size=16", f"--output={tmp_path / 'knn.json'}"]  # fmt: skip
+    assert error(eval_args) == message
+    main([*eval_args, "--weights_allow_cast=true"])
+    assert report + "tensors to floating point (allow_cast)" in capsys.readouterr().err
+    pretrain = pretrain_args(tree / "train", tmp_path / "pre", f"--model.weights={weights}")
+    assert error(pretrain) == message
+    main([*pretrain, "--model.weights_allow_cast=true"])
     assert report + "tensors to floating point (allow_cast)" in capsys.readouterr().err
     half = tmp_path / "half.safetensors"  # another float precision is converted without a word
     save_file({k: v.half() if v.is_floating_point() else v for k, v in state.items()}, half)

@@ -66,6 +66,7 @@ class ContrastivePretrainer(L.LightningModule):
     Args:
         backbone: backbone name (``resnet18`` … , ``small_cnn``, ``timm/<model>``).
         weights: optional local checkpoint to start from (continued pre-training).
+        weights_allow_cast: load ``weights`` whose floating-point tensors are stored as integers (or quantised).
         proj_dim: output width of the projection head.
         temperature: softmax temperature ``τ`` of the contrastive loss.
         optimizer: ``sgd`` (momentum), ``adam`` or ``adamw``.
@@ -92,6 +93,7 @@ class ContrastivePretrainer(L.LightningModule):
         schedule: Schedule,
         warmup_epochs: float,
         channels_last: bool,
+        weights_allow_cast: bool = False,
     ) -> None:
         super().__init__()
         problems = []
@@ -103,7 +105,7 @@ class ContrastivePretrainer(L.LightningModule):
         if problems:
             raise ValueError(f"invalid {self.method} settings: " + "; ".join(problems))
         self.save_hyperparameters()
-        self.backbone = create_backbone(backbone, weights=weights)
+        self.backbone = create_backbone(backbone, weights=weights, allow_cast=weights_allow_cast)
         self.projector = ProjectionHead(self.backbone.feature_dim, proj_dim, depth=2)
         if channels_last:
             self.backbone.to(memory_format=torch.channels_last)
@@ -182,6 +184,7 @@ class SimCLR(ContrastivePretrainer):
         warmup_epochs: float = 0.0,
         channels_last: bool = True,
         gather: bool = True,
+        weights_allow_cast: bool = False,
     ) -> None:
         super().__init__(
             backbone=backbone,
@@ -195,6 +198,7 @@ class SimCLR(ContrastivePretrainer):
             schedule=schedule,
             warmup_epochs=warmup_epochs,
             channels_last=channels_last,
+            weights_allow_cast=weights_allow_cast,
         )
         self.gather = gather
 
@@ -247,6 +251,7 @@ class MoCoV2(ContrastivePretrainer):
         queue_size: int = 4096,
         key_momentum: float = 0.99,
         bn_splits: int = 8,
+        weights_allow_cast: bool = False,
     ) -> None:
         problems = []
         if queue_size < 1:
@@ -269,6 +274,7 @@ class MoCoV2(ContrastivePretrainer):
             schedule=schedule,
             warmup_epochs=warmup_epochs,
             channels_last=channels_last,
+            weights_allow_cast=weights_allow_cast,
         )
         self.momentum_backbone = copy.deepcopy(self.backbone).requires_grad_(False)
         self.momentum_projector = copy.deepcopy(self.projector).requires_grad_(False)

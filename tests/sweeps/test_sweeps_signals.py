@@ -78,6 +78,32 @@ def test_an_interrupted_fit_is_reported_as_resumable_not_failed(
     report = run_sweep(spec)
     assert [r.seed for r in report.interrupted] == [0] and [r.seed for r in report.failed] == [1]
     assert [r.seed for r in report.finished] == [2] and report.signum is None and report.not_started == []
+
+
+def test_a_fit_killed_by_a_second_signal_is_interrupted_not_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second Ctrl+C or SIGTERM ends a fit by the signal's default action (return code -2 / -15), before it saves:
+    it resumes from its last epoch's checkpoint, or from the start; it was reported as failed."""
+    from rich.console import Console
+
+    spec = spec_of(tmp_path, objectives=["ce"], seeds=[0, 1, 2])
+    runs = spec.runs()
+    last = RunDir(runs[1].run_dir).last_checkpoint
+    last.parent.mkdir(parents=True)
+    last.write_bytes(b"")  # seed 1 had saved an epoch
+    monkeypatch.setattr(
+        "coretune.sweeps.launch.launch_fit",
+        lambda args, run_dir, env=None, stop=None, log_args=(): {runs[0].run_dir: -2, runs[1].run_dir: -15}.get(
+            Path(run_dir), 1
+        ),
+    )
+    console = Console(record=True, width=300)
+    report = run_sweep(spec, console=console)
+    assert [r.seed for r in report.interrupted] == [0, 1] and [r.seed for r in report.failed] == [2]
+    out = console.export_text()
+    assert "seed0 killed by SIGINT after 0 s, before it could save (a second signal); it resumes from its start" in out
+    assert f"seed1 killed by SIGTERM after 0 s, before it could save (a second signal); it resumes from {last}" in out
     config = tmp_path / "bench.yaml"
     datasets = {"d": [f"--data.root={data_root(tmp_path)}"]}
     config.write_text(yaml.safe_dump({"output": str(tmp_path / "out2"), "datasets": datasets, "objectives": ["ce"]}))

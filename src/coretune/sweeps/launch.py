@@ -363,6 +363,15 @@ def _report_run(run: Run, code: int, seconds: float, report: SweepReport, consol
             f"{RunDir(run.run_dir).last_checkpoint} when the sweep is re-run",
             highlight=False,
         )
+    elif code in _KILLED_CODES:
+        report.interrupted.append(run)
+        last = RunDir(run.run_dir).last_checkpoint
+        where = f"from {last} (its last saved epoch)" if last.is_file() else "from its start (no checkpoint yet)"
+        console.print(
+            f"⏸ {run.label} killed by {signal.Signals(-code).name} after {seconds:.0f} s, before it could save (a "
+            f"second signal); it resumes {where} when the sweep is re-run",
+            highlight=False,
+        )
     else:
         report.failed.append(run)
         console.print(
@@ -372,6 +381,10 @@ def _report_run(run: Run, code: int, seconds: float, report: SweepReport, consol
 
 _INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 """Exit codes of a ``coretune fit`` stopped by a signal after saving ``last.ckpt`` (``TrainingInterrupted``)."""
+
+_KILLED_CODES = (-signal.SIGINT, -signal.SIGTERM)
+"""Return codes of a ``coretune fit`` ended by a second SIGINT/SIGTERM (the signal's default action, before it could
+save): interrupted too, resumable from the last epoch's checkpoint, not a failure."""
 
 
 class EpochBars:

@@ -12,9 +12,11 @@ scored yet, two commands on its ``checkpoints/last.ckpt`` (the final model, as t
 - AutoAttack on the first ``--autoattack_images`` test images → ``RUN/robust_results_autoattack.json``
 
 at ``--threat_models`` (default ℓ∞ 4/255 and ℓ2 0.5, the two the paper trains and attacks with). A run whose file
-exists is skipped, so the command resumes. ``coretune bench SPEC --export DIR`` copies both files with the run's
-records. The bench's ``table8`` layout reads them back (from the run directories, or from exported records copied
-into the output folder): one row per method, clean accuracy, then one column per (attack, threat model).
+exists is skipped, so the command resumes. ``--only_objectives`` / ``--only_seeds`` score part of the spec (as
+``coretune bench``'s options), ``--autoattack_seeds 0`` runs the costly AutoAttack on seed 0's runs only. ``coretune
+bench SPEC --export DIR`` copies both files with the run's records. The bench's ``table8`` layout reads them back
+(from the run directories, or from exported records copied into the output folder): one row per method, clean
+accuracy, then one column per (attack, threat model).
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ from coretune.sweeps import BenchSpec
 AUTOATTACK_FILE = "robust_results_autoattack.json"
 
 
-def evaluate(spec: BenchSpec, threat_models: list[str], autoattack_images: int) -> None:
+def evaluate(
+    spec: BenchSpec, threat_models: list[str], autoattack_images: int, autoattack_seeds: list[int] | None = None
+) -> None:
+    """Score every finished, unscored run of ``spec``; AutoAttack only on ``autoattack_seeds`` (default: all)."""
     threats = f"[{', '.join(threat_models)}]"
     for run in spec.runs():
         rundir = RunDir(run.run_dir)
@@ -40,7 +45,7 @@ def evaluate(spec: BenchSpec, threat_models: list[str], autoattack_images: int) 
         config = f"--config={rundir.config}"
         if not rundir.robust_results.is_file():
             coretune(["eval", "robust", ckpt, config, f"--threat_models={threats}", "--attack=[pgd, torchattacks-pgd]"])
-        if not (run.run_dir / AUTOATTACK_FILE).is_file():
+        if not (run.run_dir / AUTOATTACK_FILE).is_file() and (autoattack_seeds is None or run.seed in autoattack_seeds):
             coretune(["eval", "robust", ckpt, config, f"--threat_models={threats}", "--attack=autoattack",
                       f"--max_images={autoattack_images}", f"--output={run.run_dir / AUTOATTACK_FILE}"])  # fmt: skip
 
@@ -51,8 +56,15 @@ def main() -> None:
     parser.add_argument("spec", type=Path, help="the coretune bench spec whose runs to score")
     parser.add_argument("--threat_models", nargs="+", default=["linf:4/255", "l2:0.5"])
     parser.add_argument("--autoattack_images", type=int, default=200)
+    parser.add_argument("--autoattack_seeds", type=int, nargs="+", help="AutoAttack only these seeds' runs (all)")
+    parser.add_argument("--only_objectives", nargs="+", help="score only these rows of the spec (all)")
+    parser.add_argument("--only_seeds", type=int, nargs="+", help="score only these seeds (all)")
     args = parser.parse_args()
-    evaluate(BenchSpec.from_yaml(args.spec), args.threat_models, args.autoattack_images)
+    try:
+        spec = BenchSpec.from_yaml(args.spec).subset(args.only_objectives, args.only_seeds)
+    except ValueError as error:
+        parser.error(str(error))
+    evaluate(spec, args.threat_models, args.autoattack_images, args.autoattack_seeds)
 
 
 if __name__ == "__main__":

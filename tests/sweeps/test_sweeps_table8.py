@@ -177,6 +177,9 @@ def test_robust_table_evaluate_scores_each_finished_unscored_run_once(
     calls.clear()
     robust_table.evaluate(spec, ["linf:4/255"], 100)  # resumes: scored runs are skipped
     assert calls == []
+    (ce / "robust_results_autoattack.json").unlink()
+    robust_table.evaluate(spec, ["linf:4/255"], 100, autoattack_seeds=[1])  # AutoAttack on seed 1's runs only
+    assert calls == []
 
 
 def test_before_any_run_finished_the_table_has_its_clean_column(tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ CONSTRAINTS := constraints.txt
 
 .PHONY: demo test lint docs venv clean
 
-$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,tune,docs,mlflow,tensorboard]'
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,tune,docs,mlflow,tensorboard,wandb]'
 	touch $@
 
 venv: $(VENV)/.installed

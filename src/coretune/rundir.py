@@ -105,6 +105,11 @@ class RunDir:
     def stop_file(self) -> Path:
         return self.path / "stop_request"
 
+    @property
+    def wandb_id(self) -> Path:
+        """The run's W&B run id, kept so that a resumed run logs into the same W&B run."""
+        return self.path / "wandb_id"
+
     def records(self) -> tuple[Path, ...]:
         """The small files of a run that its tables, curves and resume checks read, and the robustness its
         checkpoint was measured with (``coretune eval robust``'s ``robust_results*.json`` there); no checkpoints or

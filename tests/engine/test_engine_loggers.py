@@ -162,16 +162,28 @@ def test_csv_shorthand_writes_into_the_run_directory_and_a_resume_into_a_new_ver
 def test_wandb_runs_offline_into_the_run_directory(
     image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import wandb
+
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = tmp_path / "run"
-    main(["fit", *LOGGED, f"--data.root={image_tree}", f"--run_dir={run}", "--trainer.logger", "wandb"])
+    args = ["fit", *LOGGED, f"--data.root={image_tree}", f"--run_dir={run}", "--trainer.logger", "wandb"]
+    main(args)
     _assert_run_files(run)
     (offline,) = (run / "wandb").glob("offline-run-*")  # offline: nothing was sent, the run waits for `wandb sync`
     assert list(offline.glob("*.wandb"))
     logger = yaml.safe_load(RunDir(run).config.read_text())["trainer"]["logger"]["init_args"]
     assert logger["offline"] is True and logger["project"] == "coretune" and logger["save_dir"] == str(run)
+    run_id = RunDir(run).wandb_id.read_text().strip()
+    assert logger["id"] == run_id and offline.name.endswith(f"-{run_id}")
+    wandb.finish()  # as the end of the `coretune fit` process would
+    main([*args, "--trainer.max_epochs=2"])  # resumed: the same W&B run id (it used to start another run)
+    assert sorted(p.name.rsplit("-", 1)[1] for p in (run / "wandb").glob("offline-run-*")) == [run_id, run_id]
+    wandb.finish()
+    other = tmp_path / "other"  # another run gets another id
+    main(["fit", *LOGGED, f"--data.root={image_tree}", f"--run_dir={other}", "--trainer.logger", "wandb"])
+    assert RunDir(other).wandb_id.read_text().strip() != run_id
 
 
 def test_an_unknown_or_missing_logger_is_one_line(

@@ -13,6 +13,8 @@ import importlib
 import importlib.util
 import inspect
 import os
+import secrets
+import string
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ import lightning as L
 import yaml
 from lightning.pytorch import loggers
 
+from ..rundir import RunDir
 from .module import run_seed
 from .rundir import RESUMABLE_CHANGES
 
@@ -205,8 +208,23 @@ def place_loggers(config: Any, resuming: bool) -> None:
             args["save_dir"] = args["save_dir"].replace(RUN_DIR, str(run_dir))
         if issubclass(cls, loggers.MLFlowLogger):
             _place_mlflow(args, run_dir, resuming)
-        elif issubclass(cls, loggers.WandbLogger) and args["save_dir"] == _default(cls, "save_dir") and not args["dir"]:
-            args["save_dir"] = str(run_dir)
+        elif issubclass(cls, loggers.WandbLogger):
+            _place_wandb(args, run_dir, resuming)
+
+
+def _place_wandb(args: Any, run_dir: Path, resuming: bool) -> None:
+    """Into the run directory unless told otherwise; the W&B run id kept in ``RUN/wandb_id``, so that a resumed run
+    goes on in the same W&B run (online; offline runs of one id are joined by ``wandb sync --append``)."""
+    if args["save_dir"] == _default(loggers.WandbLogger, "save_dir") and not args["dir"]:
+        args["save_dir"] = str(run_dir)
+    if args.get("id") or args.get("version"):
+        return
+    id_file = RunDir(run_dir).wandb_id
+    if resuming and id_file.is_file():
+        args["id"] = id_file.read_text().strip()
+        return
+    args["id"] = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    id_file.write_text(args["id"] + "\n")
 
 
 def _default(cls: type, name: str) -> Any:

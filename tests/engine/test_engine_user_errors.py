@@ -273,6 +273,25 @@ def test_a_diverging_run_whose_training_loss_stays_finite_fails(precision: str, 
     assert not (tmp_path / "run" / "results.json").exists()
 
 
+def test_a_diverged_run_whose_logits_still_differ_fails(tmp_path: Path) -> None:
+    # --model.lr 1e4, one epoch: finite logits of ~1e15 that differ between images (no collapse), one class predicted
+    # for every image; it used to end with "top-1 50%" and exit 0
+    from image_trees import make_image_tree
+
+    root = make_image_tree(tmp_path / "data", classes=("a", "b"), per_class=6, val_per_class=3, size=16)
+    args = ["fit", f"--data.root={root}", "--model.backbone=small_cnn", "--data.image_size=16",
+            "--trainer.max_epochs=1", "--data.batch_size=4", "--model.lr=1e4", "--trainer.precision=32-true",
+            f"--run_dir={tmp_path / 'run'}", *QUIET]  # fmt: skip
+    message = error(args)
+    assert re.match(
+        r"the model diverged at epoch 0, step 3: its validation logits reach \d\.\d+e\+\d\d in magnitude \(a trained "
+        r"model's stay within ~100\), so its predictions no longer mean anything\. Check the pre-trained weights, "
+        r"lower the learning rate",
+        message,
+    ), message
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
 def dead_backbone(path: Path) -> Path:
     """small_cnn weights whose last BatchNorm has zero scale and shift: every image's features are 0."""
     body = create_backbone("small_cnn").body

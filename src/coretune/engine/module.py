@@ -64,29 +64,41 @@ class NonFiniteLossError(FloatingPointError):
     (the same logits for every image of an evaluation epoch)."""
 
 
+LOGIT_LIMIT = 1e6
+"""Logits beyond this magnitude mean a diverged model: a trained classifier's stay within ~100 (a logit gap of 100
+is already a probability of 1 - 4e-44), so finite logits of 1e15 after a huge step predict by their sign alone."""
+
+
 class _OutputWatch:
-    """Whether an evaluation epoch's logits are all the same row while its images are not all the same image.
+    """Whether an evaluation epoch's logits are all the same row while its images are not all the same image, and
+    the largest logit magnitude of the epoch.
 
     A classifier whose outputs no longer depend on its input has collapsed (dead or saturated activations after a
     diverging step) and predicts one class for everything, yet ends with a plausible accuracy (the share of that
     class). The rule is exact equality over the whole epoch, on 2 or more differing images, so a working model is
     never flagged: two different images giving bit-identical logits does not happen by chance, and an epoch of
-    identical images (a blank test set) is never judged. Flags are kept as tensors: no device sync per batch.
+    identical images (a blank test set) is never judged. A diverged model whose logits still differ between images
+    shows in their size instead (:data:`LOGIT_LIMIT`). Flags are kept as tensors: no device sync per batch.
     """
 
     def __init__(self, x: Tensor, logits: Tensor) -> None:
         self.image, self.logits = x[0], logits[0]  # the epoch's first image and its logits
         self.images_differ: Tensor | bool = False
         self.logits_differ: Tensor | bool = False
+        self.largest: Tensor | float = 0.0
         self.count = 0
 
     def update(self, x: Tensor, logits: Tensor) -> None:
         self.images_differ = (x != self.image).any() | self.images_differ
         self.logits_differ = (logits != self.logits).any() | self.logits_differ
+        self.largest = torch.clamp(logits.abs().amax().float(), min=self.largest)
         self.count += len(x)
 
     def collapsed(self) -> bool:
         return bool(self.images_differ) and not bool(self.logits_differ)
+
+    def exploded(self) -> bool:
+        return float(self.largest) > LOGIT_LIMIT
 
 
 def _train_features(features: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
@@ -600,19 +612,26 @@ class FineTuner(L.LightningModule):
         return diverged_fix(getattr(self._trainer, "precision", None))
 
     def _check_collapse(self, stage: str) -> None:
-        """Raise :class:`NonFiniteLossError` when the ``stage`` epoch's outputs collapsed (on every process)."""
+        """Raise :class:`NonFiniteLossError` when the ``stage`` epoch's outputs collapsed (on every process) or its
+        logits exploded (on any process)."""
         watch, self._watch = self._watch, None
         collapsed = watch is not None and watch.collapsed()
-        if not self.trainer.strategy.reduce_boolean_decision(collapsed, all=True) or watch is None:
-            return
-        scores = watch.logits.float().reshape(len(watch.logits), -1).mean(1)  # (K,) also for per-pixel logits
-        row = ", ".join(f"{v:.4g}" for v in scores.tolist()[:5])
-        name = self.class_names[int(scores.argmax())] if self.class_names else "?"
-        raise NonFiniteLossError(
-            f"the model collapsed at epoch {self.current_epoch}, step {self.global_step}: all {watch.count} {stage} "
-            f"images get the same logits ({row}{', …' if len(watch.logits) > 5 else ''}), so it predicts class "
-            f"{name!r} for every image. Check the pre-trained weights, {self._diverged_fix()}"
-        )
+        if self.trainer.strategy.reduce_boolean_decision(collapsed, all=True) and watch is not None:
+            scores = watch.logits.float().reshape(len(watch.logits), -1).mean(1)  # (K,) also for per-pixel logits
+            row = ", ".join(f"{v:.4g}" for v in scores.tolist()[:5])
+            name = self.class_names[int(scores.argmax())] if self.class_names else "?"
+            raise NonFiniteLossError(
+                f"the model collapsed at epoch {self.current_epoch}, step {self.global_step}: all {watch.count} "
+                f"{stage} images get the same logits ({row}{', …' if len(watch.logits) > 5 else ''}), so it predicts "
+                f"class {name!r} for every image. Check the pre-trained weights, {self._diverged_fix()}"
+            )
+        if self.trainer.strategy.reduce_boolean_decision(watch is not None and watch.exploded(), all=False):
+            largest = f"{float(watch.largest):.3g}" if watch is not None else f"beyond {LOGIT_LIMIT:.0e}"
+            raise NonFiniteLossError(
+                f"the model diverged at epoch {self.current_epoch}, step {self.global_step}: its {stage} logits "
+                f"reach {largest} in magnitude (a trained model's stay within ~100), so its predictions no longer "
+                f"mean anything. Check the pre-trained weights, {self._diverged_fix()}"
+            )
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         x = batch[0] if isinstance(batch, list | tuple) else batch

@@ -246,7 +246,8 @@ class FitCLI(RunDirCLI):
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         """The Trainer, once the data folders are known to exist (a wrong path is then the only line a user sees,
         not after Lightning's accelerator report)."""
-        self.datamodule.check_folders()
+        if callable(check := getattr(self.datamodule, "check_folders", None)):  # coretune's data modules have it
+            check()
         trainer = self._get(self.config_init, "trainer", default={})
         show_progress = trainer.get("enable_progress_bar") is not False
         self.trainer_defaults["callbacks"] = default_callbacks(trainer["default_root_dir"], progress=show_progress)

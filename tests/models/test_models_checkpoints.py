@@ -414,7 +414,7 @@ def test_directory(tmp_path: Path) -> None:
         load_checkpoint_file(tmp_path)
 
 
-@pytest.mark.parametrize("name", ["ckpt.pth", "legacy.pth", "model.safetensors", "empty.pt"])
+@pytest.mark.parametrize("name", ["ckpt.pth", "legacy.pth", "model.safetensors", "empty.pt", "page.pth"])
 def test_truncated_file(name: str, tmp_path: Path) -> None:
     path = tmp_path / name
     state = {f"t{i}": torch.randn(64, 64) for i in range(4)}
@@ -423,7 +423,8 @@ def test_truncated_file(name: str, tmp_path: Path) -> None:
     else:
         torch.save(state, path, _use_new_zipfile_serialization=name != "legacy.pth")
     data = path.read_bytes()
-    path.write_bytes(b"" if name == "empty.pt" else data[: len(data) // 2])
+    # page.pth: no checkpoint at all (an HTML error page saved under the checkpoint's name), not an unsafe pickle
+    path.write_bytes({"empty.pt": b"", "page.pth": b"<html>404 Not Found</html>\n"}.get(name, data[: len(data) // 2]))
     with pytest.raises(CheckpointError, match=rf"cannot read .*checkpoint {path} .*truncated or corrupt"):
         load_checkpoint_file(path)
 

@@ -184,6 +184,12 @@ def load_checkpoint_file(path: str | Path) -> Any:
         with torch.serialization.safe_globals(_SAFE_GLOBALS):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
+        # the weights-only unpickler also refuses bytes that are no pickle at all (a text or HTML file: "Unsupported
+        # operand 60"): those are unreadable, not unsafe
+        if "unsupported operand" in str(err).lower():
+            with path.open("rb") as file:
+                head = file.read(16)
+            raise UnreadableCheckpointError(path, f"no pickle or zip archive: it starts with {head!r}") from err
         if "weights only" not in str(err).lower():
             raise _corrupt(path, err) from err
         # torch words it "Unsupported global: GLOBAL x" or "Trying to load unsupported GLOBAL x", by version

@@ -5,11 +5,16 @@ classification). The image size and normalisation default to those the model was
 checkpoint), the classes must be those it was fine-tuned on; ``--data.*`` (or a run's ``config.yaml`` through
 ``--config``) overrides the first two. The results go to a JSON file of their own in the checkpoint's run
 directory (``test_results.json``, ``val_results.json``); the fit's ``results.json`` is left as it is.
+
+A classification checkpoint is also scored on one labelled folder without training data: ``--data.root DIR`` whose
+class folders stand in ``DIR`` itself (or in ``DIR/test``, ``DIR/val``, with no ``DIR/train``), or
+``--data.test_dir`` / ``--data.val_dir`` alone (:func:`scored_folder_options`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 from pathlib import Path
@@ -74,19 +79,23 @@ def score(command: Split, args: Sequence[str]) -> Path:
     output = results_output(
         cfg.output, ckpt, attrgetter("test_results" if command == "test" else "val_results"), command
     )
-    data = model.task.data_class(**cfg.data.as_dict())
+    options = cfg.data.as_dict()
+    standalone = scored_folder_options(command, options) if model.task.name == "classification" else None
+    data = model.task.data_class(**(standalone or options))
     check_classes(model, data, cfg.ckpt_path)
     trainer = L.Trainer(
         default_root_dir=str(output.parent), precision=cfg.precision, logger=False, enable_checkpointing=False
     )
-    results: dict[str, Any] = {"checkpoint": str(ckpt), "data": cfg.data.as_dict()}
+    results: dict[str, Any] = {"checkpoint": str(ckpt), "data": options}
+    if standalone:
+        results["scored_folder"] = standalone["train_dir"]
     if command == "test":
         trainer.test(model, datamodule=data)
         results["test"] = model.test_results
     else:
         (logged,) = trainer.validate(model, datamodule=data, verbose=False)
         results["validate"] = {key.removeprefix("val/"): value for key, value in logged.items()}
-        results["validated_on_test_images"] = data.validates_on_test
+        results["validated_on_test_images"] = None if standalone else data.validates_on_test
     text = json.dumps(results, indent=2, sort_keys=True) + "\n"
     with atomic_write(output) as f:
         f.write(text)
@@ -94,6 +103,29 @@ def score(command: Split, args: Sequence[str]) -> Path:
         print(text, end="")
     print(f"{command} results: {output}")
     return output
+
+
+def scored_folder_options(command: Split, options: dict[str, Any]) -> dict[str, Any] | None:
+    """The image-folder data options that score one labelled folder with no training split, or None when the
+    options name training data (``train_dir``, ``root/train``) or are not an image folder's.
+
+    The folder is ``--data.test_dir`` (``test``) or ``--data.val_dir`` (``validate``), else ``root/test`` or
+    ``root/val``, else ``root`` itself when it holds neither (its class folders)."""
+    if options.get("dataset", "imagefolder") != "imagefolder" or options.get("train_dir") is not None:
+        return None
+    root = options.get("root")
+    if root is not None and (not os.path.isdir(root) or os.path.isdir(os.path.join(root, "train"))):
+        return None  # the data module's own message for a missing root; training data: the usual splits
+    split, other = ("test", "val") if command == "test" else ("val", "test")
+    folder = options.get(f"{split}_dir") or options.get(f"{other}_dir")
+    if folder is None and root is not None:
+        candidates = (os.path.join(root, split), os.path.join(root, other))
+        folder = next((path for path in candidates if os.path.isdir(path)), root)
+    if folder is None:
+        return None
+    # the training split only lends the class names (never loaded); subsets are off
+    return {**options, "root": None, "train_dir": folder, f"{split}_dir": folder, f"{other}_dir": None,
+            "label_fraction": 1.0, "val_fraction": 0.0, "cache_images": False}  # fmt: skip
 
 
 def _ckpt_path_arg(args: Sequence[str]) -> str | None:

@@ -219,6 +219,33 @@ def test_coretune_test_writes_its_own_results_and_leaves_the_fits(
     assert (run / "results.json").read_bytes() == fit_results
 
 
+def test_coretune_test_and_validate_score_one_labelled_folder_without_training_data(
+    fitted: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A new labelled set as class folders, with no train/ beside it: it used to be refused ("no training data
+    given", "has no train/ folder")."""
+    from image_trees import make_image_tree
+
+    _, fitted_run = fitted
+    run = Path(shutil.copytree(fitted_run, tmp_path / "run"))
+    ckpt = run / "checkpoints" / "best.ckpt"
+    other = make_image_tree(tmp_path / "other", per_class=2, val_per_class=2, seed=1)
+    shutil.rmtree(other / "train")  # other/val/<class>/*: 3 × 2 images
+    for option in (f"--data.root={other / 'val'}", f"--data.test_dir={other / 'val'}", f"--data.root={other}"):
+        (run / "test_results.json").unlink(missing_ok=True)
+        main(["test", f"--ckpt_path={ckpt}", option, "--data.image_size=32"])
+        written = json.loads((run / "test_results.json").read_text())
+        assert written["scored_folder"] == str(other / "val"), option
+        assert sum(map(sum, written["test"]["confusion_matrix"])) == 6, option
+    main(["validate", f"--ckpt_path={ckpt}", f"--data.root={other / 'val'}", "--data.image_size=32"])
+    validated = json.loads((run / "val_results.json").read_text())
+    assert validated["scored_folder"] == str(other / "val") and validated["validated_on_test_images"] is None
+    assert 0 <= validated["validate"]["top1"] <= 1
+    (other / "val" / "cat").rename(other / "val" / "ant")  # other classes than the model's: refused as before
+    with pytest.raises(SystemExit, match=r"the data's classes .* are not those checkpoint"):
+        main(["test", f"--ckpt_path={ckpt}", f"--data.root={other / 'val'}"])
+
+
 class _StopAfterFirstEpoch(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         trainer.should_stop = True

@@ -95,6 +95,10 @@ def test_a_fractional_step_size_is_recorded_as_a_number(fitted_greys: tuple[Path
           "--steps=2", "--step_size=2/255", "--max_images=4", f"--output={out}"])  # fmt: skip
     (report,) = json.loads(out.read_text())["reports"]
     assert report["results"][0]["step_size"] == 2 / 255 and report["steps"] == 2
+    # one labelled folder without training data (tree/val's class folders) is scored too
+    main(["eval", "robust", f"--ckpt={ckpt}", f"--data.root={tree / 'val'}", "--attack=pgd", "--steps=2",
+          "--threat_models=linf:4/255", f"--output={out}"])  # fmt: skip
+    assert json.loads(out.read_text())["reports"][0]["num_images"] == 30
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ from .attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode, 
 from .data import ImageClassificationData
 from .engine import FineTuner, atomic_write
 from .runconfig import add_config_argument, parse_with_config
-from .scoring import check_classes, results_output
+from .scoring import check_classes, results_output, scored_folder_options
 from .tasks import ClassificationTask
 
 __all__ = [
@@ -384,7 +384,9 @@ def evaluate_robust(args: Sequence[str]) -> Path:
     # the checkpoint's settings as defaults: the command line still wins
     cfg = parse_with_config(parser, args, task=model.task.name, checkpoint=cfg.ckpt_path)
     check(cfg)
-    data = ImageClassificationData(**{**cfg.data.as_dict(), "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)})
+    options = cfg.data.as_dict()
+    options = scored_folder_options("test", options) or options  # one labelled folder needs no training data
+    data = ImageClassificationData(**{**options, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)})
     check_classes(model, data, cfg.ckpt_path)
     loader = data.test_dataloader()
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -144,6 +144,15 @@ def test_bad_formats_are_one_line_before_anything_is_written(
     assert not (tmp_path / "export").exists()
 
 
+def test_an_output_that_is_a_file_is_one_line_and_left_alone(checkpoint: Path, tmp_path: Path) -> None:
+    output = tmp_path / "model.onnx"  # a file name given where the export's folder goes
+    output.write_bytes(b"mine")
+    assert error(["export", f"--ckpt_path={checkpoint}", f"--output={output}"]) == (
+        f"--output {output} is a file: give a folder (the export writes its model files and config.json into it)"
+    )
+    assert output.read_bytes() == b"mine"
+
+
 def test_missing_onnx_packages_are_one_line_naming_the_extra(
     checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -114,6 +114,10 @@ def export_checkpoint(
     checked before anything is written.
     """
     formats = check_formats(formats)
+    if Path(output).exists() and not Path(output).is_dir():
+        raise ValueError(
+            f"--output {output} is a file: give a folder (the export writes its model files and config.json into it)"
+        )
     if "onnx" in formats:
         _require_onnx()
     model = FineTuner.from_checkpoint(ckpt_path).eval()

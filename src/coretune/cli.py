@@ -65,7 +65,9 @@ def _predict_parser() -> ArgumentParser:
     )
     add_config_argument(parser)
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
-    parser.add_argument("--input", type=str, required=True, help="Folder of images (searched recursively).")
+    parser.add_argument(
+        "--input", type=str, required=True, help="Folder of images (searched recursively), or one image file."
+    )
     parser.add_argument(
         "--output",
         type=str | None,

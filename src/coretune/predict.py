@@ -43,8 +43,8 @@ def predict_folder(
     overlay: bool = False,
     config_files: Sequence[str] = (),
 ) -> Path:
-    """Predict every image under ``folder`` with the checkpoint's task; return what was written (default
-    :func:`default_output`).
+    """Predict every image under ``folder`` (or the one image file it names) with the checkpoint's task; return what
+    was written (default :func:`default_output`).
 
     Classification writes ``path, prediction, confidence, p_<class>…`` for every image into a CSV; segmentation
     one palette mask per image (:func:`predict_masks`, which ``overlay`` concerns). ``config_files``: the
@@ -143,6 +143,7 @@ def predict_masks(
     mean, std = tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD))
     transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
     dataset = ImageFileDataset(str(folder), transform, on_bad_image=on_bad_image)
+    base = folder if os.path.isdir(folder) else os.path.dirname(os.path.abspath(folder))  # one image: its folder
     loader = DataLoader(dataset, batch_sampler=same_size_batches(dataset.paths, batch_size), num_workers=num_workers)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
@@ -152,7 +153,7 @@ def predict_masks(
             for images, indices in loader:
                 masks = _finite_logits(model, images, ckpt_path, dataset.paths, indices).argmax(1).numpy()
                 for image, index, mask in zip(images, indices.tolist(), masks, strict=True):
-                    name = Path(os.path.relpath(dataset.paths[index], folder)).with_suffix("")
+                    name = Path(os.path.relpath(dataset.paths[index], base)).with_suffix("")
                     (staging / name).parent.mkdir(parents=True, exist_ok=True)
                     save_palette_mask(mask, staging / f"{name}.png")
                     written.append(Path(f"{name}.png"))

@@ -181,6 +181,9 @@ def test_test_predict_export_round_trip(fitted: tuple[Path, Path], tmp_path: Pat
     assert torch.allclose(
         torch.tensor([[float(r[f"p_{n}"]) for n in model.class_names] for r in rows]), probs, atol=1e-5
     )
+    main(["predict", f"--ckpt_path={ckpt}", f"--input={files.paths[1]}", f"--output={out}"])  # one image file
+    (row,) = csv.DictReader(out.open())
+    assert row["path"] == files.paths[1] and row["prediction"] == rows[1]["prediction"]
 
     main(["export", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'export'}"])
     net, config = load_exported(tmp_path / "export")

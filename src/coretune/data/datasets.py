@@ -199,12 +199,13 @@ def _cifar_missing(root: str, name: Literal["cifar10", "cifar100"], problem: str
 
 
 class ImageFileDataset(Dataset[tuple[Any, int]]):
-    """Every image file under ``folder`` (recursively, sorted, no labels): ``ds[i] -> (transform(image), i)``.
+    """Every image file under ``folder`` (recursively, sorted, no labels), or the one image file ``folder`` names:
+    ``ds[i] -> (transform(image), i)``.
 
     ``ds.paths[i]`` is the file of item ``i``, so predictions can be written next to their file names.
 
     Args:
-        folder: the folder to list.
+        folder: the folder to list, or one image file.
         transform: applied to the RGB PIL image; default: the evaluation transform at 224 px, ImageNet
             mean/std.
         draft_size: JPEG draft size (see :func:`~coretune.data.images.load_rgb`); with the default transform,
@@ -224,8 +225,11 @@ class ImageFileDataset(Dataset[tuple[Any, int]]):
         draft_size: int | None = None,
         on_bad_image: OnBadImage = "error",
     ) -> None:
-        require_folder(folder, "image folder")
-        paths = list_image_files(folder)
+        if os.path.isfile(folder) and folder.lower().endswith(IMAGE_EXTENSIONS):
+            paths = [folder]
+        else:
+            require_folder(folder, "image folder")
+            paths = list_image_files(folder)
         self.skipped = find_bad_images(paths) if on_bad_image == "skip" and paths else []
         if self.skipped:
             warn_skipped(self.skipped, len(paths))

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 from scipy.stats import ttest_rel
 
 from coretune.cli import main
 from coretune.sweeps import BenchSpec, report
 from coretune.sweeps.report import write_summary
 from coretune.sweeps.spec import table_layout
+from coretune.sweeps.status import print_status
 
 DOMAINS = ("art", "cartoon", "photo", "sketch")
 
@@ -93,6 +95,11 @@ def test_an_oracle_selection_is_marked_in_every_output(tmp_path: Path, monkeypat
         assert [r["selection"] for r in csv.DictReader(f)] == ["ORACLE: test-domain validation set (oracle)"] * 2
     summary = json.loads((spec.output / "summary.json").read_text())
     assert {s["oracle"] for row in summary["rows"] for s in row["selection"]} == {True}
+    with (spec.output / "runs.csv").open(newline="") as f:  # each run's row
+        assert {r["selection"] for r in csv.DictReader(f)} == {"ORACLE: test-domain validation set (oracle)"}
+    console = Console(record=True, width=200)
+    print_status(spec, console)  # coretune bench --status
+    assert console.export_text().count("(ORACLE)") == len(spec.runs())
 
 
 def test_table7_reports_the_training_domains_held_out_accuracy_the_chosen_checkpoints_and_the_average_difference(

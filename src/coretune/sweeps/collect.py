@@ -93,10 +93,18 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
                 train_images_per_s=results.get("train_images_per_s"),
                 run_dir=run.run_dir,
                 reconstructed=reconstructed,
+                selection=_selection_text(test.get("selection")),
             )
         )
     cells = {key: Cell(*key, tuple(v), tuple(seeds[key]), tuple(rebuilt.get(key, ()))) for key, v in values.items()}
     return cells, rows
+
+
+def _selection_text(selection: Any) -> str | None:
+    """A run's model-selection rule as runs.csv and ``--status`` show it: its name, ``ORACLE: `` before an oracle's."""
+    if not isinstance(selection, dict) or "name" not in selection:
+        return None
+    return f"{'ORACLE: ' if selection.get('oracle') else ''}{selection['name']}"
 
 
 def collect_curves(spec: BenchSpec) -> list[CurvePoint]:

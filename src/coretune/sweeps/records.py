@@ -48,14 +48,18 @@ class RunRecord:
     train_images_per_s: float | None
     run_dir: Path
     reconstructed: bool = False  # results.json has a "reconstructed" entry (docs/records/README.md)
+    selection: str | None = None  # domain generalization: the model-selection rule, "ORACLE: …" for the oracle
 
     def top1_pct(self, metric: Metric) -> float | None:
         """The top-1 (%) the spec's ``metric`` tabulates."""
         return self.val_top1_pct if metric == "val" else self.test_top1_pct
 
-    def csv_row(self, metric: Metric) -> dict[str, Any]:
-        """The ``runs.csv`` row: blank where a value is missing, ``val_top1_pct`` only with ``metric: val``."""
-        skip = {"run_dir"} | ({"val_top1_pct"} if metric != "val" else set())
+    def csv_row(self, metric: Metric, selection: bool = False) -> dict[str, Any]:
+        """The ``runs.csv`` row: blank where a value is missing, ``val_top1_pct`` only with ``metric: val``,
+        ``selection`` only with ``selection`` (runs that choose their checkpoint by a rule: domain generalization)."""
+        skip = (
+            {"run_dir"} | ({"val_top1_pct"} if metric != "val" else set()) | ({"selection"} if not selection else set())
+        )
         names = [f.name for f in fields(self) if f.name not in skip]
         row = {name: "" if (value := getattr(self, name)) is None else value for name in names}
         return {**row, "run_dir": str(self.run_dir)}

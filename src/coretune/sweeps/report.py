@@ -401,7 +401,7 @@ def write_summary(spec: BenchSpec) -> tuple[str, list[Path]]:
     spec.output.mkdir(parents=True, exist_ok=True)
     markdown = _markdown(spec, cells, layout, extra)
     paths = [spec.output / "runs.csv", spec.output / "summary.csv", spec.output / "summary.md"]
-    _write_csv(paths[0], [run.csv_row(spec.metric) for run in runs])
+    _write_csv(paths[0], [run.csv_row(spec.metric, selection=spec.table == "table7") for run in runs])
     _write_csv(paths[1], _summary_rows(spec, cells, layout))
     paths[2].write_text(markdown)
     if spec.table in ("table6", "table7", "table8"):

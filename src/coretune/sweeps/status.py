@@ -54,6 +54,8 @@ def print_status(spec: BenchSpec, console: Any, whole: BenchSpec | None = None) 
     table = Table("data set", "objective", "labels", "seed", spec_metric_text(spec) + " (%)", "progress")
     for row in rows:
         value = f"{row.top1_pct(spec.metric):.2f}" if row.status == "finished" else ""
+        if value and row.selection and row.selection.startswith("ORACLE"):
+            value += " (ORACLE)"  # chosen on the unseen domain
         fraction = f"{100 * row.label_fraction:g}%"
         table.add_row(row.dataset, row.objective, fraction, str(row.seed), value, row.progress)
     counts = {s: sum(r.status == s for r in rows) for s in ("finished", "running", "unfinished", "missing")}

@@ -87,7 +87,7 @@ def test_each_unseen_domain_the_held_out_parts_and_the_chosen_checkpoint_are_rep
 ) -> None:
     run = tmp_path / "run"
     results = fit(tree, run, "--objective", "ce_con", "--trainer.max_epochs=3", "--model.optimizer=adam",
-                  "--model.lr=0.003", "--model.schedule=exponential")  # fmt: skip
+                  "--model.lr=0.003", "--model.schedule=exponential", "--seed=1")  # fmt: skip
     out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
     rows = read_metrics(run / "metrics.csv")
     assert len(rows) == 3 and {"val/art/top1", "val/cartoon/top1", "val/sketch/top1", "val/top1"} <= set(rows[0])
@@ -108,12 +108,19 @@ def test_each_unseen_domain_the_held_out_parts_and_the_chosen_checkpoint_are_rep
     assert results["validated_on_test_images"] is False
     assert "unseen domain(s): photo" in out and "selection: training-domain validation set (best.ckpt, epoch" in out
     assert "ORACLE" not in out
-    # coretune test of the chosen checkpoint: the same entry, named by the checkpoint it reads
-    main(["test", f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}", f"--data.root={tree}",
-          "--data.test_domains=photo"])  # fmt: skip
-    scored = json.loads((run / "test_results.json").read_text())["test"]
-    assert scored["test_domains"] == pytest.approx(test["test_domains"])
-    assert scored["selection"]["epoch"] == selection["epoch"]
+    # coretune test of the chosen checkpoint: the same entry, its split drawn with the run's seed (1) and unseen
+    # domain, both from the checkpoint (they used to default to seed 0 and none: held-out parts of other images)
+    main(["test", f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}", f"--data.root={tree}"])
+    scored = json.loads((run / "test_results.json").read_text())
+    assert scored["data"]["seed"] == 1 and scored["data"]["test_domains"] == "photo"
+    for key in ("test_domains", "test_domains_heldout", "training_domains_heldout"):
+        assert scored["test"][key] == pytest.approx(test[key]), key
+    assert {k: v for k, v in scored["test"]["selection"].items() if k != "path"} == pytest.approx(
+        {k: v for k, v in selection.items() if k != "path"}
+    )
+    main(["test", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"--data.root={tree}"])
+    last = json.loads((run / "test_results.json").read_text())["test"]["selection"]
+    assert last["checkpoint"] == "last.ckpt" and last["epoch"] == 2  # the file it tested, not the rule's best.ckpt
 
 
 @pytest.mark.parametrize("rule", ["test_domain_validation", "last_checkpoint"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import lightning as L
 from torch import Tensor
@@ -90,6 +90,10 @@ class ImageClassificationData(L.LightningDataModule):
             ResNet-18 step on 2 CPU cores gains nothing measurable (docs/benchmarks.md): for slow storage or
             images whose decoding dominates.
     """
+
+    #: Options that drew the run's splits (the seed of the validation split and label subset). A checkpoint keeps them;
+    #: ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
+    split_settings: ClassVar[tuple[str, ...]] = ("seed",)
 
     def __init__(
         self,

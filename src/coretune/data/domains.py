@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import lightning as L
 import numpy as np
@@ -272,6 +272,10 @@ class DomainGeneralizationData(L.LightningDataModule):
             checkpoint, scored on the unseen domains' held-out parts; marked as an oracle in every output) or
             last_checkpoint.
     """
+
+    #: Options that drew the run's splits and chose its checkpoint (each domain's in/out parts, the rule). A
+    #: checkpoint keeps them; ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
+    split_settings: ClassVar[tuple[str, ...]] = ("seed", "test_domains", "holdout_fraction", "selection")
 
     def __init__(
         self,

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import lightning as L
 import numpy as np
@@ -436,6 +436,10 @@ class SegmentationData(L.LightningDataModule):
             them out and warns once.
         pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies).
     """
+
+    #: Options that drew the run's splits (the seed of the validation split and label subset). A checkpoint keeps them;
+    #: ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
+    split_settings: ClassVar[tuple[str, ...]] = ("seed",)
 
     def __init__(
         self,

@@ -459,9 +459,11 @@ class FineTuner(L.LightningModule):
 
     @property
     def trained_data(self) -> dict[str, Any]:
-        """The image size and normalisation (``image_size``, ``mean``, ``std``) the model was fine-tuned with, as
-        its checkpoint records them (empty for a model not loaded by :meth:`from_checkpoint`, or one saved without
-        a data module): what ``coretune test``, ``validate`` and ``predict`` evaluate it with unless told otherwise."""
+        """The image size and normalisation (``image_size``, ``mean``, ``std``) the model was fine-tuned with, and
+        the settings that drew its splits (``seed``; domain generalization: ``test_domains``, ``holdout_fraction``,
+        ``selection``), as its checkpoint records them (empty for a model not loaded by :meth:`from_checkpoint`, or
+        one saved without a data module): what ``coretune test``, ``validate``, ``eval robust`` and ``predict``
+        evaluate it with unless told otherwise (a run's seed is not in its ``config.yaml``: ``--seed`` sets it)."""
         data = self.checkpoint_info.get("data") or {}
         return {k: list(v) if isinstance(v, tuple | list) else v for k, v in data.items()}
 
@@ -496,9 +498,17 @@ class FineTuner(L.LightningModule):
                 f"checkpoint {path}: its weights do not fit the model its settings describe "
                 f"({' '.join(str(err).split())[:300]}): the file is damaged; use the run's other checkpoint"
             ) from err
-        model.checkpoint_info = meta
+        model.checkpoint_info = {**meta, "data": {**meta.get("data", {}), **model._split_settings(ckpt)}}
         model.loaded_checkpoint = _written_at(ckpt, path)
         return model.to(map_location)
+
+    def _split_settings(self, ckpt: Mapping[str, Any]) -> dict[str, Any]:
+        """The data options that drew the run's splits (its task's data class's ``split_settings``: the seed; for
+        domain generalization also the unseen domains, held-out fraction and selection rule), as Lightning saved the
+        data module's arguments with the checkpoint (``datamodule_hyper_parameters``); empty without them."""
+        saved = ckpt.get("datamodule_hyper_parameters")
+        names = getattr(self.task.data_class, "split_settings", ())
+        return {k: saved[k] for k in names if k in saved} if isinstance(saved, Mapping) else {}
 
     # -- steps ----------------------------------------------------------------------------------------------
     def _images(self, x: Tensor) -> Tensor:

@@ -77,7 +77,8 @@ def domain_val_values(accuracies: Tensor, groups: Sequence[EvalGroup]) -> dict[s
 def selection_entry(rule: str, chosen: dict[str, Any] | None = None) -> dict[str, Any]:
     """``results.json``'s ``selection``: the rule (option value and DomainBed's name), whether it is an oracle, which
     checkpoint it tests and what its score is on; ``chosen`` adds where that checkpoint was written (``epoch``,
-    ``step``, ``path``)."""
+    ``step``, ``path``), whose file name is then the ``checkpoint`` (``coretune test`` of another file than the
+    rule's names the file it tested)."""
     selection = SELECTIONS[rule]
     entry = {
         "rule": rule,
@@ -86,6 +87,8 @@ def selection_entry(rule: str, chosen: dict[str, Any] | None = None) -> dict[str
         "checkpoint": f"{selection.checkpoint}.ckpt",
         "scored_on": selection.scored_on,
     }
+    if chosen and chosen.get("path"):
+        entry["checkpoint"] = Path(chosen["path"]).name
     return {**entry, **(chosen or {})}
 
 

@@ -64,8 +64,11 @@ class CoreTuning(Objective):
     ``same_domain_positives=True`` an anchor's positives among the batch's rows are its class's samples *of its own
     domain*, its hardest positive is mined among them, and samples of its class from other domains are left out of
     its contrast altogether (``A_i``, neither positive nor negative: as negatives they would push a class's domains
-    apart, against what domain generalization wants); other classes' samples of every domain stay negatives. It
-    needs no cross-batch memory (the memory keeps no domain labels).
+    apart, against what domain generalization wants); other classes' samples of every domain stay negatives. The
+    rule concerns the batch's samples: the generated rows are treated as without domains (the anchor's own ``z⁺``
+    is its positive; with ``generated_pairs=all`` the other anchors' ``z⁺``/``z⁻`` sit in ``A_i``, of whatever
+    class or domain, as in the paper's setting). It needs no cross-batch memory (the memory keeps no domain
+    labels).
 
     Memory rows go stale as the encoder trains. As XBM (Wang et al., CVPR 2020, whose sample configuration starts
     the memory at iteration 1,000 of 35,000 of fine-tuning an ImageNet-pretrained encoder, once the features

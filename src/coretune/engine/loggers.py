@@ -214,7 +214,8 @@ def place_loggers(config: Any, resuming: bool) -> None:
 
 def _place_wandb(args: Any, run_dir: Path, resuming: bool) -> None:
     """Into the run directory unless told otherwise; the W&B run id kept in ``RUN/wandb_id``, so that a resumed run
-    goes on in the same W&B run (online; offline runs of one id are joined by ``wandb sync --append``)."""
+    goes on in the same W&B run (online; offline, each start writes its own folder of that id, which ``wandb
+    sync RUN/wandb/offline-run-*`` uploads into the one run, in order)."""
     if args["save_dir"] == _default(loggers.WandbLogger, "save_dir") and not args["dir"]:
         args["save_dir"] = str(run_dir)
     if args.get("id") or args.get("version"):

@@ -14,7 +14,8 @@ import torch
 
 from coretune.cli import main
 from coretune.engine import FineTuner
-from coretune.export import load_exported
+from coretune.export import ExportedClassifier, _export_classifier, load_exported
+from coretune.models import create_backbone
 from fit_flags import QUIET, error
 
 ort = pytest.importorskip("onnxruntime")
@@ -24,7 +25,8 @@ ALL = ["model.safetensors", "model.pt2", "model.torchscript.pt", "model.onnx"]
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The last checkpoint of one epoch of `coretune fit` on a tiny tree, at 32 px."""
+    """The last checkpoint of one epoch of `coretune fit` of a ResNet-18 on a tiny tree, at 32 px (its last feature
+    map is 1 × 1)."""
     from image_trees import make_image_tree
 
     base = tmp_path_factory.mktemp("onnx")
@@ -35,7 +37,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
             f"--data.root={tree}",
             "--data.image_size=32",
             "--data.batch_size=8",
-            "--model.backbone=small_cnn",
+            "--model.backbone=resnet18",
+            "--model.weights=null",
             "--trainer.max_epochs=1",
             f"--run_dir={run_dir}",
             *QUIET,
@@ -57,20 +60,54 @@ def test_format_onnx_matches_the_pytorch_model(
     assert export(checkpoint, out, "--format", "onnx") == ["config.json", "model.onnx"]  # weights inside
     assert capsys.readouterr().out.splitlines() == [str(out / "model.onnx"), str(out / "config.json")]
     config = json.loads((out / "config.json").read_text())
-    assert config["formats"] == ["onnx"] and config["input_shape"] == ["batch", 3, 32, 32]
+    assert config["formats"] == ["onnx"] and config["input_shape"] == ["batch", 3, "height", "width"]
 
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     (images_input,), (logits_output,) = session.get_inputs(), session.get_outputs()
     assert (images_input.name, logits_output.name) == ("images", "logits")
-    assert isinstance(images_input.shape[0], str) and images_input.shape[1:] == [3, 32, 32]  # dynamic batch
+    assert images_input.shape == ["batch", 3, "height", "width"]
     model = FineTuner.from_checkpoint(checkpoint).eval()
-    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    for batch in (1, 3):
+    generator = torch.Generator().manual_seed(0)
+    for shape in ((1, 3, 32, 32), (3, 3, 32, 32), (2, 3, 72, 40), (1, 3, 17, 23)):
+        images = torch.randn(shape, generator=generator)
         with torch.no_grad():
-            expected = model(images[:batch])
-        (logits,) = session.run(None, {"images": images[:batch].numpy()})
-        assert logits.shape == (batch, 3)
+            expected = model(images)
+        (logits,) = session.run(None, {"images": images.numpy()})
+        assert logits.shape == (shape[0], 3)
         torch.testing.assert_close(torch.from_numpy(logits), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_every_format_takes_any_image_size(checkpoint: Path, tmp_path: Path) -> None:
+    """Trained at 32 px (a 1 × 1 last feature map), the classifier's pt2, TorchScript and safetensors exports compute
+    the eager logits at the training size and at larger and smaller ones, batches of 1 and 2."""
+    export(checkpoint, tmp_path, "--format=safetensors,pt2,torchscript")
+    assert json.loads((tmp_path / "config.json").read_text())["input_shape"] == ["batch", 3, "height", "width"]
+    model = FineTuner.from_checkpoint(checkpoint).eval()
+    net, _ = load_exported(tmp_path)
+    program = torch.export.load(tmp_path / "model.pt2").module()
+    scripted = torch.jit.load(str(tmp_path / "model.torchscript.pt"))
+    generator = torch.Generator().manual_seed(1)
+    for shape in ((1, 3, 32, 32), (2, 3, 64, 48), (2, 3, 24, 31)):
+        images = torch.randn(shape, generator=generator)
+        with torch.no_grad():
+            expected = model(images)
+            for exported in (net, program, scripted):
+                torch.testing.assert_close(exported(images), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_model_that_fixes_the_image_size_is_exported_at_its_training_size() -> None:
+    """A graph that requires a size (a ViT's patch grid: multiples of 16) keeps the example's size and any batch
+    size, where a CNN's takes any size."""
+    vit = create_backbone("timm/vit_tiny_patch16_224")
+    program, (dynamic,) = _export_classifier(
+        ExportedClassifier(vit, torch.nn.Linear(vit.feature_dim, 2)).eval(), (torch.zeros(2, 3, 32, 32),)
+    )
+    assert list(dynamic) == [0] and program.module()(torch.ones(3, 3, 32, 32)).shape == (3, 2)
+    with pytest.raises(AssertionError, match="size"):
+        program.module()(torch.ones(1, 3, 48, 48))
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()).eval()
+    program, (dynamic,) = _export_classifier(cnn, (torch.zeros(2, 3, 8, 8),))
+    assert list(dynamic) == [0, 2, 3] and program.module()(torch.ones(1, 3, 21, 13)).shape == (1, 4)
 
 
 @pytest.mark.parametrize(

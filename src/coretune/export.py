@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+from torch._dynamo.exc import UserError
+from torch.fx.experimental import _config as fx_config
 
 from .engine import FineTuner
 from .models import DeepLabV3, create_backbone, create_deeplabv3
@@ -91,6 +93,22 @@ def _without_atrous_shortcut(net: nn.Module) -> nn.Module:
     return net
 
 
+def _export_classifier(net: nn.Module, inputs: tuple[Tensor]) -> tuple[torch.export.ExportedProgram, tuple[dict]]:
+    """``net`` as a ``torch.export`` program and the dynamic shapes it was exported with: any batch size and, if
+    its graph allows, any image size (``batch``, ``height``, ``width``). A CNN's does, but a ResNet's last feature
+    map is 1 × 1 at 32 px, which ``torch.export`` would fix at 1 (its "0/1 specialization", refusing larger
+    images): export under ``backed_size_oblivious`` (experimental in torch: the general case for sizes 0 and 1),
+    as the ONNX export must with these shapes. A model that fixes the size (a ViT's patch grid) keeps it."""
+    batch, height, width = torch.export.Dim("batch"), torch.export.Dim("height"), torch.export.Dim("width")
+    dynamic: tuple[dict] = ({0: batch, 2: height, 3: width},)
+    with fx_config.patch(backed_size_oblivious=True):
+        try:
+            return torch.export.export(net, inputs, dynamic_shapes=dynamic), dynamic
+        except UserError:  # a guard on the image size
+            dynamic = ({0: batch},)
+            return torch.export.export(net, inputs, dynamic_shapes=dynamic), dynamic
+
+
 def export_checkpoint(
     ckpt_path: str | Path,
     output: str | Path,
@@ -105,13 +123,13 @@ def export_checkpoint(
     ``model.torchscript.pt`` is traced with ``torch.jit``, which PyTorch has deprecated but many serving stacks
     still read; ``model.onnx`` (input ``images``, output ``logits``, weights in the one file) comes from
     ``torch.onnx``'s ``torch.export``-based exporter and needs the ``onnx`` extra. Every format takes any batch
-    size; a classifier's the training image size, a segmentation model's (a
-    :class:`~coretune.models.DeepLabV3`; ``config.json`` records ``task`` and ``output_stride``) any height and
-    width — ``model.pt2`` from the smallest size its graph was checked for (17 px at output stride 16, 9 at 8),
-    smaller inputs fail its guard. ``config.json`` records the formats written and the ``input_shape`` they
-    take (``"batch"``, ``"height"``, ``"width"`` where any size goes). ``config_files``: the ``--config`` files
-    the options came from, refused when they record another task than the checkpoint's. Every option is
-    checked before anything is written.
+    size and any height and width: a classifier whose graph allows it (a CNN's; a ViT's patch grid keeps the
+    training image size), a segmentation model (a :class:`~coretune.models.DeepLabV3`; ``config.json`` records
+    ``task`` and ``output_stride``) always — its ``model.pt2`` from the smallest size its graph was checked for
+    (17 px at output stride 16, 9 at 8), smaller inputs fail its guard. ``config.json`` records the formats
+    written and the ``input_shape`` they take (``"batch"``, ``"height"``, ``"width"`` where any size goes).
+    ``config_files``: the ``--config`` files the options came from, refused when they record another task than
+    the checkpoint's. Every option is checked before anything is written.
     """
     formats = check_formats(formats)
     if Path(output).exists() and not Path(output).is_dir():
@@ -148,7 +166,7 @@ def export_checkpoint(
         "mean": data.get("mean"),
         "std": data.get("std"),
         "formats": formats,
-        "input_shape": ["batch", 3, "height", "width"] if segmentation else ["batch", 3, size, size],
+        "input_shape": ["batch", 3, "height", "width"],
     }
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
@@ -156,13 +174,17 @@ def export_checkpoint(
     if "safetensors" in formats:
         written.append(output / EXPORT_FORMATS["safetensors"])
         save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()}, str(written[-1]))
-    any_size = torch.export.Dim.DYNAMIC
-    dynamic = ({0: any_size, 2: any_size, 3: any_size} if segmentation else {0: torch.export.Dim("batch")},)
+    inputs = (torch.zeros(2, 3, size, size),)
     if segmentation:
         net = _without_atrous_shortcut(net)
-    inputs = (torch.zeros(2, 3, size, size),)
+        any_size = torch.export.Dim.DYNAMIC
+        dynamic: tuple[dict] = ({0: any_size, 2: any_size, 3: any_size},)
+        program = torch.export.export(net, inputs, dynamic_shapes=dynamic) if "pt2" in formats else None
+    else:
+        program, dynamic = _export_classifier(net, inputs)
+        if 2 not in dynamic[0]:
+            config["input_shape"] = ["batch", 3, size, size]
     if "pt2" in formats:
-        program = torch.export.export(net, inputs, dynamic_shapes=dynamic)
         written.append(output / EXPORT_FORMATS["pt2"])
         torch.export.save(program, written[-1])
     if "torchscript" in formats:
@@ -174,17 +196,18 @@ def export_checkpoint(
         scripted.save(str(written[-1]))
     if "onnx" in formats:
         written.append(output / EXPORT_FORMATS["onnx"])
-        torch.onnx.export(
-            net,
-            inputs,
-            written[-1],
-            dynamo=True,
-            dynamic_shapes=dynamic,
-            input_names=["images"],
-            output_names=["logits"],
-            external_data=False,
-            verbose=False,
-        )
+        with fx_config.patch(backed_size_oblivious=not segmentation):
+            torch.onnx.export(
+                net,
+                inputs,
+                written[-1],
+                dynamo=True,
+                dynamic_shapes=dynamic,
+                input_names=["images"],
+                output_names=["logits"],
+                external_data=False,
+                verbose=False,
+            )
     written.append(output / "config.json")  # last: it lists the formats written
     written[-1].write_text(json.dumps(config, indent=2) + "\n")
     return written

@@ -83,8 +83,10 @@ def test_autoattack_a_config_and_a_chosen_threat_model(fitted_greys: tuple[Path,
     out = tmp_path / "aa.json"
     main(["eval", "robust", f"--config={config}", f"--ckpt={ckpt}", "--attack", "autoattack",
           "--threat_models", "linf:8/255", "--max_images=12", f"--output={out}"])  # fmt: skip
-    (report,) = json.loads(out.read_text())["reports"]
+    results = json.loads(out.read_text())
+    (report,) = results["reports"]
     assert (report["attack"], report["num_images"], report["steps"]) == ("autoattack", 12, None)
+    assert results["sample"] == {"max_images": 12, "seed": 0}
     assert report["results"] == [{"norm": "linf", "eps": 8 / 255, "accuracy": 0.0, "step_size": None}]
 
 

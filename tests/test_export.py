@@ -105,7 +105,8 @@ def test_a_model_that_fixes_the_image_size_is_exported_at_its_training_size() ->
     assert list(dynamic) == [0] and program.module()(torch.ones(3, 3, 32, 32)).shape == (3, 2)
     with pytest.raises(AssertionError, match="size"):
         program.module()(torch.ones(1, 3, 48, 48))
-    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()).eval()
+    nn = torch.nn
+    cnn = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
     program, (dynamic,) = _export_classifier(cnn, (torch.zeros(2, 3, 8, 8),))
     assert list(dynamic) == [0, 2, 3] and program.module()(torch.ones(1, 3, 21, 13)).shape == (1, 4)
 

@@ -22,6 +22,7 @@ from coretune.robustness import (
     ThreatResult,
     format_threat,
     robust_accuracy,
+    sample_loader,
 )
 
 
@@ -129,6 +130,20 @@ def test_max_images_stops_early_and_batches_may_carry_more_than_images_and_label
     report = robust_accuracy(trained_digits_cnn(), loader, [("linf", 0.1)], max_images=70)
     assert report.num_images == 70
     assert report.clean_accuracy == _plain_accuracy(trained_digits_cnn(), _digits_loader(70))
+
+
+def test_a_sample_of_the_images_is_seeded_spread_over_the_classes_and_kept_in_order() -> None:
+    """`--max_images`: a class-sorted set's first 12 images are all class 0; the seeded sample is not, is the same
+    for the same seed, and keeps the loader's batch size; a sample as large as the set is the loader itself."""
+    labels = torch.arange(4).repeat_interleave(25)  # 100 images sorted by class, as an ImageFolder reads them
+    loader = DataLoader(TensorDataset(torch.arange(100), labels), batch_size=8)
+    sample = sample_loader(loader, 12, seed=0)
+    indices, sampled_labels = (torch.cat(parts) for parts in zip(*sample, strict=True))
+    assert len(indices) == 12 and indices.unique().numel() == 12 and bool((indices.diff() > 0).all())
+    assert sampled_labels.unique().numel() >= 3 and sample.batch_size == 8
+    assert torch.equal(torch.cat([b[0] for b in sample_loader(loader, 12, seed=0)]), indices)
+    assert not torch.equal(torch.cat([b[0] for b in sample_loader(loader, 12, seed=1)]), indices)
+    assert sample_loader(loader, 100, seed=0) is loader
 
 
 def test_pixel_space_recipe_with_the_data_module(image_tree: Path) -> None:

@@ -36,6 +36,7 @@ from typing import Any, Literal, get_args
 import torch
 from jsonargparse import ArgumentParser
 from torch import Tensor, nn
+from torch.utils.data import DataLoader, Subset
 
 from .attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode, pixel_radius
 from .data import ImageClassificationData
@@ -55,6 +56,7 @@ __all__ = [
     "parse_threat",
     "robust_accuracy",
     "robust_parser",
+    "sample_loader",
 ]
 
 Attack = Literal["pgd", "torchattacks-pgd", "autoattack"]
@@ -343,7 +345,13 @@ def robust_parser() -> ArgumentParser:
         default=None,
         help="PGD step size in pixel units, a number or a fraction (e.g. 2/255; default 2.5·eps/steps).",
     )
-    parser.add_argument("--max_images", type=int | None, default=None, help="Score the first N test images only.")
+    parser.add_argument(
+        "--max_images",
+        type=int | None,
+        default=None,
+        help="Score N test images drawn at random with --seed (the same images for every checkpoint; spread over "
+        "the classes, which the first N of a class-sorted folder are not).",
+    )
     parser.add_argument("--seed", type=int, default=0, help="Seeds the random starts (and AutoAttack's).")
     parser.add_argument("--device", type=str | None, default=None, help="Default: cuda if available, or cpu.")
     parser.add_argument(
@@ -389,6 +397,8 @@ def evaluate_robust(args: Sequence[str]) -> Path:
     data = ImageClassificationData(**{**options, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)})
     check_classes(model, data, cfg.ckpt_path)
     loader = data.test_dataloader()
+    if cfg.max_images is not None:
+        loader = sample_loader(loader, cfg.max_images, cfg.seed)
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     pixels = NormalizedModel(model, cfg.data.mean, cfg.data.std)  # the loader's images are unnormalised
     threats = [parse_threat(t) for t in cfg.threat_models]
@@ -410,6 +420,7 @@ def evaluate_robust(args: Sequence[str]) -> Path:
         "checkpoint": str(Path(cfg.ckpt_path).resolve()),
         "data": cfg.data.as_dict(),
         "split": "test",
+        "sample": None if cfg.max_images is None else {"max_images": cfg.max_images, "seed": cfg.seed},
         "adversarial_training": model.checkpoint_info.get("adversarial"),  # how the model was trained (None: clean)
         "reports": [asdict(report) for report in reports],
     }
@@ -419,6 +430,23 @@ def evaluate_robust(args: Sequence[str]) -> Path:
     print("\n".join(comparison_lines(reports)))
     print(f"robust results: {output}")
     return output
+
+
+def sample_loader(loader: DataLoader, n: int, seed: int) -> DataLoader:
+    """A loader like ``loader`` over ``n`` of its images drawn at random with ``seed``, in the data set's order:
+    the same images for every model scored with that seed, and every class in its share (the first ``n`` images
+    of a class-sorted ImageFolder are one class's). ``loader`` itself when it holds no more than ``n``."""
+    dataset = loader.dataset
+    if n >= len(dataset):  # type: ignore[arg-type]
+        return loader
+    picked = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:n]  # type: ignore[arg-type]
+    return DataLoader(
+        Subset(dataset, picked.sort().values.tolist()),
+        batch_size=loader.batch_size,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+    )
 
 
 def _listed(values: str | list[str]) -> list[str]:

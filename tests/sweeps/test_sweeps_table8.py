@@ -67,6 +67,8 @@ def fabricate(
         clean, linf, l2, aa_clean, aa_linf, aa_l2 = records[run.objective][spec.seeds.index(run.seed)]
         run.run_dir.mkdir(parents=True)
         (run.run_dir / "results.json").write_text(json.dumps({"test": {"top1": clean, "top5": 1.0}, "epochs": 20}))
+        adversarial = {"enable": run.objective.startswith("at_"), "norm": "linf", "eps": 4 / 255}
+        (run.run_dir / "config.yaml").write_text(yaml.safe_dump({"adversarial": adversarial}))
         if (run.objective, run.seed) == unscored:
             continue
         pgds = [
@@ -160,26 +162,33 @@ def test_robust_table_evaluate_scores_each_finished_unscored_run_once(
     module_spec.loader.exec_module(robust_table)
     calls: list[list[str]] = []
     monkeypatch.setattr(robust_table, "coretune", calls.append)
+    assert (
+        robust_table.listed(["[ce, at_ce_linf]"]) == robust_table.listed(["ce", "at_ce_linf"]) == ["ce", "at_ce_linf"]
+    )
     spec = BenchSpec.from_yaml(adversarial_spec(tmp_path)).subset(["ce", "at_ce_linf"], [0])
     fabricate(spec, {"ce": RECORDS["ce"][:1]})  # at_ce_linf seed 0 is not finished
     ce = spec.runs()[0].run_dir
     (ce / "robust_results_autoattack.json").unlink()
     (ce / "robust_results.json").unlink()
     robust_table.evaluate(spec, ["linf:4/255", "l2:0.5"], 100)
-    common = ["eval", "robust", f"--ckpt={ce / 'checkpoints' / 'last.ckpt'}", f"--config={ce / 'config.yaml'}",
-              "--threat_models=[linf:4/255, l2:0.5]"]  # fmt: skip
+    run = ["eval", "robust", f"--ckpt={ce / 'checkpoints' / 'last.ckpt'}", f"--config={ce / 'config.yaml'}"]
+    common = [*run, "--threat_models=[linf:4/255, l2:0.5]"]
     assert calls == [
         [*common, "--attack=[pgd, torchattacks-pgd]"],
         [*common, "--attack=autoattack", "--max_images=100", f"--output={ce / 'robust_results_autoattack.json'}"],
+        # the undefended model's sanity check: nothing survives ℓ∞ 8/255
+        [*run, "--threat_models=linf:8/255", "--attack=pgd", f"--output={ce / 'robust_results_sanity_linf8.json'}"],
     ]
-    (ce / "robust_results.json").write_text("{}")
-    (ce / "robust_results_autoattack.json").write_text("{}")
+    for name in ("robust_results.json", "robust_results_autoattack.json", "robust_results_sanity_linf8.json"):
+        (ce / name).write_text("{}")
     calls.clear()
     robust_table.evaluate(spec, ["linf:4/255"], 100)  # resumes: scored runs are skipped
     assert calls == []
     (ce / "robust_results_autoattack.json").unlink()
-    robust_table.evaluate(spec, ["linf:4/255"], 100, autoattack_seeds=[1])  # AutoAttack on seed 1's runs only
-    assert calls == []
+    (ce / "robust_results.json").unlink()
+    # AutoAttack and the torchattacks referee on seed 1's runs only: coretune's PGD alone on seed 0's
+    robust_table.evaluate(spec, ["linf:4/255"], 100, autoattack_seeds=[1], referee_seeds=[1])
+    assert calls == [[*run, "--threat_models=[linf:4/255]", "--attack=pgd"]]
 
 
 def test_before_any_run_finished_the_table_has_its_clean_column(tmp_path: Path) -> None:

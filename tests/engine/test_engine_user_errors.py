@@ -883,7 +883,12 @@ def test_a_run_whose_training_accuracy_collapses_to_chance_fails(tree: Path, tmp
     assert results["collapsed"].startswith("the training top-1 is ") and "test" not in results
 
 
-def test_chance_level_warns_once_then_stops_after_patience_epochs(tree: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("min_fraction", "first"), [(0.1, 2), (0.5, 3)])
+def test_chance_level_warns_once_then_stops_after_patience_epochs(
+    tree: Path, tmp_path: Path, min_fraction: float, first: int
+) -> None:
+    """4 steps an epoch, 6 epochs: checked from the second epoch and, with min_fraction 0.5, from step 12 on (the
+    run's first half, ending with epoch 3, is a start, not a collapse)."""
     import lightning as L
 
     from coretune.data import ImageClassificationData
@@ -895,11 +900,11 @@ def test_chance_level_warns_once_then_stops_after_patience_epochs(tree: Path, tm
     trainer = L.Trainer(
         default_root_dir=tmp_path / "run", max_epochs=6, limit_val_batches=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[ChanceLevelGuard(tmp_path / "run", min_steps=0, patience=2)],
+        callbacks=[ChanceLevelGuard(tmp_path / "run", min_steps=0, patience=2, min_fraction=min_fraction)],
     )  # fmt: skip
-    warned = r"the training top-1 is \d+\.\d% at epoch 2, step 8: chance level"
-    stopped = r"at epoch 3, step 12: chance level .*, for 2 epochs: the run collapsed"
+    warned = rf"the training top-1 is \d+\.\d% at epoch {first}, step {4 * first}: chance level"
+    stopped = rf"at epoch {first + 1}, step {4 * first + 4}: chance level .*, for 2 epochs: the run collapsed"
     with pytest.warns(UserWarning, match=warned) as seen, pytest.raises(NonFiniteLossError, match=stopped):
         trainer.fit(model, datamodule=data)
     assert sum("chance level" in str(w.message) for w in seen) == 1  # warned once, at the first epoch at chance
-    assert "epoch 3" in json.loads((tmp_path / "run" / "results.json").read_text())["collapsed"]
+    assert f"epoch {first + 1}" in json.loads((tmp_path / "run" / "results.json").read_text())["collapsed"]

@@ -224,15 +224,18 @@ class ChanceLevelGuard(L.Callback):
 
     An epoch is *at chance* when its training top-1 (``train/top1``) is within 3 binomial standard errors of the
     best a model that learned nothing scores: ``max(1/K, the most frequent class's share of the epoch's training
-    labels)``. From the second epoch and ``min_steps`` optimiser steps on, the first such epoch warns; ``patience``
-    consecutive ones, or the last epoch of the run, raise :class:`NonFiniteLossError` (``coretune fit`` then exits
-    with one line naming the fix), after ``results.json`` has recorded ``collapsed``. Runs that log no
-    ``train/top1`` (pre-training) are left alone.
+    labels)``. From the second epoch, ``min_steps`` optimiser steps and ``min_fraction`` of the run's steps on (a
+    slow start, e.g. from a random initialisation on a few hundred images, is not a collapse), the first such epoch
+    warns; ``patience`` consecutive ones, or the last epoch of the run, raise :class:`NonFiniteLossError`
+    (``coretune fit`` then exits with one line naming the fix), after ``results.json`` has recorded ``collapsed``.
+    Runs that log no ``train/top1`` (pre-training) are left alone.
     """
 
-    def __init__(self, run_dir: str | Path | None = None, min_steps: int = 50, patience: int = 5) -> None:
+    def __init__(
+        self, run_dir: str | Path | None = None, min_steps: int = 50, patience: int = 5, min_fraction: float = 0.1
+    ) -> None:
         self._run_dir = Path(run_dir) if run_dir is not None else None
-        self.min_steps, self.patience = min_steps, patience
+        self.min_steps, self.patience, self.min_fraction = min_steps, patience, min_fraction
         self._counts: torch.Tensor | None = None
         self._streak = 0
         self._warned = False
@@ -258,7 +261,9 @@ class ChanceLevelGuard(L.Callback):
         seen = int(self._counts.sum())
         floor = max(1 / len(self._counts), float(self._counts.max()) / seen)
         bound = floor + 3 * math.sqrt(floor * (1 - floor) / seen)
-        started = trainer.current_epoch >= 1 and trainer.global_step >= self.min_steps
+        total = trainer.estimated_stepping_batches  # inf for an unbounded run
+        first_step = max(self.min_steps, self.min_fraction * total if math.isfinite(total) else 0)
+        started = trainer.current_epoch >= 1 and trainer.global_step >= first_step
         at_chance = trainer.strategy.reduce_boolean_decision(bool(started and float(top1) <= bound), all=True)
         self._streak = self._streak + 1 if at_chance else 0
         if not at_chance:

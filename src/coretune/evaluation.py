@@ -149,7 +149,8 @@ def linear_probe(
     """Fit a :class:`LinearProbe` (multinomial logistic regression) on frozen features.
 
     Args:
-        train_feats / train_labels: ``(N, d)`` features and ``(N,)`` labels.
+        train_feats: ``(N, d)`` features.
+        train_labels: their ``(N,)`` labels.
         num_classes: number of classes (default: ``max label + 1``).
         weight_decay: ``λ``, or a grid of values: each is fitted on a stratified ``1 - holdout_fraction`` of
             the training features and scored on the rest; the best (ties: the larger ``λ``) is refitted on

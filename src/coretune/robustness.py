@@ -235,7 +235,8 @@ def robust_accuracy(
         loader: batches of unnormalised images in ``[0, 1]`` and integer labels.
         threat_models: ``(norm, ε)`` pairs, ``norm`` ``"linf"`` or ``"l2"``, ε in pixel units; default the paper's six.
         attack: ``"pgd"``, ``"torchattacks-pgd"`` or ``"autoattack"`` (see the module docstring).
-        steps / step_size: of both PGDs (``step_size`` ``None``: ``2.5·ε/steps``); AutoAttack ignores them.
+        steps: of both PGDs; AutoAttack ignores it.
+        step_size: of both PGDs (``None``: ``2.5·ε/steps``); AutoAttack ignores it.
         device: where to run (default: the model's device); the model is moved there.
         seed: seeds the random starts (and AutoAttack's), so a run is reproducible; both PGDs draw the same starts.
         max_images: stop after this many images (``None``: the whole loader).

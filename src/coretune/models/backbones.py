@@ -80,8 +80,8 @@ def create_backbone(
             name in the local Hugging Face cache (``timm:<model>[.<tag>]``, ``hf-hub:<org>/<repo>``).
         weights_format: checkpoint layout (``"auto"`` detects it; see :func:`~coretune.models.list_layouts`).
         verbose: print the one-line load summary.
-        allow_missing / allow_unexpected: accept a checkpoint that lacks backbone tensors / has extra ones
-            (they are reported either way).
+        allow_missing: accept a checkpoint that lacks backbone tensors (reported either way).
+        allow_unexpected: accept a checkpoint with extra tensors (reported either way).
         allow_cast: accept integer or quantised tensors where the backbone has floats, converted (reported).
         weights_download: download named ``weights`` missing from the Hugging Face cache (network); never by default.
         **kwargs: passed to the model constructor, e.g. ``img_size=32`` for a timm ViT.

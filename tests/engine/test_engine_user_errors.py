@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -908,3 +909,28 @@ def test_chance_level_warns_once_then_stops_after_patience_epochs(
         trainer.fit(model, datamodule=data)
     assert sum("chance level" in str(w.message) for w in seen) == 1  # warned once, at the first epoch at chance
     assert f"epoch {first + 1}" in json.loads((tmp_path / "run" / "results.json").read_text())["collapsed"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "warned"),
+    [
+        (["--objective.memory_size=36"], True),  # the tree's 36 training images: a whole epoch
+        (["--objective.memory_size=35"], False),
+        (["--objective.memory_size=36", "--adversarial.enable=true", "--adversarial.steps=1"], False),  # 72 rows
+    ],
+    ids=["an-epoch", "less", "adversarial-rows-double-an-epoch"],
+)
+def test_a_memory_that_holds_an_epoch_is_warned_about(
+    tree: Path, tmp_path: Path, extra: list[str], warned: bool
+) -> None:
+    """Issue 40: with a memory of an epoch's rows, every anchor meets its own earlier feature among its positives."""
+    args = fit_args(tree, tmp_path / "run", "--objective=core", "--objective.memory_warmup_steps=0", *extra)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        main(args)
+    messages = [str(w.message) for w in seen if "memory_size" in str(w.message)]
+    expected = (
+        "memory_size 36 holds at least an epoch's 36 training rows: every anchor meets its own earlier feature in "
+        "the memory (an easy positive). A memory smaller than an epoch avoids it: --objective.memory_size 18 or less"
+    )
+    assert messages == ([expected] if warned else [])

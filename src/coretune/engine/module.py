@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from ..adversarial import AdversarialTraining
@@ -401,6 +402,7 @@ class FineTuner(L.LightningModule):
                     "(mean and std attributes): use coretune's ImageClassificationData"
                 )
             self.objective.attach_backbone(self.backbone)
+            self._warn_memory_spans_epoch(datamodule)
             views = self.objective.input_views
             if datamodule is not None and hasattr(datamodule, "train_views"):
                 datamodule.train_views = views  # also back to 1 when a data module is reused for another method
@@ -410,6 +412,21 @@ class FineTuner(L.LightningModule):
                     "(forward's inputs are a second view): use coretune's ImageClassificationData, or a data "
                     "module with a train_views attribute whose batches are ((view_1, view_2), labels)"
                 )
+
+    def _warn_memory_spans_epoch(self, datamodule: Any) -> None:
+        """Warn when a cross-batch memory holds a whole epoch of rows (issue 40): each anchor then meets its own
+        earlier feature among the memory's positives, an easy positive that only looks like more data."""
+        size = getattr(self.objective, "memory_size", 0)
+        train = getattr(datamodule, "train_dataset", None)
+        if not size or train is None:
+            return
+        rows = len(train) * (2 if isinstance(self.batch_transform, AdversarialBatches) else 1)
+        if size >= rows:
+            rank_zero_warn(
+                f"memory_size {size} holds at least an epoch's {rows} training rows: every anchor meets its own "
+                "earlier feature in the memory (an easy positive). A memory smaller than an epoch avoids it: "
+                f"--objective.memory_size {rows // 2} or less"
+            )
 
     @property
     def num_classes(self) -> int | None:

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from coretune.cli import main
-from coretune.data import ImageClassificationData, ImageFileDataset, eval_transform
+from coretune.data import ImageClassificationData, ImageFileDataset, SkippedImagesWarning, eval_transform
 from coretune.engine import FineTuner, epoch_summary, make_trainer, read_metrics
 from coretune.engine.fitcli import _print_run_summary
 from coretune.export import load_exported
@@ -244,6 +244,12 @@ def test_coretune_test_and_validate_score_one_labelled_folder_without_training_d
     validated = json.loads((run / "val_results.json").read_text())
     assert validated["scored_folder"] == str(other / "val") and validated["validated_on_test_images"] is None
     assert 0 <= validated["validate"]["top1"] <= 1
+    # an unreadable file skipped: the folder (the train and the scored split both) is read and checked once
+    (other / "val" / "dog" / "broken.png").write_bytes(b"not an image")
+    (run / "test_results.json").unlink()
+    with pytest.warns(SkippedImagesWarning, match=r"^skipped 1 unreadable image file\(s\) of 7 .*broken\.png"):
+        main(["test", f"--ckpt_path={ckpt}", f"--data.root={other / 'val'}", "--data.on_bad_image=skip"])
+    assert sum(map(sum, json.loads((run / "test_results.json").read_text())["test"]["confusion_matrix"])) == 6
     (other / "val" / "cat").rename(other / "val" / "ant")  # other classes than the model's: refused as before
     with pytest.raises(SystemExit, match=r"the data's classes .* are not those checkpoint"):
         main(["test", f"--ckpt_path={ckpt}", f"--data.root={other / 'val'}"])

@@ -222,17 +222,20 @@ class ImageClassificationData(L.LightningDataModule):
                 load_cifar(self.root, self.dataset, train=False),
             )
         train_dir, val_dir, test_dir = self._folders()
-        splits = {
-            split: LabeledImageDataset.from_folder(folder, on_bad_image=self.on_bad_image)
-            for split, folder in (("train", train_dir), ("val", val_dir), ("test", test_dir))
-            if folder is not None
-        }
+        # one folder given as two splits (val and test: validates_on_test; train and test: a scored folder) is
+        # read, and its images checked, once: the same images
+        loaded: dict[str, LabeledImageDataset] = {}
+        splits: dict[str, LabeledImageDataset] = {}
+        for split, folder in (("train", train_dir), ("val", val_dir), ("test", test_dir)):
+            if folder is not None:
+                key = os.path.realpath(folder)
+                if key not in loaded:
+                    loaded[key] = LabeledImageDataset.from_folder(folder, on_bad_image=self.on_bad_image)
+                splits[split] = loaded[key]
         warn_skipped(
-            [bad for ds in splits.values() for bad in ds.skipped],
-            sum(len(ds) + len(ds.skipped) for ds in splits.values()),
+            [bad for ds in loaded.values() for bad in ds.skipped],
+            sum(len(ds) + len(ds.skipped) for ds in loaded.values()),
         )
-        if val_dir is not None and test_dir is not None and os.path.realpath(val_dir) == os.path.realpath(test_dir):
-            splits["test"] = splits["val"]  # one folder given as both: the same images (validates_on_test)
         train = splits["train"]
         for split, folder in (("val", val_dir), ("test", test_dir)):
             if split in splits and splits[split].classes != train.classes:

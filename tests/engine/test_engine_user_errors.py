@@ -914,23 +914,24 @@ def test_chance_level_warns_once_then_stops_after_patience_epochs(
 @pytest.mark.parametrize(
     ("extra", "warned"),
     [
-        (["--objective.memory_size=36"], True),  # the tree's 36 training images: a whole epoch
-        (["--objective.memory_size=35"], False),
-        (["--objective.memory_size=36", "--adversarial.enable=true", "--adversarial.steps=1"], False),  # 72 rows
+        (["--objective.memory_size=32"], True),  # 36 training images in batches of 8: an epoch trains 32 rows
+        (["--objective.memory_size=31"], False),
+        (["--objective.memory_size=32", "--adversarial.enable=true", "--adversarial.steps=1"], False),  # 64 rows
     ],
     ids=["an-epoch", "less", "adversarial-rows-double-an-epoch"],
 )
 def test_a_memory_that_holds_an_epoch_is_warned_about(
     tree: Path, tmp_path: Path, extra: list[str], warned: bool
 ) -> None:
-    """Issue 40: with a memory of an epoch's rows, every anchor meets its own earlier feature among its positives."""
+    """Issue 40: with a memory of an epoch's rows, half the anchors or more meet their own earlier feature."""
     args = fit_args(tree, tmp_path / "run", "--objective=core", "--objective.memory_warmup_steps=0", *extra)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         main(args)
     messages = [str(w.message) for w in seen if "memory_size" in str(w.message)]
     expected = (
-        "memory_size 36 holds at least an epoch's 36 training rows: every anchor meets its own earlier feature in "
-        "the memory (an easy positive). A memory smaller than an epoch avoids it: --objective.memory_size 18 or less"
+        "memory_size 32 holds an epoch's 32 training rows or more: half the anchors or more meet their own earlier "
+        "feature in the memory (an easy positive; all of them from 64 rows). Half an epoch, --objective.memory_size "
+        "16, keeps it to about one anchor in eight"
     )
     assert messages == ([expected] if warned else [])

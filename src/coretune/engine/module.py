@@ -414,18 +414,21 @@ class FineTuner(L.LightningModule):
                 )
 
     def _warn_memory_spans_epoch(self, datamodule: Any) -> None:
-        """Warn when a cross-batch memory holds a whole epoch of rows (issue 40): each anchor then meets its own
-        earlier feature among the memory's positives, an easy positive that only looks like more data."""
+        """Warn when a cross-batch memory holds an epoch of rows (issue 40): the images come back in a fresh order
+        each epoch, so half the anchors or more then meet their own earlier feature among the memory's positives,
+        an easy positive that only looks like more data (every anchor from two epochs' rows)."""
         size = getattr(self.objective, "memory_size", 0)
-        train = getattr(datamodule, "train_dataset", None)
-        if not size or train is None:
+        train, batch = getattr(datamodule, "train_dataset", None), getattr(datamodule, "batch_size", None)
+        if not size or train is None or not batch:
             return
-        rows = len(train) * (2 if isinstance(self.batch_transform, AdversarialBatches) else 1)
+        step = batch * world_size()  # the rows of a global batch; the incomplete last one is dropped
+        full = len(train) // step * step or len(train)  # one incomplete batch only: it is kept
+        rows = full * (2 if isinstance(self.batch_transform, AdversarialBatches) else 1)
         if size >= rows:
             rank_zero_warn(
-                f"memory_size {size} holds at least an epoch's {rows} training rows: every anchor meets its own "
-                "earlier feature in the memory (an easy positive). A memory smaller than an epoch avoids it: "
-                f"--objective.memory_size {rows // 2} or less"
+                f"memory_size {size} holds an epoch's {rows} training rows or more: half the anchors or more meet "
+                f"their own earlier feature in the memory (an easy positive; all of them from {2 * rows} rows). "
+                f"Half an epoch, --objective.memory_size {rows // 2}, keeps it to about one anchor in eight"
             )
 
     @property

@@ -14,7 +14,7 @@ import torch
 
 from coretune.cli import main
 from coretune.engine import FineTuner
-from coretune.export import ExportedClassifier, _export_classifier, load_exported
+from coretune.export import ExportedClassifier, _classifier_program, _computes_eager, load_exported
 from coretune.models import create_backbone
 from fit_flags import QUIET, error
 
@@ -99,16 +99,19 @@ def test_a_model_that_fixes_the_image_size_is_exported_at_its_training_size() ->
     """A graph that requires a size (a ViT's patch grid: multiples of 16) keeps the example's size and any batch
     size, where a CNN's takes any size."""
     vit = create_backbone("timm/vit_tiny_patch16_224")
-    program, (dynamic,) = _export_classifier(
-        ExportedClassifier(vit, torch.nn.Linear(vit.feature_dim, 2)).eval(), (torch.zeros(2, 3, 32, 32),)
+    program, (dynamic,) = _classifier_program(
+        ExportedClassifier(vit, torch.nn.Linear(vit.feature_dim, 2)).eval(), (torch.zeros(2, 3, 32, 32),), 32
     )
     assert list(dynamic) == [0] and program.module()(torch.ones(3, 3, 32, 32)).shape == (3, 2)
     with pytest.raises(AssertionError, match="size"):
         program.module()(torch.ones(1, 3, 48, 48))
     nn = torch.nn
     cnn = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
-    program, (dynamic,) = _export_classifier(cnn, (torch.zeros(2, 3, 8, 8),))
+    program, (dynamic,) = _classifier_program(cnn, (torch.zeros(2, 3, 8, 8),), 8)
     assert list(dynamic) == [0, 2, 3] and program.module()(torch.ones(1, 3, 21, 13)).shape == (1, 4)
+    # what decides "any size": the logits at batch 1 and at another size, not the export succeeding
+    assert _computes_eager(program.module(), cnn, 8)
+    assert not _computes_eager(lambda x: cnn(x[..., :8, :8]), cnn, 8)  # right at 8 px only (a traced size)
 
 
 @pytest.mark.parametrize(

@@ -5,16 +5,18 @@ size, any size in every format)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch._dynamo.exc import UserError
+from torch.export import ExportedProgram
 from torch.fx.experimental import _config as fx_config
 
 from .engine import FineTuner
@@ -93,20 +95,45 @@ def _without_atrous_shortcut(net: nn.Module) -> nn.Module:
     return net
 
 
-def _export_classifier(net: nn.Module, inputs: tuple[Tensor]) -> tuple[torch.export.ExportedProgram, tuple[dict]]:
-    """``net`` as a ``torch.export`` program and the dynamic shapes it was exported with: any batch size and, if
-    its graph allows, any image size (``batch``, ``height``, ``width``). A CNN's does, but a ResNet's last feature
-    map is 1 × 1 at 32 px, which ``torch.export`` would fix at 1 (its "0/1 specialization", refusing larger
-    images): export under ``backed_size_oblivious`` (experimental in torch: the general case for sizes 0 and 1),
-    as the ONNX export must with these shapes. A model that fixes the size (a ViT's patch grid) keeps it."""
+def _size_oblivious() -> contextlib.AbstractContextManager[object]:
+    """``torch.export`` without its "0/1 specialization" (experimental in torch, ``backed_size_oblivious``: sizes 0
+    and 1 take the general case), where the installed torch has it: a ResNet's last feature map is 1 × 1 at 32 px,
+    which would otherwise fix the exported height and width at the example's."""
+    if hasattr(fx_config, "backed_size_oblivious"):
+        return fx_config.patch(backed_size_oblivious=True)
+    return contextlib.nullcontext()
+
+
+def _computes_eager(exported: Callable[[Tensor], Tensor], net: nn.Module, size: int) -> bool:
+    """Whether ``exported`` gives ``net``'s logits on one image of the training size and on two of another size."""
+    generator = torch.Generator().manual_seed(0)
+    try:
+        with torch.no_grad():
+            for shape in ((1, 3, size, size), (2, 3, 2 * size, size + size // 2)):
+                images = torch.rand(shape, generator=generator)
+                if not torch.allclose(exported(images), net(images), atol=1e-4, rtol=1e-4):
+                    return False
+    except Exception:  # any failure at another size means: the training size only
+        return False
+    return True
+
+
+def _classifier_program(net: nn.Module, inputs: tuple[Tensor], size: int) -> tuple[ExportedProgram, tuple[dict]]:
+    """``net`` as a ``torch.export`` program and the dynamic shapes it was exported with: any batch size and, when
+    the program is checked to compute ``net``'s logits at batch 1 and at another size, any height and width
+    (``batch``, ``height``, ``width``); else the training size (a ViT's patch grid fixes it). Export to ONNX with
+    these shapes under :func:`_size_oblivious` too."""
     batch, height, width = torch.export.Dim("batch"), torch.export.Dim("height"), torch.export.Dim("width")
     dynamic: tuple[dict] = ({0: batch, 2: height, 3: width},)
-    with fx_config.patch(backed_size_oblivious=True):
+    with _size_oblivious():
         try:
-            return torch.export.export(net, inputs, dynamic_shapes=dynamic), dynamic
-        except UserError:  # a guard on the image size
-            dynamic = ({0: batch},)
-            return torch.export.export(net, inputs, dynamic_shapes=dynamic), dynamic
+            program = torch.export.export(net, inputs, dynamic_shapes=dynamic)
+            if _computes_eager(program.module(), net, size):
+                return program, dynamic
+        except UserError:  # a guard on the size
+            pass
+    dynamic = ({0: batch},)
+    return torch.export.export(net, inputs, dynamic_shapes=dynamic), dynamic
 
 
 def export_checkpoint(
@@ -123,10 +150,11 @@ def export_checkpoint(
     ``model.torchscript.pt`` is traced with ``torch.jit``, which PyTorch has deprecated but many serving stacks
     still read; ``model.onnx`` (input ``images``, output ``logits``, weights in the one file) comes from
     ``torch.onnx``'s ``torch.export``-based exporter and needs the ``onnx`` extra. Every format takes any batch
-    size and any height and width: a classifier whose graph allows it (a CNN's; a ViT's patch grid keeps the
-    training image size), a segmentation model (a :class:`~coretune.models.DeepLabV3`; ``config.json`` records
-    ``task`` and ``output_stride``) always — its ``model.pt2`` from the smallest size its graph was checked for
-    (17 px at output stride 16, 9 at 8), smaller inputs fail its guard. ``config.json`` records the formats
+    size and any height and width: a classifier when every format written is checked to compute its logits at
+    batch 1 and at another size (a CNN's; a ViT's patch grid keeps the training image size), a segmentation
+    model (a :class:`~coretune.models.DeepLabV3`; ``config.json`` records ``task`` and ``output_stride``)
+    always — its ``model.pt2`` from the smallest size its graph was checked for (17 px at output stride 16, 9 at
+    8), smaller inputs fail its guard. ``config.json`` records the formats
     written and the ``input_shape`` they take (``"batch"``, ``"height"``, ``"width"`` where any size goes).
     ``config_files``: the ``--config`` files the options came from, refused when they record another task than
     the checkpoint's. Every option is checked before anything is written.
@@ -175,15 +203,19 @@ def export_checkpoint(
         written.append(output / EXPORT_FORMATS["safetensors"])
         save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()}, str(written[-1]))
     inputs = (torch.zeros(2, 3, size, size),)
+    any_size = True  # a classifier's: every format written computes its logits at other sizes too
+    program, dynamic = None, ()
     if segmentation:
         net = _without_atrous_shortcut(net)
-        any_size = torch.export.Dim.DYNAMIC
-        dynamic: tuple[dict] = ({0: any_size, 2: any_size, 3: any_size},)
-        program = torch.export.export(net, inputs, dynamic_shapes=dynamic) if "pt2" in formats else None
-    else:
-        program, dynamic = _export_classifier(net, inputs)
-        if 2 not in dynamic[0]:
-            config["input_shape"] = ["batch", 3, size, size]
+        any_dim = torch.export.Dim.DYNAMIC
+        dynamic = ({0: any_dim, 2: any_dim, 3: any_dim},)
+        if "pt2" in formats:
+            program = torch.export.export(net, inputs, dynamic_shapes=dynamic)
+    elif {"pt2", "onnx"} & set(formats):
+        program, dynamic = _classifier_program(net, inputs, size)
+        any_size = 2 in dynamic[0]
+    elif "safetensors" in formats:  # the model load_exported rebuilds
+        any_size = _computes_eager(net, net, size)
     if "pt2" in formats:
         written.append(output / EXPORT_FORMATS["pt2"])
         torch.export.save(program, written[-1])
@@ -192,11 +224,12 @@ def export_checkpoint(
             warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
             # the trace records the sizes it reads, so the interpolation follows the input's
             scripted = torch.jit.trace(net, torch.zeros(1, 3, size, size))
+            any_size = any_size and (segmentation or _computes_eager(scripted, net, size))
         written.append(output / EXPORT_FORMATS["torchscript"])
         scripted.save(str(written[-1]))
     if "onnx" in formats:
         written.append(output / EXPORT_FORMATS["onnx"])
-        with fx_config.patch(backed_size_oblivious=not segmentation):
+        with _size_oblivious() if not segmentation else contextlib.nullcontext():
             torch.onnx.export(
                 net,
                 inputs,
@@ -208,6 +241,8 @@ def export_checkpoint(
                 external_data=False,
                 verbose=False,
             )
+    if not any_size:
+        config["input_shape"] = ["batch", 3, size, size]
     written.append(output / "config.json")  # last: it lists the formats written
     written[-1].write_text(json.dumps(config, indent=2) + "\n")
     return written

@@ -57,7 +57,7 @@ def attack_label(report: dict[str, Any]) -> str:
 def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
     """Clean accuracy and each (attack, threat model)'s robust accuracy (%) in a run's ``robust_results*.json``
     (``robust_results.json`` first, then the others by name). Clean accuracy is that of the report scored on the
-    most test images (the first such): an attack run on the first N images only (AutoAttack, ``--max_images``) has
+    most test images (the first such): an attack run on a sample of N images only (AutoAttack, ``--max_images``) has
     its own clean accuracy over them. Columns are labelled ``pgd-10 ℓ∞ 4/255`` (attack and steps, as ``coretune
     eval robust`` prints them, then the threat model); nothing without such files."""
     from ..robustness import format_threat

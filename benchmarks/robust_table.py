@@ -61,7 +61,7 @@ def evaluate(
         if not (run.run_dir / AUTOATTACK_FILE).is_file() and (autoattack_seeds is None or run.seed in autoattack_seeds):
             coretune(["eval", "robust", ckpt, config, f"--threat_models={threats}", "--attack=autoattack",
                       f"--max_images={autoattack_images}", f"--output={run.run_dir / AUTOATTACK_FILE}"])  # fmt: skip
-        trained = yaml.safe_load(rundir.config.read_text()).get("adversarial") or {}
+        trained = (yaml.safe_load(rundir.config.read_text()) or {}).get("adversarial") or {}
         if not trained.get("enable") and not (run.run_dir / SANITY_FILE).is_file():
             coretune(["eval", "robust", ckpt, config, "--threat_models=linf:8/255", "--attack=pgd",
                       f"--output={run.run_dir / SANITY_FILE}"])  # fmt: skip

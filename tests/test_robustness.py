@@ -144,6 +144,9 @@ def test_a_sample_of_the_images_is_seeded_spread_over_the_classes_and_kept_in_or
     assert torch.equal(torch.cat([b[0] for b in sample_loader(loader, 12, seed=0)]), indices)
     assert not torch.equal(torch.cat([b[0] for b in sample_loader(loader, 12, seed=1)]), indices)
     assert sample_loader(loader, 100, seed=0) is loader
+    batched = DataLoader(loader.dataset, batch_sampler=[[0, 1], [2, 3]])  # no batch_size to keep
+    with pytest.raises(ValueError, match="needs a loader of a map-style data set with a batch_size"):
+        sample_loader(batched, 12, seed=0)
 
 
 def test_pixel_space_recipe_with_the_data_module(image_tree: Path) -> None:

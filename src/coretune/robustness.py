@@ -36,7 +36,7 @@ from typing import Any, Literal, get_args
 import torch
 from jsonargparse import ArgumentParser
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, IterableDataset, Subset
 
 from .attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode, pixel_radius
 from .data import ImageClassificationData
@@ -434,10 +434,13 @@ def evaluate_robust(args: Sequence[str]) -> Path:
 
 
 def sample_loader(loader: DataLoader, n: int, seed: int) -> DataLoader:
-    """A loader like ``loader`` over ``n`` of its images drawn at random with ``seed``, in the data set's order:
-    the same images for every model scored with that seed, and every class in its share (the first ``n`` images
-    of a class-sorted ImageFolder are one class's). ``loader`` itself when it holds no more than ``n``."""
+    """A loader like ``loader`` (batch size, collate function, workers) over ``n`` of its images drawn at random
+    with ``seed``, in the data set's order: the same images for every model scored with that seed, each class in
+    its share on average (the first ``n`` images of a class-sorted ImageFolder are one class's). ``loader`` itself
+    when it holds no more than ``n``. Needs a map-style data set batched by ``batch_size`` (``ValueError``)."""
     dataset = loader.dataset
+    if isinstance(dataset, IterableDataset) or loader.batch_size is None:
+        raise ValueError("sample_loader needs a loader of a map-style data set with a batch_size (no batch_sampler)")
     if n >= len(dataset):  # type: ignore[arg-type]
         return loader
     picked = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:n]  # type: ignore[arg-type]
@@ -447,6 +450,7 @@ def sample_loader(loader: DataLoader, n: int, seed: int) -> DataLoader:
         num_workers=loader.num_workers,
         collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
+        worker_init_fn=loader.worker_init_fn,
     )
 
 

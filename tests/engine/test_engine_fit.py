@@ -444,3 +444,25 @@ def test_processes_share_the_objectives_draws_but_not_the_backbones(monkeypatch:
     assert torch.equal(backbone0, torch.rand(4))  # process 0 (and a single process): the step's seed, as before
     assert not torch.equal(backbone0, backbone1)  # dropout masks differ across processes, as their images do
     assert torch.equal(objective0, objective1)  # mixup weights, negatives: the same for the global batch
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_each_micro_batch_of_an_accumulation_window_draws_its_own_randomness(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accumulate: int
+) -> None:
+    """The step seed counts micro-batches: with 2 accumulated batches the 4 batches of an epoch are seeded 0, 1, 2, 3
+    (mixup weights, random negatives, dropout and PGD's random starts differ between them; they used to repeat
+    within a window), exactly as without accumulation."""
+    import coretune.engine.module as module
+
+    seeded: list[int] = []
+    real = module.step_seed
+    monkeypatch.setattr(module, "step_seed", lambda seed, step: seeded.append(step) or real(seed, step))
+    model = FineTuner(create("core"), backbone="small_cnn")
+    data = ImageClassificationData(root=str(image_tree), image_size=16, batch_size=9)  # 36 images: 4 batches
+    trainer = L.Trainer(
+        default_root_dir=tmp_path, max_epochs=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, accumulate_grad_batches=accumulate,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=data)
+    assert seeded == [0, 1, 2, 3] and trainer.global_step == 4 // accumulate

@@ -550,7 +550,10 @@ class FineTuner(L.LightningModule):
         # exactly (the data module does the same per image). The backbone's own draws (dropout, stochastic depth)
         # also depend on the process, like its images; the objective's (mixup weights, random negatives) do not,
         # so every DDP process draws the same values for the global batch it mines.
-        seed = step_seed(run_seed(), self.global_step)
+        # Under gradient accumulation the optimiser step counts windows: each micro-batch of a window gets its own
+        # draws (one accumulated batch: the same seeds as before)
+        accumulate = self.trainer.accumulate_grad_batches if self._trainer is not None else 1
+        seed = step_seed(run_seed(), self.global_step * accumulate + batch_idx % accumulate)
         torch.manual_seed(step_seed(seed, rank()) if rank() else seed)
         unpacked = self.transform_batch(self.task.unpack(batch))
         query, key = _split_views(unpacked.inputs)

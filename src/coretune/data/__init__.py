@@ -13,6 +13,7 @@ from .images import (
     load_rgb,
     to_rgb,
 )
+from .samplers import trained_items
 from .segmentation import (
     IGNORE_INDEX,
     SegmentationData,
@@ -54,4 +55,5 @@ __all__ = [
     "stratified_subset",
     "to_rgb",
     "train_transform",
+    "trained_items",
 ]

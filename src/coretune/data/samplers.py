@@ -27,6 +27,7 @@ __all__ = [
     "item_seed",
     "loader_options",
     "seeded_train_loader",
+    "trained_items",
 ]
 
 
@@ -237,12 +238,23 @@ class ResumableLoader(DataLoader):
         self.sampler.skip_once(state["epoch"], state["batches"] * self.batch_size)
 
 
+def _drops_last(n: int, global_batch: int) -> bool:
+    """Whether an epoch of :func:`seeded_train_loader` drops its incomplete last batch: when there are 2 or more."""
+    return n > global_batch
+
+
+def trained_items(n: int, batch_size: int, processes: int = 1) -> int:
+    """How many of ``n`` items one epoch of :func:`seeded_train_loader` trains on, over all processes."""
+    global_batch = batch_size * processes
+    return n // global_batch * global_batch if _drops_last(n, global_batch) else n
+
+
 def seeded_train_loader(dataset: Dataset, batch_size: int, seed: int, **loader_options: Any) -> ResumableLoader:
     """The training loader of the data modules: ``dataset``'s items (augmented by :class:`SeededItems`) in an
     order fixed by ``(seed, epoch)``, dealt to the ``torch.distributed`` processes, resumable mid-epoch; the last
     incomplete batch is dropped when there are 2 or more batches. ``loader_options`` go to the ``DataLoader``."""
     n, processes = len(dataset), world_size()  # type: ignore[arg-type]
-    drop_last = n > batch_size * processes
+    drop_last = _drops_last(n, batch_size * processes)
     sampler = EpochShuffleSampler(n, seed, batch_size, processes, rank(), drop_last)
     return ResumableLoader(
         SeededItems(dataset), batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_options

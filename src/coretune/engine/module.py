@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from ..adversarial import AdversarialTraining
+from ..data import trained_items
 from ..distributed import rank, scale_grad, world_size
 from ..models import CheckpointError, load_checkpoint_file
 from ..objectives import CETuning, Objective
@@ -421,9 +422,8 @@ class FineTuner(L.LightningModule):
         train, batch = getattr(datamodule, "train_dataset", None), getattr(datamodule, "batch_size", None)
         if not size or train is None or not batch:
             return
-        step = batch * world_size()  # the rows of a global batch; the incomplete last one is dropped
-        full = len(train) // step * step or len(train)  # one incomplete batch only: it is kept
-        rows = full * (2 if isinstance(self.batch_transform, AdversarialBatches) else 1)
+        rows = trained_items(len(train), batch, world_size())
+        rows *= 2 if isinstance(self.batch_transform, AdversarialBatches) else 1
         if size >= rows:
             rank_zero_warn(
                 f"memory_size {size} holds an epoch's {rows} training rows or more: half the anchors or more meet "

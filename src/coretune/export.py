@@ -154,10 +154,10 @@ def export_checkpoint(
     batch 1 and at another size (a CNN's; a ViT's patch grid keeps the training image size), a segmentation
     model (a :class:`~coretune.models.DeepLabV3`; ``config.json`` records ``task`` and ``output_stride``)
     always — its ``model.pt2`` from the smallest size its graph was checked for (17 px at output stride 16, 9 at
-    8), smaller inputs fail its guard. ``config.json`` records the formats
-    written and the ``input_shape`` they take (``"batch"``, ``"height"``, ``"width"`` where any size goes).
-    ``config_files``: the ``--config`` files the options came from, refused when they record another task than
-    the checkpoint's. Every option is checked before anything is written.
+    8), smaller inputs fail its guard. ``config.json`` records the formats written and the ``input_shape`` they
+    take (``"batch"``, ``"height"``, ``"width"`` where any size goes). ``config_files``: the ``--config`` files the
+    options came from, refused when they record another task than the checkpoint's. Every option is checked before
+    anything is written.
     """
     formats = check_formats(formats)
     if Path(output).exists() and not Path(output).is_dir():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from coretune.cli import main
 from coretune.robustness import parse_threat
@@ -88,6 +89,21 @@ def test_autoattack_a_config_and_a_chosen_threat_model(fitted_greys: tuple[Path,
     assert (report["attack"], report["num_images"], report["steps"]) == ("autoattack", 12, None)
     assert results["sample"] == {"max_images": 12, "seed": 0}
     assert report["results"] == [{"norm": "linf", "eps": 8 / 255, "accuracy": 0.0, "step_size": None}]
+
+
+def test_a_resumed_runs_config_leaves_the_scored_checkpoint_alone(
+    fitted_greys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # a resumed fit's config.yaml records what it resumed from (ckpt_path: last); after --ckpt it overrode the
+    # checkpoint to score, and eval robust looked for a file named "last"
+    _, ckpt = fitted_greys
+    recorded = yaml.safe_load(RunDir.of_checkpoint(ckpt).config.read_text())
+    config, out = tmp_path / "config.yaml", tmp_path / "pgd.json"
+    for resumed_from in ("last", str(tmp_path / "elsewhere.ckpt")):
+        config.write_text(yaml.safe_dump({**recorded, "ckpt_path": resumed_from}))
+        main(["eval", "robust", f"--ckpt={ckpt}", f"--config={config}", "--attack=pgd", "--steps=1",
+              "--threat_models=linf:4/255", "--max_images=4", f"--output={out}"])  # fmt: skip
+        assert json.loads(out.read_text())["checkpoint"] == str(ckpt)
 
 
 def test_a_fractional_step_size_is_recorded_as_a_number(fitted_greys: tuple[Path, Path], tmp_path: Path) -> None:

@@ -1,12 +1,14 @@
 """``--config`` for the commands that read a fitted run (``test``, ``validate``, ``predict``, ``export``, ``eval``):
 a run's ``config.yaml`` works as it is.
 
-The sections and keys a command does not take (a fit's ``trainer``, ``model``, ``objective``, ``run_dir`` …) are
-left out; those it takes apply, and a ``data`` section's keys fill the options of the same name of a command that has
-no ``--data`` group (``predict --image_size``). Null values are left out too (a fit's ``ckpt_path: null`` means "not
-resumed", not "no checkpoint"). Inside a section the command takes, an unknown key is still the parser's error: the
-``data`` of another task is refused, not half applied: a config that records its task (``model.task``) given for a
-checkpoint of another task is refused in one line (:func:`parse_with_config`'s ``task``).
+The sections and keys a command does not take (a fit's ``trainer``, ``model``, ``objective``, ``run_dir`` …) are left
+out; those it takes apply, and a ``data`` section's keys fill the options of the same name of a command that has no
+``--data`` group (``predict --image_size``). A fit's ``ckpt_path`` is left out whatever its value: it names the
+checkpoint that fit resumed from (``last`` after a resume, ``null`` when it was not resumed), never the one a reading
+command scores, which its own ``--ckpt_path`` names wherever it stands. Other null values are left out too. Inside a
+section the command takes, an unknown key is still the parser's error: the ``data`` of another task is refused, not half
+applied: a config that records its task (``model.task``) given for a checkpoint of another task is refused in one line
+(:func:`parse_with_config`'s ``task``).
 """
 
 from __future__ import annotations
@@ -96,13 +98,17 @@ def check_config_task(path: str, task: str | None, checkpoint: str | None = None
         )
 
 
+_FIT_ONLY = frozenset({"ckpt_path"})
+"""Top-level keys of a fit's ``config.yaml`` that a reading command has under the same name with another meaning."""
+
+
 def _narrowed(path: str, taken: set[str]) -> str:
     """The YAML text of the config file ``path`` with only the keys in ``taken``; ``path`` itself when it is no
     readable mapping (the parser then gives its own error)."""
     config = _read_mapping(path)
     if config is None:
         return path
-    kept: dict[str, Any] = {k: v for k, v in config.items() if k in taken and v is not None}
+    kept: dict[str, Any] = {k: v for k, v in config.items() if k in taken and k not in _FIT_ONLY and v is not None}
     if "data" not in taken and isinstance(data := config.get("data"), dict):
         kept |= {k: v for k, v in data.items() if k in taken and v is not None and k not in kept}
     return yaml.safe_dump(kept, sort_keys=False) if kept else "{}"

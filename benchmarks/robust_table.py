@@ -9,23 +9,24 @@ robust accuracy per method, mean ± std over seeds, with paired differences from
 scored yet, two commands on its ``checkpoints/last.ckpt`` (the final model, as the fit's test top-1):
 
 - both PGD-10s (coretune's and torchattacks', the referee) on the whole test set → ``RUN/robust_results.json``;
-- AutoAttack on ``--autoattack_images`` test images drawn at random (seed 0: the same images for every run) →
-  ``RUN/robust_results_autoattack.json``
+- AutoAttack, and coretune's PGD-10 beside it, on ``--autoattack_images`` test images drawn at random (seed 0: the
+  same images for every run) → ``RUN/robust_results_autoattack.json`` (the table's ``[200 images]`` columns)
 
-at ``--threat_models`` (default ℓ∞ 4/255 and ℓ2 0.5, the two the paper trains and attacks with); and on a run
-trained without adversarial examples, the issue's sanity check: coretune's PGD-10 at ℓ∞ 8/255, which an undefended
-model must not survive → ``RUN/robust_results_sanity_linf8.json``. A run whose file exists is skipped, so the command
-resumes. ``--only_objectives`` / ``--only_seeds`` score part of the spec (as ``coretune bench``'s options, a list
-``'[ce, at_ce_linf]'`` or words), ``--autoattack_seeds 0`` runs the costly AutoAttack on seed 0's runs only, and
-``--referee_seeds 0`` the torchattacks PGD (the other seeds: coretune's PGD alone). ``coretune bench SPEC --export DIR``
-copies these files with the run's records. The bench's ``table8`` layout reads them back
-(from the run directories, or from exported records copied into the output folder): one row per method, clean
-accuracy, then one column per (attack, threat model).
+at ``--threat_models`` (default ℓ∞ 4/255 and ℓ2 0.5, the two the paper trains and attacks with); and on a run trained
+without adversarial examples, the issue's sanity check: coretune's PGD-10 at ℓ∞ 8/255, which an undefended model must
+not survive → ``RUN/robust_results_sanity_linf8.json``. A run whose file exists is skipped, so the command resumes; a
+run whose scoring fails is named at the end (exit status 1) after the others are scored. ``--only_objectives`` /
+``--only_seeds`` score part of the spec (as ``coretune bench``'s options, a list ``'[ce, at_ce_linf]'`` or words),
+``--autoattack_seeds 0`` runs the costly AutoAttack on seed 0's runs only, and ``--referee_seeds 0`` the torchattacks
+PGD (the other seeds: coretune's PGD alone). ``coretune bench SPEC --export DIR`` copies these files with the run's
+records. The bench's ``table8`` layout reads them back (from the run directories, or from exported records copied into
+the output folder): one row per method, clean accuracy, then one column per (attack, threat model).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import yaml
@@ -44,27 +45,39 @@ def evaluate(
     autoattack_images: int,
     autoattack_seeds: list[int] | None = None,
     referee_seeds: list[int] | None = None,
-) -> None:
+) -> list[str]:
     """Score every finished, unscored run of ``spec``; AutoAttack only on ``autoattack_seeds`` and the torchattacks
-    PGD only on ``referee_seeds`` (``None``: every seed)."""
+    PGD only on ``referee_seeds`` (``None``: every seed). A run whose scoring fails is reported and left unscored,
+    and the others are still scored: returns the failures, one line each."""
     threats = f"[{', '.join(threat_models)}]"
+    failures = []
     for run in spec.runs():
         rundir = RunDir(run.run_dir)
         if not rundir.is_finished():
             print(f"skip {run.label}: not finished")
             continue
-        ckpt = f"--ckpt={rundir.last_checkpoint}"
-        config = f"--config={rundir.config}"
+        # the run's config first: options after it override it (and it never names the checkpoint to score)
+        scored = ["eval", "robust", f"--config={rundir.config}", f"--ckpt={rundir.last_checkpoint}"]
+        commands = []
         if not rundir.robust_results.is_file():
             attacks = "[pgd, torchattacks-pgd]" if referee_seeds is None or run.seed in referee_seeds else "pgd"
-            coretune(["eval", "robust", ckpt, config, f"--threat_models={threats}", f"--attack={attacks}"])
+            commands.append([*scored, f"--threat_models={threats}", f"--attack={attacks}"])
         if not (run.run_dir / AUTOATTACK_FILE).is_file() and (autoattack_seeds is None or run.seed in autoattack_seeds):
-            coretune(["eval", "robust", ckpt, config, f"--threat_models={threats}", "--attack=autoattack",
-                      f"--max_images={autoattack_images}", f"--output={run.run_dir / AUTOATTACK_FILE}"])  # fmt: skip
+            # coretune's PGD on the same sample: AutoAttack's columns compare with a PGD-10 on the same images
+            sample = [f"--max_images={autoattack_images}", f"--output={run.run_dir / AUTOATTACK_FILE}"]
+            commands.append([*scored, f"--threat_models={threats}", "--attack=[pgd, autoattack]", *sample])
         trained = (yaml.safe_load(rundir.config.read_text()) or {}).get("adversarial") or {}
         if not trained.get("enable") and not (run.run_dir / SANITY_FILE).is_file():
-            coretune(["eval", "robust", ckpt, config, "--threat_models=linf:8/255", "--attack=pgd",
-                      f"--output={run.run_dir / SANITY_FILE}"])  # fmt: skip
+            commands.append([*scored, "--threat_models=linf:8/255", "--attack=pgd",
+                             f"--output={run.run_dir / SANITY_FILE}"])  # fmt: skip
+        for command in commands:
+            try:
+                coretune(command)
+            except SystemExit as stop:  # coretune's one-line error, printed; the next runs are still scored
+                if stop.code not in (None, 0):
+                    failures.append(f"{run.label}: {stop.code}")
+                    break
+    return failures
 
 
 def listed(values: list[str] | None) -> list[str] | None:
@@ -91,7 +104,11 @@ def main() -> None:
         spec = BenchSpec.from_yaml(args.spec).subset(listed(args.only_objectives), seeds["only_seeds"])
     except ValueError as error:
         parser.error(str(error))
-    evaluate(spec, args.threat_models, args.autoattack_images, seeds["autoattack_seeds"], seeds["referee_seeds"])
+    failures = evaluate(
+        spec, args.threat_models, args.autoattack_images, seeds["autoattack_seeds"], seeds["referee_seeds"]
+    )
+    if failures:
+        sys.exit(f"{len(failures)} run(s) not scored:\n" + "\n".join(failures))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ ADVERSARIAL = ROOT / "configs" / "bench" / "cifar10_cpu_10pct_adversarial.yaml"
 THREATS = (("linf", 4 / 255), ("l2", 0.5))
 
 #: Per objective, per seed: clean, PGD-10 at ℓ∞ 4/255 and ℓ2 0.5 (10,000 images; torchattacks' PGD 1 point lower),
-#: then AutoAttack's clean and robust accuracy at both (200 images).
+#: then the clean and AutoAttack accuracy at both of a random sample of 200 images.
 RECORDS = {
     "ce": [
         (0.80, 0.01, 0.10, 0.81, 0.0, 0.05),
@@ -75,10 +76,17 @@ def fabricate(
             report("pgd", 10000, clean, (linf, l2), 10),
             report("torchattacks-pgd", 10000, clean, (linf - 0.01, l2 - 0.01), 10),
         ]
-        autoattack = [report("autoattack", 200, aa_clean, (aa_linf, aa_l2), None)]
-        for name, reports in (("robust_results.json", pgds), ("robust_results_autoattack.json", autoattack)):
+        # robust_table.py's AutoAttack file: coretune's PGD (5 points above AutoAttack) and AutoAttack on a sample
+        autoattack = [
+            report("pgd", 200, aa_clean, (aa_linf + 0.05, aa_l2 + 0.05), 10),
+            report("autoattack", 200, aa_clean, (aa_linf, aa_l2), None),
+        ]
+        for name, reports, sample in (
+            ("robust_results.json", pgds, None),
+            ("robust_results_autoattack.json", autoattack, {"max_images": 200, "seed": 0}),
+        ):
             (run.run_dir / name).write_text(
-                json.dumps({"checkpoint": "last.ckpt", "split": "test", "reports": reports})
+                json.dumps({"checkpoint": "last.ckpt", "split": "test", "sample": sample, "reports": reports})
             )
 
 
@@ -109,18 +117,23 @@ def test_table8_from_exported_records_is_clean_and_robust_accuracy_per_attack(
         "Adversarial training: clean accuracy and robust accuracy (%) on the test split under each attack and threat "
         "model of the runs' robust_results*.json (coretune eval robust), as in the paper's Table 8: mean ± sample"
     ) in markdown
+    # the sample's columns apart from the whole test set's: AutoAttack beside coretune's PGD on the same 200 images
     assert (
         "| Method | clean | pgd-10 ℓ∞ 4/255 | pgd-10 ℓ2 0.5 | torchattacks-pgd-10 ℓ∞ 4/255 "
-        "| torchattacks-pgd-10 ℓ2 0.5 | autoattack ℓ∞ 4/255 | autoattack ℓ2 0.5 |"
+        "| torchattacks-pgd-10 ℓ2 0.5 | clean [200 images] | pgd-10 ℓ∞ 4/255 [200 images] | pgd-10 ℓ2 0.5 [200 images] "
+        "| autoattack ℓ∞ 4/255 [200 images] | autoattack ℓ2 0.5 [200 images] |"
     ) in markdown
-    # clean: the PGD report's (10,000 images), not AutoAttack's 200; ℓ∞ 1, 2, 3; torchattacks 1 point lower
+    # clean: the PGD report's (10,000 images), not the sample's; ℓ∞ 1, 2, 3; torchattacks 1 point lower; on the
+    # sample: clean 81, 80, 85, PGD 5 points above AutoAttack's 0, 0, 0 and 5, 6, 7
     ce = "| ce | **82.00 ± 2.00 (n=3)** | 2.00 ± 1.00 (n=3) | 12.00 ± 2.00 (n=3) | 1.00 ± 1.00 (n=3) "
-    assert ce + "| 11.00 ± 2.00 (n=3) | 0.00 ± 0.00 (n=3) | 6.00 ± 1.00 (n=3) |" in markdown
+    ce += "| 11.00 ± 2.00 (n=3) | **82.00 ± 2.65 (n=3)** | 5.00 ± 0.00 (n=3) | 11.00 ± 1.00 (n=3) "
+    assert ce + "| 0.00 ± 0.00 (n=3) | 6.00 ± 1.00 (n=3) |" in markdown
     assert "| at_ce_linf | 71.00 ± 1.00 (n=3) | 42.00 ± 2.00 (n=3) | 46.00 ± 1.00 (n=3) |" in markdown
     # at_core_linf's seed 2 has no robust results: n = 2 in those columns
     assert "| at_core_linf | 73.00 ± 1.41 (n=2) | **43.50 ± 0.71 (n=2)** | **47.50 ± 2.12 (n=2)** |" in markdown
-    assert "| at_ce_l2 | – | – | – | – | – | – | – |" in markdown  # not run
-    assert "Test images scored per attack: autoattack: 200; pgd-10: 10000; torchattacks-pgd-10: 10000" in markdown
+    assert "| at_ce_l2 | – | – | – | – | – | – | – | – | – | – |" in markdown  # not run
+    images = "autoattack: 200; pgd-10: 200, 10000; torchattacks-pgd-10: 10000"
+    assert f"Test images scored per attack: {images}" in markdown
     assert (
         "1 finished run(s) have no robust_results*.json yet (cifar10/at_core_linf/frac0.1/seed2): score them with "
         "`python benchmarks/robust_table.py evaluate SPEC`"
@@ -134,9 +147,9 @@ def test_table8_from_exported_records_is_clean_and_robust_accuracy_per_attack(
     assert "| clean | at_core_linf | -9.00 | 3.65 | yes | -8.00 / -8.00 | – |" in markdown  # seed 2 unscored
     summary = json.loads((spec.output / "summary.json").read_text())
     at_ce = summary["rows"][1]
-    assert at_ce["objective"] == "at_ce_linf" and at_ce["columns"]["autoattack ℓ∞ 4/255"]["values"] == pytest.approx(
-        [35, 36, 37]
-    )
+    assert at_ce["objective"] == "at_ce_linf" and at_ce["columns"]["autoattack ℓ∞ 4/255 [200 images]"][
+        "values"
+    ] == pytest.approx([35, 36, 37])
     assert {p.name for p in spec.output.iterdir()} >= {"summary.json", "bars.png", "runs.csv", "summary.csv"}
 
 
@@ -170,25 +183,60 @@ def test_robust_table_evaluate_scores_each_finished_unscored_run_once(
     ce = spec.runs()[0].run_dir
     (ce / "robust_results_autoattack.json").unlink()
     (ce / "robust_results.json").unlink()
-    robust_table.evaluate(spec, ["linf:4/255", "l2:0.5"], 100)
-    run = ["eval", "robust", f"--ckpt={ce / 'checkpoints' / 'last.ckpt'}", f"--config={ce / 'config.yaml'}"]
+    assert robust_table.evaluate(spec, ["linf:4/255", "l2:0.5"], 100) == []
+    # the run's config first, then the checkpoint: a resumed run's config.yaml records ckpt_path: last
+    run = ["eval", "robust", f"--config={ce / 'config.yaml'}", f"--ckpt={ce / 'checkpoints' / 'last.ckpt'}"]
     common = [*run, "--threat_models=[linf:4/255, l2:0.5]"]
+    sample = ["--max_images=100", f"--output={ce / 'robust_results_autoattack.json'}"]
     assert calls == [
         [*common, "--attack=[pgd, torchattacks-pgd]"],
-        [*common, "--attack=autoattack", "--max_images=100", f"--output={ce / 'robust_results_autoattack.json'}"],
+        [*common, "--attack=[pgd, autoattack]", *sample],  # AutoAttack beside coretune's PGD on the same images
         # the undefended model's sanity check: nothing survives ℓ∞ 8/255
         [*run, "--threat_models=linf:8/255", "--attack=pgd", f"--output={ce / 'robust_results_sanity_linf8.json'}"],
     ]
     for name in ("robust_results.json", "robust_results_autoattack.json", "robust_results_sanity_linf8.json"):
         (ce / name).write_text("{}")
     calls.clear()
-    robust_table.evaluate(spec, ["linf:4/255"], 100)  # resumes: scored runs are skipped
+    assert robust_table.evaluate(spec, ["linf:4/255"], 100) == []  # resumes: scored runs are skipped
     assert calls == []
     (ce / "robust_results_autoattack.json").unlink()
     (ce / "robust_results.json").unlink()
     # AutoAttack and the torchattacks referee on seed 1's runs only: coretune's PGD alone on seed 0's
     robust_table.evaluate(spec, ["linf:4/255"], 100, autoattack_seeds=[1], referee_seeds=[1])
     assert calls == [[*run, "--threat_models=[linf:4/255]", "--attack=pgd"]]
+
+
+def test_robust_table_evaluate_goes_on_past_a_run_it_cannot_score(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module_spec = importlib.util.spec_from_file_location("robust_table", ROOT / "benchmarks" / "robust_table.py")
+    robust_table = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(robust_table)
+    spec_file = adversarial_spec(tmp_path)
+    spec = BenchSpec.from_yaml(spec_file).subset(["ce"], [0, 1])
+    fabricate(spec, {"ce": RECORDS["ce"][:2]})
+    for run in spec.runs():
+        for name in ("robust_results.json", "robust_results_autoattack.json"):
+            (run.run_dir / name).unlink()
+    broken = spec.runs()[0].run_dir
+    calls: list[list[str]] = []
+
+    def coretune(args: list[str]) -> None:  # seed 0's checkpoint is unreadable: coretune's one-line exit
+        calls.append(args)
+        if str(broken) in args[3]:
+            raise SystemExit(f"coretune eval robust: error: {broken}/checkpoints/last.ckpt is truncated")
+
+    monkeypatch.setattr(robust_table, "coretune", coretune)
+    failures = robust_table.evaluate(spec, ["linf:4/255"], 100)
+    assert failures == [
+        f"{spec.runs()[0].label}: coretune eval robust: error: {broken}/checkpoints/last.ckpt is truncated"
+    ]
+    assert len(calls) == 1 + 3  # seed 0 stops at its first command; seed 1 is scored all the same
+    monkeypatch.setattr(sys, "argv", ["robust_table.py", "evaluate", str(spec_file), "--only_objectives", "ce",
+                                      "--only_seeds", "0", "1"])  # fmt: skip
+    with pytest.raises(SystemExit) as exit_:
+        robust_table.main()
+    assert str(exit_.value.code).startswith(f"1 run(s) not scored:\n{spec.runs()[0].label}: coretune eval robust")
 
 
 def test_before_any_run_finished_the_table_has_its_clean_column(tmp_path: Path) -> None:

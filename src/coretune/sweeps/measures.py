@@ -56,30 +56,36 @@ def attack_label(report: dict[str, Any]) -> str:
 
 def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
     """Clean accuracy and each (attack, threat model)'s robust accuracy (%) in a run's ``robust_results*.json``
-    (``robust_results.json`` first, then the others by name). Clean accuracy is that of the report scored on the
-    most test images (the first such): an attack run on a sample of N images only (AutoAttack, ``--max_images``) has
-    its own clean accuracy over them. Columns are labelled ``pgd-10 ℓ∞ 4/255`` (attack and steps, as ``coretune
-    eval robust`` prints them, then the threat model); nothing without such files."""
+    (``robust_results.json`` first, then the others by name). Columns are labelled ``pgd-10 ℓ∞ 4/255`` (attack and
+    steps, as ``coretune eval robust`` prints them, then the threat model); nothing without such files. ``clean`` is
+    the clean accuracy of the report scored on the most images of the whole test set (the first such). A file
+    scored on a random sample of N images (``--max_images``, as AutoAttack is) has its own columns, ``clean [N
+    images]`` and ``autoattack ℓ∞ 4/255 [N images]``: a sample's numbers sit beside other attacks' on the same
+    sample, never in a column of the whole test set."""
     from ..robustness import format_threat
 
     clean: tuple[int, float] | None = None
     values: Measures = {}
     for path in sorted(run_dir.glob(ROBUST_RESULTS)):
         try:
-            reports = json.loads(path.read_text())["reports"]
-            for report in reports:
-                if clean is None or report["num_images"] > clean[0]:
+            scored = json.loads(path.read_text())
+            sampled = scored.get("sample") is not None
+            for report in scored["reports"]:
+                on = f" [{report['num_images']} images]" if sampled else ""
+                if sampled:
+                    values.setdefault(f"clean{on}", (f"clean{on}", 100 * float(report["clean_accuracy"])))
+                elif clean is None or report["num_images"] > clean[0]:
                     clean = (report["num_images"], 100 * float(report["clean_accuracy"]))
                 attack = attack_label(report)
                 for result in report["results"]:
-                    label = f"{attack} {format_threat(result['norm'], result['eps'])}"
+                    label = f"{attack} {format_threat(result['norm'], result['eps'])}{on}"
                     values.setdefault(label, (label, 100 * float(result["accuracy"])))
-        except (ValueError, KeyError, TypeError) as error:
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise BenchSpecError(
                 f"{path} is not a result of coretune eval robust ({type(error).__name__}: {error}): write it again "
                 "with coretune eval robust --output, or move it out of the run directory"
             ) from None
-    return {"clean": ("clean", clean[1]), **values} if clean is not None else {}
+    return {"clean": ("clean", clean[1]), **values} if clean is not None else values
 
 
 def training_domains_heldout(run_dir: Path, test: dict[str, Any]) -> Measures:

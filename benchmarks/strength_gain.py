@@ -6,13 +6,15 @@ CE-tuning and the methods compared with it.
     .venv/bin/python benchmarks/strength_gain.py plot configs/bench/cifar10_cpu_strength.yaml \\
         configs/bench/cifar10_cpu_strength_1pct.yaml
 
-``evaluate`` scores every checkpoint of the spec (its ``--model.weights``; none: a random initialisation) frozen,
-with ``coretune eval knn`` and ``coretune eval linear`` on the spec's data at its image size, into
-``--eval_dir`` (``<checkpoint>-knn.json``, ``<checkpoint>-linear.json``; a file that exists is kept, so the command
-resumes). ``plot`` reads the specs' finished runs (run directories, or exported records copied back) and those
-files, and writes a table (``--markdown``) and a figure (``--figure``): per checkpoint and label fraction, each
-method's mean top-1 and its paired difference from CE-tuning (seed by seed), and Core-tuning's difference from
-``ce_mix`` (its contribution beyond the mixup), against the checkpoint's kNN top-1.
+``evaluate`` scores every checkpoint of the spec (its ``--model.weights``; none: a random initialisation) frozen, with
+``coretune eval knn`` and ``coretune eval linear`` on the spec's data at its image size, into ``--eval_dir``
+(``<checkpoint>-knn.json``, ``<checkpoint>-linear.json``, each with the SHA-256 of the file scored and seed 0, the
+random initialisation's; a file that exists is kept, so the command resumes, unless its checkpoint was re-made since),
+and names the strongest checkpoint by kNN top-1 (the 1% spec's last column). ``plot`` reads the specs' finished runs
+(run directories, or exported records copied back) and those files, and writes a table (``--markdown``) and a figure
+(``--figure``): per checkpoint and label fraction, each method's mean top-1 and its paired difference from CE-tuning
+(seed by seed), and Core-tuning's difference from ``ce_mix`` (its contribution beyond the mixup), against the
+checkpoint's kNN top-1.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from coretune.cli import main as coretune
+from coretune.models import weights_digest
 from coretune.sweeps import BenchSpec, collect_cells
 from coretune.sweeps.stats import Cell, compare
 
@@ -55,15 +58,42 @@ def checkpoints(spec: BenchSpec) -> dict[str, list[str]]:
     return found
 
 
+def _weights(args: list[str]) -> str | None:
+    """The checkpoint file of a column's ``coretune eval`` arguments, or None (a random initialisation)."""
+    return next((a.split("=", 1)[1] for a in args if a.startswith("--weights=")), None)
+
+
+def stale(eval_dir: Path, name: str, args: list[str]) -> str | None:
+    """Why the column's scores in ``eval_dir`` no longer describe its checkpoint (re-made since, or scored before
+    digests were recorded), or None: fine, not scored, or the checkpoint is not on this machine."""
+    weights = _weights(args)
+    for protocol in PROTOCOLS:
+        path = eval_dir / f"{name}-{protocol}.json"
+        if weights is None or not path.is_file() or not Path(weights).is_file():
+            continue
+        recorded = json.loads(path.read_text()).get("weights_sha256")
+        if recorded != weights_digest(weights):
+            return f"{path} scored another file than today's {weights} (SHA-256 {recorded})"
+    return None
+
+
 def evaluate(spec: BenchSpec, eval_dir: Path) -> None:
-    """``coretune eval knn|linear`` of every checkpoint of ``spec`` not scored yet, into ``eval_dir``."""
+    """``coretune eval knn|linear`` of every checkpoint of ``spec`` not scored yet (or re-made since it was), into
+    ``eval_dir``; then name the strongest by kNN top-1 (the 1% spec's last column)."""
     for name, args in checkpoints(spec).items():
+        if (why := stale(eval_dir, name, args)) is not None:
+            print(f"re-scoring {name}: {why}")
         for protocol in PROTOCOLS:
             out = eval_dir / f"{name}-{protocol}.json"
-            if out.is_file():
+            if out.is_file() and why is None:
                 print(f"skip {name} {protocol}: {out} exists")
                 continue
-            coretune(["eval", protocol, *args, f"--output={out}"])
+            coretune(["eval", protocol, *args, "--seed=0", f"--output={out}"])
+    knn = {name: top1 for name in spec.datasets if not math.isnan(top1 := _top1(eval_dir, name, "knn"))}
+    if knn:
+        strongest = max(knn, key=knn.__getitem__)
+        print(f"strongest by kNN top-1: {strongest} ({knn[strongest]:.2f}%); kNN top-1 of each: "
+              + ", ".join(f"{n} {v:.2f}" for n, v in knn.items()))  # fmt: skip
 
 
 def _top1(eval_dir: Path, name: str, protocol: str) -> float:
@@ -109,10 +139,30 @@ class Row:
     beyond_mix: Gain | None  # Core-tuning over ce_mix: its contribution beyond the mixup
 
 
+def _paired_means(cell: Cell, reference: Cell) -> tuple[float, float]:
+    """Both cells' mean top-1 over the seeds they share (so their difference is the paired gain shown beside)."""
+    shared = set(cell.seeds) & set(reference.seeds)
+    if not shared:
+        return math.nan, math.nan
+    means = [
+        float(np.mean([v for s, v in zip(c.seeds, c.values, strict=True) if s in shared])) for c in (cell, reference)
+    ]
+    return means[0], means[1]
+
+
 def gains(specs: list[BenchSpec], eval_dir: Path, baseline: str = "ce") -> list[Row]:
-    """One row per (spec column, label fraction, method other than ``baseline``) of the specs' finished runs."""
+    """One row per (spec column, label fraction, method other than ``baseline``) of the specs' finished runs.
+
+    Raises:
+        SystemExit: a column's kNN / linear scores were made from another file than its checkpoint today.
+    """
     rows = []
     for spec in specs:
+        for name, args in checkpoints(spec).items():
+            if (why := stale(eval_dir, name, args)) is not None:
+                raise SystemExit(
+                    f"{why}: score it again with `strength_gain.py evaluate` (and re-run its fine-tunings)"
+                )
         cells, _ = collect_cells(spec)
         names = [o.name for o in spec.objectives]
         for name in spec.datasets:
@@ -121,9 +171,10 @@ def gains(specs: list[BenchSpec], eval_dir: Path, baseline: str = "ce") -> list[
                 for method in (n for n in names if n != baseline):
                     cell = cells[(method, name, fraction)]
                     mix = cells[("ce_mix", name, fraction)] if method == "core" and "ce_mix" in names else None
+                    top1, base_top1 = _paired_means(cell, base)
                     rows.append(Row(
                         name, fraction, _top1(eval_dir, name, "knn"), _top1(eval_dir, name, "linear"), method,
-                        cell.mean, base.mean, Gain.of(cell, base), Gain.of(cell, mix) if mix is not None else None,
+                        top1, base_top1, Gain.of(cell, base), Gain.of(cell, mix) if mix is not None else None,
                     ))  # fmt: skip
     return rows
 

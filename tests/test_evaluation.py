@@ -1,5 +1,6 @@
 """kNN and linear-probe evaluation against reference loops and scikit-learn; the `coretune eval` command."""
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -125,6 +126,22 @@ def test_eval_command_scores_a_checkpoint(tmp_path: Path, capsys: pytest.Capture
     linear = json.loads((tmp_path / "linear.json").read_text())
     assert linear["settings"] == {"weight_decay": 0.001} and 0.5 < linear["top1"] <= linear["top5"]
     assert "knn small_cnn" in capsys.readouterr().out
+    # the record names the very file scored (a path alone does not, once the checkpoint is re-made)
+    assert knn["weights_sha256"] == linear["weights_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert knn["seed"] == 0
+
+
+def test_eval_of_a_random_initialisation_is_the_same_network_for_a_seed(tmp_path: Path) -> None:
+    # the floor of a strength study: without --weights the backbone is random, and it was a new one on every call
+    root = _digit_folder(tmp_path / "digits")
+    common = ["--backbone", "small_cnn", "--data.root", str(root), "--data.image_size", "8", "--k", "1"]
+    results = []
+    for seed, name in ((0, "a"), (0, "b"), (1, "c")):
+        torch.rand(7)  # whatever the caller drew before
+        main(["eval", "knn", *common, "--seed", str(seed), "--output", str(tmp_path / f"{name}.json")])
+        results.append(json.loads((tmp_path / f"{name}.json").read_text()))
+    assert results[0] == results[1] and results[0]["weights"] is results[0]["weights_sha256"] is None
+    assert results[2]["seed"] == 1 and results[2]["top1"] != results[0]["top1"]  # another network
 
 
 def test_eval_command_without_backbone_or_weights_explains(tmp_path: Path) -> None:

@@ -236,6 +236,12 @@ def _eval_parser() -> ArgumentParser:
         default=list(DEFAULT_WEIGHT_DECAYS),
         help="Linear probe: L2 strength λ, or a grid to choose from on a hold-out.",
     )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="Seed of a backbone's random initialisation (without --weights: the floor) and of the probe's hold-out.",
+    )
     parser.add_argument("--device", type=str | None, default=None, help="Default: cuda if available, or cpu.")
     parser.add_argument("--output", type=str | None, default=None, help="Also write the result to this JSON.")
     return parser
@@ -271,13 +277,14 @@ def evaluate(args: list[str]) -> None:
 
     from .data import ImageClassificationData
     from .evaluation import evaluate_encoder
-    from .models import create_backbone
+    from .models import create_backbone, weights_digest
     from .runconfig import parse_with_config
 
     cfg = parse_with_config(_eval_parser(), args)
     if cfg.backbone is None and cfg.weights is None:
         raise ValueError("pass --backbone (and --weights for a pre-trained checkpoint)")
     backbone = cfg.backbone or _stored_backbone(cfg.weights)
+    torch.manual_seed(cfg.seed)  # a random initialisation is the same network on every call
     encoder = create_backbone(
         backbone, weights=cfg.weights, weights_format=cfg.weights_format, allow_cast=cfg.weights_allow_cast
     )
@@ -291,6 +298,7 @@ def evaluate(args: list[str]) -> None:
         temperature=cfg.temperature,
         weight_decay=cfg.weight_decay,
         device=device,
+        seed=cfg.seed,
     )
     top5 = f", top-5 {100 * result.top5:.2f}%" if result.top5 is not None else ""
     Console().print(
@@ -300,10 +308,9 @@ def evaluate(args: list[str]) -> None:
         highlight=False,
     )
     if cfg.output:
+        recorded = {"backbone": backbone, "weights": cfg.weights, "weights_sha256": weights_digest(cfg.weights)}
         Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.output).write_text(
-            json.dumps({"backbone": backbone, "weights": cfg.weights, **result.__dict__}, indent=2) + "\n"
-        )
+        Path(cfg.output).write_text(json.dumps({**recorded, "seed": cfg.seed, **result.__dict__}, indent=2) + "\n")
 
 
 def demo(args: list[str]) -> None:

@@ -215,11 +215,13 @@ def evaluate_encoder(
     temperature: float = 0.07,
     weight_decay: float | Sequence[float] = DEFAULT_WEIGHT_DECAYS,
     device: torch.device | str | None = None,
+    seed: int = 0,
 ) -> EvalResult:
     """kNN or linear-probe accuracy of ``encoder`` on an :class:`~coretune.data.ImageClassificationData`.
 
     Features of its training split (after ``label_fraction`` / ``val_fraction``; evaluation transform, no
-    augmentation) are the kNN memory bank / probe training set; its test split is scored.
+    augmentation) are the kNN memory bank / probe training set; its test split is scored. ``seed``: the linear
+    probe's hold-out split (:func:`linear_probe`).
     """
     from .data.transforms import eval_draft_size
 
@@ -234,7 +236,7 @@ def evaluate_encoder(
         top1 = (pred == test_y).float().mean().item()
         return EvalResult("knn", top1, None, len(train_y), len(test_y), {"k": k, "temperature": temperature})
     if protocol == "linear":
-        probe = linear_probe(train_f, train_y, classes, weight_decay)
+        probe = linear_probe(train_f, train_y, classes, weight_decay, seed=seed)
         with torch.no_grad():
             logits = probe(test_f)
         return EvalResult(

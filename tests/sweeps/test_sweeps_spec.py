@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,27 @@ def test_table1_shares_its_ce_and_core_runs_with_the_memory_spec() -> None:
         assert table1["ce", seed] == memory["ce_b64", seed]
         assert table1["core", seed] == memory["core_b64", seed]
     assert all("--data.batch_size=64" in args for args in table1.values())
+
+
+def test_the_strength_columns_read_the_snapshots_their_headers_pretrain() -> None:
+    """configs/bench/cifar10_cpu_strength.yaml's columns made by `coretune pretrain` read an epoch snapshot its
+    header's commands write (``pretrained-epoch<E>.pth.tar``, only there once epoch E ended), never the
+    ``pretrained.pth.tar`` rewritten every epoch, which a pre-training stopped early leaves behind."""
+    from coretune.pretrain import PRETRAINED_FILENAME, snapshot_path
+
+    bench = Path(__file__).parents[2] / "configs" / "bench"
+    text = (bench / "cifar10_cpu_strength.yaml").read_text()
+    header = " ".join(line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#"))
+    written = set()
+    for command in header.split("coretune pretrain")[1:]:
+        words = shlex.split(command.split(" # ")[0].replace("\\", " "))
+        run_dir = Path(words[words.index("--run_dir") + 1])
+        epochs = yaml.safe_load(words[words.index("--snapshot_epochs") + 1])
+        assert max(epochs) == int(words[words.index("--trainer.max_epochs") + 1])
+        written |= {str(snapshot_path(run_dir / PRETRAINED_FILENAME, e)) for e in epochs}
+    read = set()
+    for name in ("cifar10_cpu_strength.yaml", "cifar10_cpu_strength_1pct.yaml"):
+        spec = BenchSpec.from_yaml(bench / name)
+        for args in spec.datasets.values():
+            read |= {a.split("=", 1)[1] for a in args if a.startswith("--model.weights=runs/pretrain/")}
+    assert read and read <= written and len(written) == 3  # SimCLR after 5 and 15 epochs, MoCo v2 after 15

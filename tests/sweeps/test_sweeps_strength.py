@@ -3,6 +3,7 @@ spec, and each method's paired gain over CE-tuning against the checkpoint's kNN 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import math
@@ -50,26 +51,60 @@ def _spec(tmp_path: Path) -> BenchSpec:
 
 
 def test_evaluate_scores_each_checkpoint_once_with_its_weights_or_none(
-    strength: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    strength: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     calls: list[list[str]] = []
     monkeypatch.setattr(strength, "coretune", calls.append)
     spec, out = _spec(tmp_path), tmp_path / "eval"
     strength.evaluate(spec, out)
     data = [f"--data.root={tmp_path / 'data'}", "--data.image_size=32", "--data.batch_size=256"]
+    seeded = "--seed=0"  # the random initialisation: the same network on every call
     assert calls == [
-        ["eval", "knn", "--backbone=resnet18", *data, f"--output={out / 'weak-knn.json'}"],  # null: random init
-        ["eval", "linear", "--backbone=resnet18", *data, f"--output={out / 'weak-linear.json'}"],
-        ["eval", "knn", "--backbone=resnet18", "--weights=strong.pth", *data, f"--output={out / 'strong-knn.json'}"],
-        ["eval", "linear", "--backbone=resnet18", "--weights=strong.pth", *data,
+        ["eval", "knn", "--backbone=resnet18", *data, seeded, f"--output={out / 'weak-knn.json'}"],  # null: random
+        ["eval", "linear", "--backbone=resnet18", *data, seeded, f"--output={out / 'weak-linear.json'}"],
+        ["eval", "knn", "--backbone=resnet18", "--weights=strong.pth", *data, seeded,
+         f"--output={out / 'strong-knn.json'}"],
+        ["eval", "linear", "--backbone=resnet18", "--weights=strong.pth", *data, seeded,
          f"--output={out / 'strong-linear.json'}"],
     ]  # fmt: skip
     out.mkdir()
-    for name in ("weak-knn", "weak-linear", "strong-knn"):
-        (out / f"{name}.json").write_text("{}")
+    for name, top1 in (("weak-knn", 0.2), ("weak-linear", 0.3), ("strong-knn", 0.6)):
+        (out / f"{name}.json").write_text(json.dumps({"top1": top1}))
     calls.clear()
     strength.evaluate(spec, out)  # resumes: only the missing file
     assert [c[1] for c in calls] == ["linear"] and calls[0][-1] == f"--output={out / 'strong-linear.json'}"
+    # and names the strongest by kNN, the 1% spec's last column
+    assert capsys.readouterr().out.endswith(
+        "strongest by kNN top-1: strong (60.00%); kNN top-1 of each: weak 20.00, strong 60.00\n"
+    )
+
+
+def test_a_checkpoint_remade_after_scoring_is_scored_again_and_refused_by_plot(
+    strength: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the spec's strong.pth is relative: here
+    spec, out = _spec(tmp_path), tmp_path / "eval"
+    weights = tmp_path / "strong.pth"
+    weights.write_bytes(b"epoch 15 of a first pre-training")
+    out.mkdir()
+    scored = hashlib.sha256(weights.read_bytes()).hexdigest()
+    for name in ("weak-knn", "weak-linear", "strong-knn", "strong-linear"):
+        (out / f"{name}.json").write_text(
+            json.dumps({"top1": 0.5, "weights_sha256": None if "weak" in name else scored})
+        )
+    calls: list[list[str]] = []
+    monkeypatch.setattr(strength, "coretune", calls.append)
+    strength.evaluate(spec, out)
+    assert calls == []  # the same file: kept
+    strength.gains([spec], out)
+    weights.write_bytes(b"epoch 15 of a second pre-training")  # re-made: the old kNN no longer describes it
+    strength.evaluate(spec, out)
+    assert [(c[1], c[-1]) for c in calls] == [
+        ("knn", f"--output={out / 'strong-knn.json'}"),
+        ("linear", f"--output={out / 'strong-linear.json'}"),
+    ]
+    with pytest.raises(SystemExit, match=rf"{out / 'strong-knn.json'} scored another file than today's strong.pth"):
+        strength.gains([spec], out)
 
 
 def test_gains_are_paired_by_seed_and_core_is_also_compared_with_ce_mix(strength: ModuleType, tmp_path: Path) -> None:
@@ -85,8 +120,9 @@ def test_gains_are_paired_by_seed_and_core_is_also_compared_with_ce_mix(strength
     assert (strong.gain.mean, strong.gain.std, strong.gain.pairs) == pytest.approx((3.0, 1.0, 3))
     assert (strong.beyond_mix.mean, strong.beyond_mix.pairs) == pytest.approx((1.0, 3))
     assert strong.beyond_mix.std == pytest.approx(0.0, abs=1e-9)
-    weak = rows[("weak", "core")]  # seeds 0 and 1 only: 0 and −1 pp
+    weak = rows[("weak", "core")]  # seeds 0 and 1 only: 0 and −1 pp, and both means over those two seeds
     assert (weak.gain.mean, weak.gain.pairs) == pytest.approx((-0.5, 2)) and math.isnan(weak.linear)
+    assert (weak.top1, weak.baseline_top1) == pytest.approx((50.5, 51.0))
     assert rows[("weak", "ce_mix")].beyond_mix is None
     table = strength.markdown(list(rows.values()))
     lines = table.splitlines()

@@ -16,6 +16,7 @@ from .checkpoints import (
     register_layout,
     require_checkpoint_file,
     resolve_weights,
+    weights_digest,
 )
 from .encoder import TIMM_PREFIX, Encoder
 from .segmentation import (
@@ -55,4 +56,5 @@ __all__ = [
     "require_checkpoint_file",
     "resnet_feature_map",
     "resolve_weights",
+    "weights_digest",
 ]

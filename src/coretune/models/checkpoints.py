@@ -16,6 +16,7 @@ only when asked to (``download=True``, ``--model.weights_download true``). The f
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import pickle
 import re
@@ -46,6 +47,7 @@ __all__ = [
     "register_layout",
     "require_checkpoint_file",
     "resolve_weights",
+    "weights_digest",
 ]
 
 _SAFE_GLOBALS = [argparse.Namespace]
@@ -162,6 +164,18 @@ def resolve_weights(weights: str | Path, download: bool = False) -> Path:
                 "the network and the name, or give a checkpoint file path"
             ) from err
     raise CheckpointError(f"hub repository {repo_id} has none of {', '.join(files)}: give a checkpoint file path")
+
+
+def weights_digest(weights: str | Path | None) -> str | None:
+    """The SHA-256 (hex) of the file ``weights`` names (:func:`resolve_weights`, no download), or None for None: a
+    record of exactly which checkpoint a result came from, which a path alone is not once the file is re-made."""
+    if weights is None:
+        return None
+    digest = hashlib.sha256()
+    with resolve_weights(weights).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def load_checkpoint_file(path: str | Path) -> Any:

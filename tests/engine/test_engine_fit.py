@@ -385,6 +385,45 @@ def test_bi_tuning_keys_see_a_second_augmented_view(
     assert data.train_views == 1
 
 
+class _KeepProjector(L.Callback):
+    """The projector's parameters when training starts (the key copy starts from them) and after each step."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[torch.Tensor]] = []
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.seen.append([p.detach().clone() for p in pl_module.objective.projector.parameters()])
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self.seen.append([p.detach().clone() for p in pl_module.objective.projector.parameters()])
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_the_momentum_key_encoder_follows_the_weights_each_optimiser_step_made(
+    image_tree: Path, tmp_path: Path, accumulate: int
+) -> None:
+    # θ_k ← m θ_k + (1 − m) θ_q after each optimiser step, with θ_q the weights that step made (tllib updates at
+    # the next forward, before the keys: the same). The update ran in on_before_zero_grad, before backward and
+    # step, so it used the previous step's weights and the keys lagged one update.
+    m = 0.5
+    model = FineTuner(create("bi_tuning", momentum=m), backbone="small_cnn")
+    data = ImageClassificationData(root=str(image_tree), image_size=16, batch_size=8, seed=3)
+    kept = _KeepProjector()
+    trainer = make_trainer(
+        tmp_path, progress=False, max_epochs=1, limit_train_batches=2 * accumulate, callbacks=[kept],
+        accumulate_grad_batches=accumulate, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=data)
+    steps = kept.seen[0::accumulate]  # the weights at the start and after each of the 2 optimiser steps
+    assert trainer.global_step == 2 and len(steps) == 3
+    expected = steps[0]
+    for weights in steps[1:]:
+        expected = [m * k + (1 - m) * q for k, q in zip(expected, weights, strict=True)]
+    key = list(model.objective.key_projector.parameters())
+    assert all(torch.allclose(k, e, atol=1e-6) for k, e in zip(key, expected, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(steps[1], steps[2], strict=True))  # the steps moved it
+
+
 @pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")  # none needed
 def test_a_two_view_objective_needs_a_data_module_that_makes_views(tmp_path: Path) -> None:
     from torch.utils.data import DataLoader, TensorDataset

@@ -707,5 +707,8 @@ class FineTuner(L.LightningModule):
             optimizer = self.optimizers()
             self.objective.reset_optimizer_state(getattr(optimizer, "optimizer", optimizer))
 
-    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        # after the step: a momentum encoder follows the weights just updated, as tllib's Bi-tuning and MoCo do
+        # (Lightning's on_before_zero_grad runs before backward and step: the keys lagged one update)
+        super().optimizer_step(*args, **kwargs)
         self.objective.on_after_optimizer_step()

@@ -22,6 +22,9 @@ class BSS(Objective):
     suppresses the non-transferable spectral components of the features. Defaults ``k = 1``, ``η = 0.001`` are
     the paper's. The SVD runs in float32 (autocast disabled).
 
+    Differences from the reference code (the authors' and tllib's ``BatchSpectralShrinkage``): none in the
+    loss; the optimiser and schedule are the engine's.
+
     Terms: ``ce``, ``bss`` (the unweighted ``Σ σ_{-i}²``), ``loss``.
 
     Args:

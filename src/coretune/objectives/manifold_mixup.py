@@ -24,10 +24,13 @@ class ManifoldMixup(Objective):
               \lambda e(y) + (1-\lambda) e(y_\pi)\bigr)
 
     One ``λ`` per batch and a random pairing of the batch, as in the paper's code. The loss is on the mixed
-    rows only (the paper replaces the standard loss by the mixed one); mixing happens at the layer feeding the
-    classifier rather than at a random layer, since the encoder is outside the objective. For CE on the
-    originals plus mixup, use ``ce_mix`` (Core-tuning's Table 2 row 3). ``α = 2.0`` is the paper's setting for
-    manifold mixup. Draws come from :attr:`generator` when set (else torch's global RNG).
+    rows only (the paper replaces the standard loss by the mixed one). For CE on the originals plus mixup, use
+    ``ce_mix`` (Core-tuning's Table 2 row 3). ``α = 2.0`` is the paper's setting for manifold mixup. Draws come
+    from :attr:`generator` when set (else torch's global RNG).
+
+    Differences from the reference code (the authors' ``manifold_mixup`` repository): mixing happens at the
+    layer feeding the classifier only, where the authors draw the layer at random for each batch (the input or
+    one of the first residual stages, ``k ∈ {0, 1, 2}``): the encoder is outside the objective.
 
     Terms: ``ce_mix``, ``loss``.
 

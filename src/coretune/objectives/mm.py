@@ -47,6 +47,10 @@ class MixAndMatch(Objective):
     of the L2-normalised encoder features, :func:`batch_hard_triplet_loss`); anchors without a positive or a
     negative are skipped. Margin ``m = 0.3``, weight ``γ = 1``.
 
+    Differences from the reference code: this is coretune's classification form of M&M's "match" stage, not
+    the authors' method, which fine-tunes for segmentation from a graph of class-consistent patch pairs
+    sampled across images ("mix" and "match" on patches); no image-classification code of theirs exists.
+
     Terms: ``ce``, ``triplet``, ``loss``.
 
     Args:

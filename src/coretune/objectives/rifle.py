@@ -27,9 +27,14 @@ class RIFLE(Objective):
     dropped, see :meth:`schedule`). With ``p = 1`` this splits training into ``n + 1`` periods of equal
     length, as the authors' ``train.py`` does (``fc_layer.reset_parameters()`` every ``T/(n+1)`` epochs; e.g.
     epochs 10, 20, 30 of 40 for ``n = 3``); ``p < 1`` confines the re-initialisations to the first ``p`` of
-    training. The default ``n = 3`` gives 4 periods, the largest number the authors' Paddle implementation
-    tries (2–4 periods, best reported per dataset); the optional cyclic learning rate of the classifier in the
-    authors' code is left to the engine's scheduler.
+    training. The authors' own command (``run.sh``) uses ``--fc_reinit_times=1`` (``n = 1``: one
+    re-initialisation, half-way); the default ``n = 3`` gives 4 periods, the largest number the Paddle port of
+    the authors tries (2–4 periods, best reported per dataset).
+
+    Differences from the reference code (the authors' ``train.py``): the classifier's optimiser state (momentum)
+    is cleared at each re-initialisation, where ``train.py`` keeps it; the optional cyclic learning rate of the
+    classifier (``--fc_lr_util cyclic``, off in ``run.sh``) is not implemented (the engine's schedule drives
+    every layer).
 
     After a re-initialisation the optimiser's state for the classifier (momentum, Adam moments) is stale:
     :attr:`needs_optimizer_reset` becomes ``True``, and the engine should call :meth:`reset_optimizer_state`

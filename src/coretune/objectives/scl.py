@@ -24,9 +24,13 @@ class SCL(Objective):
 
     with ``Φ = z/‖z‖`` the L2-normalised encoder features (no projection head, as in the paper) and ``P_i``
     the other samples of the batch with label ``y_i`` (:func:`coretune.losses.contrastive_loss` with
-    :func:`~coretune.losses.supcon_positive_mask`). The paper sums the per-anchor terms over the batch; they
-    are averaged here over anchors with at least one positive, as in
-    :func:`~coretune.losses.contrastive_loss`. Defaults ``λ = 0.9``, ``τ = 0.3`` are the paper's best setting.
+    :func:`~coretune.losses.supcon_positive_mask`). Defaults ``λ = 0.9``, ``τ = 0.3`` are the paper's best
+    setting. Core-tuning's paper lists an "SCL" row in its Table 1 whose numbers are those of its Table 2's
+    "CE + L_con" row (``ce_con``: a projection head, τ 0.07, weight η); this class is Gunel et al.'s own form.
+
+    Differences from the paper (Gunel et al. release no image code): the per-anchor terms are averaged over
+    the anchors with at least one positive (:func:`~coretune.losses.contrastive_loss`), where the paper sums
+    them over the batch: the same minimiser, a loss ``B`` times smaller for the same ``λ``.
 
     Terms: ``ce``, ``scl``, ``loss``.
 

@@ -679,6 +679,37 @@ def test_a_resume_may_extend_the_run_and_config_yaml_says_what_ran(
     assert [int(r["epoch"]) for r in read_metrics(run / "metrics.csv")] == [0, 1]
 
 
+@pytest.mark.filterwarnings("ignore:The dirpath has changed")
+def test_a_resume_accepts_the_same_pretrained_file_moved_and_refuses_another(
+    tree: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the user moved their checkpoint folder: the run could not resume ("model.weights A → B" was refused) though
+    # the file is the same; its checkpoint now records the file's SHA-256
+    weights = tmp_path / "a" / "encoder.pth"
+    weights.parent.mkdir()
+    from coretune.pretrain import SimCLR
+
+    torch.save(SimCLR(backbone="small_cnn").pretrained_checkpoint(), weights)
+    run = tmp_path / "run"
+    main(fit_args(tree, run, f"--model.weights={weights}"))
+    moved = tmp_path / "b" / "encoder.pth"
+    moved.parent.mkdir()
+    weights.rename(moved)
+    with caplog.at_level("INFO"):
+        main(fit_args(tree, run, f"--model.weights={moved}", "--trainer.max_epochs=2"))
+    assert f"with trainer.max_epochs 1 → 2; model.weights {weights} → {moved} (re-running" in caplog.text
+    assert [int(r["epoch"]) for r in read_metrics(run / "metrics.csv")] == [0, 1]
+    other = tmp_path / "c" / "encoder.pth"
+    other.parent.mkdir()
+    torch.manual_seed(1)
+    torch.save(SimCLR(backbone="small_cnn").pretrained_checkpoint(), other)
+    before = snapshot(run)
+    assert error(fit_args(tree, run, f"--model.weights={other}", "--trainer.max_epochs=3")).startswith(
+        f"the run in {run} was trained with other settings than these: model.weights {moved} → {other}."
+    )
+    assert snapshot(run) == before
+
+
 def test_setting_changes_tells_the_changes_a_resume_may_make_from_the_others() -> None:
     recorded = {
         "trainer": {"devices": "auto", "max_epochs": 1},

@@ -17,7 +17,7 @@ from torch import Tensor
 from ..adversarial import AdversarialTraining
 from ..data import trained_items
 from ..distributed import rank, scale_grad, world_size
-from ..models import CheckpointError, load_checkpoint_file
+from ..models import CheckpointError, load_checkpoint_file, weights_digest
 from ..objectives import CETuning, Objective
 from ..objectives import get as get_objective
 from ..tasks import TASKS, Batch, ClassificationTask
@@ -349,6 +349,8 @@ class FineTuner(L.LightningModule):
             weights_download=weights_download,
             **(backbone_args or {}),
         )
+        # which file the backbone started from: a resume may then name the same file at another path
+        self.weights_sha256 = weights_digest(weights) if weights is not None else None
         self.adversarial = adversarial
         self.batch_transform: BatchTransform | None = None
         if adversarial is not None and adversarial.enable:
@@ -447,6 +449,7 @@ class FineTuner(L.LightningModule):
             "class_names": self.class_names,
             "feature_dim": self.backbone.feature_dim,
             "adversarial": None if self.adversarial is None else self.adversarial.hparams(),
+            "weights_sha256": self.weights_sha256,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

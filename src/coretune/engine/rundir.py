@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from ..distributed import is_launching_process
-from ..models import CheckpointError, UnreadableCheckpointError, load_checkpoint_file
+from ..models import CheckpointError, UnreadableCheckpointError, load_checkpoint_file, weights_digest
 from ..runclaim import fit_claim
 from ..rundir import RunDir
 
@@ -60,7 +60,9 @@ trains (``trainer.max_epochs`` extends a run), the hardware and numeric precisio
 only with the same number of devices), what it prints (added callbacks, such as a monitor; its loggers are where it
 logs, never compared), how images
 are loaded, and whether named weights may be downloaded (the same file either way). Every other setting changes
-the model, the objective, the data or the optimisation, so a resume with another value is refused."""
+the model, the objective, the data or the optimisation, so a resume with another value is refused; but
+``model.weights`` may name another path to the very file the run started from (its SHA-256, which the checkpoint
+records)."""
 
 
 def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -150,6 +152,19 @@ def _recorded_settings(checkpoint: Any, config_file: Path | None) -> list[Mappin
     return recorded
 
 
+def _moved_weights(checkpoint: Any, current: Mapping[str, Any]) -> bool:
+    """Whether the run's ``--model.weights`` now names, at another path, the very file the run started from: the
+    SHA-256 its checkpoint records (``coretune.weights_sha256``) is that of the file named now."""
+    recorded = (checkpoint.get("coretune") or {}).get("weights_sha256") if isinstance(checkpoint, Mapping) else None
+    weights = _flat(current).get("model.weights")
+    if recorded is None or weights is None:
+        return False
+    try:
+        return weights_digest(weights) == recorded
+    except (CheckpointError, OSError):  # no such file: the refusal names the change
+        return False
+
+
 def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """Refuse, before anything is written, to resume a run whose checkpoint cannot be read or which was trained
     with other settings; return the settings that changed and may (:func:`setting_changes`).
@@ -181,10 +196,11 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
     config_file = next((p for p in (run.config, RunDir(ckpt.parent.parent).config) if p.is_file()), None)
     allowed: dict[str, None] = {}
     refused: dict[str, None] = {}
+    moved = _moved_weights(checkpoint, current)
     for settings in _recorded_settings(checkpoint, config_file):
         may, may_not = setting_changes(settings, current)
-        allowed |= dict.fromkeys(may)
-        refused |= dict.fromkeys(may_not)
+        allowed |= dict.fromkeys(may + [c for c in may_not if c.startswith("model.weights ") and moved])
+        refused |= dict.fromkeys(c for c in may_not if not (c.startswith("model.weights ") and moved))
     if refused:
         fix = f" (--config {config_file} applies them)" if config_file is not None else ""
         raise ValueError(

@@ -73,8 +73,9 @@ def evaluate(
         for command in commands:
             try:
                 coretune(command)
-            except SystemExit as stop:  # coretune's one-line error, printed; the next runs are still scored
+            except SystemExit as stop:  # coretune's one-line error; the next runs are still scored
                 if stop.code not in (None, 0):
+                    print(f"not scored {run.label}: {stop.code}", file=sys.stderr)
                     failures.append(f"{run.label}: {stop.code}")
                     break
     return failures

@@ -69,11 +69,13 @@ def stale(eval_dir: Path, name: str, args: list[str]) -> str | None:
     weights = _weights(args)
     for protocol in PROTOCOLS:
         path = eval_dir / f"{name}-{protocol}.json"
-        if weights is None or not path.is_file() or not Path(weights).is_file():
+        if not path.is_file():
             continue
-        recorded = json.loads(path.read_text()).get("weights_sha256")
-        if recorded != weights_digest(weights):
-            return f"{path} scored another file than today's {weights} (SHA-256 {recorded})"
+        scored = json.loads(path.read_text())
+        if weights is None and scored.get("seed") != 0:  # before --seed, each call drew its own random network
+            return f"{path} scored a random initialisation without seed 0"
+        if weights is not None and Path(weights).is_file() and scored.get("weights_sha256") != weights_digest(weights):
+            return f"{path} scored another file than today's {weights} (SHA-256 {scored.get('weights_sha256')})"
     return None
 
 
@@ -82,7 +84,7 @@ def evaluate(spec: BenchSpec, eval_dir: Path) -> None:
     ``eval_dir``; then name the strongest by kNN top-1 (the 1% spec's last column)."""
     for name, args in checkpoints(spec).items():
         if (why := stale(eval_dir, name, args)) is not None:
-            print(f"re-scoring {name}: {why}")
+            print(f"re-scoring {name}: {why}; its fine-tuning runs came from the old file: re-run them too")
         for protocol in PROTOCOLS:
             out = eval_dir / f"{name}-{protocol}.json"
             if out.is_file() and why is None:

@@ -104,6 +104,11 @@ def test_a_resumed_runs_config_leaves_the_scored_checkpoint_alone(
         main(["eval", "robust", f"--ckpt={ckpt}", f"--config={config}", "--attack=pgd", "--steps=1",
               "--threat_models=linf:4/255", "--max_images=4", f"--output={out}"])  # fmt: skip
         assert json.loads(out.read_text())["checkpoint"] == str(ckpt)
+    # the user's own YAML (no fit's trainer, run_dir or seed) may name the checkpoint to score
+    config.write_text(yaml.safe_dump({"ckpt_path": str(ckpt), "data": recorded["data"]}))
+    main(["eval", "robust", f"--config={config}", "--attack=pgd", "--steps=1", "--threat_models=linf:4/255",
+          "--max_images=4", f"--output={out}"])  # fmt: skip
+    assert json.loads(out.read_text())["checkpoint"] == str(ckpt)
 
 
 def test_a_fractional_step_size_is_recorded_as_a_number(fitted_greys: tuple[Path, Path], tmp_path: Path) -> None:

@@ -284,6 +284,7 @@ def evaluate(args: list[str]) -> None:
     if cfg.backbone is None and cfg.weights is None:
         raise ValueError("pass --backbone (and --weights for a pre-trained checkpoint)")
     backbone = cfg.backbone or _stored_backbone(cfg.weights)
+    digest = weights_digest(cfg.weights)  # of the file read next (it may be re-made while this runs)
     torch.manual_seed(cfg.seed)  # a random initialisation is the same network on every call
     encoder = create_backbone(
         backbone, weights=cfg.weights, weights_format=cfg.weights_format, allow_cast=cfg.weights_allow_cast
@@ -308,7 +309,7 @@ def evaluate(args: list[str]) -> None:
         highlight=False,
     )
     if cfg.output:
-        recorded = {"backbone": backbone, "weights": cfg.weights, "weights_sha256": weights_digest(cfg.weights)}
+        recorded = {"backbone": backbone, "weights": cfg.weights, "weights_sha256": digest}
         Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.output).write_text(json.dumps({**recorded, "seed": cfg.seed, **result.__dict__}, indent=2) + "\n")
 

@@ -3,11 +3,12 @@ a run's ``config.yaml`` works as it is.
 
 The sections and keys a command does not take (a fit's ``trainer``, ``model``, ``objective``, ``run_dir`` …) are left
 out; those it takes apply, and a ``data`` section's keys fill the options of the same name of a command that has no
-``--data`` group (``predict --image_size``). A fit's ``ckpt_path`` is left out whatever its value: it names the
-checkpoint that fit resumed from (``last`` after a resume, ``null`` when it was not resumed), never the one a reading
-command scores, which its own ``--ckpt_path`` names wherever it stands. Other null values are left out too. Inside a
-section the command takes, an unknown key is still the parser's error: the ``data`` of another task is refused, not half
-applied: a config that records its task (``model.task``) given for a checkpoint of another task is refused in one line
+``--data`` group (``predict --image_size``). A fit's ``ckpt_path`` (in a file with a fit's ``trainer``, ``run_dir`` or
+``seed_everything``) is left out whatever its value: it names the checkpoint that fit resumed from (``last`` after a
+resume, ``null`` when it was not resumed), never the one a reading command scores, which its own ``--ckpt_path`` names
+wherever it stands; the user's own YAML may name it. Other null values are left out too. Inside a section the command
+takes, an unknown key is still the parser's error: the ``data`` of another task is refused, not half applied: a config
+that records its task (``model.task``) given for a checkpoint of another task is refused in one line
 (:func:`parse_with_config`'s ``task``).
 """
 
@@ -108,7 +109,9 @@ def _narrowed(path: str, taken: set[str]) -> str:
     config = _read_mapping(path)
     if config is None:
         return path
-    kept: dict[str, Any] = {k: v for k, v in config.items() if k in taken and k not in _FIT_ONLY and v is not None}
+    fits = {"trainer", "run_dir", "seed_everything"} & set(config)  # a fit's config.yaml, not the user's own YAML
+    dropped = _FIT_ONLY if fits else frozenset()
+    kept: dict[str, Any] = {k: v for k, v in config.items() if k in taken and k not in dropped and v is not None}
     if "data" not in taken and isinstance(data := config.get("data"), dict):
         kept |= {k: v for k, v in data.items() if k in taken and v is not None and k not in kept}
     return yaml.safe_dump(kept, sort_keys=False) if kept else "{}"

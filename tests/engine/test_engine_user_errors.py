@@ -7,6 +7,7 @@ alone on stderr, no traceback); these tests assert the exact message of each cas
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import os
@@ -706,6 +707,14 @@ def test_a_resume_accepts_the_same_pretrained_file_moved_and_refuses_another(
     before = snapshot(run)
     assert error(fit_args(tree, run, f"--model.weights={other}", "--trainer.max_epochs=3")).startswith(
         f"the run in {run} was trained with other settings than these: model.weights {moved} → {other}."
+    )
+    assert snapshot(run) == before
+    # the same path, another file (the pre-training re-made): L2-SP and DELTA would anchor to the new one
+    digests = [hashlib.sha256(f.read_bytes()).hexdigest()[:12] for f in (moved, other)]
+    shutil.copyfile(other, moved)
+    assert error(fit_args(tree, run, f"--model.weights={moved}", "--trainer.max_epochs=3")).startswith(
+        f"the run in {run} was trained with other settings than these: model.weights {moved} holds another file "
+        f"(SHA-256 {digests[0]}… → {digests[1]}…)."
     )
     assert snapshot(run) == before
 

@@ -69,7 +69,7 @@ def test_evaluate_scores_each_checkpoint_once_with_its_weights_or_none(
     ]  # fmt: skip
     out.mkdir()
     for name, top1 in (("weak-knn", 0.2), ("weak-linear", 0.3), ("strong-knn", 0.6)):
-        (out / f"{name}.json").write_text(json.dumps({"top1": top1}))
+        (out / f"{name}.json").write_text(json.dumps({"top1": top1, "seed": 0}))
     calls.clear()
     strength.evaluate(spec, out)  # resumes: only the missing file
     assert [c[1] for c in calls] == ["linear"] and calls[0][-1] == f"--output={out / 'strong-linear.json'}"
@@ -90,7 +90,7 @@ def test_a_checkpoint_remade_after_scoring_is_scored_again_and_refused_by_plot(
     scored = hashlib.sha256(weights.read_bytes()).hexdigest()
     for name in ("weak-knn", "weak-linear", "strong-knn", "strong-linear"):
         (out / f"{name}.json").write_text(
-            json.dumps({"top1": 0.5, "weights_sha256": None if "weak" in name else scored})
+            json.dumps({"top1": 0.5, "weights_sha256": None if "weak" in name else scored, "seed": 0})
         )
     calls: list[list[str]] = []
     monkeypatch.setattr(strength, "coretune", calls.append)
@@ -105,6 +105,14 @@ def test_a_checkpoint_remade_after_scoring_is_scored_again_and_refused_by_plot(
     ]
     with pytest.raises(SystemExit, match=rf"{out / 'strong-knn.json'} scored another file than today's strong.pth"):
         strength.gains([spec], out)
+    # a random initialisation scored before --seed (each call drew another network) is scored again
+    calls.clear()
+    (out / "weak-linear.json").write_text(json.dumps({"top1": 0.5, "weights_sha256": None}))
+    strength.evaluate(spec, out)
+    assert [(c[1], c[-1]) for c in calls[:2]] == [
+        ("knn", f"--output={out / 'weak-knn.json'}"),
+        ("linear", f"--output={out / 'weak-linear.json'}"),
+    ]
 
 
 def test_gains_are_paired_by_seed_and_core_is_also_compared_with_ce_mix(strength: ModuleType, tmp_path: Path) -> None:
@@ -112,8 +120,8 @@ def test_gains_are_paired_by_seed_and_core_is_also_compared_with_ce_mix(strength
     fabricate(spec, {(o, d, 0.1): v for (o, d), v in TOP1.items()})
     out.mkdir()
     for name, knn in (("weak", 0.2), ("strong", 0.6)):
-        (out / f"{name}-knn.json").write_text(json.dumps({"top1": knn}))
-    (out / "strong-linear.json").write_text(json.dumps({"top1": 0.7}))
+        (out / f"{name}-knn.json").write_text(json.dumps({"top1": knn, "seed": 0}))
+    (out / "strong-linear.json").write_text(json.dumps({"top1": 0.7, "seed": 0}))
     rows = {(r.checkpoint, r.method): r for r in strength.gains([spec], out)}
     strong = rows[("strong", "core")]
     assert (strong.knn, strong.linear, strong.top1, strong.baseline_top1) == pytest.approx((60, 70, 83, 80))

@@ -350,7 +350,7 @@ class FineTuner(L.LightningModule):
             **(backbone_args or {}),
         )
         # which file the backbone started from: a resume may then name the same file at another path
-        self.weights_sha256 = weights_digest(weights) if weights is not None else None
+        self.weights_sha256 = weights_digest(weights)
         self.adversarial = adversarial
         self.batch_transform: BatchTransform | None = None
         if adversarial is not None and adversarial.enable:
@@ -458,6 +458,7 @@ class FineTuner(L.LightningModule):
         meta = checkpoint.get("coretune") or {}
         path = self._trainer.ckpt_path if self._trainer is not None else None
         self.loaded_checkpoint = _written_at(checkpoint, path)
+        self.weights_sha256 = meta.get("weights_sha256") or self.weights_sha256  # the file the run started from
         objective = f"{type(self.objective).__module__}.{type(self.objective).__qualname__}"
         differ = [
             f"{name} {old} → {new}"

@@ -62,7 +62,7 @@ logs, never compared), how images
 are loaded, and whether named weights may be downloaded (the same file either way). Every other setting changes
 the model, the objective, the data or the optimisation, so a resume with another value is refused; but
 ``model.weights`` may name another path to the very file the run started from (its SHA-256, which the checkpoint
-records)."""
+records), and another file at the same path is refused."""
 
 
 def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -152,17 +152,17 @@ def _recorded_settings(checkpoint: Any, config_file: Path | None) -> list[Mappin
     return recorded
 
 
-def _moved_weights(checkpoint: Any, current: Mapping[str, Any]) -> bool:
-    """Whether the run's ``--model.weights`` now names, at another path, the very file the run started from: the
-    SHA-256 its checkpoint records (``coretune.weights_sha256``) is that of the file named now."""
+def _weights_digests(checkpoint: Any, current: Mapping[str, Any]) -> tuple[str, str | None] | None:
+    """The SHA-256 of the file the run started from (its checkpoint's ``coretune.weights_sha256``) and that of the
+    file ``--model.weights`` names now (None: no such file), or None when the checkpoint records none."""
     recorded = (checkpoint.get("coretune") or {}).get("weights_sha256") if isinstance(checkpoint, Mapping) else None
     weights = _flat(current).get("model.weights")
     if recorded is None or weights is None:
-        return False
+        return None
     try:
-        return weights_digest(weights) == recorded
-    except (CheckpointError, OSError):  # no such file: the refusal names the change
-        return False
+        return recorded, weights_digest(weights)
+    except (CheckpointError, OSError):  # no such file: the fit names it
+        return recorded, None
 
 
 def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -196,11 +196,20 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
     config_file = next((p for p in (run.config, RunDir(ckpt.parent.parent).config) if p.is_file()), None)
     allowed: dict[str, None] = {}
     refused: dict[str, None] = {}
-    moved = _moved_weights(checkpoint, current)
+    digests = _weights_digests(checkpoint, current)
+    same_file = digests is not None and digests[0] == digests[1]  # the very file, perhaps moved: may be renamed
     for settings in _recorded_settings(checkpoint, config_file):
         may, may_not = setting_changes(settings, current)
-        allowed |= dict.fromkeys(may + [c for c in may_not if c.startswith("model.weights ") and moved])
-        refused |= dict.fromkeys(c for c in may_not if not (c.startswith("model.weights ") and moved))
+        allowed |= dict.fromkeys(may + [c for c in may_not if c.startswith("model.weights ") and same_file])
+        refused |= dict.fromkeys(c for c in may_not if not (c.startswith("model.weights ") and same_file))
+    if (
+        digests is not None
+        and digests[1] is not None
+        and not same_file
+        and not any(c.startswith("model.weights ") for c in refused)
+    ):  # the same path, another file (re-made or replaced): L2-SP and DELTA would anchor to it
+        weights = _flat(current)["model.weights"]
+        refused[f"model.weights {weights} holds another file (SHA-256 {digests[0][:12]}… → {digests[1][:12]}…)"] = None
     if refused:
         fix = f" (--config {config_file} applies them)" if config_file is not None else ""
         raise ValueError(

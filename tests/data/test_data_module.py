@@ -10,6 +10,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import docstring_parser
 import numpy as np
@@ -162,6 +163,28 @@ def test_cache_images_gives_the_same_batches_and_reads_no_file_after_setup(tmp_p
     shutil.rmtree(root)  # every pixel is in memory
     again = batches(cached)
     assert len(plain) == len(again) and all(torch.equal(a, b) for a, b in zip(plain, again, strict=True))
+
+
+def test_cache_images_decodes_a_folder_that_is_both_validation_and_test_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coretune.data.datasets import LabeledImageDataset
+    from image_trees import make_image_tree
+
+    root = make_image_tree(tmp_path / "noise", per_class=6, val_per_class=2)  # train/ and val/, no test/
+    decoded: list[int] = []
+    decode = LabeledImageDataset.decoded
+
+    def counted(self: LabeledImageDataset, *args: Any) -> LabeledImageDataset:
+        decoded.append(len(self))
+        return decode(self, *args)
+
+    monkeypatch.setattr(LabeledImageDataset, "decoded", counted)
+    dm = module(root, cache_images=True)
+    dm.setup("fit")
+    assert dm.validates_on_test and dm.test_dataset is dm.val_dataset
+    assert decoded == [len(dm.train_dataset), len(dm.val_dataset)]  # the validation folder once, not twice
+    assert [y for _, y in dm.test_dataloader()] and isinstance(dm.test_dataset.images, np.ndarray)
 
 
 def test_train_shuffle_is_reproducible_for_a_seed(tree: Path) -> None:

@@ -179,7 +179,10 @@ class ImageClassificationData(L.LightningDataModule):
         if self.cache_images:  # after with_transform: decoded at each split's draft size, as an access would
             self.train_dataset = self.train_dataset.decoded()
             self.val_dataset = self.val_dataset.decoded() if self.val_dataset is not None else None
-            self.test_dataset = self.test_dataset.decoded() if self.test_dataset is not None else None
+            if self.validates_on_test:  # one folder, one transform: decoded once
+                self.test_dataset = self.val_dataset
+            elif self.test_dataset is not None:
+                self.test_dataset = self.test_dataset.decoded()
         self._class_names = list(names)
 
     def check_folders(self) -> None:

@@ -391,8 +391,11 @@ def test_root_without_train_folder(make_tree: MakeTree) -> None:
 
 def test_root_with_neither_val_nor_test(make_tree: MakeTree) -> None:
     root = make_tree(train={"a": 2})
-    with pytest.raises(DataError, match=r"has neither val/ nor test/: add one .* or set --data.val_fraction"):
+    with pytest.raises(DataError, match=r"has neither val/ nor test/: add one .* or pass --data.val_dir or --data"):
         module(root).setup()
+    assert not module(root, val_fraction=0.5).has_test_split()  # validation only: a fit refuses it (CLI test)
+    (root / "test" / "a").mkdir(parents=True)
+    assert module(root, val_fraction=0.5).has_test_split()  # reads no image
 
 
 def test_explicit_folder_that_does_not_exist(tree: Path) -> None:

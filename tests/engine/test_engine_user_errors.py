@@ -63,6 +63,22 @@ def fit_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
 
 
 # -- data -----------------------------------------------------------------------------------------------------
+def test_a_fit_with_nothing_to_test_on_is_refused_before_training(tmp_path: Path) -> None:
+    # one folder of class folders and --data.val_fraction: the fit trained every epoch, then failed in its test
+    # ("no test split"), leaving results.json without a test score
+    from image_trees import make_image_tree
+
+    root = make_image_tree(tmp_path / "data", per_class=6, val_per_class=0)
+    shutil.rmtree(root / "val", ignore_errors=True)
+    run = tmp_path / "run"
+    assert error(fit_args(root, run, "--data.val_fraction=0.25")) == (
+        "no images to test on: --data.val_fraction holds out part of train/ for validation, and coretune fit ends "
+        "by scoring a test split, a val/ or test/ folder beside train/ (same class folders); add one, or pass "
+        "--data.test_dir"
+    )
+    assert not run.exists()  # refused before the run directory was kept
+
+
 def test_missing_root(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "nowhere"
     assert error(fit_args(root, tmp_path / "run")) == f"data root {root} does not exist: pass an existing folder"

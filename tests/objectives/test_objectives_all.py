@@ -52,3 +52,11 @@ def test_docs_table_lists_every_objective() -> None:
     text = DOCS.read_text(encoding="utf-8")
     for name in objectives.available():
         assert f"| `{name}` |" in text, name
+
+
+@pytest.mark.parametrize("name", sorted(objectives.available()))
+def test_preset_name_finds_each_registered_name_from_the_settings_alone(name: str) -> None:
+    # an objective built from its class path (the CLI's --objective ce_con) knew only its class's name, core
+    built = objectives.create(name)
+    built.registered_name = type(built).name
+    assert objectives.preset_name(built) == name

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import coretune.sweeps.tune as tune_module
@@ -32,11 +33,11 @@ def test_two_runs_of_a_bench_spec_land_in_one_mlflow_experiment(
         "output": str(out),
         "base_args": [*TINY_FIT, "--trainer.log_every_n_steps=1"],
         "datasets": {"tiny": [f"--data.root={image_tree}"]},
-        "objectives": ["ce", "core"],
+        "objectives": ["ce", "ce_con"],  # a Table 2 preset: its own name is logged, not its class's (core)
     }
     config.write_text(yaml.safe_dump(spec))
     main(["bench", str(config), "--logger", "mlflow", "--dry_run"])
-    assert f"--trainer.logger.save_dir={out / 'mlruns'} --trainer.logger.run_name=tiny/core/frac1/seed0" in " ".join(
+    assert f"--trainer.logger.save_dir={out / 'mlruns'} --trainer.logger.run_name=tiny/ce_con/frac1/seed0" in " ".join(
         capsys.readouterr().out.split()
     )
 
@@ -44,7 +45,7 @@ def test_two_runs_of_a_bench_spec_land_in_one_mlflow_experiment(
     client = MlflowClient(f"file:{out / 'mlruns'}")
     experiment = client.get_experiment_by_name("tiny-sweep")
     runs = {run.info.run_name: run for run in client.search_runs([experiment.experiment_id])}
-    assert sorted(runs) == ["tiny/ce/frac1/seed0", "tiny/core/frac1/seed0"]
+    assert sorted(runs) == ["tiny/ce/frac1/seed0", "tiny/ce_con/frac1/seed0"]
     for name, logged in runs.items():
         run_dir = out / "tiny" / name.split("/")[1] / "frac1" / "seed0"
         assert logged.data.params["objective"] == name.split("/")[1] and logged.data.params["seed"] == "0"
@@ -52,6 +53,8 @@ def test_two_runs_of_a_bench_spec_land_in_one_mlflow_experiment(
         (loss,) = client.get_metric_history(logged.info.run_id, "train/loss")
         assert loss.value == pytest.approx(float(read_metrics(RunDir(run_dir).metrics)[0]["train/loss"]))
         assert RunDir(run_dir).last_checkpoint.is_file() and not (run_dir / "mlruns").exists()
+        ckpt = torch.load(RunDir(run_dir).last_checkpoint, weights_only=True)
+        assert ckpt["coretune"]["objective"] == name.split("/")[1]
         assert json.loads(RunDir(run_dir).fit_args.read_text()) == [*spec["base_args"], *spec["datasets"]["tiny"],
             "--objective", name.split("/")[1], "--data.label_fraction=1.0", "--seed=0"]  # fmt: skip
 

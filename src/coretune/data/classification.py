@@ -204,6 +204,14 @@ class ImageClassificationData(L.LightningDataModule):
         _, val_dir, test_dir = self._folders()
         return val_dir is not None and test_dir is not None and os.path.realpath(val_dir) != os.path.realpath(test_dir)
 
+    def has_test_split(self) -> bool:
+        """Whether there are images to test on, reading no image: a val/ or test/ folder (or ``val_dir`` /
+        ``test_dir``), or CIFAR's test set; with ``val_fraction`` > 0 and neither, only validation has images."""
+        if self.dataset != "imagefolder":
+            return True
+        _, val_dir, test_dir = self._folders()
+        return val_dir is not None or test_dir is not None
+
     def _check_cifar_options(self) -> None:
         if self.root is None:
             raise DataError(f"dataset={self.dataset} needs --data.root: the folder holding its python files")
@@ -271,8 +279,8 @@ class ImageClassificationData(L.LightningDataModule):
         if val_dir is None and test_dir is None and self.val_fraction == 0:
             where = f"data root {self.root} has neither val/ nor test/" if self.root else "no val_dir or test_dir"
             raise DataError(
-                f"{where}: add one (same class folders as train/), pass --data.val_dir or --data.test_dir, "
-                "or set --data.val_fraction to hold out part of the training set for validation"
+                f"{where}: add one (same class folders as train/), or pass --data.val_dir or --data.test_dir "
+                "(--data.val_fraction holds out part of the training set for validation; a fit still tests on one)"
             )
         return train_dir, val_dir, test_dir
 

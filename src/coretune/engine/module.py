@@ -18,7 +18,7 @@ from ..adversarial import AdversarialTraining
 from ..data import trained_items
 from ..distributed import rank, scale_grad, world_size
 from ..models import CheckpointError, load_checkpoint_file, weights_digest
-from ..objectives import CETuning, Objective
+from ..objectives import CETuning, Objective, preset_name
 from ..objectives import get as get_objective
 from ..tasks import TASKS, Batch, ClassificationTask
 from ..tasks.segmentation import ImageLabelRule
@@ -340,6 +340,8 @@ class FineTuner(L.LightningModule):
         self.save_hyperparameters(ignore=["objective", "adversarial"])
         self.task = TASKS[task](self.hparams)
         self.objective = objective if objective is not None else CETuning()
+        if self.objective.registered_name == type(self.objective).name:  # built from its class (the CLI): a preset?
+            self.objective.registered_name = preset_name(self.objective)  # --objective ce_con logged as ce_con
         self.task.check_objective(self.objective)
         self.backbone = self.task.build_backbone(
             backbone,

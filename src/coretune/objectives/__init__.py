@@ -1,7 +1,7 @@
 """Fine-tuning objectives: one class per method against :class:`Objective`, named in a registry."""
 
 from . import bi_tuning, bss, ce, core, delta, l2sp, manifold_mixup, mm, rifle, scl
-from .base import Objective, ObjectiveOutput, available, create, get, register
+from .base import Objective, ObjectiveOutput, available, create, get, preset_name, register
 from .bi_tuning import BiTuning
 from .bss import BSS
 from .ce import CETuning
@@ -40,6 +40,7 @@ __all__ = [
     "l2sp",
     "manifold_mixup",
     "mm",
+    "preset_name",
     "register",
     "rifle",
     "scl",

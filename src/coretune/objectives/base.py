@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from ..distributed import world_size
 
-__all__ = ["Objective", "ObjectiveOutput", "available", "create", "get", "register"]
+__all__ = ["Objective", "ObjectiveOutput", "available", "create", "get", "preset_name", "register"]
 
 
 @dataclass
@@ -161,6 +161,20 @@ def register(name: str, defaults: dict[str, Any] | None = None, doc: str = "") -
 def available() -> dict[str, str]:
     """Registered objective names with a one-line description."""
     return {name: doc for name, (_, _, doc) in sorted(_REGISTRY.items())}
+
+
+def preset_name(objective: Objective) -> str:
+    """The registered name of ``objective``'s settings: of the names registered for its class, the one whose preset
+    its hyper-parameters match, the most specific (``ce_con`` for a :class:`CoreTuning` without focal weighting or
+    mixing, which ``--objective ce_con`` builds through the class path); its :attr:`~Objective.registered_name` when
+    none matches."""
+    settings = objective.hparams()
+    matches = [
+        (len(preset), name)
+        for name, (cls, preset, _) in _REGISTRY.items()
+        if cls is type(objective) and all(settings.get(k) == v for k, v in preset.items())
+    ]
+    return max(matches)[1] if matches else objective.registered_name
 
 
 def get(name: str) -> tuple[type[Objective], dict[str, Any]]:

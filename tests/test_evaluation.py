@@ -3,6 +3,7 @@
 import hashlib
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -142,6 +143,13 @@ def test_eval_of_a_random_initialisation_is_the_same_network_for_a_seed(tmp_path
         results.append(json.loads((tmp_path / f"{name}.json").read_text()))
     assert results[0] == results[1] and results[0]["weights"] is results[0]["weights_sha256"] is None
     assert results[2]["seed"] == 1 and results[2]["top1"] != results[0]["top1"]  # another network
+
+
+def test_eval_without_images_to_score_says_so_before_extracting_features(tmp_path: Path) -> None:
+    root = _digit_folder(tmp_path / "digits")
+    shutil.rmtree(root / "test")  # train/ alone: the held-out validation part is no test split
+    with pytest.raises(SystemExit, match=r"coretune eval: error: no images to score: .* or pass --data.test_dir$"):
+        main(["eval", "knn", "--backbone", "small_cnn", "--data.root", str(root), "--data.val_fraction", "0.2"])
 
 
 def test_eval_command_without_backbone_or_weights_explains(tmp_path: Path) -> None:

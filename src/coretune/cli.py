@@ -275,7 +275,7 @@ def evaluate(args: list[str]) -> None:
     import torch
     from rich.console import Console
 
-    from .data import ImageClassificationData
+    from .data import DataError, ImageClassificationData
     from .evaluation import evaluate_encoder
     from .models import create_backbone, weights_digest
     from .runconfig import parse_with_config
@@ -290,6 +290,12 @@ def evaluate(args: list[str]) -> None:
         backbone, weights=cfg.weights, weights_format=cfg.weights_format, allow_cast=cfg.weights_allow_cast
     )
     data = ImageClassificationData(**cfg.data.as_dict())
+    data.check_folders()
+    if not data.has_test_split():  # before hours of feature extraction, not after
+        raise DataError(
+            "no images to score: coretune eval fits on the training features and scores a val/ or test/ folder beside "
+            "train/ (same class folders); add one, or pass --data.test_dir"
+        )
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     result = evaluate_encoder(
         encoder,

@@ -15,6 +15,7 @@ import coretune.sweeps.tune as tune_module
 from coretune.cli import main
 from coretune.engine import read_metrics
 from coretune.runclaim import RunInUse
+from coretune.rundir import RunDir
 from coretune.sweeps.tune import TrialFailed, tune
 from fit_flags import TINY_FIT
 
@@ -47,9 +48,14 @@ def test_refuses_to_select_on_the_test_split(tmp_path: Path) -> None:
         tune(["--data.val_fraction=0"], output=tmp_path)
     with pytest.raises(
         ValueError,
-        match=r"^--objective 'ce' has no eta and alpha to tune; choose one of ce_con, ce_con_mixh, ce_mix, core$",
+        match=r"^--objective 'ce' has no eta and alpha to tune; choose one of ce_con_mixh, core$",
     ):
         tune([], output=tmp_path, objective="ce")
+    # a preset whose η defines it, or that mixes nothing (α without effect): the grid would not tune that method
+    with pytest.raises(ValueError, match=r"^--objective 'ce_mix' fixes eta at 0.0 \(it defines the method\); choose"):
+        tune([], output=tmp_path, objective="ce_mix")
+    with pytest.raises(ValueError, match=r"^--objective 'ce_con' mixes nothing \(mixing='none'\): alpha would have"):
+        tune([], output=tmp_path, objective="ce_con")
     assert not (tmp_path / "study.db").exists()
 
 
@@ -87,27 +93,36 @@ def test_resume_keeps_finished_trials_and_retries_failed_ones(
         if run_dir.name in broken:
             return 1
         finish(run_dir, [0.1, 0.3 if run_dir.name.startswith("eta1_") else 0.6])
+        RunDir(run_dir).fit_args.write_text(json.dumps(list(args)))  # as launch_fit records them
         return 0
 
     monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
     grid = {"eta": [1.0, 10.0], "alpha": [0.5], "val_fraction": 0.3, "output": tmp_path}
-    study = tune([data_arg], objective="ce_con", **grid)
+    study = tune([data_arg], objective="ce_con_mixh", **grid)
     assert sorted(launched) == ["eta10_alpha0.5", "eta1_alpha0.5"]
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())["objective"]["init_args"]
-    assert best == {"focal": False, "mixing": "none", "eta": 1.0, "alpha": 0.5}  # the ce_con preset is kept
+    assert best == {"focal": False, "eta": 1.0, "alpha": 0.5}  # the ce_con_mixh preset is kept
 
     launched.clear()
     broken.clear()
-    study = tune([data_arg], objective="ce_con", **grid)  # resume: only the failed point runs again
+    study = tune([data_arg], objective="ce_con_mixh", **grid)  # resume: only the failed point runs again
     assert launched == ["eta10_alpha0.5"]
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE", "FAIL"]
     assert yaml.safe_load((tmp_path / "best.yaml").read_text())["objective"]["init_args"]["eta"] == 10.0
 
     launched.clear()
-    assert len(tune([data_arg], objective="ce_con", **grid).trials) == 3 and launched == []  # complete
+    assert len(tune([data_arg], objective="ce_con_mixh", **grid).trials) == 3 and launched == []  # complete
     with pytest.raises(ValueError, match="was run on another grid"):
-        tune([data_arg], objective="ce_con", **{**grid, "alpha": [0.5, 2.0]})
+        tune([data_arg], objective="ce_con_mixh", **{**grid, "alpha": [0.5, 2.0]})
+    # another seed (another validation split, another grid order) or validation fraction: not this study
+    with pytest.raises(ValueError, match=r"was run with --seed 0 \(now 1\): pass the same, or a new --study_name"):
+        tune([data_arg], objective="ce_con_mixh", **grid, seed=1)
+    with pytest.raises(ValueError, match=r"was run with --val_fraction 0.3 \(now 0.25\)"):
+        tune([data_arg], objective="ce_con_mixh", **{**grid, "val_fraction": 0.25})
+    # a finished trial folder of another study in the same output (a new --study_name, other seed) is no result
+    with pytest.raises(ValueError, match=r"trials/eta1_alpha0.5 was started with other fit arguments"):
+        tune([data_arg], objective="ce_con_mixh", **grid, seed=1, study_name="other")
 
 
 def test_a_grid_point_another_worker_runs_fails_its_trial_and_the_study_goes_on(
@@ -382,9 +397,9 @@ def test_an_objective_the_task_refuses_is_one_line_before_any_trial(
     with pytest.raises(SystemExit) as info:
         main(["tune", f"--output={tmp_path / 'out'}", "--objective=ce_mix", "--", "--task=segmentation",
               f"--data.root={root}"])  # fmt: skip
+    # ce_mix (which segmentation also refuses) is refused by tune itself now: its η = 0 defines it
     assert str(info.value.code) == (
-        "coretune tune: error: coretune fit would refuse the trial arguments: objective 'core' with "
-        "mixing='manifold' (as ce_mix) does not apply to --task segmentation (it mixes features to train the "
-        "classifier, which has no pixels to mix): use ce, ce_con or core"
+        "coretune tune: error: --objective 'ce_mix' fixes eta at 0.0 (it defines the method); choose one of "
+        "ce_con_mixh, core"
     )
     assert launched == [] and not (tmp_path / "out").exists()

@@ -32,7 +32,7 @@ import yaml
 from ..runclaim import RunInUse
 from ..rundir import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task, get_task
-from .launch import SweepInterrupted, catch_stop_signals, launch_fit
+from .launch import SweepInterrupted, catch_stop_signals, check_run_args, launch_fit
 from .records import final_val_top1
 from .spec import unvalidated_final_epoch
 
@@ -112,14 +112,24 @@ def _check_trial_args(fit_args: list[str], objective: str, val_fraction: float) 
 
 
 def _check_objective(name: str) -> dict[str, Any]:
-    """The preset of a registered objective that takes ``eta`` and ``alpha``."""
+    """The preset of a registered objective whose ``eta`` and ``alpha`` both act: not a preset that fixes ``eta``
+    (``ce_mix``: η = 0 is its definition) or that mixes nothing (``ce_con``: α would have no effect)."""
     from .. import objectives
 
-    tunable = [
-        n for n in objectives.available() if {"eta", "alpha"} <= set(inspect.signature(objectives.get(n)[0]).parameters)
-    ]
+    def why_not(n: str) -> str | None:
+        cls, preset = objectives.get(n)
+        if not {"eta", "alpha"} <= set(inspect.signature(cls).parameters):
+            return "has no eta and alpha to tune"
+        if "eta" in preset:
+            return f"fixes eta at {preset['eta']} (it defines the method)"
+        if preset.get("mixing") == "none":
+            return "mixes nothing (mixing='none'): alpha would have no effect"
+        return None
+
+    tunable = [n for n in objectives.available() if why_not(n) is None]
     if name not in tunable:
-        raise ValueError(f"--objective {name!r} has no eta and alpha to tune; choose one of {', '.join(tunable)}")
+        reason = why_not(name) if name in objectives.available() else "has no eta and alpha to tune"
+        raise ValueError(f"--objective {name!r} {reason}; choose one of {', '.join(tunable)}")
     return objectives.get(name)[1]
 
 
@@ -251,6 +261,7 @@ def tune(
     )
     _check_repeats(study, repeats)
     _check_task(study, task)
+    _check_settings(study, {"seed": seed, "val_fraction": val_fraction, "sampler": sampler})
 
     def log_args(run_dir: Path) -> list[str]:
         if logger is None:
@@ -276,6 +287,7 @@ def tune(
                 holdout,
                 f"--seed={run_seed}",
             ]
+            check_run_args(args, run_dir)  # a finished folder of another study (seed, split, fit args) is no result
             if not RunDir(run_dir).is_finished():
                 if stop.signum is None:
                     try:
@@ -332,6 +344,25 @@ def _check_repeats(study: Any, repeats: int) -> None:
             f"study {study.study_name!r} scores trials over {recorded or 1} fit(s) (--repeats), not {repeats}: "
             "pass the same --repeats, or a new --study_name or --output to start a new study"
         )
+
+
+def _check_settings(study: Any, settings: dict[str, Any]) -> None:
+    """Tie a study to its ``--seed`` (the validation split, and the grid's order), ``--val_fraction`` and
+    ``--sampler``: trials scored on other splits do not compare, and a grid resumed in another order would run some
+    points twice and others never. A study from before these were recorded is taken as it is."""
+    changed = [
+        f"--{key} {study.user_attrs[key]} (now {value})"
+        for key, value in settings.items()
+        if key in study.user_attrs and study.user_attrs[key] != value
+    ]
+    if changed:
+        raise ValueError(
+            f"study {study.study_name!r} was run with {', '.join(changed)}: pass the same, or a new --study_name "
+            "or --output to start a new study"
+        )
+    if not study.get_trials(deepcopy=False):
+        for key, value in settings.items():
+            study.set_user_attr(key, value)
 
 
 def _check_task(study: Any, task: type[Task]) -> None:

@@ -56,6 +56,16 @@ def test_refuses_to_select_on_the_test_split(tmp_path: Path) -> None:
         tune([], output=tmp_path, objective="ce_mix")
     with pytest.raises(ValueError, match=r"^--objective 'ce_con' mixes nothing \(mixing='none'\): alpha would have"):
         tune([], output=tmp_path, objective="ce_con")
+    for bad, message in (
+        ({"eta": []}, r"^--eta and --alpha need at least one value each \(got eta \[\]"),
+        ({"alpha": [float("nan")]}, r"^α must be finite and > 0, η finite and >= 0"),
+        ({"sampler": "tpe", "n_trials": 0}, r"^--n_trials must be >= 1 \(got 0\)"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            tune(["--data.root=x"], output=tmp_path, **bad)
+    for arg in ("--seed=3", "--seed_everything=3", "--ckpt_path=last"):  # tune sets the seeds; trials resume alone
+        with pytest.raises(ValueError, match=rf"^remove {arg.partition('=')[0]} from the fit arguments: "):
+            tune([arg], output=tmp_path)
     assert not (tmp_path / "study.db").exists()
 
 
@@ -78,6 +88,8 @@ def test_grid_trials_run_fit_on_a_validation_split_and_write_best_yaml(image_tre
     best = yaml.safe_load((out / "best.yaml").read_text())["objective"]
     assert best["class_path"] == "coretune.objectives.core.CoreTuning" and best["init_args"]["alpha"] == 1.0
     assert best["init_args"]["eta"] == 1.0 if real_value > 0 else best["init_args"]["eta"] in (0.1, 1.0)  # a tie
+    if best["init_args"]["eta"] == 1.0:  # the trial that ran: its fit's own objective settings, every one of them
+        assert best == config["objective"]
     assert (out / "study.db").is_file()
 
 
@@ -101,8 +113,11 @@ def test_resume_keeps_finished_trials_and_retries_failed_ones(
     study = tune([data_arg], objective="ce_con_mixh", **grid)
     assert sorted(launched) == ["eta10_alpha0.5", "eta1_alpha0.5"]
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "FAIL"]
-    best = yaml.safe_load((tmp_path / "best.yaml").read_text())["objective"]["init_args"]
+    best_yaml = (tmp_path / "best.yaml").read_text()
+    best = yaml.safe_load(best_yaml)["objective"]["init_args"]
     assert best == {"focal": False, "eta": 1.0, "alpha": 0.5}  # the ce_con_mixh preset is kept
+    # the failed grid point is named: this best is the best of the others
+    assert "# PARTIAL: not finished: eta 10 alpha 0.5 (FAIL); re-run the same command to retry them." in best_yaml
 
     launched.clear()
     broken.clear()
@@ -110,6 +125,7 @@ def test_resume_keeps_finished_trials_and_retries_failed_ones(
     assert launched == ["eta10_alpha0.5"]
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE", "FAIL"]
     assert yaml.safe_load((tmp_path / "best.yaml").read_text())["objective"]["init_args"]["eta"] == 10.0
+    assert "PARTIAL" not in (tmp_path / "best.yaml").read_text()  # every point has a finished trial now
 
     launched.clear()
     assert len(tune([data_arg], objective="ce_con_mixh", **grid).trials) == 3 and launched == []  # complete

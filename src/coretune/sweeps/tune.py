@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import inspect
+import math
 import signal
 import warnings
 from pathlib import Path
@@ -45,6 +46,9 @@ _FORBIDDEN_FIT_ARGS = {
     "--objective": "choose the objective with coretune tune --objective",
     "--objective.eta": "η is what the study chooses",
     "--objective.alpha": "α is what the study chooses",
+    "--seed": "the seed of every trial is coretune tune's --seed (with --repeats, --seed, --seed + 1, …)",
+    "--seed_everything": "the seed of every trial is coretune tune's --seed (with --repeats, --seed, --seed + 1, …)",
+    "--ckpt_path": "every trial starts from the pre-trained weights (--model.weights), and resumes on its own",
 }
 
 
@@ -216,14 +220,19 @@ def tune(
 
         check_sweep_logger(logger)
     preset = _check_objective(objective)
-    task, holdout = _check_trial_args(fit_args, objective, val_fraction)
-    eta, alpha = list(eta or [0.1, 1.0, 10.0]), list(alpha or [0.1, 1.0, 10.0])
-    if min(alpha) <= 0 or min(eta) < 0:
-        raise ValueError(f"α must be > 0 and η >= 0 (got eta {eta}, alpha {alpha})")
+    grid = [0.1, 1.0, 10.0]  # the paper's
+    eta, alpha = grid if eta is None else list(eta), grid if alpha is None else list(alpha)
+    if not eta or not alpha:
+        raise ValueError(f"--eta and --alpha need at least one value each (got eta {eta}, alpha {alpha})")
+    if not all(math.isfinite(v) for v in [*eta, *alpha]) or min(alpha) <= 0 or min(eta) < 0:
+        raise ValueError(f"α must be finite and > 0, η finite and >= 0 (got eta {eta}, alpha {alpha})")
+    if n_trials is not None and n_trials < 1:
+        raise ValueError(f"--n_trials must be >= 1 (got {n_trials}): the number of TPE trials to run")
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1 (got {repeats}): the number of fits, one per seed, a trial averages")
     if sampler == "grid" and n_trials is not None:
         raise ValueError("--n_trials applies to --sampler tpe; the grid runs each of its points once")
+    task, holdout = _check_trial_args(fit_args, objective, val_fraction)
     if storage is not None:
         _check_storage(storage)
     output = Path(output)
@@ -392,18 +401,43 @@ def _write_outputs(
     if not complete:
         raise TrialFailed(f"no trial of study {study.study_name!r} finished: see the logs under {output / 'trials'}")
     best = study.best_trial
+    done = {(r["eta"], r["alpha"]) for r in complete}
+    unfinished = sorted(
+        {(r["eta"], r["alpha"], r["state"]) for r in rows if r["eta"] != "" and (r["eta"], r["alpha"]) not in done}
+    )
+    partial = ""
+    if unfinished and type(study.sampler).__name__ == "GridSampler":  # crashed, diverged or running elsewhere
+        points = ", ".join(f"eta {e:g} alpha {a:g} ({state})" for e, a, state in unfinished)
+        partial = f"# PARTIAL: not finished: {points}; re-run the same command to retry them.\n"
+        print(f"coretune tune: {partial[2:].strip()}")
     cls = objectives.get(objective)[0]
     class_path = f"{cls.__module__}.{cls.__qualname__}"
     init_args = {**preset, "eta": best.params["eta"], "alpha": best.params["alpha"]}
+    ran = _trial_objective(best.user_attrs.get("run_dir"))
+    if ran is not None:  # what the trial's fit resolved: every setting, a config's preset and --objective.* included
+        class_path, init_args = ran["class_path"], ran.get("init_args") or {}
     header = (
         f"# coretune tune: best of {len(complete)} finished trials of study {study.study_name!r} "
         f"({cls.__name__} via --objective {objective}),\n"
         f"# selected by the final-epoch val/{task.monitor} = {best.value:.4f} on a {val_fraction:g} validation split "
         f"of the training set{_per_seed_note(best)} (trial run directory: {best.user_attrs.get('run_dir')}).\n"
         f"# Use it with: coretune fit --config YOUR_CONFIG.yaml --config best.yaml{_final_fit_note(task)}.\n"
+        f"{partial}"
     )
     body = yaml.safe_dump({"objective": {"class_path": class_path, "init_args": init_args}}, sort_keys=False)
     (output / "best.yaml").write_text(header + body)
+
+
+def _trial_objective(run_dir: str | None) -> dict[str, Any] | None:
+    """The ``objective`` block of a trial's ``config.yaml`` (its first seed's with ``--repeats``), or None."""
+    if not run_dir:
+        return None
+    for config in (RunDir(run_dir).config, *sorted(Path(run_dir).glob("seed*/config.yaml"))):
+        if config.is_file():
+            objective = (yaml.safe_load(config.read_text()) or {}).get("objective")
+            if isinstance(objective, dict) and "class_path" in objective:
+                return objective
+    return None
 
 
 def _final_fit_note(task: type[Task]) -> str:

@@ -275,7 +275,7 @@ def evaluate(args: list[str]) -> None:
     import torch
     from rich.console import Console
 
-    from .data import DataError, ImageClassificationData
+    from .data import ImageClassificationData
     from .evaluation import evaluate_encoder
     from .models import create_backbone, weights_digest
     from .runconfig import parse_with_config
@@ -283,19 +283,15 @@ def evaluate(args: list[str]) -> None:
     cfg = parse_with_config(_eval_parser(), args)
     if cfg.backbone is None and cfg.weights is None:
         raise ValueError("pass --backbone (and --weights for a pre-trained checkpoint)")
+    data = ImageClassificationData(**cfg.data.as_dict())
+    data.check_folders()  # before hours of feature extraction, not after
+    data.require_test_split("no images to score: coretune eval fits on the training features and scores")
     backbone = cfg.backbone or _stored_backbone(cfg.weights)
     digest = weights_digest(cfg.weights)  # of the file read next (it may be re-made while this runs)
     torch.manual_seed(cfg.seed)  # a random initialisation is the same network on every call
     encoder = create_backbone(
         backbone, weights=cfg.weights, weights_format=cfg.weights_format, allow_cast=cfg.weights_allow_cast
     )
-    data = ImageClassificationData(**cfg.data.as_dict())
-    data.check_folders()
-    if not data.has_test_split():  # before hours of feature extraction, not after
-        raise DataError(
-            "no images to score: coretune eval fits on the training features and scores a val/ or test/ folder beside "
-            "train/ (same class folders); add one, or pass --data.test_dir"
-        )
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     result = evaluate_encoder(
         encoder,

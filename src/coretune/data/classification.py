@@ -212,6 +212,14 @@ class ImageClassificationData(L.LightningDataModule):
         _, val_dir, test_dir = self._folders()
         return val_dir is not None or test_dir is not None
 
+    def require_test_split(self, why: str) -> None:
+        """Raise :class:`DataError` when there are no images to test on (:meth:`has_test_split`), reading no image:
+        ``why`` says what needs them, and the message ends with the folder to add."""
+        if not self.has_test_split():
+            raise DataError(
+                f"{why} a val/ or test/ folder beside train/ (same class folders); add one, or pass --data.test_dir"
+            )
+
     def _check_cifar_options(self) -> None:
         if self.root is None:
             raise DataError(f"dataset={self.dataset} needs --data.root: the folder holding its python files")

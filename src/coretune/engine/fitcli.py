@@ -25,7 +25,6 @@ import yaml
 
 from .. import objectives
 from ..adversarial import AdversarialTraining
-from ..data import DataError
 from ..models import HUB_PREFIXES, resolve_weights
 from ..runconfig import recorded_task
 from ..rundir import RunDir
@@ -259,11 +258,10 @@ class FitCLI(RunDirCLI):
         """The task's check of the data settings, before any data is read (the model checks again once it is), and
         that the test the fit ends with has images (else it failed after the last epoch)."""
         self.model.task.check_data(self.datamodule, "fit")
-        if callable(has_test := getattr(self.datamodule, "has_test_split", None)) and not has_test():
-            raise DataError(
+        if callable(require := getattr(self.datamodule, "require_test_split", None)):
+            require(
                 "no images to test on: --data.val_fraction holds out part of train/ for validation, and coretune "
-                "fit ends by scoring a test split, a val/ or test/ folder beside train/ (same class folders); add "
-                "one, or pass --data.test_dir"
+                "fit ends by scoring a test split,"
             )
 
     def after_fit(self) -> None:

@@ -58,15 +58,11 @@ def checkpoints(spec: BenchSpec) -> dict[str, list[str]]:
     return found
 
 
-def _weights(args: list[str]) -> str | None:
-    """The checkpoint file of a column's ``coretune eval`` arguments, or None (a random initialisation)."""
-    return next((a.split("=", 1)[1] for a in args if a.startswith("--weights=")), None)
-
-
 def stale(eval_dir: Path, name: str, args: list[str]) -> str | None:
     """Why the column's scores in ``eval_dir`` no longer describe its checkpoint (re-made since, or scored before
     digests were recorded), or None: fine, not scored, or the checkpoint is not on this machine."""
-    weights = _weights(args)
+    weights = _option(args, "weights")  # None: a random initialisation
+    digest = weights_digest(weights) if weights is not None and Path(weights).is_file() else None
     for protocol in PROTOCOLS:
         path = eval_dir / f"{name}-{protocol}.json"
         if not path.is_file():
@@ -74,7 +70,7 @@ def stale(eval_dir: Path, name: str, args: list[str]) -> str | None:
         scored = json.loads(path.read_text())
         if weights is None and scored.get("seed") != 0:  # before --seed, each call drew its own random network
             return f"{path} scored a random initialisation without seed 0"
-        if weights is not None and Path(weights).is_file() and scored.get("weights_sha256") != weights_digest(weights):
+        if digest is not None and scored.get("weights_sha256") != digest:
             return f"{path} scored another file than today's {weights} (SHA-256 {scored.get('weights_sha256')})"
     return None
 

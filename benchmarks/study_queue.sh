@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The long real runs of issues 40, 38 and 41 (about 25 CPU hours), one run at a time, in an order that survives a
+# machine being replaced between sessions: every finished run's records are exported into docs/records and committed
+# at once, and a new machine starts by copying the committed records back into runs/ (so `coretune bench` skips
+# the finished runs, as it skips any run whose results.json holds test results). A run cut short on a machine that
+# stays up resumes from its checkpoints/last.ckpt; on a new machine it starts again.
+#
+# An adversarial run (issue 38) is fitted, scored by benchmarks/robust_table.py and only then committed: its
+# robust accuracy needs the checkpoint, which is not committed (a run directory does not survive a move), so a run
+# is never recorded as finished without its robust_results*.json.
+#
+#   benchmarks/study_queue.sh [MAIN]      # MAIN: the checkout whose docs/records receive the records and the commits
+#                                         # (default: this one). Run it from a worktree of its own, so that editing
+#                                         # MAIN never changes code under a running study:
+#   git worktree add --detach /work/bench-wt main && cd /work/bench-wt && make venv && ln -s /work/main/runs runs
+#   mkdir -p /work/logs && nohup setsid benchmarks/study_queue.sh /work/main > /work/logs/queue.log 2>&1 &
+#   nohup benchmarks/pause_during_pytest.sh "$(pgrep -f study_queue.sh | head -1)" > /work/logs/guard.log 2>&1 &
+#
+# Re-running it resumes every step. It expects CIFAR-10 unpacked at /work/data/cifar10
+# (python ../shared/data/unpack.py cifar10 /work/data) and the shared checkpoint in ../shared/checkpoints.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MAIN=$(cd "${1:-.}" && pwd)
+BIN=.venv/bin
+MEMORY=configs/bench/cifar10_cpu_10pct_memory.yaml
+ADV=configs/bench/cifar10_cpu_10pct_adversarial.yaml
+TABLE1=configs/bench/cifar10_cpu_10pct_table1.yaml
+STRENGTH=configs/bench/cifar10_cpu_strength.yaml
+
+say() { echo "[$(date '+%F %T')] $*"; }
+
+name_of() { sed -n 's/^name: *//p' "$1"; }
+
+# Copy the committed records of a spec into its output folder (never overwriting a run directory's own files).
+prime() {
+  local name; name=$(name_of "$1")
+  [ -d "$MAIN/docs/records/$name" ] || return 0
+  mkdir -p "runs/bench/$name" && cp -rn "$MAIN/docs/records/$name/." "runs/bench/$name/"
+}
+
+# Export a spec's finished runs into MAIN/docs/records and commit them (only that folder: nothing else staged in
+# MAIN is swept into the commit).
+record() {
+  local name; name=$(name_of "$1")
+  "$BIN/coretune" bench "$1" --export "$MAIN/docs/records/$name" >/dev/null || { say "export of $name failed"; return 1; }
+  git -C "$MAIN" add "docs/records/$name"
+  if ! git -C "$MAIN" diff --cached --quiet -- "docs/records/$name"; then
+    git -C "$MAIN" commit -q -m "records: $name, $2" -- "docs/records/$name" && say "committed records: $name, $2"
+  fi
+}
+
+finished() {  # SPEC DATASET OBJECTIVE SEED [FRACTION]: the run's results.json exists
+  [ -f "runs/bench/$(name_of "$1")/$2/$3/frac${5:-0.1}/seed$4/results.json" ]
+}
+
+fit() {  # SPEC OBJECTIVE SEED [DATASET]: the spec's runs of that objective and seed (one, or one per dataset column)
+  [ -n "${4:-}" ] && finished "$1" "$4" "$2" "$3" && return 0
+  say "fit $(name_of "$1") $2 seed $3"
+  "$BIN/coretune" bench "$1" --only_objectives "[$2]" --only_seeds "[$3]" || { say "FAILED: $2 seed $3"; return 1; }
+  record "$1" "${4:-every column}/$2/frac0.1/seed$3"
+}
+
+adversarial() {  # OBJECTIVE SEED: fit, score (PGD-10 on all; torchattacks and AutoAttack on seed 0), then record
+  local run; run="runs/bench/$(name_of "$ADV")/cifar10/$1/frac0.1/seed$2"
+  [ -f "$run/results.json" ] && [ -f "$run/robust_results.json" ] && return 0
+  say "fit + evaluate adversarial $1 seed $2"
+  "$BIN/coretune" bench "$ADV" --only_objectives "[$1]" --only_seeds "[$2]" || { say "FAILED fit: $1 seed $2"; return 1; }
+  "$BIN/python" benchmarks/robust_table.py evaluate "$ADV" --only_objectives "$1" --only_seeds "$2" \
+    --autoattack_seeds 0 --referee_seeds 0 || { say "FAILED evaluate: $1 seed $2"; return 1; }
+  record "$ADV" "cifar10/$1/frac0.1/seed$2 (fit and robust accuracy)"
+}
+
+for spec in "$MEMORY" "$ADV" "$TABLE1" "$STRENGTH"; do prime "$spec"; done
+# Table 1's ce and core rows are the memory study's ce_b64 and core_b64 (argument for argument; the spec's header)
+for pair in ce:ce_b64 core:core_b64; do
+  t1="runs/bench/$(name_of "$TABLE1")/cifar10/${pair%%:*}"
+  [ -e "$t1" ] || { mkdir -p "$(dirname "$t1")" && cp -r "runs/bench/$(name_of "$MEMORY")/cifar10/${pair##*:}" "$t1"; }
+done
+
+# Issue 40: the batch-16 rows, seed by seed, each pair (core, core + memory) together
+for seed in 1 2; do
+  for obj in core_b16 core_mem4096_b16 ce_b16; do fit "$MEMORY" "$obj" "$seed" cifar10; done
+done
+
+# Issue 38: the ℓ∞-trained rows and the undefended CE, seed by seed
+for seed in 0 1 2; do
+  for obj in ce at_ce_linf at_ce_con_linf at_core_linf; do adversarial "$obj" "$seed"; done
+done
+
+# Issue 41, part 1: Table 1, seed by seed (ce and core are copied above)
+for seed in 0 1 2; do
+  for obj in l2sp delta bss rifle scl bi_tuning mm manifold_mixup ce_mix; do fit "$TABLE1" "$obj" "$seed" cifar10; done
+done
+
+# Issue 41, part 2: the pre-trainings (run outputs, never committed), the checkpoints' kNN and probe, the 10% runs
+pretrain() {  # METHOD RUN_DIR SNAPSHOTS [EXTRA...]: 15 epochs at 32 px on CIFAR-10's training images, no labels
+  local method=$1 dir=$2 snaps=$3; shift 3
+  [ -f "$dir/pretrained-epoch15.pth.tar" ] && return 0
+  say "pretrain $method"
+  "$BIN/coretune" pretrain --method "$method" --model.backbone resnet18 "$@" --data.root /work/data/cifar10/train \
+    --data.image_size 32 --data.batch_size 256 --trainer.max_epochs 15 --snapshot_epochs "$snaps" --seed 0 \
+    --trainer.enable_progress_bar false --run_dir "$dir"
+}
+pretrain simclr runs/pretrain/cifar10-simclr-r18-32px '[5, 15]' || exit 1
+pretrain moco_v2 runs/pretrain/cifar10-moco-r18-32px '[15]' --model.queue_size 4096 || exit 1
+"$BIN/python" benchmarks/strength_gain.py evaluate "$STRENGTH" --eval_dir "$MAIN/docs/records/cifar10-cpu-strength-eval" \
+  && git -C "$MAIN" add docs/records/cifar10-cpu-strength-eval \
+  && git -C "$MAIN" commit -q -m "records: strength study, kNN and linear probe of each checkpoint" \
+       -- docs/records/cifar10-cpu-strength-eval
+for seed in 0 1 2; do
+  for obj in ce ce_mix core; do fit "$STRENGTH" "$obj" "$seed"; done
+done
+say "queue finished"

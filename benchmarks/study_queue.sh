@@ -26,6 +26,7 @@ MEMORY=configs/bench/cifar10_cpu_10pct_memory.yaml
 ADV=configs/bench/cifar10_cpu_10pct_adversarial.yaml
 TABLE1=configs/bench/cifar10_cpu_10pct_table1.yaml
 STRENGTH=configs/bench/cifar10_cpu_strength.yaml
+STRENGTH_1PCT=configs/bench/cifar10_cpu_strength_1pct.yaml
 
 say() { echo "[$(date '+%F %T')] $*"; }
 
@@ -57,7 +58,7 @@ fit() {  # SPEC OBJECTIVE SEED [DATASET]: the spec's runs of that objective and 
   [ -n "${4:-}" ] && finished "$1" "$4" "$2" "$3" && return 0
   say "fit $(name_of "$1") $2 seed $3"
   "$BIN/coretune" bench "$1" --only_objectives "[$2]" --only_seeds "[$3]" || { say "FAILED: $2 seed $3"; return 1; }
-  record "$1" "${4:-every column}/$2/frac0.1/seed$3"
+  record "$1" "${4:-every column}/$2/seed$3"
 }
 
 adversarial() {  # OBJECTIVE SEED: fit, score (PGD-10 on all; torchattacks and AutoAttack on seed 0), then record
@@ -70,7 +71,7 @@ adversarial() {  # OBJECTIVE SEED: fit, score (PGD-10 on all; torchattacks and A
   record "$ADV" "cifar10/$1/frac0.1/seed$2 (fit and robust accuracy)"
 }
 
-for spec in "$MEMORY" "$ADV" "$TABLE1" "$STRENGTH"; do prime "$spec"; done
+for spec in "$MEMORY" "$ADV" "$TABLE1" "$STRENGTH" "$STRENGTH_1PCT"; do prime "$spec"; done
 # Table 1's ce and core rows are the memory study's ce_b64 and core_b64 (argument for argument; the spec's header)
 for pair in ce:ce_b64 core:core_b64; do
   t1="runs/bench/$(name_of "$TABLE1")/cifar10/${pair%%:*}"
@@ -104,10 +105,24 @@ pretrain() {  # METHOD RUN_DIR SNAPSHOTS [EXTRA...]: 15 epochs at 32 px on CIFAR
 pretrain simclr runs/pretrain/cifar10-simclr-r18-32px '[5, 15]' || exit 1
 pretrain moco_v2 runs/pretrain/cifar10-moco-r18-32px '[15]' --model.queue_size 4096 || exit 1
 "$BIN/python" benchmarks/strength_gain.py evaluate "$STRENGTH" --eval_dir "$MAIN/docs/records/cifar10-cpu-strength-eval" \
-  && git -C "$MAIN" add docs/records/cifar10-cpu-strength-eval \
-  && git -C "$MAIN" commit -q -m "records: strength study, kNN and linear probe of each checkpoint" \
+  | tee runs/strength_eval.txt || exit 1
+git -C "$MAIN" add docs/records/cifar10-cpu-strength-eval
+git -C "$MAIN" diff --cached --quiet -- docs/records/cifar10-cpu-strength-eval \
+  || git -C "$MAIN" commit -q -m "records: strength study, kNN and linear probe of each checkpoint" \
        -- docs/records/cifar10-cpu-strength-eval
 for seed in 0 1 2; do
   for obj in ce ce_mix core; do fit "$STRENGTH" "$obj" "$seed"; done
+done
+# The 1% rows: the floor and the strongest checkpoint by kNN, which evaluate named; the 1% spec's last column must be
+# that one (a person edits and commits the spec: the queue does not rewrite a committed spec)
+strongest=$(sed -n 's/^strongest by kNN top-1: \([A-Za-z0-9_]*\).*/\1/p' runs/strength_eval.txt)
+last=$(sed -n 's/^  \([A-Za-z0-9_]*\): \[.*/\1/p' "$STRENGTH_1PCT" | tail -1)
+if [ -z "$strongest" ] || [ "$strongest" != "$last" ]; then
+  say "stopped before the 1% rows: the strongest checkpoint is '$strongest', $STRENGTH_1PCT's last column '$last';"
+  say "replace that column by the 10% spec's '$strongest' (same name and path), commit, and re-run the queue"
+  exit 1
+fi
+for seed in 0 1 2; do
+  for obj in ce ce_mix core; do fit "$STRENGTH_1PCT" "$obj" "$seed"; done
 done
 say "queue finished"

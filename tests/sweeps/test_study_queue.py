@@ -15,7 +15,7 @@ from coretune.sweeps import BenchSpec
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "study_queue.sh"
 TEXT = SCRIPT.read_text()
-SPECS = dict(re.findall(r"^([A-Z0-9]+)=(configs/bench/\S+\.yaml)$", TEXT, flags=re.M))
+SPECS = dict(re.findall(r"^([A-Z0-9_]+)=(configs/bench/\S+\.yaml)$", TEXT, flags=re.M))
 
 
 def _names(variable: str) -> set[str]:
@@ -28,9 +28,9 @@ def test_the_script_parses() -> None:
 
 
 def test_every_queued_row_is_in_its_spec() -> None:
-    assert set(SPECS) == {"MEMORY", "ADV", "TABLE1", "STRENGTH"}
+    assert set(SPECS) == {"MEMORY", "ADV", "TABLE1", "STRENGTH", "STRENGTH_1PCT"}
     loops = re.findall(r'for obj in ([^;]+); do (fit "\$(\w+)"|adversarial)', TEXT)
-    assert len(loops) == 4
+    assert len(loops) == 5
     for objectives, call, variable in loops:
         spec = variable or "ADV"
         assert call.startswith("fit") or call == "adversarial"
@@ -49,3 +49,20 @@ def test_the_pretrainings_write_what_the_strength_columns_read() -> None:
         arg.split("=", 1)[1] for args in spec.datasets.values() for arg in args if arg.startswith("--model.weights")
     }
     assert {path for path in read if path.startswith("runs/")} == written
+
+
+def test_the_one_percent_rows_wait_for_the_strongest_column() -> None:
+    """The queue compares the name ``strength_gain.py evaluate`` prints with the 1% spec's last column."""
+    printed = re.search(
+        r"strongest by kNN top-1: \{strongest\}", (ROOT / "benchmarks" / "strength_gain.py").read_text()
+    )
+    assert printed is not None and "s/^strongest by kNN top-1: " in TEXT
+    last = list(BenchSpec.from_yaml(ROOT / SPECS["STRENGTH_1PCT"]).datasets)[-1]
+    assert last in BenchSpec.from_yaml(ROOT / SPECS["STRENGTH"]).datasets
+    listed = subprocess.run(
+        ["sed", "-n", r"s/^  \([A-Za-z0-9_]*\): \[.*/\1/p", str(ROOT / SPECS["STRENGTH_1PCT"])],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert listed[-1] == last and listed == list(BenchSpec.from_yaml(ROOT / SPECS["STRENGTH_1PCT"]).datasets)

@@ -7,26 +7,93 @@
 #
 # An adversarial run (issue 38) is fitted, scored by benchmarks/robust_table.py and only then committed: its
 # robust accuracy needs the checkpoint, which is not committed (a run directory does not survive a move), so a run
-# is never recorded as finished without its robust_results*.json.
+# is never recorded as finished without its robust_results*.json. The strength study (issue 41, part 2) fine-tunes
+# checkpoints this queue pre-trains; a new machine pre-trains them again, and if a checkpoint comes out different
+# from the one its committed runs used (strength_gain.py compares SHA-256), the queue stops and says so.
 #
-#   benchmarks/study_queue.sh [MAIN]      # MAIN: the checkout whose docs/records receive the records and the commits
-#                                         # (default: this one). Run it from a worktree of its own, so that editing
-#                                         # MAIN never changes code under a running study:
-#   git worktree add --detach /work/bench-wt main && cd /work/bench-wt && make venv && ln -s /work/main/runs runs
-#   mkdir -p /work/logs && nohup setsid benchmarks/study_queue.sh /work/main > /work/logs/queue.log 2>&1 &
-#   nohup benchmarks/pause_during_pytest.sh "$(pgrep -f study_queue.sh | head -1)" > /work/logs/guard.log 2>&1 &
-#
-# Re-running it resumes every step. It expects CIFAR-10 unpacked at /work/data/cifar10
-# (python ../shared/data/unpack.py cifar10 /work/data) and the shared checkpoint in ../shared/checkpoints.
+#   benchmarks/study_queue.sh MAIN     # MAIN: the checkout whose docs/records receive the records and the commits.
+# Run it from a worktree of its own, so that editing MAIN never changes code under a running study:
+#   git -C /work/main worktree add --detach /work/bench-wt main && cd /work/bench-wt && make venv
+#   ln -s /work/main/runs runs && mkdir -p /work/main/runs /work/logs
+#   nohup setsid benchmarks/study_queue.sh /work/main > /work/logs/queue.log 2>&1 &
+#   nohup benchmarks/pause_during_pytest.sh "$(cat runs/study_queue.pgid)" > /work/logs/guard.log 2>&1 &
+# Move the worktree to newer code only while the queue is stopped. Re-running it resumes every step. It expects
+# CIFAR-10 unpacked at /work/data/cifar10 (python ../shared/data/unpack.py cifar10 /work/data) and the shared
+# checkpoint in ../shared/checkpoints.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-MAIN=$(cd "${1:-.}" && pwd)
-BIN=.venv/bin
-MEMORY=configs/bench/cifar10_cpu_10pct_memory.yaml
-ADV=configs/bench/cifar10_cpu_10pct_adversarial.yaml
-TABLE1=configs/bench/cifar10_cpu_10pct_table1.yaml
-STRENGTH=configs/bench/cifar10_cpu_strength.yaml
-STRENGTH_1PCT=configs/bench/cifar10_cpu_strength_1pct.yaml
+
+main() {  # the whole queue in one function: bash has read all of it before it runs, so editing the file is safe
+  cd "$(dirname "$0")/.." || exit 1
+  [ $# -eq 1 ] || { echo "usage: benchmarks/study_queue.sh MAIN  (the checkout that receives the records)"; exit 2; }
+  MAIN=$(cd "$1" && pwd) && git -C "$MAIN" symbolic-ref -q HEAD >/dev/null \
+    || { echo "$1: not a checkout on a branch (the records are committed there)"; exit 2; }
+  BIN=.venv/bin
+  MEMORY=configs/bench/cifar10_cpu_10pct_memory.yaml
+  ADV=configs/bench/cifar10_cpu_10pct_adversarial.yaml
+  TABLE1=configs/bench/cifar10_cpu_10pct_table1.yaml
+  STRENGTH=configs/bench/cifar10_cpu_strength.yaml
+  STRENGTH_1PCT=configs/bench/cifar10_cpu_strength_1pct.yaml
+  mkdir -p runs
+  exec 9>runs/.study_queue.lock
+  flock -n 9 || { echo "another study_queue.sh is running (runs/.study_queue.lock)"; exit 1; }
+  ps -o pgid= $$ | tr -d ' ' > runs/study_queue.pgid
+
+  for spec in "$MEMORY" "$ADV" "$TABLE1" "$STRENGTH" "$STRENGTH_1PCT"; do prime "$spec"; done
+  # Table 1's ce and core rows are the memory study's ce_b64 and core_b64 (argument for argument; the spec's header)
+  for pair in ce:ce_b64 core:core_b64; do
+    for seed in 0 1 2; do
+      local from to
+      from="runs/bench/$(name_of "$MEMORY")/cifar10/${pair##*:}/frac0.1/seed$seed"
+      to="runs/bench/$(name_of "$TABLE1")/cifar10/${pair%%:*}/frac0.1/seed$seed"
+      [ -e "$to" ] || { mkdir -p "$(dirname "$to")" && cp -r "$from" "$to"; }
+    done
+  done
+
+  # Issue 40: the batch-16 rows, seed by seed, each pair (core, core + memory) together
+  for seed in 1 2; do
+    for obj in core_b16 core_mem4096_b16 ce_b16; do fit "$MEMORY" "$obj" "$seed" cifar10; done
+  done
+
+  # Issue 38: the ℓ∞-trained rows and the undefended CE, seed by seed
+  for seed in 0 1 2; do
+    for obj in ce at_ce_linf at_ce_con_linf at_core_linf; do adversarial "$obj" "$seed"; done
+  done
+
+  # Issue 41, part 1: Table 1, seed by seed (ce and core are copied above)
+  for seed in 0 1 2; do
+    for obj in l2sp delta bss rifle scl bi_tuning mm manifold_mixup ce_mix; do fit "$TABLE1" "$obj" "$seed" cifar10; done
+  done
+
+  # Issue 41, part 2: the pre-trainings (run outputs, never committed), the checkpoints' kNN and probe, the runs
+  pretrain simclr runs/pretrain/cifar10-simclr-r18-32px '[5, 15]' || exit 1
+  pretrain moco_v2 runs/pretrain/cifar10-moco-r18-32px '[15]' --model.queue_size 4096 || exit 1
+  local scores=docs/records/cifar10-cpu-strength-eval
+  "$BIN/python" benchmarks/strength_gain.py evaluate "$STRENGTH" --eval_dir "$MAIN/$scores" | tee runs/strength_eval.txt \
+    || { say "FAILED: strength_gain.py evaluate"; exit 1; }
+  commit "$scores" "records: strength study, kNN and linear probe of each checkpoint"
+  if grep -q '^re-scoring' runs/strength_eval.txt; then
+    say "stopped: a checkpoint was re-made and differs from the one its committed fine-tunings used (above);"
+    say "move that column's runs out of docs/records/cifar10-cpu-strength* and runs/bench, commit, and re-run"
+    exit 1
+  fi
+  for seed in 0 1 2; do
+    for obj in ce ce_mix core; do fit "$STRENGTH" "$obj" "$seed"; done
+  done
+  # The 1% rows: the floor and the strongest checkpoint by kNN, which evaluate named; the 1% spec's last column must
+  # be that one (a person edits and commits the spec: the queue does not rewrite a committed spec)
+  local strongest last
+  strongest=$(sed -n 's/^strongest by kNN top-1: \([A-Za-z0-9_]*\).*/\1/p' runs/strength_eval.txt)
+  last=$(sed -n 's/^  \([A-Za-z0-9_]*\): \[.*/\1/p' "$STRENGTH_1PCT" | tail -1)
+  if [ -z "$strongest" ] || [ "$strongest" != "$last" ]; then
+    say "stopped before the 1% rows: the strongest checkpoint is '$strongest', $STRENGTH_1PCT's last column '$last';"
+    say "replace that column by the 10% spec's '$strongest' (same name and path), commit, and re-run the queue"
+    exit 1
+  fi
+  for seed in 0 1 2; do
+    for obj in ce ce_mix core; do fit "$STRENGTH_1PCT" "$obj" "$seed"; done
+  done
+  say "queue finished"
+}
 
 say() { echo "[$(date '+%F %T')] $*"; }
 
@@ -39,61 +106,63 @@ prime() {
   mkdir -p "runs/bench/$name" && cp -rn "$MAIN/docs/records/$name/." "runs/bench/$name/"
 }
 
-# Export a spec's finished runs into MAIN/docs/records and commit them (only that folder: nothing else staged in
-# MAIN is swept into the commit).
-record() {
-  local name; name=$(name_of "$1")
-  "$BIN/coretune" bench "$1" --export "$MAIN/docs/records/$name" >/dev/null || { say "export of $name failed"; return 1; }
-  git -C "$MAIN" add "docs/records/$name"
-  if ! git -C "$MAIN" diff --cached --quiet -- "docs/records/$name"; then
-    git -C "$MAIN" commit -q -m "records: $name, $2" -- "docs/records/$name" && say "committed records: $name, $2"
-  fi
+# Commit PATH of MAIN alone (nothing else staged there is swept in); retried, since a session may hold MAIN's index.
+commit() {
+  local attempt
+  for attempt in 1 2 3 4 5; do
+    if git -C "$MAIN" add "$1" && { git -C "$MAIN" diff --cached --quiet -- "$1" \
+        || git -C "$MAIN" commit -q -m "$2" -- "$1"; }; then
+      return 0
+    fi
+    say "git add/commit of $1 failed (attempt $attempt); retrying in 30 s"; sleep 30
+  done
+  say "FAILED to commit $1: commit it by hand"; return 1
 }
 
-finished() {  # SPEC DATASET OBJECTIVE SEED [FRACTION]: the run's results.json exists
-  [ -f "runs/bench/$(name_of "$1")/$2/$3/frac${5:-0.1}/seed$4/results.json" ]
+# Export the spec's finished runs of OBJECTIVE and SEED into MAIN/docs/records and commit them.
+record() {  # SPEC MESSAGE OBJECTIVE SEED
+  local name; name=$(name_of "$1")
+  "$BIN/coretune" bench "$1" --only_objectives "[$3]" --only_seeds "[$4]" --export "$MAIN/docs/records/$name" \
+    >/dev/null || { say "export of $name $3 seed $4 failed"; return 1; }
+  commit "docs/records/$name" "records: $name, $2" && say "recorded: $name, $2"
+}
+
+finished() {  # SPEC DATASET OBJECTIVE SEED: the run's results.json holds test results (bench's own criterion)
+  grep -qs '"test":' "runs/bench/$(name_of "$1")/$2/$3/frac0.1/seed$4/results.json"
 }
 
 fit() {  # SPEC OBJECTIVE SEED [DATASET]: the spec's runs of that objective and seed (one, or one per dataset column)
   [ -n "${4:-}" ] && finished "$1" "$4" "$2" "$3" && return 0
   say "fit $(name_of "$1") $2 seed $3"
-  "$BIN/coretune" bench "$1" --only_objectives "[$2]" --only_seeds "[$3]" || { say "FAILED: $2 seed $3"; return 1; }
-  record "$1" "${4:-every column}/$2/seed$3"
+  "$BIN/coretune" bench "$1" --only_objectives "[$2]" --only_seeds "[$3]"
+  local status=$?
+  [ $status = 0 ] || say "FAILED: $(name_of "$1") $2 seed $3 (the runs that finished are recorded)"
+  record "$1" "${4:-every column}/$2/seed$3" "$2" "$3"
+  return $status
 }
 
 adversarial() {  # OBJECTIVE SEED: fit, score (PGD-10 on all; torchattacks and AutoAttack on seed 0), then record
-  local run; run="runs/bench/$(name_of "$ADV")/cifar10/$1/frac0.1/seed$2"
-  [ -f "$run/results.json" ] && [ -f "$run/robust_results.json" ] && return 0
+  local run scored=1 file
+  run="runs/bench/$(name_of "$ADV")/cifar10/$1/frac0.1/seed$2"
+  local expected=(robust_results.json)
+  [ "$2" = 0 ] && expected+=(robust_results_autoattack.json)
+  [ "$1" = ce ] && expected+=(robust_results_sanity_linf8.json)
+  for file in "${expected[@]}"; do [ -f "$run/$file" ] || scored=0; done
+  finished "$ADV" cifar10 "$1" "$2" && [ $scored = 1 ] && return 0
+  if finished "$ADV" cifar10 "$1" "$2" && [ ! -f "$run/checkpoints/last.ckpt" ]; then
+    say "$run: fitted, not fully scored, and its checkpoint is gone: fitting it again"
+    mv "$run" "$run.unscored-$(date +%s)"
+  fi
   say "fit + evaluate adversarial $1 seed $2"
   "$BIN/coretune" bench "$ADV" --only_objectives "[$1]" --only_seeds "[$2]" || { say "FAILED fit: $1 seed $2"; return 1; }
   "$BIN/python" benchmarks/robust_table.py evaluate "$ADV" --only_objectives "$1" --only_seeds "$2" \
     --autoattack_seeds 0 --referee_seeds 0 || { say "FAILED evaluate: $1 seed $2"; return 1; }
-  record "$ADV" "cifar10/$1/frac0.1/seed$2 (fit and robust accuracy)"
+  for file in "${expected[@]}"; do
+    [ -f "$run/$file" ] || { say "FAILED evaluate: $run/$file missing"; return 1; }
+  done
+  record "$ADV" "cifar10/$1/frac0.1/seed$2 (fit and robust accuracy)" "$1" "$2"
 }
 
-for spec in "$MEMORY" "$ADV" "$TABLE1" "$STRENGTH" "$STRENGTH_1PCT"; do prime "$spec"; done
-# Table 1's ce and core rows are the memory study's ce_b64 and core_b64 (argument for argument; the spec's header)
-for pair in ce:ce_b64 core:core_b64; do
-  t1="runs/bench/$(name_of "$TABLE1")/cifar10/${pair%%:*}"
-  [ -e "$t1" ] || { mkdir -p "$(dirname "$t1")" && cp -r "runs/bench/$(name_of "$MEMORY")/cifar10/${pair##*:}" "$t1"; }
-done
-
-# Issue 40: the batch-16 rows, seed by seed, each pair (core, core + memory) together
-for seed in 1 2; do
-  for obj in core_b16 core_mem4096_b16 ce_b16; do fit "$MEMORY" "$obj" "$seed" cifar10; done
-done
-
-# Issue 38: the ℓ∞-trained rows and the undefended CE, seed by seed
-for seed in 0 1 2; do
-  for obj in ce at_ce_linf at_ce_con_linf at_core_linf; do adversarial "$obj" "$seed"; done
-done
-
-# Issue 41, part 1: Table 1, seed by seed (ce and core are copied above)
-for seed in 0 1 2; do
-  for obj in l2sp delta bss rifle scl bi_tuning mm manifold_mixup ce_mix; do fit "$TABLE1" "$obj" "$seed" cifar10; done
-done
-
-# Issue 41, part 2: the pre-trainings (run outputs, never committed), the checkpoints' kNN and probe, the 10% runs
 pretrain() {  # METHOD RUN_DIR SNAPSHOTS [EXTRA...]: 15 epochs at 32 px on CIFAR-10's training images, no labels
   local method=$1 dir=$2 snaps=$3; shift 3
   [ -f "$dir/pretrained-epoch15.pth.tar" ] && return 0
@@ -102,27 +171,6 @@ pretrain() {  # METHOD RUN_DIR SNAPSHOTS [EXTRA...]: 15 epochs at 32 px on CIFAR
     --data.image_size 32 --data.batch_size 256 --trainer.max_epochs 15 --snapshot_epochs "$snaps" --seed 0 \
     --trainer.enable_progress_bar false --run_dir "$dir"
 }
-pretrain simclr runs/pretrain/cifar10-simclr-r18-32px '[5, 15]' || exit 1
-pretrain moco_v2 runs/pretrain/cifar10-moco-r18-32px '[15]' --model.queue_size 4096 || exit 1
-"$BIN/python" benchmarks/strength_gain.py evaluate "$STRENGTH" --eval_dir "$MAIN/docs/records/cifar10-cpu-strength-eval" \
-  | tee runs/strength_eval.txt || exit 1
-git -C "$MAIN" add docs/records/cifar10-cpu-strength-eval
-git -C "$MAIN" diff --cached --quiet -- docs/records/cifar10-cpu-strength-eval \
-  || git -C "$MAIN" commit -q -m "records: strength study, kNN and linear probe of each checkpoint" \
-       -- docs/records/cifar10-cpu-strength-eval
-for seed in 0 1 2; do
-  for obj in ce ce_mix core; do fit "$STRENGTH" "$obj" "$seed"; done
-done
-# The 1% rows: the floor and the strongest checkpoint by kNN, which evaluate named; the 1% spec's last column must be
-# that one (a person edits and commits the spec: the queue does not rewrite a committed spec)
-strongest=$(sed -n 's/^strongest by kNN top-1: \([A-Za-z0-9_]*\).*/\1/p' runs/strength_eval.txt)
-last=$(sed -n 's/^  \([A-Za-z0-9_]*\): \[.*/\1/p' "$STRENGTH_1PCT" | tail -1)
-if [ -z "$strongest" ] || [ "$strongest" != "$last" ]; then
-  say "stopped before the 1% rows: the strongest checkpoint is '$strongest', $STRENGTH_1PCT's last column '$last';"
-  say "replace that column by the 10% spec's '$strongest' (same name and path), commit, and re-run the queue"
-  exit 1
-fi
-for seed in 0 1 2; do
-  for obj in ce ce_mix core; do fit "$STRENGTH_1PCT" "$obj" "$seed"; done
-done
-say "queue finished"
+
+main "$@"
+exit $?

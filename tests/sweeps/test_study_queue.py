@@ -15,7 +15,7 @@ from coretune.sweeps import BenchSpec
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "study_queue.sh"
 TEXT = SCRIPT.read_text()
-SPECS = dict(re.findall(r"^([A-Z0-9_]+)=(configs/bench/\S+\.yaml)$", TEXT, flags=re.M))
+SPECS = dict(re.findall(r"^\s*([A-Z0-9_]+)=(configs/bench/\S+\.yaml)$", TEXT, flags=re.M))
 
 
 def _names(variable: str) -> set[str]:
@@ -25,6 +25,14 @@ def _names(variable: str) -> set[str]:
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_the_script_parses() -> None:
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_it_needs_the_checkout_that_receives_the_records(tmp_path: Path) -> None:
+    """Without MAIN, or with a folder that is not a checkout on a branch, it stops before anything runs."""
+    for args in ([], [str(tmp_path)]):
+        done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True)
+        assert done.returncode == 2 and done.stdout.count("\n") == 1, done.stdout + done.stderr
 
 
 def test_every_queued_row_is_in_its_spec() -> None:
@@ -42,7 +50,7 @@ def test_every_queued_row_is_in_its_spec() -> None:
 
 def test_the_pretrainings_write_what_the_strength_columns_read() -> None:
     written = set()
-    for directory, snapshots in re.findall(r"^pretrain \w+ (\S+) '\[([\d, ]+)\]'", TEXT, flags=re.M):
+    for directory, snapshots in re.findall(r"^\s*pretrain \w+ (\S+) '\[([\d, ]+)\]'", TEXT, flags=re.M):
         written |= {f"{directory}/pretrained-epoch{e.strip()}.pth.tar" for e in snapshots.split(",")}
     spec = BenchSpec.from_yaml(ROOT / SPECS["STRENGTH"])
     read = {

@@ -183,6 +183,28 @@ def test_cli_dry_run_and_aggregate_only(tmp_path: Path, capsys: pytest.CaptureFi
         main(["bench", str(tmp_path / "missing.yaml")])
 
 
+def test_only_datasets_runs_some_columns_of_the_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--only_datasets`` picks columns (a checkpoint on this machine), alone or with the other filters."""
+    config = tmp_path / "bench.yaml"
+    root = f"--data.root={data_root(tmp_path)}"
+    datasets = {"a": [root], "b": [root, "--data.image_size=16"]}
+    config.write_text(
+        yaml.safe_dump(
+            {"output": str(tmp_path / "out"), "datasets": datasets, "objectives": ["ce", "core"], "seeds": [0, 1]}
+        )
+    )
+    main(["bench", str(config), "--dry_run", "--only_datasets=[b]"])
+    out = capsys.readouterr().out
+    assert "4 runs, 0 finished (skipped), 4 to run" in out and "--data.image_size=16" in out
+    main(["bench", str(config), "--dry_run", "--only_datasets=[b]", "--only_objectives=[core]", "--only_seeds=[1]"])
+    out = capsys.readouterr().out
+    assert "1 runs, 0 finished (skipped), 1 to run" in out and re.search(
+        r"--data\.image_size=16 .*--objective core", out
+    )
+    with pytest.raises(SystemExit, match=r"c not in the spec .*datasets: a, b\)"):
+        main(["bench", str(config), "--dry_run", "--only_datasets=[c]"])
+
+
 def test_reconstructed_records_are_marked_with_a_dagger_and_a_footnote(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

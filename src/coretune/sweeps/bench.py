@@ -51,6 +51,12 @@ def _parser() -> Any:
     )
     parser.add_argument("--only_seeds", type=list[int] | None, default=None, help="Run only these seeds of the spec.")
     parser.add_argument(
+        "--only_datasets",
+        type=list[str] | None,
+        default=None,
+        help="Run only these data sets (columns) of the spec, e.g. those whose checkpoint is on this machine.",
+    )
+    parser.add_argument(
         "--logger",
         type=str | None,
         default=None,
@@ -63,17 +69,17 @@ def _parser() -> Any:
     parser.add_argument(
         "--status",
         action="store_true",
-        help="List every run (of --only_objectives/--only_seeds if given): finished (its top-1), running, how far "
-        "it got, or not started.",
+        help="List every run (of --only_objectives/--only_seeds/--only_datasets if given): finished (its top-1), "
+        "running, how far it got, or not started.",
     )
     parser.add_argument(
         "--export",
         type=str | None,
         default=None,
-        help="Copy the small files of every finished run (of --only_objectives/--only_seeds if given: config.yaml, "
-        "fit_args.json, metrics.csv, results.json; no checkpoints) into this folder, in the output folder's layout; "
-        "copied back into the output folder, they count as finished runs. Runs nothing; with --aggregate_only the "
-        "tables and plots are rewritten first.",
+        help="Copy the small files of every finished run (of --only_objectives/--only_seeds/--only_datasets if given: "
+        "config.yaml, fit_args.json, metrics.csv, results.json; no checkpoints) into this folder, in the output "
+        "folder's layout; copied back into the output folder, they count as finished runs. Runs nothing; with "
+        "--aggregate_only the tables and plots are rewritten first.",
     )
     return parser
 
@@ -86,7 +92,7 @@ def main(args: list[str]) -> None:
     if cfg.workers is not None and cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1 (got {cfg.workers})")
     console = Console()
-    subset = spec.subset(cfg.only_objectives, cfg.only_seeds)
+    subset = spec.subset(cfg.only_objectives, cfg.only_seeds, cfg.only_datasets)
     if cfg.status:
         print_status(subset, console, whole=spec)
         return

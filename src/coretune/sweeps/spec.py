@@ -269,19 +269,30 @@ class BenchSpec:
                         runs.append(Run(dataset, entry.name, fraction, seed, run_dir, args))
         return runs
 
-    def subset(self, objectives: Sequence[str] | None = None, seeds: Sequence[int] | None = None) -> BenchSpec:
-        """The same grid restricted to some objective names and seeds (e.g. the main comparison's seeds first)."""
+    def subset(
+        self,
+        objectives: Sequence[str] | None = None,
+        seeds: Sequence[int] | None = None,
+        datasets: Sequence[str] | None = None,
+    ) -> BenchSpec:
+        """The same grid restricted to some objective names, seeds and data sets (e.g. the main comparison's seeds
+        first, or the columns whose checkpoint is on this machine)."""
         names = [e.name for e in self.objectives]
-        unknown = sorted(set(objectives or ()) - set(names)) + sorted(set(seeds or ()) - set(self.seeds))
+        unknown = (
+            sorted(set(objectives or ()) - set(names))
+            + sorted(set(seeds or ()) - set(self.seeds))
+            + sorted(set(datasets or ()) - set(self.datasets))
+        )
         if unknown:
             raise BenchSpecError(
                 f"{', '.join(map(str, unknown))} not in the spec {self.name!r} (objectives: {', '.join(names)}; "
-                f"seeds: {', '.join(map(str, self.seeds))})"
+                f"seeds: {', '.join(map(str, self.seeds))}; datasets: {', '.join(self.datasets)})"
             )
         return replace(
             self,
             objectives=tuple(e for e in self.objectives if objectives is None or e.name in objectives),
             seeds=tuple(s for s in self.seeds if seeds is None or s in seeds),
+            datasets={k: v for k, v in self.datasets.items() if datasets is None or k in datasets},
         )
 
 

@@ -10,11 +10,12 @@ CE-tuning and the methods compared with it.
 ``coretune eval knn`` and ``coretune eval linear`` on the spec's data at its image size, into ``--eval_dir``
 (``<checkpoint>-knn.json``, ``<checkpoint>-linear.json``, each with the SHA-256 of the file scored and seed 0, the
 random initialisation's; a file that exists is kept, so the command resumes, unless its checkpoint was re-made since),
-and names the strongest checkpoint by kNN top-1 (the 1% spec's last column). ``plot`` reads the specs' finished runs
-(run directories, or exported records copied back) and those files, and writes a table (``--markdown``) and a figure
-(``--figure``): per checkpoint and label fraction, each method's mean top-1 and its paired difference from CE-tuning
-(seed by seed), and Core-tuning's difference from ``ce_mix`` (its contribution beyond the mixup), against the
-checkpoint's kNN top-1.
+and names the strongest checkpoint by kNN top-1 (the 1% spec's last column) once every column is scored.
+``--only_datasets simclr_e5 simclr_e15`` scores only those columns (the checkpoints on this machine). ``plot`` reads the
+specs' finished runs (run directories, or exported records copied back) and those files, and writes a table
+(``--markdown``) and a figure (``--figure``): per checkpoint and label fraction, each method's mean top-1 and its paired
+difference from CE-tuning (seed by seed), and Core-tuning's difference from ``ce_mix`` (its contribution beyond the
+mixup), against the checkpoint's kNN top-1.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +31,7 @@ import numpy as np
 
 from coretune.cli import main as coretune
 from coretune.models import weights_digest
-from coretune.sweeps import BenchSpec, collect_cells
+from coretune.sweeps import BenchSpec, BenchSpecError, collect_cells
 from coretune.sweeps.stats import Cell, compare
 
 EVAL_DIR = Path("docs/records/cifar10-cpu-strength-eval")
@@ -75,10 +77,11 @@ def stale(eval_dir: Path, name: str, args: list[str]) -> str | None:
     return None
 
 
-def evaluate(spec: BenchSpec, eval_dir: Path) -> None:
-    """``coretune eval knn|linear`` of every checkpoint of ``spec`` not scored yet (or re-made since it was), into
-    ``eval_dir``; then name the strongest by kNN top-1 (the 1% spec's last column)."""
-    for name, args in checkpoints(spec).items():
+def evaluate(spec: BenchSpec, eval_dir: Path, columns: Sequence[str] | None = None) -> None:
+    """``coretune eval knn|linear`` of every checkpoint of ``spec`` (of ``columns`` if given: those on this machine)
+    not scored yet (or re-made since it was), into ``eval_dir``; then name the strongest by kNN top-1 (the 1% spec's
+    last column) once every column is scored, or the strongest so far."""
+    for name, args in checkpoints(spec.subset(datasets=columns)).items():
         if (why := stale(eval_dir, name, args)) is not None:
             print(f"re-scoring {name}: {why}; its fine-tuning runs came from the old file: re-run them too")
         for protocol in PROTOCOLS:
@@ -90,8 +93,10 @@ def evaluate(spec: BenchSpec, eval_dir: Path) -> None:
     knn = {name: top1 for name in spec.datasets if not math.isnan(top1 := _top1(eval_dir, name, "knn"))}
     if knn:
         strongest = max(knn, key=knn.__getitem__)
-        print(f"strongest by kNN top-1: {strongest} ({knn[strongest]:.2f}%); kNN top-1 of each: "
-              + ", ".join(f"{n} {v:.2f}" for n, v in knn.items()))  # fmt: skip
+        unscored = [name for name in spec.datasets if name not in knn]
+        print(f"strongest by kNN top-1{' so far' if unscored else ''}: {strongest} ({knn[strongest]:.2f}%); kNN top-1 "
+              "of each: " + ", ".join(f"{n} {v:.2f}" for n, v in knn.items())
+              + (f"; not scored yet: {', '.join(unscored)}" if unscored else ""))  # fmt: skip
 
 
 def _top1(eval_dir: Path, name: str, protocol: str) -> float:
@@ -246,11 +251,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval_dir", type=Path, default=EVAL_DIR, help="the kNN / linear-probe results (JSON)")
     parser.add_argument("--figure", type=Path, default=Path("docs/img/strength_gain.png"))
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file")
+    parser.add_argument("--only_datasets", nargs="+", help="evaluate: score only these columns (all)")
     args = parser.parse_args(argv)
     specs = [BenchSpec.from_yaml(s) for s in args.specs]
     if args.command == "evaluate":
-        for spec in specs:
-            evaluate(spec, args.eval_dir)
+        try:
+            for spec in specs:
+                evaluate(spec, args.eval_dir, args.only_datasets)
+        except BenchSpecError as error:
+            parser.error(str(error))
         return
     rows = gains(specs, args.eval_dir)
     table = markdown(rows)

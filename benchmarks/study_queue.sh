@@ -64,23 +64,18 @@ main() {  # the whole queue in one function: bash has read all of it before it r
     for obj in l2sp delta bss rifle scl bi_tuning mm manifold_mixup ce_mix; do fit "$TABLE1" "$obj" "$seed" cifar10; done
   done
 
-  # Issue 41, part 2: the pre-trainings (run outputs, never committed), the checkpoints' kNN and probe, the runs
-  pretrain simclr runs/pretrain/cifar10-simclr-r18-32px '[5, 15]' || exit 1
-  pretrain moco_v2 runs/pretrain/cifar10-moco-r18-32px '[15]' --model.queue_size 4096 || exit 1
-  local scores=docs/records/cifar10-cpu-strength-eval
-  "$BIN/python" benchmarks/strength_gain.py evaluate "$STRENGTH" --eval_dir "$MAIN/$scores" | tee runs/strength_eval.txt \
-    || { say "FAILED: strength_gain.py evaluate"; exit 1; }
-  commit "$scores" "records: strength study, kNN and linear probe of each checkpoint"
-  if grep -q '^re-scoring' runs/strength_eval.txt; then
-    say "stopped: a checkpoint was re-made and differs from the one its committed fine-tunings used (above);"
-    say "move that column's runs out of docs/records/cifar10-cpu-strength* and runs/bench, commit, and re-run"
-    exit 1
-  fi
-  for seed in 0 1 2; do
-    for obj in ce ce_mix core; do fit "$STRENGTH" "$obj" "$seed"; done
-  done
-  # The 1% rows: the floor and the strongest checkpoint by kNN, which evaluate named; the 1% spec's last column must
-  # be that one (a person edits and commits the spec: the queue does not rewrite a committed spec)
+  # Issue 41, part 2, column by column: a checkpoint is pre-trained (again, on a new machine: the pre-training is
+  # deterministic here, and a file that comes out different stops the queue) only when a run of its column is left,
+  # and scored (kNN, linear probe) before its fine-tunings. The 1% spec's floor runs beside the 10% one.
+  strength_column random - || exit 1
+  strength_column random - "$STRENGTH_1PCT" || exit 1
+  strength_column simclr_in20 - || exit 1
+  strength_column simclr_e5 simclr || exit 1
+  strength_column simclr_e15 simclr || exit 1
+  strength_column moco_v2_e15 moco_v2 || exit 1
+  # The 1% rows of the strongest checkpoint by kNN, which evaluate names once every column is scored; the 1% spec's
+  # last column must be that one (a person edits and commits the spec: the queue does not rewrite a committed spec)
+  score || exit 1
   local strongest last
   strongest=$(sed -n 's/^strongest by kNN top-1: \([A-Za-z0-9_]*\).*/\1/p' runs/strength_eval.txt)
   last=$(sed -n 's/^  \([A-Za-z0-9_]*\): \[.*/\1/p' "$STRENGTH_1PCT" | tail -1)
@@ -89,9 +84,9 @@ main() {  # the whole queue in one function: bash has read all of it before it r
     say "replace that column by the 10% spec's '$strongest' (same name and path), commit, and re-run the queue"
     exit 1
   fi
-  for seed in 0 1 2; do
-    for obj in ce ce_mix core; do fit "$STRENGTH_1PCT" "$obj" "$seed"; done
-  done
+  local maker=-
+  case $strongest in simclr_e*) maker=simclr ;; moco_v2_e*) maker=moco_v2 ;; esac
+  strength_column "$strongest" "$maker" "$STRENGTH_1PCT" || exit 1
   say "queue finished"
 }
 
@@ -120,24 +115,25 @@ commit() {
 }
 
 # Export the spec's finished runs of OBJECTIVE and SEED into MAIN/docs/records and commit them.
-record() {  # SPEC MESSAGE OBJECTIVE SEED
+record() {  # SPEC MESSAGE OBJECTIVE SEED [DATASET]
   local name; name=$(name_of "$1")
-  "$BIN/coretune" bench "$1" --only_objectives "[$3]" --only_seeds "[$4]" --export "$MAIN/docs/records/$name" \
-    >/dev/null || { say "export of $name $3 seed $4 failed"; return 1; }
+  "$BIN/coretune" bench "$1" --only_objectives "[$3]" --only_seeds "[$4]" ${5:+--only_datasets "[$5]"} \
+    --export "$MAIN/docs/records/$name" >/dev/null || { say "export of $name $3 seed $4 failed"; return 1; }
   commit "docs/records/$name" "records: $name, $2" && say "recorded: $name, $2"
 }
 
 finished() {  # SPEC DATASET OBJECTIVE SEED: the run's results.json holds test results (bench's own criterion)
-  grep -qs '"test":' "runs/bench/$(name_of "$1")/$2/$3/frac0.1/seed$4/results.json"
+  local fraction; fraction=$(sed -n 's/^label_fractions: *\[ *\([0-9.]*\) *\].*/\1/p' "$1")
+  grep -qs '"test":' "runs/bench/$(name_of "$1")/$2/$3/frac$fraction/seed$4/results.json"
 }
 
 fit() {  # SPEC OBJECTIVE SEED [DATASET]: the spec's runs of that objective and seed (one, or one per dataset column)
   [ -n "${4:-}" ] && finished "$1" "$4" "$2" "$3" && return 0
   say "fit $(name_of "$1") $2 seed $3"
-  "$BIN/coretune" bench "$1" --only_objectives "[$2]" --only_seeds "[$3]"
+  "$BIN/coretune" bench "$1" --only_objectives "[$2]" --only_seeds "[$3]" ${4:+--only_datasets "[$4]"}
   local status=$?
   [ $status = 0 ] || say "FAILED: $(name_of "$1") $2 seed $3 (the runs that finished are recorded)"
-  record "$1" "${4:-every column}/$2/seed$3" "$2" "$3"
+  record "$1" "${4:-every column}/$2/seed$3" "$2" "$3" "${4:-}"
   return $status
 }
 
@@ -163,13 +159,47 @@ adversarial() {  # OBJECTIVE SEED: fit, score (PGD-10 on all; torchattacks and A
   record "$ADV" "cifar10/$1/frac0.1/seed$2 (fit and robust accuracy)" "$1" "$2"
 }
 
-pretrain() {  # METHOD RUN_DIR SNAPSHOTS [EXTRA...]: 15 epochs at 32 px on CIFAR-10's training images, no labels
-  local method=$1 dir=$2 snaps=$3; shift 3
+pretrain() {  # METHOD: 15 epochs at 32 px on CIFAR-10's training images, no labels (the strength spec's header)
+  local dir snaps extra=()
+  case $1 in
+    simclr) dir=runs/pretrain/cifar10-simclr-r18-32px snaps='[5, 15]' ;;
+    moco_v2) dir=runs/pretrain/cifar10-moco-r18-32px snaps='[15]' extra=(--model.queue_size 4096) ;;
+  esac
   [ -f "$dir/pretrained-epoch15.pth.tar" ] && return 0
-  say "pretrain $method"
-  "$BIN/coretune" pretrain --method "$method" --model.backbone resnet18 "$@" --data.root /work/data/cifar10/train \
+  say "pretrain $1"
+  "$BIN/coretune" pretrain --method "$1" --model.backbone resnet18 "${extra[@]}" --data.root /work/data/cifar10/train \
     --data.image_size 32 --data.batch_size 256 --trainer.max_epochs 15 --snapshot_epochs "$snaps" --seed 0 \
-    --trainer.enable_progress_bar false --run_dir "$dir"
+    --trainer.enable_progress_bar false --run_dir "$dir" || { say "FAILED: pretrain $1"; return 1; }
+}
+
+# kNN and linear probe of the strength spec's columns (all, or those named), committed; stops the queue if a
+# checkpoint was re-made and differs from the file its committed fine-tunings used
+score() {  # [COLUMN...]
+  local scores=docs/records/cifar10-cpu-strength-eval
+  local only=()
+  [ $# -gt 0 ] && only=(--only_datasets "$@")
+  "$BIN/python" benchmarks/strength_gain.py evaluate "$STRENGTH" --eval_dir "$MAIN/$scores" "${only[@]}" \
+    | tee runs/strength_eval.txt || { say "FAILED: strength_gain.py evaluate $*"; return 1; }
+  commit "$scores" "records: strength study, kNN and linear probe of ${*:-every checkpoint}" || return 1
+  if grep -q '^re-scoring' runs/strength_eval.txt; then
+    say "stopped: a checkpoint was re-made and differs from the one its committed fine-tunings used (above); move"
+    say "that column's runs out of docs/records/cifar10-cpu-strength* and runs/bench, commit, and re-run the queue"
+    return 1
+  fi
+}
+
+# One column of a strength spec (default the 10% one): unless its runs are all finished and it is scored, make its
+# checkpoint (MAKER: a pre-training, or - for none), score it, then fine-tune it by every method and seed.
+strength_column() {  # COLUMN MAKER [SPEC]
+  local column=$1 maker=$2 spec=${3:-$STRENGTH} obj seed todo=0
+  local scores="$MAIN/docs/records/cifar10-cpu-strength-eval"
+  for obj in ce ce_mix core; do for seed in 0 1 2; do finished "$spec" "$column" "$obj" "$seed" || todo=1; done; done
+  [ $todo = 0 ] && [ -f "$scores/$column-knn.json" ] && [ -f "$scores/$column-linear.json" ] && return 0
+  if [ "$maker" != - ]; then pretrain "$maker" || return 1; fi
+  score "$column" || return 1
+  for seed in 0 1 2; do
+    for obj in ce ce_mix core; do fit "$spec" "$obj" "$seed" "$column"; done
+  done
 }
 
 main "$@"

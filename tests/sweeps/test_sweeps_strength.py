@@ -73,10 +73,28 @@ def test_evaluate_scores_each_checkpoint_once_with_its_weights_or_none(
     calls.clear()
     strength.evaluate(spec, out)  # resumes: only the missing file
     assert [c[1] for c in calls] == ["linear"] and calls[0][-1] == f"--output={out / 'strong-linear.json'}"
+    capsys.readouterr()
+    (out / "strong-knn.json").unlink()
+    calls.clear()
+    strength.evaluate(spec, out, columns=["weak"])  # only the column on this machine: the other is not named
+    assert calls == [] and capsys.readouterr().out.endswith(
+        "strongest by kNN top-1 so far: weak (20.00%); kNN top-1 of each: weak 20.00; not scored yet: strong\n"
+    )
+    (out / "strong-knn.json").write_text(json.dumps({"top1": 0.6, "seed": 0}))
+    strength.evaluate(spec, out, columns=["weak"])
     # and names the strongest by kNN, the 1% spec's last column
     assert capsys.readouterr().out.endswith(
         "strongest by kNN top-1: strong (60.00%); kNN top-1 of each: weak 20.00, strong 60.00\n"
     )
+
+
+def test_evaluate_refuses_an_unknown_column_in_one_line(
+    strength: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _spec(tmp_path)
+    with pytest.raises(SystemExit):
+        strength.main(["evaluate", str(tmp_path / "strength.yaml"), "--only_datasets", "medium"])
+    assert "medium not in the spec" in capsys.readouterr().err
 
 
 def test_a_checkpoint_remade_after_scoring_is_scored_again_and_refused_by_plot(

@@ -11,7 +11,8 @@ CE-tuning and the methods compared with it.
 (``<checkpoint>-knn.json``, ``<checkpoint>-linear.json``, each with the SHA-256 of the file scored and seed 0, the
 random initialisation's; a file that exists is kept, so the command resumes, unless its checkpoint was re-made since),
 and names the strongest checkpoint by kNN top-1 (the 1% spec's last column) once every column is scored.
-``--only_datasets simclr_e5 simclr_e15`` scores only those columns (the checkpoints on this machine). ``plot`` reads the
+``--only_datasets simclr_e5 simclr_e15`` scores only those columns (the checkpoints on this machine); with
+``--refuse_stale`` a checkpoint re-made since it was scored stops the command, nothing written. ``plot`` reads the
 specs' finished runs (run directories, or exported records copied back) and those files, and writes a table
 (``--markdown``) and a figure (``--figure``): per checkpoint and label fraction, each method's mean top-1 and its paired
 difference from CE-tuning (seed by seed), and Core-tuning's difference from ``ce_mix`` (its contribution beyond the
@@ -77,16 +78,25 @@ def stale(eval_dir: Path, name: str, args: list[str]) -> str | None:
     return None
 
 
-def evaluate(spec: BenchSpec, eval_dir: Path, columns: Sequence[str] | None = None) -> None:
+def evaluate(spec: BenchSpec, eval_dir: Path, columns: Sequence[str] | None = None, refuse_stale: bool = False) -> None:
     """``coretune eval knn|linear`` of every checkpoint of ``spec`` (of ``columns`` if given: those on this machine)
-    not scored yet (or re-made since it was), into ``eval_dir``; then name the strongest by kNN top-1 (the 1% spec's
-    last column) once every column is scored, or the strongest so far."""
-    for name, args in checkpoints(spec.subset(datasets=columns)).items():
-        if (why := stale(eval_dir, name, args)) is not None:
-            print(f"re-scoring {name}: {why}; its fine-tuning runs came from the old file: re-run them too")
+    not scored yet (or re-made since it was: scored again, or with ``refuse_stale`` nothing is scored and the
+    command stops naming it, since its fine-tuning runs came from the old file), into ``eval_dir``; then name the
+    strongest by kNN top-1 (the 1% spec's last column) once every column is scored, or the strongest so far."""
+    found = checkpoints(spec.subset(datasets=columns))
+    remade = {name: why for name, args in found.items() if (why := stale(eval_dir, name, args)) is not None}
+    if remade and refuse_stale:
+        raise SystemExit(
+            "re-made since scored, so its fine-tuning runs came from another file: "
+            + "; ".join(f"{name}: {why}" for name, why in remade.items())
+            + ". Move that column's runs and its eval files aside (or drop --refuse_stale to score it again)"
+        )
+    for name, args in found.items():
+        if name in remade:
+            print(f"re-scoring {name}: {remade[name]}; its fine-tuning runs came from the old file: re-run them too")
         for protocol in PROTOCOLS:
             out = eval_dir / f"{name}-{protocol}.json"
-            if out.is_file() and why is None:
+            if out.is_file() and name not in remade:
                 print(f"skip {name} {protocol}: {out} exists")
                 continue
             coretune(["eval", protocol, *args, "--seed=0", f"--output={out}"])
@@ -252,12 +262,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--figure", type=Path, default=Path("docs/img/strength_gain.png"))
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file")
     parser.add_argument("--only_datasets", nargs="+", help="evaluate: score only these columns (all)")
+    parser.add_argument(
+        "--refuse_stale", action="store_true", help="evaluate: stop, scoring nothing, if a checkpoint was re-made"
+    )
     args = parser.parse_args(argv)
     specs = [BenchSpec.from_yaml(s) for s in args.specs]
     if args.command == "evaluate":
         try:
             for spec in specs:
-                evaluate(spec, args.eval_dir, args.only_datasets)
+                evaluate(spec, args.eval_dir, args.only_datasets, args.refuse_stale)
         except BenchSpecError as error:
             parser.error(str(error))
         return

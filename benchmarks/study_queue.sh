@@ -33,7 +33,7 @@ main() {  # the whole queue in one function: bash has read all of it before it r
   TABLE1=configs/bench/cifar10_cpu_10pct_table1.yaml
   STRENGTH=configs/bench/cifar10_cpu_strength.yaml
   STRENGTH_1PCT=configs/bench/cifar10_cpu_strength_1pct.yaml
-  mkdir -p runs
+  mkdir -p runs && [ -d runs ] || { echo "runs/ is missing (a symlink to a folder that does not exist?)"; exit 2; }
   exec 9>runs/.study_queue.lock
   flock -n 9 || { echo "another study_queue.sh is running (runs/.study_queue.lock)"; exit 1; }
   ps -o pgid= $$ | tr -d ' ' > runs/study_queue.pgid
@@ -81,7 +81,8 @@ main() {  # the whole queue in one function: bash has read all of it before it r
   last=$(sed -n 's/^  \([A-Za-z0-9_]*\): \[.*/\1/p' "$STRENGTH_1PCT" | tail -1)
   if [ -z "$strongest" ] || [ "$strongest" != "$last" ]; then
     say "stopped before the 1% rows: the strongest checkpoint is '$strongest', $STRENGTH_1PCT's last column '$last';"
-    say "replace that column by the 10% spec's '$strongest' (same name and path), commit, and re-run the queue"
+    say "replace that column by the 10% spec's '$strongest' (same name and path), commit, stop the queue, move its"
+    say "worktree to that commit (git -C WORKTREE checkout --detach main) and start the queue again"
     exit 1
   fi
   local maker=-
@@ -104,12 +105,13 @@ prime() {
 # Commit PATH of MAIN alone (nothing else staged there is swept in); retried, since a session may hold MAIN's index.
 commit() {
   local attempt
+  [ -e "$MAIN/$1" ] || return 0  # nothing exported yet
   for attempt in 1 2 3 4 5; do
-    if git -C "$MAIN" add "$1" && { git -C "$MAIN" diff --cached --quiet -- "$1" \
+    if git -C "$MAIN" symbolic-ref -q HEAD >/dev/null && git -C "$MAIN" add "$1" && { git -C "$MAIN" diff --cached --quiet -- "$1" \
         || git -C "$MAIN" commit -q -m "$2" -- "$1"; }; then
       return 0
     fi
-    say "git add/commit of $1 failed (attempt $attempt); retrying in 30 s"; sleep 30
+    say "git add/commit of $1 failed or MAIN is not on a branch (attempt $attempt); retrying in 30 s"; sleep 30
   done
   say "FAILED to commit $1: commit it by hand"; return 1
 }
@@ -122,13 +124,27 @@ record() {  # SPEC MESSAGE OBJECTIVE SEED [DATASET]
   commit "docs/records/$name" "records: $name, $2" && say "recorded: $name, $2"
 }
 
+# A run's folder below the spec's output (the specs here have one label fraction each)
+run_path() {  # SPEC DATASET OBJECTIVE SEED
+  echo "$(name_of "$1")/$2/$3/frac$(sed -n 's/^label_fractions: *\[ *\([0-9.]*\) *\].*/\1/p' "$1")/seed$4"
+}
+
 finished() {  # SPEC DATASET OBJECTIVE SEED: the run's results.json holds test results (bench's own criterion)
-  local fraction; fraction=$(sed -n 's/^label_fractions: *\[ *\([0-9.]*\) *\].*/\1/p' "$1")
-  grep -qs '"test":' "runs/bench/$(name_of "$1")/$2/$3/frac$fraction/seed$4/results.json"
+  grep -qs '"test":' "runs/bench/$(run_path "$@")/results.json"
+}
+
+recorded() {  # SPEC DATASET OBJECTIVE SEED [FILE]: the run's FILE (default results.json) is committed in MAIN
+  git -C "$MAIN" cat-file -e "HEAD:docs/records/$(run_path "$1" "$2" "$3" "$4")/${5:-results.json}" 2>/dev/null
+}
+
+settled() {  # SPEC DATASET OBJECTIVE SEED: recorded, after recording it if it finished here without being recorded
+  recorded "$@" && return 0
+  finished "$@" || return 1
+  record "$1" "$2/$3/seed$4" "$3" "$4" "$2" && recorded "$@"
 }
 
 fit() {  # SPEC OBJECTIVE SEED [DATASET]: the spec's runs of that objective and seed (one, or one per dataset column)
-  [ -n "${4:-}" ] && finished "$1" "$4" "$2" "$3" && return 0
+  [ -n "${4:-}" ] && settled "$1" "$4" "$2" "$3" && return 0
   say "fit $(name_of "$1") $2 seed $3"
   "$BIN/coretune" bench "$1" --only_objectives "[$2]" --only_seeds "[$3]" ${4:+--only_datasets "[$4]"}
   local status=$?
@@ -138,13 +154,17 @@ fit() {  # SPEC OBJECTIVE SEED [DATASET]: the spec's runs of that objective and 
 }
 
 adversarial() {  # OBJECTIVE SEED: fit, score (PGD-10 on all; torchattacks and AutoAttack on seed 0), then record
-  local run scored=1 file
-  run="runs/bench/$(name_of "$ADV")/cifar10/$1/frac0.1/seed$2"
-  local expected=(robust_results.json)
+  local run file done=1 scored=1 expected=(robust_results.json)
+  run="runs/bench/$(run_path "$ADV" cifar10 "$1" "$2")"
   [ "$2" = 0 ] && expected+=(robust_results_autoattack.json)
   [ "$1" = ce ] && expected+=(robust_results_sanity_linf8.json)
+  for file in results.json "${expected[@]}"; do recorded "$ADV" cifar10 "$1" "$2" "$file" || done=0; done
+  [ $done = 1 ] && return 0
   for file in "${expected[@]}"; do [ -f "$run/$file" ] || scored=0; done
-  finished "$ADV" cifar10 "$1" "$2" && [ $scored = 1 ] && return 0
+  if finished "$ADV" cifar10 "$1" "$2" && [ $scored = 1 ]; then
+    record "$ADV" "cifar10/$1/frac0.1/seed$2 (fit and robust accuracy)" "$1" "$2"
+    return
+  fi
   if finished "$ADV" cifar10 "$1" "$2" && [ ! -f "$run/checkpoints/last.ckpt" ]; then
     say "$run: fitted, not fully scored, and its checkpoint is gone: fitting it again"
     mv "$run" "$run.unscored-$(date +%s)"
@@ -166,26 +186,26 @@ pretrain() {  # METHOD: 15 epochs at 32 px on CIFAR-10's training images, no lab
     moco_v2) dir=runs/pretrain/cifar10-moco-r18-32px snaps='[15]' extra=(--model.queue_size 4096) ;;
   esac
   [ -f "$dir/pretrained-epoch15.pth.tar" ] && return 0
+  rm -rf "$dir"  # from the start, never resumed: the file must come out as the committed fine-tunings' did
   say "pretrain $1"
   "$BIN/coretune" pretrain --method "$1" --model.backbone resnet18 "${extra[@]}" --data.root /work/data/cifar10/train \
     --data.image_size 32 --data.batch_size 256 --trainer.max_epochs 15 --snapshot_epochs "$snaps" --seed 0 \
     --trainer.enable_progress_bar false --run_dir "$dir" || { say "FAILED: pretrain $1"; return 1; }
 }
 
-# kNN and linear probe of the strength spec's columns (all, or those named), committed; stops the queue if a
-# checkpoint was re-made and differs from the file its committed fine-tunings used
+# kNN and linear probe of the strength spec's columns (all, or those named), committed. A checkpoint re-made here
+# that differs from the file its committed scores (and fine-tunings) used stops the queue, nothing overwritten.
 score() {  # [COLUMN...]
   local scores=docs/records/cifar10-cpu-strength-eval
   local only=()
   [ $# -gt 0 ] && only=(--only_datasets "$@")
-  "$BIN/python" benchmarks/strength_gain.py evaluate "$STRENGTH" --eval_dir "$MAIN/$scores" "${only[@]}" \
-    | tee runs/strength_eval.txt || { say "FAILED: strength_gain.py evaluate $*"; return 1; }
-  commit "$scores" "records: strength study, kNN and linear probe of ${*:-every checkpoint}" || return 1
-  if grep -q '^re-scoring' runs/strength_eval.txt; then
-    say "stopped: a checkpoint was re-made and differs from the one its committed fine-tunings used (above); move"
-    say "that column's runs out of docs/records/cifar10-cpu-strength* and runs/bench, commit, and re-run the queue"
+  "$BIN/python" benchmarks/strength_gain.py evaluate "$STRENGTH" --eval_dir "$MAIN/$scores" --refuse_stale \
+    "${only[@]}" | tee runs/strength_eval.txt || {
+    say "stopped at strength_gain.py evaluate $* (above). If a checkpoint differs from the one scored: move that"
+    say "column's runs and its two eval files out of docs/records and runs/bench, commit, and re-run the queue"
     return 1
-  fi
+  }
+  commit "$scores" "records: strength study, kNN and linear probe of ${*:-every checkpoint}"
 }
 
 # One column of a strength spec (default the 10% one): unless its runs are all finished and it is scored, make its
@@ -193,14 +213,13 @@ score() {  # [COLUMN...]
 strength_column() {  # COLUMN MAKER [SPEC]
   local column=$1 maker=$2 spec=${3:-$STRENGTH} obj seed todo=0
   local scores="$MAIN/docs/records/cifar10-cpu-strength-eval"
-  for obj in ce ce_mix core; do for seed in 0 1 2; do finished "$spec" "$column" "$obj" "$seed" || todo=1; done; done
+  for obj in ce ce_mix core; do for seed in 0 1 2; do settled "$spec" "$column" "$obj" "$seed" || todo=1; done; done
   [ $todo = 0 ] && [ -f "$scores/$column-knn.json" ] && [ -f "$scores/$column-linear.json" ] && return 0
   if [ "$maker" != - ]; then pretrain "$maker" || return 1; fi
   score "$column" || return 1
   for seed in 0 1 2; do
-    for obj in ce ce_mix core; do fit "$spec" "$obj" "$seed" "$column"; done
+    for obj in ce ce_mix core; do fit "$spec" "$obj" "$seed" "$column" || true; done  # a failed run: the others go on
   done
 }
 
-main "$@"
-exit $?
+main "$@"; exit $?

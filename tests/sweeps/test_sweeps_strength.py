@@ -116,6 +116,10 @@ def test_a_checkpoint_remade_after_scoring_is_scored_again_and_refused_by_plot(
     assert calls == []  # the same file: kept
     strength.gains([spec], out)
     weights.write_bytes(b"epoch 15 of a second pre-training")  # re-made: the old kNN no longer describes it
+    kept = {p.name: p.read_text() for p in out.iterdir()}
+    with pytest.raises(SystemExit, match=r"re-made since scored.*strong: .*strong-knn\.json scored another file"):
+        strength.evaluate(spec, out, refuse_stale=True)  # the queue's way: stop, overwrite nothing
+    assert calls == [] and {p.name: p.read_text() for p in out.iterdir()} == kept
     strength.evaluate(spec, out)
     assert [(c[1], c[-1]) for c in calls] == [
         ("knn", f"--output={out / 'strong-knn.json'}"),

@@ -3,9 +3,11 @@ files the strength spec's columns read (a typo there would surface only hours in
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,75 @@ def test_the_one_percent_rows_wait_for_the_strongest_column() -> None:
         check=True,
     ).stdout.split()
     assert listed[-1] == last and listed == list(BenchSpec.from_yaml(ROOT / SPECS["STRENGTH_1PCT"]).datasets)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def queue(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A worktree holding the script and the real specs, with stubs for .venv/bin/coretune and .venv/bin/python,
+    and MAIN: a checkout on a branch holding the memory study's committed records (the batch-64 rows, seed 0 at 16)."""
+    worktree, main = tmp_path / "wt", tmp_path / "main"
+    (worktree / "benchmarks").mkdir(parents=True)
+    shutil.copy(SCRIPT, worktree / "benchmarks")
+    (worktree / "configs" / "bench").mkdir(parents=True)
+    for spec in SPECS.values():
+        shutil.copy(ROOT / spec, worktree / spec)
+    (worktree / ".venv" / "bin").mkdir(parents=True)
+    for role in ("coretune", "python"):
+        stub = worktree / ".venv" / "bin" / role
+        stub.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).parent / "queue_stub.py"}" {role} "$@"\n')
+        stub.chmod(0o755)
+    memory = "docs/records/cifar10-cpu-10pct-memory"
+    shutil.copytree(ROOT / memory, main / memory)
+    _git(main.parent, "init", "-q", "-b", "main", str(main))
+    _git(main, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
+    _git(main, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "memory records")
+    return worktree, main, tmp_path / "calls.log"
+
+
+def _run(worktree: Path, main: Path, log: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "QUEUE_STUB_LOG": str(log), "GIT_AUTHOR_NAME": "q", "GIT_AUTHOR_EMAIL": "q@q",
+                   "GIT_COMMITTER_NAME": "q", "GIT_COMMITTER_EMAIL": "q@q", **env}  # fmt: skip
+    return subprocess.run(
+        ["bash", str(worktree / "benchmarks" / "study_queue.sh"), str(main)],
+        capture_output=True, text=True, env=environment, timeout=600,
+    )  # fmt: skip
+
+
+def _recorded(main: Path, name: str, file: str = "results.json") -> list[str]:
+    """The committed files of a record folder named ``file`` (or, for ``.json``, ending so)."""
+    paths = _git(main, "ls-tree", "-r", "--name-only", "HEAD", f"docs/records/{name}").split()
+    return [p for p in paths if (p.endswith(file) if file.startswith(".") else Path(p).name == file)]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("flock") is None, reason="needs bash and flock")
+def test_the_queue_records_every_run_and_a_new_machine_resumes_from_the_records(queue: tuple[Path, Path, Path]) -> None:
+    worktree, main, log = queue
+    done = _run(worktree, main, log, QUEUE_STUB_FAIL="core/2/simclr_e5")
+    assert done.returncode == 0 and "queue finished" in done.stdout, done.stdout + done.stderr
+    assert len(_recorded(main, "cifar10-cpu-10pct-memory")) == 18
+    assert len(_recorded(main, "cifar10-cpu-10pct-adversarial")) == 12
+    assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results.json")) == 12
+    assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results_autoattack.json")) == 4  # seed 0
+    assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results_sanity_linf8.json")) == 3  # ce
+    assert len(_recorded(main, "cifar10-cpu-10pct-table1")) == 27  # ce and core are the memory study's
+    assert len(_recorded(main, "cifar10-cpu-strength")) == 44  # one failed fine-tune: the others went on
+    assert len(_recorded(main, "cifar10-cpu-strength-1pct")) == 18
+    assert len(_recorded(main, "cifar10-cpu-strength-eval", ".json")) == 10
+    assert _git(main, "status", "--porcelain") == ""  # every record committed
+    calls = log.read_text().splitlines()
+    assert sum(c.startswith("pretrain --method simclr") for c in calls) == 1
+    # a new machine: only the committed records; the failed run is the only one fitted again, after a pre-training
+    shutil.rmtree(worktree / "runs")
+    log.unlink()
+    done = _run(worktree, main, log)
+    assert done.returncode == 0 and "queue finished" in done.stdout, done.stdout + done.stderr
+    calls = [c for c in log.read_text().splitlines() if "--export" not in c]
+    fits = [c for c in calls if c.startswith("bench ")]
+    assert fits == ["bench configs/bench/cifar10_cpu_strength.yaml --only_objectives [core] --only_seeds [2] "
+                    "--only_datasets [simclr_e5]"]  # fmt: skip
+    assert [c.split()[:3] for c in calls if c.startswith("pretrain")] == [["pretrain", "--method", "simclr"]]
+    assert len(_recorded(main, "cifar10-cpu-strength")) == 45

@@ -1,0 +1,124 @@
+"""A stand-in for ``coretune`` and for ``python benchmarks/<script>.py`` under benchmarks/study_queue.sh's test: it
+does what each command the queue calls leaves on disk (a finished run's results.json, an export, the robust
+results, the snapshots of a pre-training, the kNN and probe scores), in milliseconds, and logs every call.
+
+Called as ``queue_stub.py coretune ARGS`` or ``queue_stub.py python SCRIPT ARGS``. Environment: ``QUEUE_STUB_LOG``
+(the call log), ``QUEUE_STUB_FAIL`` (``objective/seed/dataset`` of a fit that fails).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+ROBUST = ("robust_results.json", "robust_results_autoattack.json", "robust_results_sanity_linf8.json")
+
+
+def option(args: list[str], name: str) -> list[str] | None:
+    """The words after ``--name`` up to the next option; a ``[a, b]`` word is split into its items."""
+    if name not in args:
+        return None
+    words = []
+    for word in args[args.index(name) + 1 :]:
+        if word.startswith("--"):
+            break
+        words += [w.strip() for w in word.strip("[]").split(",") if w.strip()]
+    return words
+
+
+def spec_of(path: str) -> dict:
+    """The few entries of a bench spec the queue's commands need, read without a YAML parser."""
+    text = Path(path).read_text()
+    block = text.split("\ndatasets:", 1)[1].split("\nobjectives:", 1)[0]
+    return {
+        "output": re.search(r"^output: *(\S+)", text, re.M)[1],
+        "datasets": re.findall(r"^  (\w+): \[", block, re.M),
+        "fraction": re.search(r"^label_fractions: *\[ *([0-9.]+)", text, re.M)[1],
+    }
+
+
+def runs(args: list[str]) -> list[tuple[Path, str]]:
+    spec = spec_of(args[1])
+    datasets = option(args, "--only_datasets") or spec["datasets"]
+    found = []
+    for dataset in datasets:
+        for objective in option(args, "--only_objectives"):
+            for seed in option(args, "--only_seeds"):
+                label = f"{objective}/{seed}/{dataset}"
+                found.append(
+                    (Path(spec["output"], dataset, objective, f"frac{spec['fraction']}", f"seed{seed}"), label)
+                )
+    return found
+
+
+def bench(args: list[str]) -> int:
+    export = option(args, "--export")
+    status = 0
+    for run, label in runs(args):
+        finished = (run / "results.json").is_file() and "test" in json.loads((run / "results.json").read_text())
+        if export:
+            if finished:
+                target = Path(export[0]) / run.relative_to(spec_of(args[1])["output"])
+                target.mkdir(parents=True, exist_ok=True)
+                for name in ("results.json", *ROBUST):
+                    if (run / name).is_file():
+                        shutil.copy(run / name, target / name)
+        elif not finished:
+            if label == os.environ.get("QUEUE_STUB_FAIL"):
+                status = 1
+                continue
+            (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (run / "checkpoints" / "last.ckpt").write_text("weights")
+            (run / "results.json").write_text(json.dumps({"test": {"top1": 0.5}}))
+    return status
+
+
+def pretrain(args: list[str]) -> int:
+    run_dir = Path(option(args, "--run_dir")[0])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for epoch in option(args, "--snapshot_epochs"):
+        (run_dir / f"pretrained-epoch{epoch}.pth.tar").write_text(f"{option(args, '--method')[0]} epoch {epoch}")
+    return 0
+
+
+def robust_table(args: list[str]) -> int:
+    spec = spec_of(args[2])
+    objective, seed = option(args, "--only_objectives")[0], option(args, "--only_seeds")[0]
+    run = Path(spec["output"], "cifar10", objective, f"frac{spec['fraction']}", f"seed{seed}")
+    (run / ROBUST[0]).write_text("{}")
+    if seed == "0":
+        (run / ROBUST[1]).write_text("{}")
+    if objective == "ce":
+        (run / ROBUST[2]).write_text("{}")
+    return 0
+
+
+def strength_gain(args: list[str]) -> int:
+    spec, eval_dir = spec_of(args[2]), Path(option(args, "--eval_dir")[0])
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    for column in option(args, "--only_datasets") or spec["datasets"]:
+        for protocol in ("knn", "linear"):
+            if not (eval_dir / f"{column}-{protocol}.json").is_file():
+                top1 = 0.9 if column == "simclr_in20" else 0.3
+                (eval_dir / f"{column}-{protocol}.json").write_text(json.dumps({"top1": top1}))
+    scored = [c for c in spec["datasets"] if (eval_dir / f"{c}-knn.json").is_file()]
+    print(f"strongest by kNN top-1{'' if scored == spec['datasets'] else ' so far'}: simclr_in20 (90.00%); ...")
+    return 0
+
+
+def main() -> int:
+    role, args = sys.argv[1], sys.argv[2:]
+    with open(os.environ["QUEUE_STUB_LOG"], "a") as log:
+        log.write(" ".join(args) + "\n")
+    if role == "python":
+        script = Path(args[0]).stem
+        return {"robust_table": robust_table, "strength_gain": strength_gain}[script](args)
+    return {"bench": bench, "pretrain": pretrain}[args[0]](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -344,42 +344,52 @@ def fingerprint(name: str, dtype: torch.dtype = torch.float32, **hparams: Any) -
     return float(total).hex(), digest.hexdigest()
 
 
-#: fingerprint(name) computed by the code before the memory existed (branch issue35, commit 73e7f9d).
+#: fingerprint(name) computed by the code before the memory existed (branch issue35, commit 73e7f9d), once per kind of
+#: CPU the project's machines have had: the last bits of a float32 matmul depend on the kernels MKL and oneDNN pick for
+#: the instruction set, so each kind has its own fingerprint (each recomputed with 73e7f9d's code, never with today's).
+#: First: the machines of stops 35-40; second: an Xeon with AVX-512 and AMX (torch's CPU capability AVX512, stop 41).
 BEFORE_THE_MEMORY = {
-    "core": ("0x1.3245440000000p+3", "cf00d99573578627660873e7ceca39d2d40c72d43729b99a7366045ab7bf9b4b"),
-    "ce_con": ("0x1.5053840000000p+2", "b45eaad5e6b43c301bcd2df6ed29ab541625c1698daa942bc6f01b48876e3abd"),
-    "ce_mix": ("0x1.fc1adc0000000p+2", "7ec99847bd1c090eafcd53c029d963aa7a964a740e97f9367b0a56e50a6e7968"),
-    "ce_con_mixh": ("0x1.331ec00000000p+3", "038d966897fac4b1df1d50e1c43576c459c917d389fcc0eada8aa256ec7d5882"),
-}
+    "core": [("0x1.3245440000000p+3", "cf00d99573578627660873e7ceca39d2d40c72d43729b99a7366045ab7bf9b4b"),
+             ("0x1.3245440000000p+3", "50be78c5a0c57df9e250d48df7d6d606d7adea934e9047f8833e06e9cdff5ffe")],
+    "ce_con": [("0x1.5053840000000p+2", "b45eaad5e6b43c301bcd2df6ed29ab541625c1698daa942bc6f01b48876e3abd"),
+               ("0x1.5053840000000p+2", "00ea5792d7207fa7a128b31bf67bf76326e594ee3d20c4a76151e6fe2affb938")],
+    "ce_mix": [("0x1.fc1adc0000000p+2", "7ec99847bd1c090eafcd53c029d963aa7a964a740e97f9367b0a56e50a6e7968"),
+               ("0x1.fc1ade0000000p+2", "5faa6cf797d0823833d6a1e5391111551718de161ebc53ace3c7db25df3d0e1f")],
+    "ce_con_mixh": [("0x1.331ec00000000p+3", "038d966897fac4b1df1d50e1c43576c459c917d389fcc0eada8aa256ec7d5882"),
+                    ("0x1.331ec00000000p+3", "3d9adaf644b0867da95cd506b2f5d50a716e5a8a9aa2a00e6154744fe1a760de")],
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(BEFORE_THE_MEMORY))
 def test_memory_zero_is_the_paper_number_for_number(name: str) -> None:
     """The default (memory_size=0) reproduces the losses and gradients of the code before the memory, bit for bit;
     so does a memory still in its warm-up, and it adds no state to the default's checkpoints."""
-    assert fingerprint(name) == BEFORE_THE_MEMORY[name]
+    assert fingerprint(name) in BEFORE_THE_MEMORY[name]
     if name != "ce_mix":  # no memory there: nothing would use it
-        assert fingerprint(name, memory_size=8, memory_warmup_steps=3) == BEFORE_THE_MEMORY[name]
+        assert fingerprint(name, memory_size=8, memory_warmup_steps=3) == fingerprint(name)
     assert not any(key.startswith("memory") for key in objectives.create(name, 6, 3).state_dict())
 
 
-#: fingerprint(name, torch.bfloat16), pinned at commit f09eabb. The float32 fingerprints cannot see a change that only
-#: bf16 has: commit e6aeec6 (the soft targets use the mixing weights rounded to bf16, as the features are mixed)
-#: changed every bf16 run with mixup, among them docs/results.md section 3's Core-tuning (docs/records/README.md);
-#: before it these were core 0x1.3234860000000p+3, ce_mix 0x1.fc14c20000000p+2, ce_con_mixh 0x1.330dd40000000p+3.
+#: fingerprint(name, torch.bfloat16), pinned at commit f09eabb (per kind of CPU, as BEFORE_THE_MEMORY: only core's
+#: differs between the two kinds; the second pair was computed with f09eabb's code on the AVX-512 + AMX Xeon). The
+#: float32 fingerprints cannot see a change that only bf16 has: commit e6aeec6 (the soft targets use the mixing
+#: weights rounded to bf16, as the features are mixed) changed every bf16 run with mixup, among them docs/results.md
+#: section 3's Core-tuning (docs/records/README.md); before it these were core 0x1.3234860000000p+3, ce_mix
+#: 0x1.fc14c20000000p+2, ce_con_mixh 0x1.330dd40000000p+3 (on the first kind).
 BF16 = {
-    "core": ("0x1.3235ae0000000p+3", "aed28bb723d70a0304f9b1eff91cadec4b15012344f512601f069d1e5a28cce0"),
-    "ce_con": ("0x1.5029440000000p+2", "c8bd69f50a6c84e46077db0ed43482f9677ec5e01f4099950462bfcc7b88d4e5"),
-    "ce_mix": ("0x1.fc145a0000000p+2", "1a0bb72b1c9719d6eed822953c25b337bace8024e514d758ec94205ff159e958"),
-    "ce_con_mixh": ("0x1.330efc0000000p+3", "a2b82c263f7ab8d2af762026e66124b87c84039b7338ff2a9602e7c2ba049e37"),
-}
+    "core": [("0x1.3235ae0000000p+3", "aed28bb723d70a0304f9b1eff91cadec4b15012344f512601f069d1e5a28cce0"),
+             ("0x1.3235ae0000000p+3", "8e8b831781f7b4b017e6d907e9b9bed2063dd74e8682fd95b304049a28549ce6")],
+    "ce_con": [("0x1.5029440000000p+2", "c8bd69f50a6c84e46077db0ed43482f9677ec5e01f4099950462bfcc7b88d4e5")],
+    "ce_mix": [("0x1.fc145a0000000p+2", "1a0bb72b1c9719d6eed822953c25b337bace8024e514d758ec94205ff159e958")],
+    "ce_con_mixh": [("0x1.330efc0000000p+3", "a2b82c263f7ab8d2af762026e66124b87c84039b7338ff2a9602e7c2ba049e37")],
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(BF16))
 def test_bf16_losses_and_gradients_are_pinned(name: str) -> None:
     """The Table 2 objectives under bf16 autocast keep their losses and gradients, bit for bit: a change here changes
     the numbers of every bf16-mixed run (docs/results.md), so it must be deliberate and said so (update the pins)."""
-    assert fingerprint(name, torch.bfloat16) == BF16[name]
+    assert fingerprint(name, torch.bfloat16) in BF16[name]
 
 
 def reference_con(

@@ -13,8 +13,9 @@
 #
 #   benchmarks/study_queue.sh MAIN     # MAIN: the checkout whose docs/records receive the records and the commits.
 # Run it from a worktree of its own, so that editing MAIN never changes code under a running study:
-#   git -C /work/main worktree add --detach /work/bench-wt main && cd /work/bench-wt && make venv
-#   ln -s /work/main/runs runs && mkdir -p /work/main/runs /work/logs
+#   git -C /work/main worktree add --detach /work/bench-wt main && cd /work/bench-wt
+#   ln -s /work/main/.venv .venv && ln -s /work/main/runs runs && mkdir -p /work/main/runs /work/logs
+# (.venv may be MAIN's: the queue puts its own src/ first on PYTHONPATH, so it runs this checkout's code.)
 #   nohup setsid benchmarks/study_queue.sh /work/main > /work/logs/queue.log 2>&1 &
 #   nohup benchmarks/pause_during_pytest.sh "$(cat runs/study_queue.pgid)" > /work/logs/guard.log 2>&1 &
 # Move the worktree to newer code only while the queue is stopped. Re-running it resumes every step. It expects
@@ -28,6 +29,7 @@ main() {  # the whole queue in one function: bash has read all of it before it r
   MAIN=$(cd "$1" && pwd) && git -C "$MAIN" symbolic-ref -q HEAD >/dev/null \
     || { echo "$1: not a checkout on a branch (the records are committed there)"; exit 2; }
   BIN=.venv/bin
+  export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's code, whichever venv .venv is
   MEMORY=configs/bench/cifar10_cpu_10pct_memory.yaml
   ADV=configs/bench/cifar10_cpu_10pct_adversarial.yaml
   TABLE1=configs/bench/cifar10_cpu_10pct_table1.yaml

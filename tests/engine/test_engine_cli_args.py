@@ -188,3 +188,31 @@ def test_another_preset_of_the_same_class_drops_the_settings_the_first_preset_se
     assert printed_objective(args, capsys)["init_args"]["eta"] == 0.0
     tuned = ["--config", str(config), "--objective.eta=0.5", "--objective", "core"]  # 0.5: no preset's value
     assert printed_objective(tuned, capsys)["init_args"]["eta"] == 0.5
+
+
+def _batch_limits(root: Path, value: str) -> tuple[object, object]:
+    from coretune.engine.fitcli import resolved_fit_config
+
+    args = [f"--data.root={root}", f"--trainer.limit_val_batches={value}", f"--trainer.val_check_interval={value}"]
+    trainer = resolved_fit_config(args)["trainer"]
+    return trainer["limit_val_batches"], trainer["val_check_interval"]
+
+
+def test_an_integer_batch_limit_counts_batches_whatever_union_python_cached(
+    image_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was order-dependent: Python caches ``Optional[Union[…]]`` by a union that compares equal in any order, and
+    Lightning builds ``Union[float, int]`` too; depending on what was imported first (scikit-learn, in the suite),
+    the Trainer's ``Optional[Union[int, float]]`` came out float first and ``--trainer.limit_val_batches=1`` meant
+    every batch instead of one."""
+    import typing
+
+    from lightning.pytorch import Trainer
+
+    float_first = typing.Union[float, int, None]  # noqa: UP007 (typing's cached union: what went wrong)
+    for name in ("limit_val_batches", "val_check_interval"):  # as seen after importing scikit-learn first
+        monkeypatch.setitem(Trainer.__init__.__annotations__, name, float_first)
+    expected = {"1": (1, 1), "1.0": (1.0, 1.0), "0.5": (0.5, 0.5), "3": (3, 3)}
+    for value, limits in expected.items():
+        parsed = _batch_limits(image_tree, value)
+        assert parsed == limits and list(map(type, parsed)) == list(map(type, limits)), value

@@ -10,10 +10,11 @@ import warnings
 from argparse import RawDescriptionHelpFormatter
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Union, get_args, get_origin
 
 import yaml
 from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -281,6 +282,21 @@ class _RemoveIfUntrained:
         return False  # the error goes on
 
 
+def int_before_float(function: Callable[..., Any]) -> None:
+    """Give ``int`` before ``float`` in ``function``'s annotations that accept both (the Trainer's
+    ``limit_val_batches``, ``val_check_interval``…: an int counts batches, a float is a fraction), in place.
+
+    The parser tries a union's types in order, and Python caches ``Optional[Union[…]]`` by a union that compares
+    equal whatever its order: once any module imported before Lightning (scikit-learn does) has built
+    ``Optional[Union[float, int]]``, the Trainer's ``Optional[Union[int, float]]`` *is* that object, and
+    ``--trainer.limit_val_batches=1`` would parse as 1.0 (every batch) instead of 1 (one batch).
+    """
+    for name, hint in function.__annotations__.items():
+        types = get_args(hint)
+        if get_origin(hint) is Union and int in types and float in types and types.index(float) < types.index(int):
+            function.__annotations__[name] = Union[(int, *(t for t in types if t is not int))]  # uncached order
+
+
 class RunDirCLI(LightningCLI):
     """A LightningCLI whose run writes into ``--run_dir`` (added by the subclass), held while it runs.
 
@@ -300,6 +316,7 @@ class RunDirCLI(LightningCLI):
 
     def __init__(self, *args: Any, hold: contextlib.ExitStack, **kwargs: Any) -> None:
         self._hold = hold
+        int_before_float(kwargs.get("trainer_class", Trainer).__init__)
         super().__init__(*args, **kwargs)
 
     @classmethod

@@ -62,6 +62,13 @@ def fit_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
+def recorded_divergence(run_dir: Path) -> str:
+    """What a failed fit's ``results.json`` records as ``diverged`` (the run has no test results)."""
+    results = json.loads((run_dir / "results.json").read_text())
+    assert "test" not in results, results
+    return results["diverged"]
+
+
 # -- data -----------------------------------------------------------------------------------------------------
 def test_a_fit_with_nothing_to_test_on_is_refused_before_training(tmp_path: Path) -> None:
     # one folder of class folders and --data.val_fraction: the fit trained every epoch, then failed in its test
@@ -255,6 +262,7 @@ def test_diverging_loss_names_epoch_and_step(tree: Path, tmp_path: Path) -> None
         "lower the learning rate (--model.lr) or clip the gradients (--trainer.gradient_clip_val 1.0)."
     )
     assert (tmp_path / "run" / "config.yaml").is_file()  # it trained a step: its run directory stays
+    assert recorded_divergence(tmp_path / "run") == message  # a result: coretune tune does not run it again
 
 
 @pytest.mark.parametrize(
@@ -288,7 +296,7 @@ def test_a_diverging_run_whose_training_loss_stays_finite_fails(precision: str, 
         "32-true": "lower the learning rate (--model.lr) or clip the gradients (--trainer.gradient_clip_val 1.0).",
     }[precision]
     assert message.endswith(f"Check the pre-trained weights, {fix}")
-    assert not (tmp_path / "run" / "results.json").exists()
+    assert recorded_divergence(tmp_path / "run") == message
 
 
 def test_a_diverged_run_whose_logits_still_differ_fails(tmp_path: Path) -> None:
@@ -307,7 +315,7 @@ def test_a_diverged_run_whose_logits_still_differ_fails(tmp_path: Path) -> None:
         r"lower the learning rate",
         message,
     ), message
-    assert not (tmp_path / "run" / "results.json").exists()
+    assert recorded_divergence(tmp_path / "run") == message
 
 
 def dead_backbone(path: Path) -> Path:
@@ -329,6 +337,10 @@ def test_a_model_whose_outputs_do_not_depend_on_the_images_fails(tree: Path, tmp
         r"weights, lower the learning rate",
         message,
     ), message
+    assert recorded_divergence(tmp_path / "run") == message  # at step 0, yet kept: a finding, not an empty run
+    main(fit_args(tree, tmp_path / "run"))  # fitted again into it, with working weights: no stale record
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert "test" in results and "diverged" not in results
     # an epoch of identical images is not judged: a blank test set gives one prediction legitimately
     blank = copy_tree(tree, tmp_path)
     for image in blank.glob("*/*/*.png"):
@@ -938,6 +950,7 @@ def test_a_run_whose_training_accuracy_collapses_to_chance_fails(tree: Path, tmp
     ), message
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["collapsed"].startswith("the training top-1 is ") and "test" not in results
+    assert results["diverged"] == message  # every NonFiniteLossError is recorded, a collapse to chance too
 
 
 @pytest.mark.parametrize(("min_fraction", "first"), [(0.1, 2), (0.5, 3)])

@@ -16,6 +16,7 @@ from coretune.cli import main
 from coretune.engine import read_metrics
 from coretune.runclaim import RunInUse
 from coretune.rundir import RunDir
+from coretune.sweeps.launch import SweepInterrupted
 from coretune.sweeps.tune import TrialFailed, tune
 from fit_flags import TINY_FIT
 
@@ -37,6 +38,21 @@ def finish(run_dir: Path, val_top1: list[float]) -> None:
     rows = "".join(f"{epoch},{value}\n" for epoch, value in enumerate(val_top1))
     (run_dir / "metrics.csv").write_text("epoch,val/top1\n" + rows)
     (run_dir / "results.json").write_text(json.dumps({"test": {"top1": 0.5}}))
+
+
+def diverge(run_dir: Path, key: str = "diverged") -> str:
+    """A run directory as coretune fit leaves a fit that diverged (or, ``collapsed``, fell to chance): results.json
+    records the message and no test results. Returns the message."""
+    message = f"the training loss is nan at epoch 2, step 7 in {run_dir.name}: lower the learning rate (--model.lr)"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "results.json").write_text(json.dumps({key: message}))
+    return message
+
+
+def point(args: list[str]) -> tuple[float, float]:
+    """The (η, α) a trial's fit arguments set."""
+    values = dict(a.partition("=")[::2] for a in args if a.startswith("--objective."))
+    return float(values["--objective.eta"]), float(values["--objective.alpha"])
 
 
 def test_refuses_to_select_on_the_test_split(tmp_path: Path) -> None:
@@ -194,6 +210,162 @@ def test_a_signal_marks_the_trial_failed_and_a_rerun_resumes_it(
     launched.clear()
     main(cmd)  # the interrupted grid point runs again, then the rest
     assert sorted(launched) == ["eta1_alpha0.5", "eta1_alpha2"]
+
+
+def test_a_diverged_grid_point_is_a_result_that_no_rerun_runs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], data_arg: str
+) -> None:
+    launched: list[str] = []
+    messages: dict[str, str] = {}
+    broken = {"eta1_alpha2"}
+
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
+        launched.append(run_dir.name)
+        if run_dir.name == "eta10_alpha1":
+            messages[run_dir.name] = diverge(run_dir)
+        elif run_dir.name == "eta10_alpha2":  # ChanceLevelGuard's own record
+            messages[run_dir.name] = diverge(run_dir, "collapsed")
+        elif run_dir.name in broken:  # a crash: no record, retried
+            return 1
+        else:
+            finish(run_dir, [0.5])
+            return 0
+        return 1
+
+    monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
+    grid = {"eta": [1.0, 10.0], "alpha": [1.0, 2.0], "output": tmp_path}
+    study = tune([data_arg], **grid)
+    assert sorted(launched) == ["eta10_alpha1", "eta10_alpha2", "eta1_alpha1", "eta1_alpha2"]
+    diverged = {Path(t.user_attrs["run_dir"]).name: t.user_attrs.get("diverged") for t in study.trials}
+    assert diverged == {**messages, "eta1_alpha1": None, "eta1_alpha2": None}
+    best = (tmp_path / "best.yaml").read_text()
+    assert f"# DIVERGED: eta 10 alpha 1: {messages['eta10_alpha1']}\n# DIVERGED: eta 10 alpha 2: " in best
+    # a diverged point is finished: PARTIAL names only the point a re-run retries
+    assert "# PARTIAL: not finished: eta 1 alpha 2 (FAIL); re-run the same command to retry them." in best
+    assert f"coretune tune: DIVERGED: eta 10 alpha 1: {messages['eta10_alpha1']}" in capsys.readouterr().out
+
+    launched.clear()
+    broken.clear()
+    study = tune([data_arg], **grid)  # only the crashed point runs again; the diverged ones are not relaunched
+    assert launched == ["eta1_alpha2"]
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE", "FAIL", "FAIL", "FAIL"]
+    rows = {Path(r["run_dir"]).name: r for r in csv.DictReader((tmp_path / "trials.csv").open()) if r["failure"]}
+    assert {name: (r["state"], r["failure"]) for name, r in rows.items()} == {
+        name: ("FAIL", f"diverged: {message}") for name, message in messages.items()
+    }
+    best = (tmp_path / "best.yaml").read_text()
+    assert "# DIVERGED: eta 10 alpha 1: " in best and "# DIVERGED: eta 10 alpha 2: " in best
+    assert "PARTIAL" not in best  # every other point finished
+    launched.clear()
+    assert len(tune([data_arg], **grid).trials) == 5 and launched == []
+
+
+def test_a_study_whose_every_trial_diverged_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
+) -> None:
+    launched: list[str] = []
+
+    def diverging_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
+        launched.append(run_dir.name)
+        diverge(run_dir)
+        return 1
+
+    monkeypatch.setattr(tune_module, "launch_fit", diverging_fit)
+    diverge(tmp_path / "trials" / "eta1_alpha1")  # its fit diverged before the tune process that ran it was killed
+    grid = {"eta": [1.0, 10.0], "alpha": [1.0], "output": tmp_path}
+    expected = (
+        rf"^every trial of study 'coretune' diverged \(eta 1 alpha 1, eta 10 alpha 1; each fit's message is in the "
+        rf"failure column of {tmp_path}/trials.csv\): lower the learning rate \(--model.lr\) or clip the gradients "
+        r"\(--trainer.gradient_clip_val 1.0\) in the fit arguments, and tune into a new --output$"
+    )
+    with pytest.raises(TrialFailed, match=expected):
+        tune([data_arg], **grid)
+    assert launched == ["eta10_alpha1"]  # a fit that recorded its divergence is not relaunched
+    launched.clear()
+    with pytest.raises(TrialFailed, match=expected):
+        tune([data_arg], **grid)
+    assert launched == []
+
+
+def test_an_interrupted_tpe_trial_resumes_in_its_folder_with_its_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
+) -> None:
+    launched: list[tuple[str, tuple[float, float]]] = []
+
+    def interrupted_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
+        launched.append((run_dir.name, point(args)))
+        os.kill(os.getpid(), signal.SIGINT)  # as in test_a_signal_marks_the_trial_failed_and_a_rerun_resumes_it
+        return 128 + signal.SIGINT
+
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
+        launched.append((run_dir.name, point(args)))
+        finish(run_dir, [0.5])
+        return 0
+
+    monkeypatch.setattr(tune_module, "launch_fit", interrupted_fit)
+    tpe = {"output": tmp_path, "sampler": "tpe"}
+    with pytest.raises(SweepInterrupted):
+        tune([data_arg], n_trials=1, **tpe)
+    (interrupted,) = launched
+    assert interrupted[0] == "trial0000"
+
+    monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
+    launched.clear()
+    study = tune([data_arg], n_trials=1, **tpe)
+    assert launched == [interrupted]  # the same folder (its last.ckpt) and point
+    first, retried = study.trials
+    assert (first.state.name, first.user_attrs["interrupted"]) == ("FAIL", "SIGINT")
+    assert retried.state.name == "COMPLETE" and retried.user_attrs["run_dir"] == str(tmp_path / "trials/trial0000")
+    assert "interrupted" not in retried.user_attrs
+    rows = list(csv.DictReader((tmp_path / "trials.csv").open()))
+    assert [r["failure"] for r in rows] == ["interrupted by SIGINT", ""]
+
+    launched.clear()
+    monkeypatch.setattr(tune_module, "launch_fit", lambda args, run_dir, **_: launched.append((run_dir.name, ())) or 1)
+    study = tune([data_arg], n_trials=2, **tpe)  # one more trial: the interrupted one, retried once, is done
+    assert launched == [("trial0002", ())] and study.trials[2].state.name == "FAIL"  # crashed: TPE moves on
+
+    # a trial Optuna's heartbeat retries (its process was killed with kill -9) is named after the original too
+    import optuna
+
+    with pytest.warns(optuna.exceptions.ExperimentalWarning):
+        optuna.storages.RetryHeartbeatStaleTrialCallback()(study, study.trials[2])
+    monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
+    launched.clear()
+    study = tune([data_arg], n_trials=2, **tpe)
+    assert launched == [("trial0002", (study.trials[2].params["eta"], study.trials[2].params["alpha"]))]
+    assert study.trials[3].state.name == "COMPLETE"
+
+
+def test_tpe_workers_sharing_a_study_run_distinct_start_up_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
+) -> None:
+    launched: list[tuple[str, tuple[float, float]]] = []
+    tpe = {"output": tmp_path, "sampler": "tpe", "n_trials": 4}
+
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
+        launched.append((run_dir.name, point(args)))
+        if len(launched) == 1:  # while the first worker's first fit runs, a second worker joins the study
+            tune([data_arg], **tpe)
+        finish(run_dir, [0.5])
+        return 0
+
+    monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
+    study = tune([data_arg], **tpe)
+    assert [name for name, _ in launched] == [f"trial{n:04d}" for n in range(5)]  # the joiner ran trials 1 to 4
+    points = [(t.params["eta"], t.params["alpha"]) for t in study.trials]
+    assert len(set(points)) == len(points) == 5  # no two workers ran the same start-up point
+    assert sorted(points) == sorted(p for _, p in launched)
+
+    # one worker with a given seed runs the same points every time
+    def single(output: Path) -> list[tuple[float, float]]:
+        return [
+            (t.params["eta"], t.params["alpha"])
+            for t in tune([data_arg], output=output, sampler="tpe", n_trials=3).trials
+        ]
+
+    assert single(tmp_path / "one") == single(tmp_path / "two")
+    assert all(0.1 <= eta <= 10 and 0.1 <= alpha <= 10 for eta, alpha in single(tmp_path / "three"))
 
 
 def test_refuses_fit_arguments_that_leave_the_final_epoch_unvalidated(

@@ -52,11 +52,14 @@ def read_metrics(path: str | Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def update_results(run_dir: str | Path, **entries: Any) -> dict[str, Any]:
-    """Merge ``entries`` into ``run_dir/results.json`` (atomic write) and return the merged content."""
+def update_results(run_dir: str | Path, drop: Sequence[str] = (), **entries: Any) -> dict[str, Any]:
+    """Merge ``entries`` into ``run_dir/results.json`` without the keys ``drop`` (atomic write) and return the
+    merged content."""
     path = RunDir(run_dir).results
     results = json.loads(path.read_text()) if path.is_file() else {}
     results.update(entries)
+    for key in drop:
+        results.pop(key, None)
     path.parent.mkdir(parents=True, exist_ok=True)
     _atomic_write_text(path, json.dumps(results, indent=2, sort_keys=True) + "\n")
     return results
@@ -119,7 +122,9 @@ class RunArtifacts(L.Callback):
     seconds with its validation (for the epoch a run resumed in the middle of: from the resume on); a resumed run
     rewrites the rows from its restart epoch on, so the file always describes one uninterrupted history. Without a
     progress bar (``--trainer.enable_progress_bar=false``: batch jobs, the fits of ``coretune bench``) each epoch
-    also logs one line (:func:`epoch_summary`), so a job's log shows how far it got.
+    also logs one line (:func:`epoch_summary`), so a job's log shows how far it got. A run that ends with
+    :class:`NonFiniteLossError` (a NaN loss, collapsed or exploding logits, training top-1 at chance) records its
+    message as ``diverged`` in ``results.json`` (:meth:`on_exception`).
     """
 
     def __init__(self, run_dir: str | Path | None = None) -> None:
@@ -140,6 +145,8 @@ class RunArtifacts(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # a mid-epoch resume skips on_train_epoch_start
         self._fit_start = self._epoch_start = self._epoch_wall_start = time.perf_counter()
+        if trainer.is_global_zero and RunDir(self.run_dir(trainer)).results.is_file():  # fit again after a failure
+            update_results(self.run_dir(trainer), drop=("diverged", "collapsed"))
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = self._epoch_wall_start = time.perf_counter()
@@ -216,6 +223,13 @@ class RunArtifacts(L.Callback):
         results = getattr(pl_module, "test_results", None)
         if trainer.is_global_zero and results is not None:
             update_results(self.run_dir(trainer), test=results)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """Record a run that diverged or collapsed (:class:`NonFiniteLossError`, from training, validation or the
+        final test) in ``results.json`` as ``diverged``, its one-line message: a result, which a sweep does not run
+        again."""
+        if isinstance(exception, NonFiniteLossError) and trainer.is_global_zero:
+            update_results(self.run_dir(trainer), diverged=str(exception))
 
 
 class ChanceLevelGuard(L.Callback):

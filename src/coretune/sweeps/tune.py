@@ -15,14 +15,30 @@ hold-out) — so a choice rests on K validation splits instead of one. The study
 (``sqlite:///<output>/study.db`` by default; any SQLAlchemy URL): re-running the command resumes it (finished
 trials are kept, failed or interrupted grid points run again), and several ``coretune tune`` processes — on one or
 many machines — given the same ``--storage`` and ``--study_name`` share the work.
+
+A fit that diverged or collapsed (``coretune fit`` recorded ``diverged`` or ``collapsed`` in its ``results.json``)
+is a result, not a failure: its trial fails with the user attribute ``diverged`` (the fit's message), is listed
+in ``trials.csv``'s ``failure`` column and in ``best.yaml``'s ``# DIVERGED`` lines, and is never run again. A trial
+stopped by SIGINT/SIGTERM gets the user attribute ``interrupted`` (the signal's name); a re-run queues it again
+with the same point and retry history (:class:`optuna.storages.RetryHeartbeatStaleTrialCallback`, as Optuna's
+heartbeat does for a process that died), in the folder of the trial it retries, so its fit resumes from its
+``checkpoints/last.ckpt`` (TPE folders are named ``trial<number>`` after the original trial).
+
+With ``--sampler tpe`` the process that creates the study queues its start-up points — ``min(10, n_trials)``
+points drawn from ``--seed`` over the log-scale ranges — and samples with ``seed``; a process that joins or resumes
+the study samples unseeded. Every TPE sampler uses the constant liar, so workers sharing a study pop distinct
+start-up points and do not propose the point another is running; a single worker with a given ``--seed`` runs the
+same points every time.
 Needs the ``tune`` extra: ``pip install coretune[tune]``.
 """
 
 from __future__ import annotations
 
+import copy
 import csv
 import inspect
 import math
+import random
 import signal
 import warnings
 from pathlib import Path
@@ -52,8 +68,15 @@ _FORBIDDEN_FIT_ARGS = {
 }
 
 
+#: Random start-up points of the TPE sampler before it models the results; the study's creator queues them.
+_TPE_STARTUP = 10
+
+#: A trial's user attributes that say how it failed (``trials.csv``'s ``failure``); a retried copy does not keep them.
+_OUTCOMES = ("diverged", "interrupted")
+
+
 class TrialFailed(RuntimeError):
-    """A trial's ``coretune fit`` did not finish or logged no validation score."""
+    """A trial's ``coretune fit`` did not finish, diverged or logged no validation score."""
 
 
 def _check_storage(storage: str) -> None:
@@ -137,9 +160,41 @@ def _check_objective(name: str) -> dict[str, Any]:
     return objectives.get(name)[1]
 
 
+def _recorded_divergence(run_dir: Path) -> str | None:
+    """The message a fit recorded in ``results.json`` when it diverged or collapsed (``diverged``; a fit from before
+    that key: ChanceLevelGuard's ``collapsed``), else None."""
+    results = RunDir(run_dir).read_results()
+    return results.get("diverged") or results.get("collapsed")
+
+
+def _retry_history(optuna: Any, trial: Any) -> list[int]:
+    """The numbers of the trials ``trial`` retries, the original first (empty for a trial that retries none)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(trial)
+
+
+def _requeue(study: Any, trial: Any, retry: Any) -> None:
+    """Queue ``trial`` again with ``retry`` (same point, retry history kept), without its failure's attributes."""
+    queued = copy.deepcopy(trial)  # the callback appends to the retry history it copies
+    queued.user_attrs = {k: v for k, v in trial.user_attrs.items() if k not in _OUTCOMES}
+    retry(study, queued)
+
+
+def _resume_interrupted(optuna: Any, study: Any, retry: Any) -> None:
+    """Queue again every trial a signal stopped that no trial retries yet: its fit resumes from its checkpoint."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {number for t in trials for number in _retry_history(optuna, t)}
+    for trial in trials:
+        interrupted = trial.state == optuna.trial.TrialState.FAIL and "interrupted" in trial.user_attrs
+        if interrupted and trial.number not in retried:
+            _requeue(study, trial, retry)
+
+
 def _resume_grid(optuna: Any, study: Any, space: dict[str, list[float]], retry: Any) -> None:
     """Check that a resumed study has the same grid, and queue again the grid points whose every trial failed (a
-    crash, Ctrl-C), as ``retry`` (Optuna's callback for stale trials) does: same point, retry history kept."""
+    crash, Ctrl-C) and none diverged, as ``retry`` (Optuna's callback for stale trials) does: same point, retry
+    history kept."""
     by_point: dict[int, list[Any]] = {}
     for trial in study.get_trials(deepcopy=False):
         if "grid_id" not in trial.system_attrs:
@@ -151,12 +206,12 @@ def _resume_grid(optuna: Any, study: Any, space: dict[str, list[float]], retry: 
             )
         by_point.setdefault(trial.system_attrs["grid_id"], []).append(trial)
     for trials in by_point.values():
-        if all(t.state == optuna.trial.TrialState.FAIL for t in trials):
-            retry(study, trials[-1])
+        if all(t.state == optuna.trial.TrialState.FAIL and "diverged" not in t.user_attrs for t in trials):
+            _requeue(study, trials[-1], retry)
 
 
 def _grid_left(study: Any, size: int) -> bool:
-    """Whether a grid point was never started or a queued retry waits."""
+    """Whether a grid point was never started or a queued retry waits (a diverged point is done)."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
@@ -178,9 +233,34 @@ def _trial_rows(study: Any, monitor: str) -> list[dict[str, Any]]:
                 f"final_val_{monitor}_per_seed": " ".join(f"{v:.4f}" for v in t.user_attrs.get("per_seed", [])),
                 "run_dir": t.user_attrs.get("run_dir", ""),
                 "duration_s": round(t.duration.total_seconds(), 1) if t.duration else "",
+                "failure": _failure(t),
             }
         )
     return rows
+
+
+def _failure(trial: Any) -> str:
+    """``trials.csv``'s ``failure``: ``diverged: <the fit's message>``, ``interrupted by SIGINT`` or empty."""
+    if trial.state.name == "COMPLETE":
+        return ""
+    if "diverged" in trial.user_attrs:
+        return f"diverged: {trial.user_attrs['diverged']}"
+    if "interrupted" in trial.user_attrs:
+        return f"interrupted by {trial.user_attrs['interrupted']}"
+    return ""
+
+
+def _startup_points(space: dict[str, list[float]], count: int, seed: int) -> list[dict[str, float]]:
+    """``count`` random points drawn from ``seed`` over the ranges ``run_trial`` suggests from (log scale where the
+    range starts above 0): the TPE sampler's start-up trials, which the study's creator queues."""
+    rng = random.Random(seed)
+
+    def draw(low: float, high: float) -> float:
+        if low <= 0:
+            return rng.uniform(low, high)
+        return min(max(math.exp(rng.uniform(math.log(low), math.log(high))), low), high)  # exp(log(x)) may pass x
+
+    return [{name: draw(v[0], v[-1]) for name, v in space.items()} for _ in range(count)]
 
 
 def tune(
@@ -259,18 +339,25 @@ def tune(
             ) from None
         retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)
     space = {"eta": sorted({float(v) for v in eta}), "alpha": sorted({float(v) for v in alpha})}
-    study = optuna.create_study(
-        study_name=study_name,
-        storage=db,
-        direction="maximize",
-        load_if_exists=True,
-        sampler=optuna.samplers.GridSampler(space, seed=seed)
-        if sampler == "grid"
-        else optuna.samplers.TPESampler(seed=seed),
-    )
+
+    def make_sampler(sampler_seed: int | None) -> Any:
+        if sampler == "grid":
+            return optuna.samplers.GridSampler(space, seed=seed)
+        return optuna.samplers.TPESampler(n_startup_trials=_TPE_STARTUP, seed=sampler_seed, constant_liar=True)
+
+    try:  # without load_if_exists, exactly one of the processes starting at once creates the study
+        study = optuna.create_study(study_name=study_name, storage=db, direction="maximize", sampler=make_sampler(seed))
+        created = True
+    except optuna.exceptions.DuplicatedStudyError:  # joined or resumed: another seed than the creator's proposals
+        study = optuna.load_study(study_name=study_name, storage=db, sampler=make_sampler(None))
+        created = False
     _check_repeats(study, repeats)
     _check_task(study, task)
     _check_settings(study, {"seed": seed, "val_fraction": val_fraction, "sampler": sampler})
+    target = 20 if n_trials is None else n_trials
+    if created and sampler == "tpe":  # every worker pops its own start-up points from the queue
+        for point in _startup_points(space, min(_TPE_STARTUP, target), seed):
+            study.enqueue_trial(point)
 
     def log_args(run_dir: Path) -> list[str]:
         if logger is None:
@@ -279,10 +366,18 @@ def tune(
 
         return sweep_logger_args(logger, output, study_name, run_dir.relative_to(output / "trials").as_posix())
 
+    def trial_folder(trial: Any, params: dict[str, float]) -> str:
+        """A grid point's folder, or the TPE trial's, named after the trial it retries (resumed from its
+        checkpoint)."""
+        if sampler == "grid":
+            return f"eta{params['eta']:g}_alpha{params['alpha']:g}"
+        running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        frozen = next(t for t in running if t.number == trial.number)
+        return f"trial{(_retry_history(optuna, frozen) or [trial.number])[0]:04d}"
+
     def run_trial(trial: Any) -> float:
         params = {name: trial.suggest_float(name, v[0], v[-1], log=v[0] > 0) for name, v in space.items()}
-        name = f"eta{params['eta']:g}_alpha{params['alpha']:g}" if sampler == "grid" else f"trial{trial.number:04d}"
-        trial_dir = output / "trials" / name
+        trial_dir = output / "trials" / trial_folder(trial, params)
         trial.set_user_attr("run_dir", str(trial_dir))
         values = []
         for run_seed in range(seed, seed + repeats):
@@ -298,13 +393,20 @@ def tune(
             ]
             check_run_args(args, run_dir)  # a finished folder of another study (seed, split, fit args) is no result
             if not RunDir(run_dir).is_finished():
-                if stop.signum is None:
+                if stop.signum is None and _recorded_divergence(run_dir) is None:
                     try:
                         code = launch_fit(args, run_dir, stop=stop, log_args=log_args(run_dir))
                     except RunInUse as err:  # another worker of the study runs this grid point
                         raise TrialFailed(f"trial {trial.number}: {err}") from None
+                    except KeyboardInterrupt:  # a second Ctrl+C: the fit may have saved a checkpoint all the same
+                        trial.set_user_attr("interrupted", signal.SIGINT.name)
+                        raise
                 if stop.signum is not None:  # the fit saved a resumable checkpoint; Optuna marks the trial FAIL
+                    trial.set_user_attr("interrupted", signal.Signals(stop.signum).name)
                     raise SweepInterrupted(stop.signum, _interrupted_message(stop.signum))
+                if (diverged := _recorded_divergence(run_dir)) is not None:  # a result: never run again
+                    trial.set_user_attr("diverged", diverged)
+                    raise TrialFailed(f"trial {trial.number} diverged: {diverged}")
                 if not RunDir(run_dir).is_finished():
                     raise TrialFailed(
                         f"trial {trial.number} did not finish (exit code {code}): see {RunDir(run_dir).log}"
@@ -325,7 +427,7 @@ def tune(
             while _grid_left(study, size):  # a retried point after the grid's end needs another round
                 study.optimize(run_trial, catch=catch)
         else:
-            target = 20 if n_trials is None else n_trials
+            _resume_interrupted(optuna, study, retry)
             done = len(study.get_trials(deepcopy=False, states=(state.COMPLETE,)))
             if done < target:
                 enough = optuna.study.MaxTrialsCallback(target, states=(state.COMPLETE,))
@@ -338,8 +440,8 @@ def _interrupted_message(signum: int) -> str:
     """What ``coretune tune`` says when a signal stopped it."""
     return (
         f"study stopped by {signal.Signals(signum).name}: the running trial's fit saved a resumable checkpoint and "
-        "its Optuna trial is marked FAIL. Re-run the same command to resume the study: finished trials are kept; "
-        "with the grid sampler the interrupted point runs again from its checkpoints/last.ckpt"
+        "its Optuna trial is marked FAIL. Re-run the same command to resume the study: finished trials are kept and "
+        "the interrupted trial runs again, in its folder, from its checkpoints/last.ckpt"
     )
 
 
@@ -389,6 +491,8 @@ def _check_task(study: Any, task: type[Task]) -> None:
 def _write_outputs(
     study: Any, output: Path, objective: str, preset: dict[str, Any], task: type[Task], val_fraction: float
 ) -> None:
+    from optuna.trial import TrialState
+
     from .. import objectives
 
     rows = _trial_rows(study, task.monitor)
@@ -398,18 +502,35 @@ def _write_outputs(
             writer.writeheader()
             writer.writerows(rows)
     complete = [r for r in rows if r["state"] == "COMPLETE"]
+    done = {(r["eta"], r["alpha"]) for r in complete}
+    diverged = {
+        (t.params["eta"], t.params["alpha"]): t.user_attrs["diverged"]
+        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+        if "diverged" in t.user_attrs and (t.params["eta"], t.params["alpha"]) not in done
+    }
     if not complete:
+        if diverged and set(diverged) == {(r["eta"], r["alpha"]) for r in rows if r["eta"] != ""}:
+            points = ", ".join(f"eta {e:g} alpha {a:g}" for e, a in sorted(diverged))
+            raise TrialFailed(
+                f"every trial of study {study.study_name!r} diverged ({points}; each fit's message is in the failure "
+                f"column of {output / 'trials.csv'}): lower the learning rate (--model.lr) or clip the gradients "
+                "(--trainer.gradient_clip_val 1.0) in the fit arguments, and tune into a new --output"
+            )
         raise TrialFailed(f"no trial of study {study.study_name!r} finished: see the logs under {output / 'trials'}")
     best = study.best_trial
-    done = {(r["eta"], r["alpha"]) for r in complete}
+    findings = "".join(
+        f"# DIVERGED: eta {e:g} alpha {a:g}: {message}\n" for (e, a), message in sorted(diverged.items())
+    )
+    settled = done | set(diverged)  # a diverged point is finished: a finding, not retried
     unfinished = sorted(
-        {(r["eta"], r["alpha"], r["state"]) for r in rows if r["eta"] != "" and (r["eta"], r["alpha"]) not in done}
+        {(r["eta"], r["alpha"], r["state"]) for r in rows if r["eta"] != "" and (r["eta"], r["alpha"]) not in settled}
     )
     partial = ""
-    if unfinished and type(study.sampler).__name__ == "GridSampler":  # crashed, diverged or running elsewhere
+    if unfinished and type(study.sampler).__name__ == "GridSampler":  # crashed, interrupted or running elsewhere
         points = ", ".join(f"eta {e:g} alpha {a:g} ({state})" for e, a, state in unfinished)
         partial = f"# PARTIAL: not finished: {points}; re-run the same command to retry them.\n"
-        print(f"coretune tune: {partial[2:].strip()}")
+    for line in (findings + partial).splitlines():
+        print(f"coretune tune: {line[2:]}")
     cls = objectives.get(objective)[0]
     class_path = f"{cls.__module__}.{cls.__qualname__}"
     init_args = {**preset, "eta": best.params["eta"], "alpha": best.params["alpha"]}
@@ -422,7 +543,7 @@ def _write_outputs(
         f"# selected by the final-epoch val/{task.monitor} = {best.value:.4f} on a {val_fraction:g} validation split "
         f"of the training set{_per_seed_note(best)} (trial run directory: {best.user_attrs.get('run_dir')}).\n"
         f"# Use it with: coretune fit --config YOUR_CONFIG.yaml --config best.yaml{_final_fit_note(task)}.\n"
-        f"{partial}"
+        f"{findings}{partial}"
     )
     body = yaml.safe_dump({"objective": {"class_path": class_path, "init_args": init_args}}, sort_keys=False)
     (output / "best.yaml").write_text(header + body)
@@ -480,7 +601,9 @@ def _parser() -> Any:
         help="Fraction of the training data held out for selection (classification: stratified; domain "
         "generalization: --data.holdout_fraction, of each domain); must be > 0.",
     )
-    parser.add_argument("--seed", type=int, default=0, help="Seed of the trials' fits and of the sampler.")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="Seed of the trials' fits and of the sampler (TPE: of its start-up points)."
+    )
     parser.add_argument(
         "--repeats",
         type=int,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -95,8 +96,10 @@ def test_non_finite_loss_stops_with_the_step(images: Path, tmp_path: Path, monke
     import coretune.pretrain.module as module
 
     monkeypatch.setattr(module, "global_nt_xent", lambda z1, z2, t: (z1.sum() + z2.sum()) * float("nan"))
-    with pytest.raises(SystemExit, match=r"^coretune pretrain: error: .*(NaN|nan).* epoch 0, step 0"):
+    with pytest.raises(SystemExit, match=r"^coretune pretrain: error: .*(NaN|nan).* epoch 0, step 0") as error:
         main(pretrain_args(images, tmp_path / "run"))
+    recorded = json.loads((tmp_path / "run" / "results.json").read_text())["diverged"]  # kept, even at step 0
+    assert str(error.value.code).endswith(recorded)
 
 
 def test_ctrl_c_saves_a_resumable_checkpoint_and_the_rerun_continues(

@@ -314,7 +314,7 @@ def test_an_interrupted_tpe_trial_resumes_in_its_folder_with_its_point(
     study = tune([data_arg], n_trials=1, **tpe)
     assert launched == [interrupted]  # the same folder (its last.ckpt) and point
     first, retried = study.trials
-    assert (first.state.name, first.user_attrs["interrupted"]) == ("FAIL", "SIGINT")
+    assert (first.state.name, first.user_attrs["interrupted"]) == ("FAIL", {"signal": "SIGINT", "trial": 0})
     assert retried.state.name == "COMPLETE" and retried.user_attrs["run_dir"] == str(tmp_path / "trials/trial0000")
     assert "interrupted" not in retried.user_attrs
     rows = list(csv.DictReader((tmp_path / "trials.csv").open()))
@@ -336,6 +336,21 @@ def test_an_interrupted_tpe_trial_resumes_in_its_folder_with_its_point(
     assert launched == [("trial0002", (study.trials[2].params["eta"], study.trials[2].params["alpha"]))]
     assert study.trials[3].state.name == "COMPLETE"
 
+    # a second copy of trial 0 (two workers resuming at once both queued it; or Optuna's heartbeat copied it, with
+    # its interruption mark): its point is finished (trial 1), so it fails as a duplicate without a fit, is not
+    # counted, and the copied mark, which names trial 0, does not queue it again
+    with pytest.warns(optuna.exceptions.ExperimentalWarning):
+        optuna.storages.RetryHeartbeatStaleTrialCallback()(study, study.trials[0])
+    launched.clear()
+    study = tune([data_arg], n_trials=3, **tpe)
+    copy = study.trials[4]
+    assert copy.state.name == "FAIL" and copy.user_attrs["interrupted"] == {"signal": "SIGINT", "trial": 0}
+    assert launched == []  # this call's one attempt was the duplicate, as a crashed trial's is
+    rows = list(csv.DictReader((tmp_path / "trials.csv").open()))
+    assert rows[4]["failure"] == "duplicate of trial 1, which finished trial 0's point"
+    study = tune([data_arg], n_trials=3, **tpe)  # the copied mark queues nothing: the third trial is a new point
+    assert [name for name, _ in launched] == ["trial0005"] and len(study.trials) == 6
+
 
 def test_tpe_workers_sharing_a_study_run_distinct_start_up_points(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
@@ -356,6 +371,10 @@ def test_tpe_workers_sharing_a_study_run_distinct_start_up_points(
     points = [(t.params["eta"], t.params["alpha"]) for t in study.trials]
     assert len(set(points)) == len(points) == 5  # no two workers ran the same start-up point
     assert sorted(points) == sorted(p for _, p in launched)
+
+    # the creator queued the start-up points, drawn from its seed: the joiner popped them (fixed parameters)
+    queued = tune_module._startup_points({"eta": [0.1, 10.0], "alpha": [0.1, 10.0]}, 4, 0)
+    assert [t.system_attrs.get("fixed_params") for t in study.trials[:4]] == queued
 
     # one worker with a given seed runs the same points every time
     def single(output: Path) -> list[tuple[float, float]]:

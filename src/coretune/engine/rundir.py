@@ -270,15 +270,20 @@ class _RemoveIfUntrained:
     """An exit handler for a run directory this process created: when the run fails before its first optimiser
     step (``steps()`` is 0; no checkpoint or ``metrics.csv``), remove the directory and what it holds (the claim,
     ``config.yaml``, a logger's empty run such as MLflow's), so that a mistyped data root leaves no empty run
-    behind. A run that trained at all, or whose ``results.json`` records an outcome (it diverged in its first
-    validation), keeps everything."""
+    behind. A run that trained at all, or whose ``results.json`` records that it diverged (in its first
+    validation: a finding, which ``coretune tune`` does not run again), keeps everything."""
 
     def __init__(self, run_dir: str | Path, steps: Callable[[], int]) -> None:
         self.run, self.steps = RunDir(Path(run_dir)), steps
 
     def __call__(self, exc_type: type[BaseException] | None, *_: Any) -> bool:
         trained = self.steps() > 0 or self.run.metrics.is_file() or any(self.run.checkpoints.glob("*.ckpt"))
-        if exc_type is not None and self.run.path.is_dir() and not trained and not self.run.results.is_file():
+        if (
+            exc_type is not None
+            and self.run.path.is_dir()
+            and not trained
+            and "diverged" not in self.run.read_results()
+        ):
             shutil.rmtree(self.run.path, ignore_errors=True)
         return False  # the error goes on
 

@@ -28,7 +28,7 @@ With ``--sampler tpe`` the process that creates the study queues its start-up po
 points drawn from ``--seed`` over the log-scale ranges — and samples with ``seed``; a process that joins or resumes
 the study samples unseeded. Every TPE sampler uses the constant liar, so workers sharing a study pop distinct
 start-up points and do not propose the point another is running; a single worker with a given ``--seed`` runs the
-same points every time.
+same points every time in one uninterrupted run (a resumed study samples unseeded after its queued points).
 Needs the ``tune`` extra: ``pip install coretune[tune]``.
 """
 
@@ -186,7 +186,7 @@ def _resume_interrupted(optuna: Any, study: Any, retry: Any) -> None:
     trials = study.get_trials(deepcopy=False)
     retried = {number for t in trials for number in _retry_history(optuna, t)}
     for trial in trials:
-        interrupted = trial.state == optuna.trial.TrialState.FAIL and "interrupted" in trial.user_attrs
+        interrupted = trial.state == optuna.trial.TrialState.FAIL and _interrupted(trial) is not None
         if interrupted and trial.number not in retried:
             _requeue(study, trial, retry)
 
@@ -239,15 +239,22 @@ def _trial_rows(study: Any, monitor: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _interrupted(trial: Any) -> str | None:
+    """The signal that stopped ``trial`` itself (its mark names its number: a copy Optuna's heartbeat queued of a
+    trial killed after it was marked carries the mark, not the interruption), else None."""
+    mark = trial.user_attrs.get("interrupted")
+    return mark["signal"] if isinstance(mark, dict) and mark.get("trial") == trial.number else None
+
+
 def _failure(trial: Any) -> str:
     """``trials.csv``'s ``failure``: ``diverged: <the fit's message>``, ``interrupted by SIGINT`` or empty."""
     if trial.state.name == "COMPLETE":
         return ""
     if "diverged" in trial.user_attrs:
         return f"diverged: {trial.user_attrs['diverged']}"
-    if "interrupted" in trial.user_attrs:
-        return f"interrupted by {trial.user_attrs['interrupted']}"
-    return ""
+    if (signal_name := _interrupted(trial)) is not None:
+        return f"interrupted by {signal_name}"
+    return trial.user_attrs.get("duplicate", "")
 
 
 def _startup_points(space: dict[str, list[float]], count: int, seed: int) -> list[dict[str, float]]:
@@ -368,12 +375,18 @@ def tune(
 
     def trial_folder(trial: Any, params: dict[str, float]) -> str:
         """A grid point's folder, or the TPE trial's, named after the trial it retries (resumed from its
-        checkpoint)."""
+        checkpoint). A TPE retry whose original another worker's copy already finished fails as a duplicate: two
+        workers resuming at once may both queue it, and a trial counted twice would skew ``--n_trials`` and TPE."""
         if sampler == "grid":
             return f"eta{params['eta']:g}_alpha{params['alpha']:g}"
-        running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        frozen = next(t for t in running if t.number == trial.number)
-        return f"trial{(_retry_history(optuna, frozen) or [trial.number])[0]:04d}"
+        trials = study.get_trials(deepcopy=False)
+        origin = {t.number: (_retry_history(optuna, t) or [t.number])[0] for t in trials}
+        first = origin.get(trial.number, trial.number)
+        done = [t.number for t in trials if t.state == optuna.trial.TrialState.COMPLETE and origin[t.number] == first]
+        if done:
+            trial.set_user_attr("duplicate", f"duplicate of trial {done[0]}, which finished trial {first}'s point")
+            raise TrialFailed(f"trial {trial.number}: {trial.user_attrs['duplicate']}")
+        return f"trial{first:04d}"
 
     def run_trial(trial: Any) -> float:
         params = {name: trial.suggest_float(name, v[0], v[-1], log=v[0] > 0) for name, v in space.items()}
@@ -399,10 +412,11 @@ def tune(
                     except RunInUse as err:  # another worker of the study runs this grid point
                         raise TrialFailed(f"trial {trial.number}: {err}") from None
                     except KeyboardInterrupt:  # a second Ctrl+C: the fit may have saved a checkpoint all the same
-                        trial.set_user_attr("interrupted", signal.SIGINT.name)
+                        trial.set_user_attr("interrupted", {"signal": signal.SIGINT.name, "trial": trial.number})
                         raise
                 if stop.signum is not None:  # the fit saved a resumable checkpoint; Optuna marks the trial FAIL
-                    trial.set_user_attr("interrupted", signal.Signals(stop.signum).name)
+                    mark = {"signal": signal.Signals(stop.signum).name, "trial": trial.number}
+                    trial.set_user_attr("interrupted", mark)
                     raise SweepInterrupted(stop.signum, _interrupted_message(stop.signum))
                 if (diverged := _recorded_divergence(run_dir)) is not None:  # a result: never run again
                     trial.set_user_attr("diverged", diverged)

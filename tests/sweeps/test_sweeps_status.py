@@ -97,3 +97,17 @@ def test_sweep_time_left_times_each_run_by_its_pace_or_its_cells_finished_seeds(
         row("launched_b", "unfinished", cell="b"),
     ]
     assert sweep_time_left(rows) == (300.0, 3)
+
+
+def test_a_run_that_diverged_says_so(tmp_path: Path) -> None:
+    from coretune.sweeps.records import run_progress
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "log.txt").write_text("# launched\n")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": 20}}))
+    (run_dir / "metrics.csv").write_text("epoch,epoch_time_s\n0,60\n1,60\n2,60\n")
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert run_progress(run_dir) == "3 of 20 epochs, resumable, ~17 min to go"
+    (run_dir / "results.json").write_text(json.dumps({"diverged": "the training loss is nan at epoch 3, step 9 …"}))
+    assert run_progress(run_dir) == "3 of 20 epochs, diverged (its message: results.json)"

@@ -89,7 +89,8 @@ def final_val_top1(metrics_csv: str | Path, score: str | None = None) -> float:
 
 def run_progress(run_dir: str | Path) -> str:
     """How far an unfinished run got, from its files: ``"12 of 20 epochs, resumable"`` (``metrics.csv`` has a row
-    per finished epoch, ``config.yaml`` the run's length; ``checkpoints/last.ckpt`` is what a re-run resumes from)."""
+    per finished epoch, ``config.yaml`` the run's length; ``checkpoints/last.ckpt`` is what a re-run resumes from),
+    or ``"12 of 20 epochs, diverged (…)"`` when its ``results.json`` records that it diverged."""
     run = RunDir(run_dir)
     claim = run.live_claim()
     if claim is None and not run.log.is_file():
@@ -101,6 +102,8 @@ def run_progress(run_dir: str | Path) -> str:
         return f"running{'' if claim.local else ' on ' + claim.host}, {text} done" + (
             f", ~{format_duration(left)} left" if left is not None else ""
         )
+    if run.results.is_file() and "diverged" in run.read_results():  # a re-run would likely diverge again
+        return f"{text}, diverged (its message: {run.results.name})"
     resumable = ", resumable" if run.last_checkpoint.is_file() else ""
     return text + resumable + (f", ~{format_duration(left)} to go" if left is not None else "")
 

@@ -610,3 +610,14 @@ def test_an_objective_the_task_refuses_is_one_line_before_any_trial(
         "ce_con_mixh, core"
     )
     assert launched == [] and not (tmp_path / "out").exists()
+
+
+def test_adversarial_trials_say_that_they_are_chosen_by_clean_accuracy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(tune_module, "launch_fit", lambda args, run_dir, **_: finish(run_dir, [0.5]) or 0)
+    tune([data_arg, "--adversarial.enable=true"], output=tmp_path, eta=[1.0], alpha=[1.0])
+    note = "the trials train adversarially (--adversarial.enable true) but are scored by their clean validation score"
+    assert note in capsys.readouterr().out and note in (tmp_path / "best.yaml").read_text()
+    tune([data_arg], output=tmp_path / "clean", eta=[1.0], alpha=[1.0])
+    assert "adversarially" not in (tmp_path / "clean" / "best.yaml").read_text()

@@ -71,6 +71,11 @@ _FORBIDDEN_FIT_ARGS = {
 #: Random start-up points of the TPE sampler before it models the results; the study's creator queues them.
 _TPE_STARTUP = 10
 
+_ADVERSARIAL_NOTE = (
+    "# NOTE: the trials train adversarially (--adversarial.enable true) but are scored by their clean validation "
+    "score: robust accuracy plays no part in this choice; measure the chosen setting's with coretune eval robust.\n"
+)
+
 #: A trial's user attributes that say how it failed (``trials.csv``'s ``failure``); a retried copy does not keep them.
 _OUTCOMES = ("diverged", "interrupted")
 
@@ -114,10 +119,11 @@ def _check_fit_args(fit_args: list[str]) -> None:
             raise ValueError(f"remove {key} from the fit arguments: {_FORBIDDEN_FIT_ARGS[key]}")
 
 
-def _check_trial_args(fit_args: list[str], objective: str, val_fraction: float) -> tuple[type[Task], str]:
+def _check_trial_args(fit_args: list[str], objective: str, val_fraction: float) -> tuple[type[Task], str, bool]:
     """Before the first trial, refuse fit arguments ``coretune fit`` would refuse, an objective the fit's task
     refuses, or arguments that would not validate the final epoch (a trial is scored by its final epoch's
-    ``val/<monitor>``). Returns the fit's task and the fit argument that holds out its validation split."""
+    ``val/<monitor>``). Returns the fit's task, the fit argument that holds out its validation split and whether
+    the fits train adversarially."""
     from .. import objectives
     from ..engine.fitcli import FitArgsError, resolved_fit_config, task_of_args
 
@@ -135,7 +141,7 @@ def _check_trial_args(fit_args: list[str], objective: str, val_fraction: float) 
         raise ValueError(
             f"coretune tune scores each trial by its final epoch's validation {task.monitor_label}, but {problem}"
         )
-    return task, holdout
+    return task, holdout, bool((config.get("adversarial") or {}).get("enable"))
 
 
 def _check_objective(name: str) -> dict[str, Any]:
@@ -319,7 +325,9 @@ def tune(
         raise ValueError(f"--repeats must be >= 1 (got {repeats}): the number of fits, one per seed, a trial averages")
     if sampler == "grid" and n_trials is not None:
         raise ValueError("--n_trials applies to --sampler tpe; the grid runs each of its points once")
-    task, holdout = _check_trial_args(fit_args, objective, val_fraction)
+    task, holdout, adversarial = _check_trial_args(fit_args, objective, val_fraction)
+    if adversarial:
+        print(f"coretune tune: {_ADVERSARIAL_NOTE[2:]}")
     if storage is not None:
         _check_storage(storage)
     output = Path(output)
@@ -446,7 +454,7 @@ def tune(
             if done < target:
                 enough = optuna.study.MaxTrialsCallback(target, states=(state.COMPLETE,))
                 study.optimize(run_trial, n_trials=target - done, catch=catch, callbacks=[enough])
-    _write_outputs(study, output, objective, preset, task, val_fraction)
+    _write_outputs(study, output, objective, preset, task, val_fraction, adversarial)
     return study
 
 
@@ -503,7 +511,13 @@ def _check_task(study: Any, task: type[Task]) -> None:
 
 
 def _write_outputs(
-    study: Any, output: Path, objective: str, preset: dict[str, Any], task: type[Task], val_fraction: float
+    study: Any,
+    output: Path,
+    objective: str,
+    preset: dict[str, Any],
+    task: type[Task],
+    val_fraction: float,
+    adversarial: bool = False,
 ) -> None:
     from optuna.trial import TrialState
 
@@ -557,7 +571,7 @@ def _write_outputs(
         f"# selected by the final-epoch val/{task.monitor} = {best.value:.4f} on a {val_fraction:g} validation split "
         f"of the training set{_per_seed_note(best)} (trial run directory: {best.user_attrs.get('run_dir')}).\n"
         f"# Use it with: coretune fit --config YOUR_CONFIG.yaml --config best.yaml{_final_fit_note(task)}.\n"
-        f"{findings}{partial}"
+        f"{findings}{partial}{_ADVERSARIAL_NOTE if adversarial else ''}"
     )
     body = yaml.safe_dump({"objective": {"class_path": class_path, "init_args": init_args}}, sort_keys=False)
     (output / "best.yaml").write_text(header + body)

@@ -5,7 +5,8 @@
 
     config.yaml          the resolved configuration of the fit (LightningCLI)
     metrics.csv          one row per finished epoch
-    results.json         test results, timings …; holds "test" once the fit has ended
+    results.json         test results, timings …; holds "test" once the fit has ended, "diverged" (the message)
+                         when it stopped with a NaN loss, collapsed or exploding logits or at chance level
     test_results.json    what ``coretune test`` found (the fit's results.json is left as it is)
     val_results.json     what ``coretune validate`` found
     robust_results.json  what ``coretune eval robust`` found (clean and robust accuracy; robust_results_*.json
@@ -119,6 +120,12 @@ class RunDir:
     def read_results(self) -> dict[str, Any]:
         """``results.json`` (empty before the fit has written it)."""
         return json.loads(self.results.read_text()) if self.results.is_file() else {}
+
+    def divergence(self) -> str | None:
+        """The message ``results.json`` records when the fit diverged or collapsed (``diverged``; a fit from before
+        that key: the chance-level guard's ``collapsed``), else None."""
+        results = self.read_results()
+        return results.get("diverged") or results.get("collapsed")
 
     def read_config(self) -> dict[str, Any]:
         """``config.yaml`` (empty before the fit has written it)."""

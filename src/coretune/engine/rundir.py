@@ -278,12 +278,7 @@ class _RemoveIfUntrained:
 
     def __call__(self, exc_type: type[BaseException] | None, *_: Any) -> bool:
         trained = self.steps() > 0 or self.run.metrics.is_file() or any(self.run.checkpoints.glob("*.ckpt"))
-        if (
-            exc_type is not None
-            and self.run.path.is_dir()
-            and not trained
-            and "diverged" not in self.run.read_results()
-        ):
+        if exc_type is not None and self.run.path.is_dir() and not trained and self.run.divergence() is None:
             shutil.rmtree(self.run.path, ignore_errors=True)
         return False  # the error goes on
 

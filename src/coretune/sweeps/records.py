@@ -102,7 +102,7 @@ def run_progress(run_dir: str | Path) -> str:
         return f"running{'' if claim.local else ' on ' + claim.host}, {text} done" + (
             f", ~{format_duration(left)} left" if left is not None else ""
         )
-    if run.results.is_file() and "diverged" in run.read_results():  # a re-run would likely diverge again
+    if run.divergence() is not None:  # a re-run would likely diverge again
         return f"{text}, diverged (its message: {run.results.name})"
     resumable = ", resumable" if run.last_checkpoint.is_file() else ""
     return text + resumable + (f", ~{format_duration(left)} to go" if left is not None else "")

@@ -166,13 +166,6 @@ def _check_objective(name: str) -> dict[str, Any]:
     return objectives.get(name)[1]
 
 
-def _recorded_divergence(run_dir: Path) -> str | None:
-    """The message a fit recorded in ``results.json`` when it diverged or collapsed (``diverged``; a fit from before
-    that key: ChanceLevelGuard's ``collapsed``), else None."""
-    results = RunDir(run_dir).read_results()
-    return results.get("diverged") or results.get("collapsed")
-
-
 def _retry_history(optuna: Any, trial: Any) -> list[int]:
     """The numbers of the trials ``trial`` retries, the original first (empty for a trial that retries none)."""
     with warnings.catch_warnings():
@@ -414,7 +407,7 @@ def tune(
             ]
             check_run_args(args, run_dir)  # a finished folder of another study (seed, split, fit args) is no result
             if not RunDir(run_dir).is_finished():
-                if stop.signum is None and _recorded_divergence(run_dir) is None:
+                if stop.signum is None and RunDir(run_dir).divergence() is None:
                     try:
                         code = launch_fit(args, run_dir, stop=stop, log_args=log_args(run_dir))
                     except RunInUse as err:  # another worker of the study runs this grid point
@@ -426,7 +419,7 @@ def tune(
                     mark = {"signal": signal.Signals(stop.signum).name, "trial": trial.number}
                     trial.set_user_attr("interrupted", mark)
                     raise SweepInterrupted(stop.signum, _interrupted_message(stop.signum))
-                if (diverged := _recorded_divergence(run_dir)) is not None:  # a result: never run again
+                if (diverged := RunDir(run_dir).divergence()) is not None:  # a result: never run again
                     trial.set_user_attr("diverged", diverged)
                     raise TrialFailed(f"trial {trial.number} diverged: {diverged}")
                 if not RunDir(run_dir).is_finished():

@@ -20,6 +20,7 @@ __all__ = [
     "is_distributed",
     "is_launching_process",
     "rank",
+    "ranks_where",
     "scale_grad",
     "world_size",
 ]
@@ -45,6 +46,17 @@ def is_launching_process() -> bool:
     environment of Lightning's DDP launcher, torchrun and SLURM, readable before any process group exists."""
     ranks = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
     return all(os.environ.get(name, "0") == "0" for name in ranks)
+
+
+def ranks_where(flag: bool, device: torch.device | str = "cpu") -> list[int]:
+    """The ranks whose ``flag`` is true, in rank order (one small all-gather), so that every process can act on a
+    condition met on one of them: a NaN loss on one process makes all of them stop, and rank 0 records it."""
+    if world_size() == 1:
+        return [0] if flag else []
+    mine = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    flags = [torch.empty_like(mine) for _ in range(world_size())]
+    dist.all_gather(flags, mine)
+    return [r for r, f in enumerate(flags) if int(f)]
 
 
 def batch_sizes(n: int, device: torch.device | str = "cpu") -> list[int]:

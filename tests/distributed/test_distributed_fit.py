@@ -134,3 +134,64 @@ def test_rifle_reinitialises_the_classifier_identically_on_every_process(tmp_pat
     trainer.fit(model, datamodule=ImageClassificationData(root=str(root), image_size=16, batch_size=4))
     heads = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])  # no silent divergence across processes
+
+
+POISON = """
+import lightning as L
+
+
+class PoisonOneProcess(L.Callback):
+    # process 1 alone gets NaN images: its training batch 1, or its validation batches after the sanity check
+    # (one on process 1, two on process 0: a per-batch collective would hang)
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.stage == "training" and trainer.global_rank == 1 and batch_idx == 1:
+            batch[0].fill_(float("nan"))
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if self.stage == "validation" and trainer.global_rank == 1 and not trainer.sanity_checking:
+            batch[0].fill_(float("nan"))
+"""
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize("stage", ["training", "validation"])
+def test_a_loss_that_is_nan_on_one_process_stops_every_process_and_rank_0_records_it(
+    stage: str, tmp_path: Path
+) -> None:
+    # each process checks its own loss; when only process 1 raised, process 0 was killed without recording the
+    # divergence, and a sweep ran the fit again as if it had been interrupted
+    from coretune.rundir import RunDir
+    from image_trees import make_image_tree
+
+    make_image_tree(tmp_path / "data", per_class=8, val_per_class=3, size=16)
+    (tmp_path / "poison.py").write_text(POISON)
+    command = [
+        sys.executable, "-m", "coretune.cli", "fit", "--data.root=data", "--data.image_size=16",
+        "--data.batch_size=4", "--model.backbone=small_cnn", "--objective=ce", "--trainer.max_epochs=1",
+        "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu",
+        "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--trainer.callbacks+=poison.PoisonOneProcess", f"--trainer.callbacks.stage={stage}", "--run_dir=run",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    expected = {
+        "training": "the training loss is not finite on process 1 at epoch 0, step 1 (batch 1). Check the images",
+        "validation": "the validation loss is not finite on process 1 at epoch 0, step 3 (that process's error names "
+        "the batch). Check the pre-trained weights",
+    }[stage]
+    recorded = RunDir(tmp_path / "run").divergence() or ""
+    assert recorded.startswith(expected), done.stderr[-3000:]
+    assert f"error: {recorded}" in done.stderr  # the one line coretune fit ends with
+    process_1 = (
+        "the training loss is nan on process 1 at epoch 0, step 1 (batch 1; ce=nan, loss=nan)"
+        if stage == "training"
+        else (
+            "the validation loss is nan on process 1 at epoch 0, step 3 (batch 0; 4 of 4 images have non-finite logits)"
+        )
+    )
+    assert process_1 in done.stderr, done.stderr  # its own error names the loss terms or the batch

@@ -228,8 +228,13 @@ class RunArtifacts(L.Callback):
         """Record a run that diverged or collapsed (:class:`NonFiniteLossError`, from training, validation or the
         final test) in ``results.json`` as ``diverged``, its one-line message: a result, which a sweep does not run
         again."""
-        if isinstance(exception, NonFiniteLossError) and trainer.is_global_zero:
+        if not isinstance(exception, NonFiniteLossError):
+            return
+        if trainer.is_global_zero:
             update_results(self.run_dir(trainer), diverged=str(exception))
+        # Every process raises it together (the decision is reduced over them), and a launcher kills the rest as
+        # soon as one process ends: the others wait here until rank 0 has recorded it.
+        trainer.strategy.barrier("coretune-diverged")
 
 
 class ChanceLevelGuard(L.Callback):

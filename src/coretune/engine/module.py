@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..adversarial import AdversarialTraining
 from ..data import trained_items
-from ..distributed import rank, scale_grad, world_size
+from ..distributed import rank, ranks_where, scale_grad, world_size
 from ..models import CheckpointError, load_checkpoint_file, weights_digest
 from ..objectives import CETuning, Objective, preset_name
 from ..objectives import get as get_objective
@@ -89,6 +89,7 @@ class _OutputWatch:
         self.logits_differ: Tensor | bool = False
         self.largest: Tensor | float = 0.0
         self.count = 0
+        self.nonfinite: str | None = None  # the epoch's first non-finite loss, described
 
     def update(self, x: Tensor, logits: Tensor) -> None:
         self.images_differ = (x != self.image).any() | self.images_differ
@@ -101,6 +102,11 @@ class _OutputWatch:
 
     def exploded(self) -> bool:
         return float(self.largest) > LOGIT_LIMIT
+
+
+def _listed(ranks: list[int]) -> str:
+    """``[1]`` → ``"1"``, ``[1, 3]`` → ``"1, 3"``: the processes a message names."""
+    return ", ".join(map(str, ranks))
 
 
 def _train_features(features: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
@@ -572,13 +578,16 @@ class FineTuner(L.LightningModule):
             z = scale_grad(z, world_size())
         torch.manual_seed(seed)
         out = self.task.loss(self.objective, z, unpacked, inputs)
-        if not torch.isfinite(out.loss):
-            terms = ", ".join(f"{k}={float(v):.4g}" for k, v in out.terms.items())
-            raise NonFiniteLossError(
-                f"the training loss is {float(out.loss.detach())} at epoch {self.current_epoch}, "
-                f"step {self.global_step} "
-                f"(batch {batch_idx}; {terms}). Check the images for NaN/Inf, {self._diverged_fix()}"
-            )
+        # decided over every process (DDP: each computes its own loss), so they all stop and rank 0 records it
+        if failed := ranks_where(not bool(torch.isfinite(out.loss)), out.loss.device):
+            when = f"at epoch {self.current_epoch}, step {self.global_step}"
+            if rank() in failed:
+                terms = ", ".join(f"{k}={float(v):.4g}" for k, v in out.terms.items())
+                where = f" on process {rank()}" if world_size() > 1 else ""
+                what = f"the training loss is {float(out.loss.detach())}{where} {when} (batch {batch_idx}; {terms})"
+            else:
+                what = f"the training loss is not finite on process {_listed(failed)} {when} (batch {batch_idx})"
+            raise NonFiniteLossError(f"{what}. Check the images for NaN/Inf, {self._diverged_fix()}")
         y, bs = unpacked.targets, len(unpacked)
         self.log_dict(
             {f"train/{k}": v for k, v in out.terms.items()},
@@ -607,7 +616,7 @@ class FineTuner(L.LightningModule):
         self.task.update_eval_metrics(self.val_metrics, logits, unpacked)
 
     def on_validation_epoch_end(self) -> None:
-        self._check_collapse("validation")
+        self._check_outputs("validation")
         # compute() already reduced over processes; sync_dist averages equal values (and tells Lightning so).
         values = self.task.val_values(self.val_metrics.compute())
         self.log_dict({f"val/{k}": v for k, v in values.items()}, prog_bar=True, sync_dist=True)
@@ -627,33 +636,41 @@ class FineTuner(L.LightningModule):
         self.task.tested_checkpoint = dict(self.loaded_checkpoint) if tested or self.checkpoint_info else {}
 
     def on_test_epoch_end(self) -> None:
-        self._check_collapse("test")
+        self._check_outputs("test")
         self.test_results = self.task.test_results(self.test_metrics.compute(), self.class_names or [])
         scalars = {f"test/{k}": v for k, v in self.test_results.items() if isinstance(v, float)}
         self.log_dict(scalars, sync_dist=True)
         self.test_metrics.reset()
 
     def _watch_outputs(self, stage: str, x: Tensor, logits: Tensor, batch_idx: int, loss: Tensor) -> None:
-        """Raise :class:`NonFiniteLossError` for a non-finite ``stage`` loss, as training does; remember the batch
-        for the epoch's collapse check (:class:`_OutputWatch`)."""
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(
-                f"the {stage} loss is {float(loss)} at epoch {self.current_epoch}, step {self.global_step} (batch "
-                f"{batch_idx}; {int((~torch.isfinite(logits)).any(dim=1).sum())} of {len(logits)} images have "
-                f"non-finite logits). Check the pre-trained weights, {self._diverged_fix()}"
-            )
+        """Remember the batch for the epoch's checks (:class:`_OutputWatch`, :meth:`_check_outputs`), and the first
+        non-finite ``stage`` loss: it raises at the epoch's end, where every process decides together (under DDP
+        the processes may hold different numbers of evaluation batches, so no per-batch collective)."""
         if batch_idx == 0 or self._watch is None:
             self._watch = _OutputWatch(x, logits.detach())
+        if self._watch.nonfinite is None and not torch.isfinite(loss):
+            self._watch.nonfinite = (
+                f"the {stage} loss is {float(loss)}{f' on process {rank()}' if world_size() > 1 else ''} at epoch "
+                f"{self.current_epoch}, step {self.global_step} (batch {batch_idx}; "
+                f"{int((~torch.isfinite(logits)).any(dim=1).sum())} of {len(logits)} images have non-finite logits)"
+            )
         self._watch.update(x, logits.detach())
 
     def _diverged_fix(self) -> str:
         """What to try after a blow-up, for this run's precision (none known outside a Trainer)."""
         return diverged_fix(getattr(self._trainer, "precision", None))
 
-    def _check_collapse(self, stage: str) -> None:
-        """Raise :class:`NonFiniteLossError` when the ``stage`` epoch's outputs collapsed (on every process) or its
-        logits exploded (on any process)."""
+    def _check_outputs(self, stage: str) -> None:
+        """Raise :class:`NonFiniteLossError` when the ``stage`` epoch had a non-finite loss (on any process), its
+        outputs collapsed (on every process) or its logits exploded (on any process)."""
         watch, self._watch = self._watch, None
+        nonfinite = watch.nonfinite if watch is not None else None
+        if failed := ranks_where(nonfinite is not None, self.device):
+            what = nonfinite or (
+                f"the {stage} loss is not finite on process {_listed(failed)} at epoch {self.current_epoch}, step "
+                f"{self.global_step} (that process's error names the batch)"
+            )
+            raise NonFiniteLossError(f"{what}. Check the pre-trained weights, {self._diverged_fix()}")
         collapsed = watch is not None and watch.collapsed()
         if self.trainer.strategy.reduce_boolean_decision(collapsed, all=True) and watch is not None:
             scores = watch.logits.float().reshape(len(watch.logits), -1).mean(1)  # (K,) also for per-pixel logits

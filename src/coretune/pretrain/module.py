@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 
+from ..distributed import rank, ranks_where, world_size
 from ..engine import (
     NonFiniteLossError,
     RunArtifacts,
@@ -127,9 +128,12 @@ class ContrastivePretrainer(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         view1, view2 = batch
         loss = self.contrastive_loss(view1, view2)
-        if not torch.isfinite(loss):
+        # decided over every process, so they all stop and rank 0 records it
+        if failed := ranks_where(not bool(torch.isfinite(loss)), loss.device):
+            value = float(loss.detach()) if rank() in failed else "not finite"
+            where = f" on process {', '.join(map(str, failed))}" if world_size() > 1 else ""
             raise NonFiniteLossError(
-                f"the {self.method} loss is {float(loss.detach())} at epoch {self.current_epoch}, "
+                f"the {self.method} loss is {value}{where} at epoch {self.current_epoch}, "
                 f"step {self.global_step}: {diverged_fix(getattr(self._trainer, 'precision', None))}"
             )
         self.log("train/loss", loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=view1.shape[0])

@@ -123,8 +123,12 @@ class RunDir:
 
     def divergence(self) -> str | None:
         """The message ``results.json`` records when the fit diverged or collapsed (``diverged``; a fit from before
-        that key: the chance-level guard's ``collapsed``), else None."""
-        results = self.read_results()
+        that key: the chance-level guard's ``collapsed``), else None (also while another process writes the file
+        in place, as :meth:`is_finished` reads it)."""
+        try:
+            results = self.read_results()
+        except json.JSONDecodeError:
+            return None
         return results.get("diverged") or results.get("collapsed")
 
     def read_config(self) -> dict[str, Any]:

@@ -34,18 +34,18 @@ def test_export_keeps_the_records_of_finished_runs_which_count_when_copied_back(
     (unfinished / "metrics.csv").write_text("epoch,val/top1\n0,\n")
     records = tmp_path / "records"
     main(["bench", str(config), "--export", str(records)])
-    assert "copied the records of 2 finished run(s)" in capsys.readouterr().out
+    assert "copied the records of 2 finished or diverged run(s)" in capsys.readouterr().out
     kept = sorted(str(p.relative_to(records)) for p in records.rglob("*") if p.is_file())
     assert kept == sorted(
         ["d/ce/frac1/seed0/robust_results.json", "d/ce/frac1/seed0/robust_results_autoattack.json"]
         + [f"d/ce/frac1/seed{s}/{f}" for s in (0, 1) for f in ("metrics.csv", "results.json")]
     )
     main(["bench", str(config), "--export", str(records), "--only_seeds=[1]"])
-    assert "copied the records of 1 finished run(s)" in capsys.readouterr().out
+    assert "copied the records of 1 finished or diverged run(s)" in capsys.readouterr().out
     assert not (spec.output / "summary.md").exists()  # --export alone runs and writes nothing else
     main(["bench", str(config), "--export", str(records), "--aggregate_only"])  # both, in one command
     out = capsys.readouterr().out
-    assert "copied the records of 2 finished run(s)" in out and "| ce | **71.00 ± 1.41 (n=2)** |" in out
+    assert "copied the records of 2 finished or diverged run(s)" in out and "| ce | **71.00 ± 1.41 (n=2)** |" in out
     assert (spec.output / "summary.md").is_file()
     with pytest.raises(ValueError, match="is the spec's output folder"):
         export_records(spec, spec.output)

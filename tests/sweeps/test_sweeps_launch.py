@@ -329,3 +329,58 @@ def test_a_spec_objective_other_than_its_base_configs_runs_with_its_own_defaults
     main(["bench", str(config), "--only_objectives=[bss, bss_k2]"])
     recorded = [yaml.safe_load((run.run_dir / "config.yaml").read_text())["objective"] for run in spec.runs()[:2]]
     assert [r["init_args"] for r in recorded] == [{"eta": 0.001, "k": 1}, {"eta": 0.001, "k": 2}]
+
+
+def test_a_diverged_run_is_a_result_listed_under_the_tables_and_not_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # seed 1's fit diverges (coretune fit records `diverged` in results.json and exits 1): a seeded re-run would
+    # diverge again, so bench used to train it again on every invocation
+    message = "the training loss is nan at epoch 2, step 7 (batch 3; ce=nan). Check the images for NaN/Inf, …"
+    launched: list[int] = []
+
+    def launch(args: list[str], run_dir: Path, env: object = None, stop: object = None, log_args: object = ()) -> int:
+        seed = int(next(a for a in args if a.startswith("--seed=")).split("=")[1])
+        launched.append(seed)
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        outcome = {"diverged": message} if seed == 1 else {"test": {"top1": 0.5 + seed / 100}}
+        (Path(run_dir) / "results.json").write_text(json.dumps(outcome))
+        return 1 if seed == 1 else 0
+
+    monkeypatch.setattr("coretune.sweeps.launch.launch_fit", launch)
+    config = tmp_path / "bench.yaml"
+    datasets = {"d": [f"--data.root={data_root(tmp_path)}"]}
+    config.write_text(
+        yaml.safe_dump(
+            {"output": str(tmp_path / "out"), "datasets": datasets, "objectives": ["ce"], "seeds": [0, 1, 2]}
+        )
+    )
+    with pytest.raises(SystemExit, match="1 diverged") as failed:
+        main(["bench", str(config)])
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps to the terminal's width
+    assert f"✗ d/ce/frac1/seed1 diverged after 0 s: {message}" in out and "did not finish" not in out
+    assert str(failed.value.code).endswith(
+        "of 3 runs, 1 diverged (listed under the tables; each message is in its results.json); for the diverged "
+        "runs: the same settings diverge again, so add a spec entry under a new name with a lower learning rate or "
+        "gradient clipping (--trainer.gradient_clip_val 1.0); --retry_diverged runs them again as they are"
+    )  # not a success: exit status 1
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| ce | **51.00 ± 1.41 (n=2)** |" in summary
+    assert "✗ 1 run(s) diverged or collapsed and are not in the table" in summary
+    assert f"- d/ce/frac1/seed1: {message}" in summary
+
+    launched.clear()
+    with pytest.raises(SystemExit, match="1 diverged"):
+        main(["bench", str(config)])  # a result: not run again, and still not a success
+    assert launched == []
+    out = " ".join(capsys.readouterr().out.split())
+    assert "3 runs, 2 finished (skipped), 1 diverged (not run again), 0 to run" in out
+    assert f"✗ d/ce/frac1/seed1 diverged in an earlier sweep: {message} (not run again; --retry_diverged" in out
+
+    records = tmp_path / "records"  # its record is kept with the finished ones: a new machine skips it too
+    main(["bench", str(config), "--export", str(records)])
+    assert json.loads((records / "d" / "ce" / "frac1" / "seed1" / "results.json").read_text()) == {"diverged": message}
+
+    with pytest.raises(SystemExit, match="1 diverged"):
+        main(["bench", str(config), "--retry_diverged"])
+    assert launched == [1]

@@ -5,7 +5,9 @@ NeurIPS version).
 
 Every run is an ordinary ``coretune fit`` in its own subprocess (a crash ends that run only; ``workers`` runs go at
 once), writing into ``<output>/<dataset>/<objective>/frac<f>/seed<s>``. The sweep is resumable: a run whose
-``results.json`` holds test results is skipped, a started one resumes from its ``checkpoints/last.ckpt``.
+``results.json`` holds test results is skipped, a started one resumes from its ``checkpoints/last.ckpt``, and one
+that diverged (``results.json``'s ``diverged``) is a result: listed under the tables, not run again unless
+``--retry_diverged``.
 With ``metric: val`` the tables hold each run's final-epoch top-1 on a validation split carved from the training
 set (``--data.val_fraction``), for studies that must not look at the test split.
 """
@@ -65,6 +67,12 @@ def _parser() -> Any:
         "added or changed when a sweep is resumed.",
     )
     parser.add_argument("--dry_run", action="store_true", help="Print the fit commands of the unfinished runs.")
+    parser.add_argument(
+        "--retry_diverged",
+        action="store_true",
+        help="Run again the runs that diverged or collapsed in an earlier sweep (by default a result, not run again: "
+        "a seeded fit diverges again unless its code or settings changed).",
+    )
     parser.add_argument("--aggregate_only", action="store_true", help="Only (re)write the tables and plots.")
     parser.add_argument(
         "--status",
@@ -76,10 +84,10 @@ def _parser() -> Any:
         "--export",
         type=str | None,
         default=None,
-        help="Copy the small files of every finished run (of --only_objectives/--only_seeds/--only_datasets if given: "
-        "config.yaml, fit_args.json, metrics.csv, results.json; no checkpoints) into this folder, in the output "
-        "folder's layout; copied back into the output folder, they count as finished runs. Runs nothing; with "
-        "--aggregate_only the tables and plots are rewritten first.",
+        help="Copy the small files of every finished or diverged run (of --only_objectives/--only_seeds/"
+        "--only_datasets if given: config.yaml, fit_args.json, metrics.csv, results.json; no checkpoints) into this "
+        "folder, in the output folder's layout; copied back into the output folder, they count as finished (or "
+        "diverged) runs. Runs nothing; with --aggregate_only the tables and plots are rewritten first.",
     )
     return parser
 
@@ -100,11 +108,20 @@ def main(args: list[str]) -> None:
         if cfg.aggregate_only:
             _print_summary(spec, console)
         written = export_records(subset, cfg.export)
-        console.print(f"copied the records of {len(written)} finished run(s) to {cfg.export}", highlight=False)
+        console.print(
+            f"copied the records of {len(written)} finished or diverged run(s) to {cfg.export}", highlight=False
+        )
         return
     report = None
     if not cfg.aggregate_only:
-        report = run_sweep(subset, workers=cfg.workers, dry_run=cfg.dry_run, console=console, logger=cfg.logger)
+        report = run_sweep(
+            subset,
+            workers=cfg.workers,
+            dry_run=cfg.dry_run,
+            console=console,
+            logger=cfg.logger,
+            retry_diverged=cfg.retry_diverged,
+        )
         if cfg.dry_run:
             return
     _print_summary(spec, console)
@@ -113,6 +130,7 @@ def main(args: list[str]) -> None:
             f"{len(report.finished)} run(s) finished, {len(report.interrupted)} interrupted with a resumable "
             f"checkpoint, {len(report.not_started)} not started"
             + (f", {len(report.failed)} failed" if report.failed else "")
+            + (f", {len(report.diverged)} diverged" if report.diverged else "")
             + (f", {len(report.in_use)} run by another process" if report.in_use else "")
         )
         raise SweepInterrupted(
@@ -126,16 +144,28 @@ def main(args: list[str]) -> None:
             "got; `--aggregate_only` updates the tables once they finish)",
             highlight=False,
         )
-    if report is not None and (report.failed or report.interrupted):
+    if report is not None and (report.failed or report.interrupted or report.diverged):
         logs = "; ".join(str(RunDir(run.run_dir).log) for run in report.failed)
         parts = [f"{len(report.failed)} failed (see {logs})"] if report.failed else []
         if report.interrupted:
             parts.append(f"{len(report.interrupted)} were interrupted (resumable)")
-        raise RuntimeError(
-            f"of {len(report.failed) + len(report.interrupted) + len(report.finished)} runs, {' and '.join(parts)}; "
-            + ("fix the cause and " if report.failed else "")
-            + "re-run the same command to run them again"
+        if report.diverged:
+            parts.append(
+                f"{len(report.diverged)} diverged (listed under the tables; each message is in its results.json)"
+            )
+        runs = len(report.failed) + len(report.interrupted) + len(report.diverged) + len(report.finished)
+        again = (
+            ("fix the cause and " if report.failed else "") + "re-run the same command to run them again"
+            if report.failed or report.interrupted
+            else ""
         )
+        if report.diverged:
+            fix = (
+                "the same settings diverge again, so add a spec entry under a new name with a lower learning rate or "
+                "gradient clipping (--trainer.gradient_clip_val 1.0); --retry_diverged runs them again as they are"
+            )
+            again = f"{again}; for the diverged runs: {fix}" if again else f"for the diverged runs: {fix}"
+        raise RuntimeError(f"of {runs} runs, {' and '.join(parts)}; {again}")
 
 
 def _print_summary(spec: BenchSpec, console: Any) -> None:

@@ -1,4 +1,5 @@
-"""``coretune bench --export``: the small files of a spec's finished runs, copied out to keep (in git, say)."""
+"""``coretune bench --export``: the small files of a spec's finished (or diverged) runs, copied out to keep (in git,
+say)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ __all__ = ["export_records"]
 
 
 def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
-    """Copy the records (:meth:`RunDir.records`) of every finished run of ``spec`` into ``dest``, in the layout of
-    ``spec.output`` and without checkpoints or logs: a few KB per run to keep (in git, say) after the output folder
-    is gone. Copying them back into ``spec.output`` makes the sweep skip those runs and count them in its tables.
+    """Copy the records (:meth:`RunDir.records`) of every finished run of ``spec``, and of every run that diverged
+    (its ``results.json`` says so: a result too), into ``dest``, in the layout of ``spec.output`` and without
+    checkpoints or logs: a few KB per run to keep (in git, say) after the output folder is gone. Copying them back
+    into ``spec.output`` makes the sweep skip those runs, count the finished ones in its tables and list the
+    diverged ones under them.
 
     Returns the run directories written under ``dest``."""
     dest = Path(dest)
@@ -22,7 +25,7 @@ def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
         raise ValueError(f"--export {dest} is the spec's output folder; give another folder to copy the records into")
     written = []
     for run in spec.runs():
-        if not RunDir(run.run_dir).is_finished():
+        if not RunDir(run.run_dir).is_finished() and RunDir(run.run_dir).divergence() is None:
             continue
         target = dest / run.run_dir.relative_to(spec.output)
         target.mkdir(parents=True, exist_ok=True)

@@ -171,12 +171,14 @@ def _wait(proc: subprocess.Popen, seconds: float) -> int | None:
 
 @dataclass
 class SweepReport:
-    """What a sweep did: runs skipped as already finished, launched and finished, launched but failed, skipped
-    because another process was running them (``in_use``: another sweep of the same spec); and after a signal
-    (``signum``), the runs it interrupted (exit ``128 + SIGINT/SIGTERM``, resumable) and those never started.
+    """What a sweep did: runs skipped as already finished, launched and finished, launched but failed, that diverged
+    (``diverged``: in this sweep, or in an earlier one and not run again), skipped because another process was
+    running them (``in_use``: another sweep of the same spec); and after a signal (``signum``), the runs it
+    interrupted (exit ``128 + SIGINT/SIGTERM``, resumable) and those never started.
     """
 
     skipped: list[Run] = field(default_factory=list)
+    diverged: list[Run] = field(default_factory=list)
     in_use: list[Run] = field(default_factory=list)
     finished: list[Run] = field(default_factory=list)
     failed: list[Run] = field(default_factory=list)
@@ -215,9 +217,18 @@ def worker_envs(workers: int, gpus: Sequence[str] = ()) -> list[dict[str, str] |
 
 
 def run_sweep(
-    spec: BenchSpec, workers: int | None = None, dry_run: bool = False, console: Any = None, logger: str | None = None
+    spec: BenchSpec,
+    workers: int | None = None,
+    dry_run: bool = False,
+    console: Any = None,
+    logger: str | None = None,
+    retry_diverged: bool = False,
 ) -> SweepReport:
     """Run every unfinished run of ``spec`` as a ``coretune fit`` subprocess, ``workers`` at a time.
+
+    A run whose ``results.json`` records that it diverged or collapsed (:meth:`RunDir.divergence`) is a result, as
+    in ``coretune tune``: it is not run again (a seeded fit would diverge again) unless ``retry_diverged``, e.g.
+    after changing the code it runs.
 
     ``logger`` (``mlflow``, ``tensorboard``, ``csv``, ``wandb``) logs every run into one place in the spec's output
     folder: one MLflow experiment (or W&B project) named after the spec, each run named by its label
@@ -256,13 +267,28 @@ def run_sweep(
         check_sweep_logger(logger)
     for run in spec.runs():
         check_run_args(run.args, run.run_dir)
-        (report.skipped if RunDir(run.run_dir).is_finished() else todo).append(run)
+        files = RunDir(run.run_dir)
+        if files.is_finished():
+            report.skipped.append(run)
+        elif not retry_diverged and files.divergence() is not None:
+            report.diverged.append(run)
+        else:
+            todo.append(run)
     check_fit_args(todo, spec.metric)
+    earlier = f"{len(report.diverged)} diverged (not run again), " if report.diverged else ""
     console.print(
-        f"[bold]{spec.name}[/bold]: {len(report.skipped) + len(todo)} runs, {len(report.skipped)} finished (skipped), "
-        f"{len(todo)} to run with {workers} worker(s) → {spec.output}",
+        f"[bold]{spec.name}[/bold]: {len(report.skipped) + len(report.diverged) + len(todo)} runs, "
+        f"{len(report.skipped)} finished (skipped), {earlier}{len(todo)} to run with {workers} worker(s) → "
+        f"{spec.output}",
         soft_wrap=True,
     )
+    for run in report.diverged:
+        console.print(
+            f"✗ {run.label} diverged in an earlier sweep: {RunDir(run.run_dir).divergence()} (not run again; "
+            "--retry_diverged runs it again)",
+            soft_wrap=True,
+            highlight=False,
+        )
     if dry_run:
         for run in todo:
             command = [*fit_command(run.args, run.run_dir), *_log_args(spec, run, logger)]
@@ -356,6 +382,9 @@ def _report_run(run: Run, code: int, seconds: float, report: SweepReport, consol
         report.finished.append(run)
         top1 = run_top1(run.run_dir, metric)
         console.print(f"✓ {run.label}: {metric_text(metric, run.args)} {top1:.2f}% ({seconds:.0f} s)", highlight=False)
+    elif (diverged := RunDir(run.run_dir).divergence()) is not None:  # a fit drops a stale record when it starts
+        report.diverged.append(run)
+        console.print(f"✗ {run.label} diverged after {seconds:.0f} s: {diverged}", highlight=False)
     elif code in _INTERRUPTED_CODES:
         report.interrupted.append(run)
         console.print(

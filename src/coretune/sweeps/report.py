@@ -126,6 +126,7 @@ def _markdown(spec: BenchSpec, cells: Cells, layout: TableLayout, extra: list[st
     ]
     lines[3:3] = _selection_note(spec)
     lines += _reconstructed_note(cells, layout)
+    lines += _diverged_note(spec)
     lines += extra
     lines += _significance(spec, cells, layout)
     return "\n".join(lines) + "\n"
@@ -170,6 +171,27 @@ def _reconstructed_note(cells: Cells, layout: TableLayout) -> list[str]:
         + "; ".join(marked)
         + ". Their runs' files were lost; results.json holds the numbers recorded when they finished, marked "
         "`reconstructed` (docs/records/README.md), and no per-class accuracy, loss or configuration.",
+    ]
+
+
+def _diverged_note(spec: BenchSpec) -> list[str]:
+    """The runs that diverged or collapsed, each with its message: left out of the table (its ``n`` counts finished
+    runs), but results, which ``coretune bench`` does not run again; nothing without any."""
+    from ..rundir import RunDir
+
+    diverged = [
+        f"- {run.label}: {message}"
+        for run in spec.runs()
+        if not RunDir(run.run_dir).is_finished() and (message := RunDir(run.run_dir).divergence()) is not None
+    ]
+    if not diverged:
+        return []
+    return [
+        "",
+        f"✗ {len(diverged)} run(s) diverged or collapsed and are not in the table (n counts finished runs; "
+        "`coretune bench --retry_diverged` runs them again as they are, a lower learning rate or gradient clipping "
+        "needs a spec entry under a new name):",
+        *diverged,
     ]
 
 

@@ -373,7 +373,8 @@ def _exit_on(command: str, err: Exception) -> None:
     """Exit with a signal's code after an interrupted fit or sweep, or with the message alone after an error a user
     can cause and fix (:func:`_user_errors`; any ``RuntimeError`` too, except from ``fit`` and ``pretrain``). Returns
     on anything else. The exception classes are imported here, once a command failed."""
-    from .engine import TrainingInterrupted
+    from .distributed import outlive_rank_zero, rank
+    from .engine import NonFiniteLossError, TrainingInterrupted
     from .sweeps.launch import SweepInterrupted
 
     if isinstance(err, (TrainingInterrupted, SweepInterrupted)):
@@ -381,7 +382,12 @@ def _exit_on(command: str, err: Exception) -> None:
         sys.exit(128 + err.signum)  # the shell convention for "ended by signal N"
     user_error = isinstance(err, _user_errors())
     if user_error or (isinstance(err, RuntimeError) and command not in ("fit", "pretrain")):
-        sys.exit(f"coretune {command}: error: {_error_message(err)}")
+        message = f"coretune {command}: error: {_error_message(err)}"
+        if isinstance(err, NonFiniteLossError) and rank() != 0:  # raised by every DDP process together
+            print(message, file=sys.stderr)
+            outlive_rank_zero()
+            sys.exit(1)
+        sys.exit(message)
 
 
 def _user_errors() -> tuple[type[Exception], ...]:

@@ -7,6 +7,7 @@ objectives call them unconditionally. See ``docs/scaling.md`` for the gradient b
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,7 @@ __all__ = [
     "gather_with_grad",
     "is_distributed",
     "is_launching_process",
+    "outlive_rank_zero",
     "rank",
     "ranks_where",
     "scale_grad",
@@ -56,7 +58,19 @@ def ranks_where(flag: bool, device: torch.device | str = "cpu") -> list[int]:
     mine = torch.tensor([int(flag)], dtype=torch.int32, device=device)
     flags = [torch.empty_like(mine) for _ in range(world_size())]
     dist.all_gather(flags, mine)
-    return [r for r, f in enumerate(flags) if int(f)]
+    return [r for r, f in enumerate(torch.cat(flags).tolist()) if f]  # one device-to-host copy
+
+
+def outlive_rank_zero(timeout: float = 30.0) -> None:
+    """In a data-parallel process other than rank 0, wait (at most ``timeout`` seconds) for the process that
+    launched it to end before ending too. Lightning's DDP launcher runs rank 0 in the launching process and kills it
+    as soon as it sees another process exit with an error, which could cut rank 0's last words (its error message)
+    short after an error every process raises together."""
+    if not is_distributed() or rank() == 0:
+        return
+    parent, deadline = os.getppid(), time.monotonic() + timeout
+    while os.getppid() == parent and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def batch_sizes(n: int, device: torch.device | str = "cpu") -> list[int]:

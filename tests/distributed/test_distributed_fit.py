@@ -157,9 +157,36 @@ class PoisonOneProcess(L.Callback):
 
 
 @pytest.mark.ddp
-@pytest.mark.parametrize("stage", ["training", "validation"])
+@pytest.mark.parametrize(
+    ("stage", "objective", "process_0", "process_1"),
+    [
+        (
+            "training",
+            "ce",
+            "the training loss is not finite on process 1 at epoch 0, step 1 (batch 1). Check the images",
+            "the training loss is nan on process 1 at epoch 0, step 1 (batch 1; ce=nan, loss=nan). Check",
+        ),
+        (  # Core-tuning mines the gathered batch: process 1's NaN features make both processes' losses NaN
+            "training",
+            "core",
+            "the training loss is nan on process 0 at epoch 0, step 1 (batch 1; ce=nan, ce_mix=nan, con=nan, loss=nan; "
+            "the non-finite features come from process 1). Check the images",
+            "the training loss is nan on process 1 at epoch 0, step 1 (batch 1; ce=nan, ce_mix=nan, con=nan, loss=nan; "
+            "the non-finite features come from process 1). Check",
+        ),
+        (
+            "validation",
+            "ce",
+            "the validation loss is not finite on process 1 at epoch 0, step 3 (that process's error names the "
+            "batch). Check the pre-trained weights",
+            "the validation loss is nan on process 1 at epoch 0, step 3 (batch 0; 4 of 4 images have non-finite "
+            "logits). Check",
+        ),
+    ],
+    ids=["training", "training-gathered", "validation"],
+)
 def test_a_loss_that_is_nan_on_one_process_stops_every_process_and_rank_0_records_it(
-    stage: str, tmp_path: Path
+    stage: str, objective: str, process_0: str, process_1: str, tmp_path: Path
 ) -> None:
     # each process checks its own loss; when only process 1 raised, process 0 was killed without recording the
     # divergence, and a sweep ran the fit again as if it had been interrupted
@@ -170,7 +197,7 @@ def test_a_loss_that_is_nan_on_one_process_stops_every_process_and_rank_0_record
     (tmp_path / "poison.py").write_text(POISON)
     command = [
         sys.executable, "-m", "coretune.cli", "fit", "--data.root=data", "--data.image_size=16",
-        "--data.batch_size=4", "--model.backbone=small_cnn", "--objective=ce", "--trainer.max_epochs=1",
+        "--data.batch_size=4", "--model.backbone=small_cnn", f"--objective={objective}", "--trainer.max_epochs=1",
         "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu",
         "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         "--trainer.callbacks+=poison.PoisonOneProcess", f"--trainer.callbacks.stage={stage}", "--run_dir=run",
@@ -178,20 +205,11 @@ def test_a_loss_that_is_nan_on_one_process_stops_every_process_and_rank_0_record
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode != 0
-    expected = {
-        "training": "the training loss is not finite on process 1 at epoch 0, step 1 (batch 1). Check the images",
-        "validation": "the validation loss is not finite on process 1 at epoch 0, step 3 (that process's error names "
-        "the batch). Check the pre-trained weights",
-    }[stage]
+    assert done.returncode == 1, done.stderr[-3000:]
     recorded = RunDir(tmp_path / "run").divergence() or ""
-    assert recorded.startswith(expected), done.stderr[-3000:]
-    assert f"error: {recorded}" in done.stderr  # the one line coretune fit ends with
-    process_1 = (
-        "the training loss is nan on process 1 at epoch 0, step 1 (batch 1; ce=nan, loss=nan)"
-        if stage == "training"
-        else (
-            "the validation loss is nan on process 1 at epoch 0, step 3 (batch 0; 4 of 4 images have non-finite logits)"
-        )
-    )
-    assert process_1 in done.stderr, done.stderr  # its own error names the loss terms or the batch
+    assert recorded.startswith(process_0), done.stderr[-3000:]
+    # both processes end with their one line: process 1 waits for process 0, which Lightning's launcher would kill
+    # as soon as it saw process 1 exit
+    errors = [line for line in done.stderr.splitlines() if line.startswith("coretune fit: error: ")]
+    assert len(errors) == 2 and f"coretune fit: error: {recorded}" in errors, done.stderr[-3000:]
+    assert any(line.startswith(f"coretune fit: error: {process_1}") for line in errors), errors

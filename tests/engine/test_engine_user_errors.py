@@ -980,6 +980,26 @@ def test_chance_level_warns_once_then_stops_after_patience_epochs(
     assert f"epoch {first + 1}" in json.loads((tmp_path / "run" / "results.json").read_text())["collapsed"]
 
 
+def test_a_collapse_the_guard_cannot_record_still_raises_the_collapse(tree: Path, tmp_path: Path) -> None:
+    # an OSError from the record (a full disk) would have replaced the collapse on rank 0 alone, leaving the other
+    # DDP processes, which raise the collapse, waiting for it at RunArtifacts' barrier
+    import lightning as L
+
+    from coretune.data import ImageClassificationData
+    from coretune.engine import ChanceLevelGuard
+
+    weights = dead_backbone(tmp_path / "dead.pth")
+    model = FineTuner(objectives.create("ce"), backbone="small_cnn", weights=str(weights), freeze_backbone=True)
+    (tmp_path / "run" / "results.json").mkdir(parents=True)  # unwritable as a file
+    trainer = L.Trainer(
+        default_root_dir=tmp_path / "run", max_epochs=3, limit_val_batches=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[ChanceLevelGuard(tmp_path / "run", min_steps=0, patience=1, min_fraction=0)],
+    )  # fmt: skip
+    with pytest.raises(NonFiniteLossError, match=r"the run collapsed .* \(not recorded in results\.json: \[Errno"):
+        trainer.fit(model, datamodule=ImageClassificationData(root=str(tree), image_size=16, batch_size=8))
+
+
 @pytest.mark.parametrize(
     ("extra", "warned"),
     [

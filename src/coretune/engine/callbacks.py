@@ -230,11 +230,13 @@ class RunArtifacts(L.Callback):
         again."""
         if not isinstance(exception, NonFiniteLossError):
             return
-        if trainer.is_global_zero:
-            update_results(self.run_dir(trainer), diverged=str(exception))
-        # Every process raises it together (the decision is reduced over them), and a launcher kills the rest as
-        # soon as one process ends: the others wait here until rank 0 has recorded it.
-        trainer.strategy.barrier("coretune-diverged")
+        try:
+            if trainer.is_global_zero:
+                update_results(self.run_dir(trainer), diverged=str(exception))
+        finally:
+            # Every process raises it together (the decision is reduced over them), and a launcher kills the rest
+            # as soon as one process ends: the others wait here until rank 0 has recorded it (or failed to).
+            trainer.strategy.barrier("coretune-diverged")
 
 
 class ChanceLevelGuard(L.Callback):
@@ -298,10 +300,14 @@ class ChanceLevelGuard(L.Callback):
             "learning rate (--model.lr); docs/results.md, section 7"
         )
         if self._streak >= self.patience or last:
-            if trainer.is_global_zero:
-                update_results(self._run_dir or trainer.default_root_dir, collapsed=what)
             when = f"for {self._streak} epochs" if self._streak > 1 else "at the end of training"
-            raise NonFiniteLossError(f"{what}, {when}: {fix}")
+            message = f"{what}, {when}: {fix}"
+            if trainer.is_global_zero:
+                try:
+                    update_results(self._run_dir or trainer.default_root_dir, collapsed=what)
+                except OSError as err:  # every process raises the same error, which RunArtifacts records
+                    raise NonFiniteLossError(f"{message} (not recorded in results.json: {err})") from err
+            raise NonFiniteLossError(message)
         if not self._warned:
             self._warned = True
             rank_zero_warn(f"{what}: {fix}")

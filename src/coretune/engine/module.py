@@ -580,14 +580,7 @@ class FineTuner(L.LightningModule):
         out = self.task.loss(self.objective, z, unpacked, inputs)
         # decided over every process (DDP: each computes its own loss), so they all stop and rank 0 records it
         if failed := ranks_where(not bool(torch.isfinite(out.loss)), out.loss.device):
-            when = f"at epoch {self.current_epoch}, step {self.global_step}"
-            if rank() in failed:
-                terms = ", ".join(f"{k}={float(v):.4g}" for k, v in out.terms.items())
-                where = f" on process {rank()}" if world_size() > 1 else ""
-                what = f"the training loss is {float(out.loss.detach())}{where} {when} (batch {batch_idx}; {terms})"
-            else:
-                what = f"the training loss is not finite on process {_listed(failed)} {when} (batch {batch_idx})"
-            raise NonFiniteLossError(f"{what}. Check the images for NaN/Inf, {self._diverged_fix()}")
+            raise NonFiniteLossError(self._training_blowup(out, z, batch_idx, failed))
         y, bs = unpacked.targets, len(unpacked)
         self.log_dict(
             {f"train/{k}": v for k, v in out.terms.items()},
@@ -605,6 +598,23 @@ class FineTuner(L.LightningModule):
             batch_size=bs,
         )
         return out.loss
+
+    def _training_blowup(self, out: Any, z: Tensor, batch_idx: int, failed: list[int]) -> str:
+        """The message of a non-finite training loss on the processes ``failed``, from this process's view. Every
+        process calls it (one more collective under DDP with a gathering objective)."""
+        when = f"at epoch {self.current_epoch}, step {self.global_step}"
+        origin = ""
+        # a gathering objective's loss is the gathered batch's: one process's non-finite features make them all NaN
+        gathered = world_size() > 1 and self.task.gathers(self.objective)
+        if gathered and (sources := ranks_where(not bool(torch.isfinite(z).all()), z.device)):
+            origin = f"; the non-finite features come from process {_listed(sources)}"
+        if rank() in failed:
+            terms = ", ".join(f"{k}={float(v):.4g}" for k, v in out.terms.items())
+            where = f" on process {rank()}" if world_size() > 1 else ""
+            what = f"the training loss is {float(out.loss.detach())}{where} {when} (batch {batch_idx}; {terms}{origin})"
+        else:
+            what = f"the training loss is not finite on process {_listed(failed)} {when} (batch {batch_idx}{origin})"
+        return f"{what}. Check the images for NaN/Inf, {self._diverged_fix()}"
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         unpacked = self.task.unpack(batch)

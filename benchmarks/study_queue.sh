@@ -2,7 +2,8 @@
 # The long real runs of issues 40, 38 and 41 (about 25 CPU hours), one run at a time, in an order that survives a
 # machine being replaced between sessions: every finished run's records are exported into docs/records and committed
 # at once, and a new machine starts by copying the committed records back into runs/ (so `coretune bench` skips
-# the finished runs, as it skips any run whose results.json holds test results). A run cut short on a machine that
+# the finished runs, as it skips any run whose results.json holds test results or records that it diverged: a
+# result too, committed like the others and never fitted again). A run cut short on a machine that
 # stays up resumes from its checkpoints/last.ckpt; on a new machine it starts again.
 #
 # An adversarial run (issue 38) is fitted, scored by benchmarks/robust_table.py and only then committed: its
@@ -135,6 +136,10 @@ finished() {  # SPEC DATASET OBJECTIVE SEED: the run's results.json holds test r
   grep -qs '"test":' "runs/bench/$(run_path "$@")/results.json"
 }
 
+diverged() {  # SPEC DATASET OBJECTIVE SEED: the run's committed results.json records that it diverged (a result)
+  git -C "$MAIN" show "HEAD:docs/records/$(run_path "$@")/results.json" 2>/dev/null | grep -q '"diverged"'
+}
+
 recorded() {  # SPEC DATASET OBJECTIVE SEED [FILE]: the run's FILE (default results.json) is committed in MAIN
   git -C "$MAIN" cat-file -e "HEAD:docs/records/$(run_path "$1" "$2" "$3" "$4")/${5:-results.json}" 2>/dev/null
 }
@@ -150,7 +155,7 @@ fit() {  # SPEC OBJECTIVE SEED [DATASET]: the spec's runs of that objective and 
   say "fit $(name_of "$1") $2 seed $3"
   "$BIN/coretune" bench "$1" --only_objectives "[$2]" --only_seeds "[$3]" ${4:+--only_datasets "[$4]"}
   local status=$?
-  [ $status = 0 ] || say "FAILED: $(name_of "$1") $2 seed $3 (the runs that finished are recorded)"
+  [ $status = 0 ] || say "FAILED: $(name_of "$1") $2 seed $3 (the runs that finished or diverged are recorded)"
   record "$1" "${4:-every column}/$2/seed$3" "$2" "$3" "${4:-}"
   return $status
 }
@@ -162,6 +167,7 @@ adversarial() {  # OBJECTIVE SEED: fit, score (PGD-10 on all; torchattacks and A
   [ "$1" = ce ] && expected+=(robust_results_sanity_linf8.json)
   for file in results.json "${expected[@]}"; do recorded "$ADV" cifar10 "$1" "$2" "$file" || done=0; done
   [ $done = 1 ] && return 0
+  diverged "$ADV" cifar10 "$1" "$2" && return 0  # recorded as diverged: nothing to score
   for file in "${expected[@]}"; do [ -f "$run/$file" ] || scored=0; done
   if finished "$ADV" cifar10 "$1" "$2" && [ $scored = 1 ]; then
     record "$ADV" "cifar10/$1/frac0.1/seed$2 (fit and robust accuracy)" "$1" "$2"
@@ -172,7 +178,15 @@ adversarial() {  # OBJECTIVE SEED: fit, score (PGD-10 on all; torchattacks and A
     mv "$run" "$run.unscored-$(date +%s)"
   fi
   say "fit + evaluate adversarial $1 seed $2"
-  "$BIN/coretune" bench "$ADV" --only_objectives "[$1]" --only_seeds "[$2]" || { say "FAILED fit: $1 seed $2"; return 1; }
+  if ! "$BIN/coretune" bench "$ADV" --only_objectives "[$1]" --only_seeds "[$2]"; then
+    if grep -qs '"diverged"' "$run/results.json"; then
+      say "DIVERGED: $1 seed $2 (recorded, not scored)"
+      record "$ADV" "cifar10/$1/frac0.1/seed$2 (diverged)" "$1" "$2"
+    else
+      say "FAILED fit: $1 seed $2"
+    fi
+    return 1
+  fi
   "$BIN/python" benchmarks/robust_table.py evaluate "$ADV" --only_objectives "$1" --only_seeds "$2" \
     --autoattack_seeds 0 --referee_seeds 0 || { say "FAILED evaluate: $1 seed $2"; return 1; }
   for file in "${expected[@]}"; do

@@ -3,7 +3,8 @@ does what each command the queue calls leaves on disk (a finished run's results.
 results, the snapshots of a pre-training, the kNN and probe scores), in milliseconds, and logs every call.
 
 Called as ``queue_stub.py coretune ARGS`` or ``queue_stub.py python SCRIPT ARGS``. Environment: ``QUEUE_STUB_LOG``
-(the call log), ``QUEUE_STUB_FAIL`` (``objective/seed/dataset`` of a fit that fails).
+(the call log), ``QUEUE_STUB_FAIL`` (``objective/seed/dataset`` of a fit that fails), ``QUEUE_STUB_DIVERGE`` (of fits
+that diverge, comma-separated: recorded as ``diverged`` and, as by ``coretune bench``, never fitted again).
 """
 
 from __future__ import annotations
@@ -59,16 +60,22 @@ def bench(args: list[str]) -> int:
     export = option(args, "--export")
     status = 0
     for run, label in runs(args):
-        finished = (run / "results.json").is_file() and "test" in json.loads((run / "results.json").read_text())
+        results = json.loads((run / "results.json").read_text()) if (run / "results.json").is_file() else {}
+        finished, diverged = "test" in results, "diverged" in results
         if export:
-            if finished:
+            if finished or diverged:
                 target = Path(export[0]) / run.relative_to(spec_of(args[1])["output"])
                 target.mkdir(parents=True, exist_ok=True)
                 for name in ("results.json", *ROBUST):
                     if (run / name).is_file():
                         shutil.copy(run / name, target / name)
         elif not finished:
-            if label == os.environ.get("QUEUE_STUB_FAIL"):
+            if label == os.environ.get("QUEUE_STUB_FAIL") or diverged:
+                status = 1
+                continue
+            if label in os.environ.get("QUEUE_STUB_DIVERGE", "").split(","):
+                run.mkdir(parents=True, exist_ok=True)
+                (run / "results.json").write_text(json.dumps({"diverged": "the training loss is nan …"}))
                 status = 1
                 continue
             (run / "checkpoints").mkdir(parents=True, exist_ok=True)

@@ -135,11 +135,13 @@ def _recorded(main: Path, name: str, file: str = "results.json") -> list[str]:
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("flock") is None, reason="needs bash and flock")
 def test_the_queue_records_every_run_and_a_new_machine_resumes_from_the_records(queue: tuple[Path, Path, Path]) -> None:
     worktree, main, log = queue
-    done = _run(worktree, main, log, QUEUE_STUB_FAIL="core/2/simclr_e5")
+    diverge = "at_core_linf/1/cifar10,delta/0/cifar10"  # results too: recorded, never fitted again
+    done = _run(worktree, main, log, QUEUE_STUB_FAIL="core/2/simclr_e5", QUEUE_STUB_DIVERGE=diverge)
     assert done.returncode == 0 and "queue finished" in done.stdout, done.stdout + done.stderr
+    assert "DIVERGED: at_core_linf seed 1 (recorded, not scored)" in done.stdout
     assert len(_recorded(main, "cifar10-cpu-10pct-memory")) == 18
     assert len(_recorded(main, "cifar10-cpu-10pct-adversarial")) == 12
-    assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results.json")) == 12
+    assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results.json")) == 11
     assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results_autoattack.json")) == 4  # seed 0
     assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results_sanity_linf8.json")) == 3  # ce
     assert len(_recorded(main, "cifar10-cpu-10pct-table1")) == 27  # ce and core are the memory study's
@@ -149,6 +151,9 @@ def test_the_queue_records_every_run_and_a_new_machine_resumes_from_the_records(
     assert _git(main, "status", "--porcelain") == ""  # every record committed
     calls = log.read_text().splitlines()
     assert sum(c.startswith("pretrain --method simclr") for c in calls) == 1
+    again = _run(worktree, main, log, QUEUE_STUB_FAIL="core/2/simclr_e5", QUEUE_STUB_DIVERGE=diverge)
+    assert again.returncode == 0  # again on this machine: the diverged runs are not fitted
+    assert not [c for c in log.read_text().splitlines()[len(calls) :] if "at_core_linf] --only_seeds [1]" in c]
     # a new machine: only the committed records; the failed run is the only one fitted again, after a pre-training
     shutil.rmtree(worktree / "runs")
     log.unlink()

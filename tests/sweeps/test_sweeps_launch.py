@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -362,7 +363,8 @@ def test_a_diverged_run_is_a_result_listed_under_the_tables_and_not_run_again(
     assert str(failed.value.code).endswith(
         "of 3 runs, 1 diverged (listed under the tables; each message is in its results.json); for the diverged "
         "runs: the same settings diverge again, so add a spec entry under a new name with a lower learning rate or "
-        "gradient clipping (--trainer.gradient_clip_val 1.0); --retry_diverged runs them again as they are"
+        "gradient clipping (--trainer.gradient_clip_val 1.0); after a code change, --retry_diverged runs them again "
+        "from the start"
     )  # not a success: exit status 1
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| ce | **51.00 ± 1.41 (n=2)** |" in summary
@@ -370,7 +372,7 @@ def test_a_diverged_run_is_a_result_listed_under_the_tables_and_not_run_again(
     assert f"- d/ce/frac1/seed1: {message}" in summary
 
     launched.clear()
-    with pytest.raises(SystemExit, match="1 diverged"):
+    with pytest.raises(SystemExit, match="of 3 runs, 1 diverged"):
         main(["bench", str(config)])  # a result: not run again, and still not a success
     assert launched == []
     out = " ".join(capsys.readouterr().out.split())
@@ -379,8 +381,46 @@ def test_a_diverged_run_is_a_result_listed_under_the_tables_and_not_run_again(
 
     records = tmp_path / "records"  # its record is kept with the finished ones: a new machine skips it too
     main(["bench", str(config), "--export", str(records)])
-    assert json.loads((records / "d" / "ce" / "frac1" / "seed1" / "results.json").read_text()) == {"diverged": message}
+    seed1 = tmp_path / "out" / "d" / "ce" / "frac1" / "seed1"
+    assert json.loads((records / seed1.relative_to(tmp_path / "out") / "results.json").read_text()) == {
+        "diverged": message
+    }
+    shutil.rmtree(tmp_path / "out")  # a new machine: the records copied back, without logs or checkpoints
+    shutil.copytree(records, tmp_path / "out")
+    monkeypatch.setenv("COLUMNS", "300")  # the status table's cells unwrapped
+    main(["bench", str(config), "--status"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "diverged (its message: results.json)" in out and "│ not started" not in out
+    assert "2 of 3 runs finished, 1 diverged (not run again), 0 started" in out
 
-    with pytest.raises(SystemExit, match="1 diverged"):
-        main(["bench", str(config), "--retry_diverged"])
+    (seed1 / "checkpoints").mkdir()
+    (seed1 / "checkpoints" / "last.ckpt").write_bytes(b"the weights of the epoch before it diverged")
+    with pytest.raises(SystemExit, match="of 3 runs, 1 diverged"):
+        main(["bench", str(config), "--retry_diverged"])  # diverges again (the stand-in always does)
     assert launched == [1]
+    (aside,) = seed1.parent.glob("seed1.diverged-*")  # the run that diverged, kept; the retry starts over
+    assert (aside / "checkpoints" / "last.ckpt").is_file() and not (seed1 / "checkpoints").exists()
+    assert "↻ d/ce/frac1/seed1: starts over; the run that diverged is kept in" in " ".join(
+        capsys.readouterr().out.split()
+    )
+
+
+def test_a_run_another_process_saw_diverge_is_not_run_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a second sweep of the spec (another terminal or machine) recorded seed 1's divergence after this one listed it
+    spec = spec_of(tmp_path, objectives=["ce"], seeds=[0, 1])
+    launched: list[Path] = []
+
+    def launch(args: list[str], run_dir: Path, env: object = None, stop: object = None, log_args: object = ()) -> int:
+        launched.append(Path(run_dir))
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "results.json").write_text(json.dumps({"test": {"top1": 0.5}}))
+        other = spec.runs()[1].run_dir
+        other.mkdir(parents=True, exist_ok=True)
+        (other / "results.json").write_text(json.dumps({"diverged": "the training loss is nan …"}))
+        return 0
+
+    monkeypatch.setattr("coretune.sweeps.launch.launch_fit", launch)
+    console = Console(record=True, width=300)
+    report = run_sweep(spec, console=console)
+    assert launched == [spec.runs()[0].run_dir] and [r.seed for r in report.diverged] == [1]
+    assert "✗ tiny/ce/frac1/seed1 diverged in another process: the training loss is nan …" in console.export_text()

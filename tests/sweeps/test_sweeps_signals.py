@@ -108,7 +108,7 @@ def test_a_fit_killed_by_a_second_signal_is_interrupted_not_failed(
     datasets = {"d": [f"--data.root={data_root(tmp_path)}"]}
     config.write_text(yaml.safe_dump({"output": str(tmp_path / "out2"), "datasets": datasets, "objectives": ["ce"]}))
     _fake_fits(monkeypatch, {0: 130})
-    with pytest.raises(SystemExit, match=r"of 1 runs, 1 were interrupted \(resumable\); re-run the same command"):
+    with pytest.raises(SystemExit, match=r"of 1 runs, 1 interrupted \(resumable\); re-run the same command"):
         main(["bench", str(config)])
 
 

@@ -70,8 +70,9 @@ def _parser() -> Any:
     parser.add_argument(
         "--retry_diverged",
         action="store_true",
-        help="Run again the runs that diverged or collapsed in an earlier sweep (by default a result, not run again: "
-        "a seeded fit diverges again unless its code or settings changed).",
+        help="Run again, from the start, the runs that diverged or collapsed in an earlier sweep (their folders are "
+        "moved aside, kept). By default such a run is a result and not run again: with its seed and settings it "
+        "diverges again, so retry after changing the code; other settings need a spec entry under a new name.",
     )
     parser.add_argument("--aggregate_only", action="store_true", help="Only (re)write the tables and plots.")
     parser.add_argument(
@@ -136,7 +137,8 @@ def main(args: list[str]) -> None:
         raise SweepInterrupted(
             report.signum,
             f"sweep stopped by {signal.Signals(report.signum).name}: {counts}. Re-run the same command to resume: "
-            "finished runs are skipped, interrupted ones continue from checkpoints/last.ckpt",
+            "finished runs are skipped, interrupted ones continue from checkpoints/last.ckpt"
+            + (", diverged ones are not run again" if report.diverged else ""),
         )
     if report is not None and report.in_use:
         console.print(
@@ -148,12 +150,13 @@ def main(args: list[str]) -> None:
         logs = "; ".join(str(RunDir(run.run_dir).log) for run in report.failed)
         parts = [f"{len(report.failed)} failed (see {logs})"] if report.failed else []
         if report.interrupted:
-            parts.append(f"{len(report.interrupted)} were interrupted (resumable)")
+            parts.append(f"{len(report.interrupted)} interrupted (resumable)")
         if report.diverged:
             parts.append(
                 f"{len(report.diverged)} diverged (listed under the tables; each message is in its results.json)"
             )
-        runs = len(report.failed) + len(report.interrupted) + len(report.diverged) + len(report.finished)
+        runs = sum(map(len, (report.failed, report.interrupted, report.diverged, report.finished, report.skipped)))
+        runs += len(report.in_use)
         again = (
             ("fix the cause and " if report.failed else "") + "re-run the same command to run them again"
             if report.failed or report.interrupted
@@ -162,10 +165,12 @@ def main(args: list[str]) -> None:
         if report.diverged:
             fix = (
                 "the same settings diverge again, so add a spec entry under a new name with a lower learning rate or "
-                "gradient clipping (--trainer.gradient_clip_val 1.0); --retry_diverged runs them again as they are"
+                "gradient clipping (--trainer.gradient_clip_val 1.0); after a code change, --retry_diverged runs them "
+                "again from the start"
             )
             again = f"{again}; for the diverged runs: {fix}" if again else f"for the diverged runs: {fix}"
-        raise RuntimeError(f"of {runs} runs, {' and '.join(parts)}; {again}")
+        listed = ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
+        raise RuntimeError(f"of {runs} runs, {listed}; {again}")
 
 
 def _print_summary(spec: BenchSpec, console: Any) -> None:

@@ -67,6 +67,8 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
             status = "finished"
         elif files.live_claim() is not None:
             status = "running"
+        elif files.divergence() is not None:
+            status = "diverged"
         else:
             status = "unfinished" if run.run_dir.is_dir() else "missing"
         progress = f"{results.get('epochs', '')} epochs" if test else run_progress(run.run_dir)

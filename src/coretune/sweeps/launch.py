@@ -128,14 +128,14 @@ def launch_fit(
 
     The run directory is claimed for the fit while it runs (:mod:`coretune.runclaim`): raises
     :class:`~coretune.runclaim.RunInUse`, touching nothing, when another live process is running it, and returns 0
-    without starting a fit when another one finished it before the claim.
+    without starting a fit when another one finished it, or saw it diverge, before the claim.
     """
     run_dir = Path(run_dir)
     check_run_args(args, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with claimed(run_dir):
         files = RunDir(run_dir)
-        if files.is_finished():
+        if files.is_finished() or files.divergence() is not None:
             return 0
         files.fit_args.write_text(json.dumps(list(args), indent=1) + "\n")
         stop_file = files.stop_file
@@ -227,8 +227,9 @@ def run_sweep(
     """Run every unfinished run of ``spec`` as a ``coretune fit`` subprocess, ``workers`` at a time.
 
     A run whose ``results.json`` records that it diverged or collapsed (:meth:`RunDir.divergence`) is a result, as
-    in ``coretune tune``: it is not run again (a seeded fit would diverge again) unless ``retry_diverged``, e.g.
-    after changing the code it runs.
+    in ``coretune tune``: it is not run again (a seeded fit would diverge again) unless ``retry_diverged`` (e.g.
+    after changing the code it runs): then its folder is moved aside (``seed1.diverged-<time>``, kept) and the run
+    starts over, not from the checkpoints of the run that diverged.
 
     ``logger`` (``mlflow``, ``tensorboard``, ``csv``, ``wandb``) logs every run into one place in the spec's output
     folder: one MLflow experiment (or W&B project) named after the spec, each run named by its label
@@ -270,10 +271,11 @@ def run_sweep(
         files = RunDir(run.run_dir)
         if files.is_finished():
             report.skipped.append(run)
-        elif not retry_diverged and files.divergence() is not None:
+        elif files.divergence() is not None and not retry_diverged:
             report.diverged.append(run)
         else:
             todo.append(run)
+    retry = [run for run in todo if RunDir(run.run_dir).divergence() is not None]
     check_fit_args(todo, spec.metric)
     earlier = f"{len(report.diverged)} diverged (not run again), " if report.diverged else ""
     console.print(
@@ -295,6 +297,11 @@ def run_sweep(
             console.print(escape(shlex.join(command)), soft_wrap=True, highlight=False)
     if dry_run or not todo:
         return report
+    for run in retry:
+        if RunDir(run.run_dir).live_claim() is None:  # claimed: another sweep is retrying it
+            aside = run.run_dir.with_name(f"{run.run_dir.name}.diverged-{time.strftime('%Y%m%d-%H%M%S')}")
+            run.run_dir.rename(aside)
+            console.print(f"↻ {run.label}: starts over; the run that diverged is kept in {aside}", highlight=False)
     slots: queue.SimpleQueue[dict[str, str] | None] = queue.SimpleQueue()  # one environment per worker
     for env in worker_envs(workers, visible_gpus() if workers > 1 else ()):
         slots.put(env)
@@ -344,6 +351,10 @@ def run_sweep(
                 if outcome is None and RunDir(run.run_dir).is_finished():
                     report.skipped.append(run)
                     progress.console.print(f"↷ {run.label}: finished by another process", highlight=False)
+                    progress.advance(task)
+                elif outcome is None and (diverged := RunDir(run.run_dir).divergence()) is not None:
+                    report.diverged.append(run)
+                    progress.console.print(f"✗ {run.label} diverged in another process: {diverged}", highlight=False)
                     progress.advance(task)
                 elif outcome is None:  # queued behind the signal
                     report.not_started.append(run)
@@ -478,8 +489,9 @@ def _timed_launch(
 ) -> tuple[int, float] | None:
     """Exit code and seconds of the run's fit (``log_args``: :func:`launch_fit`'s), in the environment of a free
     worker slot (taken from ``slots`` and put back); ``None`` when it did not start: ``stop`` held a signal, or
-    another sweep finished the run since this one listed it."""
-    if stop.signum is not None or RunDir(run.run_dir).is_finished():
+    another sweep finished the run, or saw it diverge, since this one listed it."""
+    files = RunDir(run.run_dir)
+    if stop.signum is not None or files.is_finished() or files.divergence() is not None:
         return None
     env = slots.get()  # the pool has one thread per slot: never waits
     bars.started(run)

@@ -24,8 +24,9 @@ __all__ = [
 ]
 
 
-RunStatus = Literal["finished", "running", "unfinished", "missing"]
-"""A run's state: test results written, claimed by a live process, started, or no run directory yet."""
+RunStatus = Literal["finished", "running", "diverged", "unfinished", "missing"]
+"""A run's state: test results written, claimed by a live process, diverged or collapsed (``results.json`` says so:
+a result, not run again), started, or no run directory yet."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,8 @@ def run_progress(run_dir: str | Path) -> str:
     or ``"12 of 20 epochs, diverged (…)"`` when its ``results.json`` records that it diverged."""
     run = RunDir(run_dir)
     claim = run.live_claim()
-    if claim is None and not run.log.is_file():
+    diverged = claim is None and run.divergence() is not None  # also a record copied back, without its log
+    if claim is None and not diverged and not run.log.is_file():
         return "not started"
     done, total = run.epochs_done()
     text = f"{done} of {total} epochs" if total else f"{done} epochs"
@@ -102,7 +104,7 @@ def run_progress(run_dir: str | Path) -> str:
         return f"running{'' if claim.local else ' on ' + claim.host}, {text} done" + (
             f", ~{format_duration(left)} left" if left is not None else ""
         )
-    if run.divergence() is not None:  # a re-run would likely diverge again
+    if diverged:  # a re-run would diverge again
         return f"{text}, diverged (its message: {run.results.name})"
     resumable = ", resumable" if run.last_checkpoint.is_file() else ""
     return text + resumable + (f", ~{format_duration(left)} to go" if left is not None else "")

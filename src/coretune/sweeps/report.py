@@ -188,9 +188,9 @@ def _diverged_note(spec: BenchSpec) -> list[str]:
         return []
     return [
         "",
-        f"✗ {len(diverged)} run(s) diverged or collapsed and are not in the table (n counts finished runs; "
-        "`coretune bench --retry_diverged` runs them again as they are, a lower learning rate or gradient clipping "
-        "needs a spec entry under a new name):",
+        f"✗ {len(diverged)} run(s) diverged or collapsed and are not in the table (n counts finished runs; a lower "
+        "learning rate or gradient clipping needs a spec entry under a new name, and after a code change "
+        "`coretune bench --retry_diverged` runs them again from the start):",
         *diverged,
     ]
 

@@ -30,7 +30,7 @@ def sweep_time_left(rows: list[RunRecord], paces: list[RunRecord] | None = None)
             finished.setdefault(cell(row), []).append(float(row.wall_time_s))
     total, covered = 0.0, 0
     for row in rows:
-        if row.status == "finished":
+        if row.status in ("finished", "diverged"):  # a diverged run is not fitted again
             continue
         left = None
         if row.status != "missing":
@@ -58,14 +58,16 @@ def print_status(spec: BenchSpec, console: Any, whole: BenchSpec | None = None) 
             value += " (ORACLE)"  # chosen on the unseen domain
         fraction = f"{100 * row.label_fraction:g}%"
         table.add_row(row.dataset, row.objective, fraction, str(row.seed), value, row.progress)
-    counts = {s: sum(r.status == s for r in rows) for s in ("finished", "running", "unfinished", "missing")}
+    counts = {s: sum(r.status == s for r in rows) for s in ("finished", "running", "diverged", "unfinished", "missing")}
     console.print(table)
+    diverged = f"{counts['diverged']} diverged (not run again), " if counts["diverged"] else ""
     console.print(
-        f"{spec.name}: {counts['finished']} of {len(rows)} runs finished, {counts['running'] + counts['unfinished']} "
-        f"started ({counts['running']} running now), {counts['missing']} not started ({spec.output})",
+        f"{spec.name}: {counts['finished']} of {len(rows)} runs finished, {diverged}"
+        f"{counts['running'] + counts['unfinished']} started ({counts['running']} running now), {counts['missing']} "
+        f"not started ({spec.output})",
         highlight=False,
     )
-    if unfinished := len(rows) - counts["finished"]:
+    if unfinished := len(rows) - counts["finished"] - counts["diverged"]:
         left, covered = sweep_time_left(rows, None if whole is None else collect_cells(whole)[1])
         runs, their = ("run", "its") if unfinished == 1 else ("runs", "their")
         unknown = f"no timed epoch or finished seed in {their} cell to go by"

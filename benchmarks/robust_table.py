@@ -54,7 +54,7 @@ def evaluate(
     for run in spec.runs():
         rundir = RunDir(run.run_dir)
         if not rundir.is_finished():
-            print(f"skip {run.label}: not finished")
+            print(f"skip {run.label}: {'diverged: nothing to score' if rundir.divergence() else 'not finished'}")
             continue
         # the run's config first: options after it override it (and it never names the checkpoint to score)
         scored = ["eval", "robust", f"--config={rundir.config}", f"--ckpt={rundir.last_checkpoint}"]

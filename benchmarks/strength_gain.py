@@ -32,6 +32,7 @@ import numpy as np
 
 from coretune.cli import main as coretune
 from coretune.models import weights_digest
+from coretune.rundir import RunDir
 from coretune.sweeps import BenchSpec, BenchSpecError, collect_cells
 from coretune.sweeps.stats import Cell, compare
 
@@ -192,6 +193,19 @@ def gains(specs: list[BenchSpec], eval_dir: Path, baseline: str = "ce") -> list[
     return rows
 
 
+def diverged(specs: list[BenchSpec]) -> str:
+    """The runs of ``specs`` that diverged or collapsed (``results.json``'s ``diverged``), each with its message: a
+    finding about its checkpoint and method, left out of the gains (which pair finished seeds); empty without any."""
+    lines = [
+        f"- {row.dataset}/{row.objective}/{100 * row.label_fraction:g}%/seed {row.seed}: "
+        f"{RunDir(row.run_dir).divergence()}"
+        for spec in specs
+        for row in collect_cells(spec)[1]
+        if row.status == "diverged"
+    ]
+    return "\n".join(["", "Diverged or collapsed (not in the gains):", *lines, ""]) if lines else ""
+
+
 def _number(value: float) -> str:
     return "–" if math.isnan(value) else f"{value:.2f}"
 
@@ -275,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(str(error))
         return
     rows = gains(specs, args.eval_dir)
-    table = markdown(rows)
+    table = markdown(rows) + diverged(specs)
     print(table)
     if args.markdown is not None:
         args.markdown.write_text(table)

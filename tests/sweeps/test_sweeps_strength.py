@@ -165,7 +165,14 @@ def test_gains_are_paired_by_seed_and_core_is_also_compared_with_ce_mix(strength
 def test_plot_command_writes_the_table_and_the_figure(strength: ModuleType, tmp_path: Path) -> None:
     spec = _spec(tmp_path)
     fabricate(spec, {(o, d, 0.1): v for (o, d), v in TOP1.items()})
+    unfinished = next(r.run_dir for r in spec.runs() if (r.objective, r.dataset, r.seed) == ("core", "weak", 2))
+    unfinished.mkdir(parents=True)
+    (unfinished / "results.json").write_text(json.dumps({"diverged": "the training loss is nan at epoch 3 …"}))
     table, png = tmp_path / "table.md", tmp_path / "gain.png"
     strength.main(["plot", str(tmp_path / "strength.yaml"), f"--eval_dir={tmp_path / 'none'}", f"--figure={png}",
                    f"--markdown={table}"])  # fmt: skip
     assert png.is_file() and "| 10% | strong | – | – | 80.00 | core | 83.00 | +3.00 ± 1.00 (n=3) |" in table.read_text()
+    # a divergence is a finding about its checkpoint, not a missing seed
+    assert table.read_text().endswith(
+        "\nDiverged or collapsed (not in the gains):\n- weak/core/10%/seed 2: the training loss is nan at epoch 3 …\n"
+    )

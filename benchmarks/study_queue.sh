@@ -3,7 +3,8 @@
 # machine being replaced between sessions: every finished run's records are exported into docs/records and committed
 # at once, and a new machine starts by copying the committed records back into runs/ (so `coretune bench` skips
 # the finished runs, as it skips any run whose results.json holds test results or records that it diverged: a
-# result too, committed like the others and never fitted again). A run cut short on a machine that
+# result too, committed like the others and never fitted again: to retry one after a code change, delete its
+# committed record, then run `coretune bench SPEC --retry_diverged`). A run cut short on a machine that
 # stays up resumes from its checkpoints/last.ckpt; on a new machine it starts again.
 #
 # An adversarial run (issue 38) is fitted, scored by benchmarks/robust_table.py and only then committed: its

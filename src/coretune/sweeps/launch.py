@@ -300,7 +300,10 @@ def run_sweep(
     for run in retry:
         if RunDir(run.run_dir).live_claim() is None:  # claimed: another sweep is retrying it
             aside = run.run_dir.with_name(f"{run.run_dir.name}.diverged-{time.strftime('%Y%m%d-%H%M%S')}")
-            run.run_dir.rename(aside)
+            try:
+                run.run_dir.rename(aside)
+            except FileNotFoundError:  # another sweep retrying it moved it first
+                continue
             console.print(f"↻ {run.label}: starts over; the run that diverged is kept in {aside}", highlight=False)
     slots: queue.SimpleQueue[dict[str, str] | None] = queue.SimpleQueue()  # one environment per worker
     for env in worker_envs(workers, visible_gpus() if workers > 1 else ()):

@@ -10,9 +10,10 @@ import torch
 from lightning.pytorch.trainer.states import RunningStage
 from torch.utils.data import DataLoader, DistributedSampler
 
-from coretune.data import ImageClassificationData
+from coretune.data import ImageClassificationData, SegmentationData
 from coretune.data import samplers as samplers_module
-from coretune.data.samplers import EpochShuffleSampler, item_seed
+from coretune.data.errors import DataError
+from coretune.data.samplers import EpochShuffleSampler, eval_loader, item_seed
 
 
 def _order(seed: int, epoch: int, n: int) -> list[int]:
@@ -96,3 +97,20 @@ def test_rank_loaders_of_the_datamodule_split_the_single_process_batches(
     for (x, y), (x0, y0), (x1, y1) in zip(single, rank0, rank1, strict=True):
         assert torch.equal(torch.cat([y0, y1]), y)
         assert torch.equal(torch.cat([x0, x1]), x)  # same images, same augmentation draws
+
+
+def test_evaluation_splits_smaller_than_the_processes_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a process without evaluation items skipped the epoch while the others waited for it at its end
+    from segmentation_sets import make_voc_set
+
+    monkeypatch.setattr(samplers_module, "world_size", lambda: 3)
+    monkeypatch.setattr(samplers_module, "rank", lambda: 2)
+    assert [[b.tolist() for b in eval_loader(list(range(n)), 4)] for n in (3, 7)] == [[[2]], [[2, 5]]]
+    expected = r"^an evaluation split of 2 image\(s\) cannot be shared by 3 processes: each process needs at least "
+    with pytest.raises(DataError, match=expected + r"one\. Use --trainer\.devices 2 or fewer, or a larger split$"):
+        eval_loader(list(range(2)), 4)
+    root = make_voc_set(tmp_path / "voc", {"train": 4, "val": 2})
+    with pytest.raises(DataError, match=expected):
+        SegmentationData(root=str(root), image_size=16, batch_size=2).val_dataloader()

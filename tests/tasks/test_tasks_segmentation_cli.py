@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,32 @@ def test_test_predict_and_export_follow_the_checkpoint(trained: tuple[Path, Path
         program = torch.export.load(tmp_path / "exported" / "model.pt2").module()
         crops = torch.randn(3, 3, 48, 48)
         assert torch.allclose(program(crops), model(crops), atol=1e-4)
+
+
+def test_non_finite_logits_on_ignored_pixels_only_fail_the_test(
+    trained: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NaN logits only where every mask is ignored leave the loss finite, and the logits' size check used to miss
+    # them (NaN compares False): the run ended with a score
+    root, run = trained
+    copy = Path(shutil.copytree(root, tmp_path / "voc"))
+    for path in (copy / "SegmentationClass").glob("val_*.png"):
+        mask = read_mask(str(path))
+        mask[0, 0] = 255
+        save_mask(mask, path, palette=True)
+    forward = FineTuner.forward
+
+    def poisoned(self: FineTuner, x: torch.Tensor) -> torch.Tensor:
+        logits = forward(self, x).clone()
+        logits[:, :, 0, 0] = float("nan")
+        return logits
+
+    monkeypatch.setattr(FineTuner, "forward", poisoned)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    message = error(["test", f"--ckpt_path={ckpt}", f"--data.root={copy}", "--data.eval_mode=whole",
+                     "--precision=32-true", "--output", str(tmp_path / "t.json")])  # fmt: skip
+    assert re.match(r"the model diverged at epoch \d+, step \d+: its test logits are not finite \(a trained", message)
+    assert not (tmp_path / "t.json").exists()
 
 
 def test_config_of_another_task_is_refused(trained: tuple[Path, Path], image_tree: Path, tmp_path: Path) -> None:

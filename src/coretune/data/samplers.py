@@ -24,6 +24,7 @@ __all__ = [
     "SeededItems",
     "balanced_train_loader",
     "eval_loader",
+    "eval_sampler",
     "item_seed",
     "loader_options",
     "seeded_train_loader",
@@ -282,7 +283,22 @@ def eval_loader(dataset: Dataset, batch_size: int, **loader_options: Any) -> Dat
     """An evaluation loader, in dataset order; under ``torch.distributed`` each process reads every W-th item, each
     item once (Lightning's default ``DistributedSampler`` pads the split with repeated items to a multiple of W, so
     accuracies would count up to W − 1 images twice)."""
-    sampler = None
-    if world_size() > 1:
-        sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=False)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=False, sampler=sampler, **loader_options)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, sampler=eval_sampler(dataset), **loader_options)
+
+
+def eval_sampler(dataset: Dataset) -> UnrepeatedDistributedSampler | None:
+    """Under ``torch.distributed``, every W-th item of ``dataset`` for this process, each item once (``None`` in a
+    single process).
+
+    Raises:
+        DataError: the split holds fewer items than there are processes. A process without any would skip the
+            evaluation epoch while the others wait for it at the epoch's end, for ever.
+    """
+    if world_size() == 1:
+        return None
+    if (items := len(dataset)) < world_size():  # type: ignore[arg-type]
+        raise DataError(
+            f"an evaluation split of {items} image(s) cannot be shared by {world_size()} processes: each process "
+            f"needs at least one. Use --trainer.devices {items} or fewer, or a larger split"
+        )
+    return UnrepeatedDistributedSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=False)

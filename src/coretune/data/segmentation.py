@@ -24,7 +24,6 @@ from typing import Any, ClassVar, Literal, get_args
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, default_collate
@@ -32,11 +31,10 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from ..distributed import rank, world_size
 from .datasets import OnBadImage
 from .errors import DataError
 from .images import IMAGE_EXTENSIONS, find_bad_images, load_rgb, require_folder, warn_skipped
-from .samplers import seeded_train_loader
+from .samplers import eval_sampler, seeded_train_loader
 from .splits import stratified_split, stratified_subset
 from .transforms import IMAGENET_MEAN, IMAGENET_STD
 
@@ -621,14 +619,11 @@ class SegmentationData(L.LightningDataModule):
     def _eval_loader(self, dataset: Dataset) -> DataLoader:
         """In list order, each image once (every W-th under ``torch.distributed``), batches padded to their
         largest image."""
-        sampler = None
-        if world_size() > 1:
-            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=False)
         return DataLoader(
             dataset,
             batch_size=self.eval_batch_size,
             shuffle=False,
-            sampler=sampler,
+            sampler=eval_sampler(dataset),
             collate_fn=partial(pad_collate, ignore_index=self.ignore_index),
             **self._loader_options(),
         )

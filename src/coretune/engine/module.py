@@ -94,7 +94,8 @@ class _OutputWatch:
     def update(self, x: Tensor, logits: Tensor) -> None:
         self.images_differ = (x != self.image).any() | self.images_differ
         self.logits_differ = (logits != self.logits).any() | self.logits_differ
-        self.largest = torch.clamp(logits.abs().amax().float(), min=self.largest)
+        # NaN counts as infinite: a NaN only on pixels the loss ignores leaves the loss finite (segmentation)
+        self.largest = torch.clamp(logits.abs().amax().float().nan_to_num(nan=math.inf), min=self.largest)
         self.count += len(x)
 
     def collapsed(self) -> bool:
@@ -692,11 +693,12 @@ class FineTuner(L.LightningModule):
                 f"class {name!r} for every image. Check the pre-trained weights, {self._diverged_fix()}"
             )
         if self.trainer.strategy.reduce_boolean_decision(watch is not None and watch.exploded(), all=False):
-            largest = f"{float(watch.largest):.3g}" if watch is not None else f"beyond {LOGIT_LIMIT:.0e}"
+            largest = f"beyond {LOGIT_LIMIT:.0e}" if watch is None else f"{float(watch.largest):.3g}"
+            reach = "are not finite" if largest == "inf" else f"reach {largest} in magnitude"
             raise NonFiniteLossError(
                 f"the model diverged at epoch {self.current_epoch}, step {self.global_step}: its {stage} logits "
-                f"reach {largest} in magnitude (a trained model's stay within ~100), so its predictions no longer "
-                f"mean anything. Check the pre-trained weights, {self._diverged_fix()}"
+                f"{reach} (a trained model's stay within ~100), so its predictions no longer mean anything. Check "
+                f"the pre-trained weights, {self._diverged_fix()}"
             )
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:

@@ -232,12 +232,9 @@ def test_an_evaluation_split_smaller_than_the_processes_is_refused(tmp_path: Pat
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("coretune fit: error: ")]
-    assert (
-        errors
-        == [
-            "coretune fit: error: an evaluation split of 2 image(s) cannot be shared by 3 processes: each process needs "
-            "at least one. Use --trainer.devices 2 or fewer, or a larger split"
-        ]
-        * 3
-    ), done.stderr[-3000:]
+    expected = (
+        "coretune fit: error: an evaluation split of 2 image(s) cannot be shared by 3 processes: each process "
+        "needs at least one. Use --trainer.devices 2 or fewer, or a larger split"
+    )
+    assert errors == [expected] * 3, done.stderr[-3000:]
     assert not (tmp_path / "run").exists()

@@ -20,6 +20,7 @@ __all__ = [
     "gather_with_grad",
     "is_distributed",
     "is_launching_process",
+    "listed",
     "outlive_rank_zero",
     "rank",
     "ranks_where",
@@ -59,6 +60,11 @@ def ranks_where(flag: bool, device: torch.device | str = "cpu") -> list[int]:
     flags = [torch.empty_like(mine) for _ in range(world_size())]
     dist.all_gather(flags, mine)
     return [r for r, f in enumerate(torch.cat(flags).tolist()) if f]  # one device-to-host copy
+
+
+def listed(ranks: list[int]) -> str:
+    """``[1]`` → ``"1"``, ``[1, 3]`` → ``"1, 3"``: the processes a message names (:func:`ranks_where`)."""
+    return ", ".join(map(str, ranks))
 
 
 def outlive_rank_zero(timeout: float = 30.0) -> None:

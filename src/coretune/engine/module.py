@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..adversarial import AdversarialTraining
 from ..data import trained_items
-from ..distributed import rank, ranks_where, scale_grad, world_size
+from ..distributed import listed, rank, ranks_where, scale_grad, world_size
 from ..models import CheckpointError, load_checkpoint_file, weights_digest
 from ..objectives import CETuning, Objective, preset_name
 from ..objectives import get as get_objective
@@ -103,11 +103,6 @@ class _OutputWatch:
 
     def exploded(self) -> bool:
         return float(self.largest) > LOGIT_LIMIT
-
-
-def _listed(ranks: list[int]) -> str:
-    """``[1]`` → ``"1"``, ``[1, 3]`` → ``"1, 3"``: the processes a message names."""
-    return ", ".join(map(str, ranks))
 
 
 def _train_features(features: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
@@ -608,13 +603,13 @@ class FineTuner(L.LightningModule):
         # a gathering objective's loss is the gathered batch's: one process's non-finite features make them all NaN
         gathered = world_size() > 1 and self.task.gathers(self.objective)
         if gathered and (sources := ranks_where(not bool(torch.isfinite(z).all()), z.device)):
-            origin = f"; the non-finite features come from process {_listed(sources)}"
+            origin = f"; the non-finite features come from process {listed(sources)}"
         if rank() in failed:
             terms = ", ".join(f"{k}={float(v):.4g}" for k, v in out.terms.items())
             where = f" on process {rank()}" if world_size() > 1 else ""
             what = f"the training loss is {float(out.loss.detach())}{where} {when} (batch {batch_idx}; {terms}{origin})"
         else:
-            what = f"the training loss is not finite on process {_listed(failed)} {when} (batch {batch_idx}{origin})"
+            what = f"the training loss is not finite on process {listed(failed)} {when} (batch {batch_idx}{origin})"
         return f"{what}. Check the images for NaN/Inf, {self._diverged_fix()}"
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
@@ -678,7 +673,7 @@ class FineTuner(L.LightningModule):
         nonfinite = watch.nonfinite if watch is not None else None
         if failed := ranks_where(nonfinite is not None, self.device):
             what = nonfinite or (
-                f"the {stage} loss is not finite on process {_listed(failed)} at epoch {self.current_epoch}, step "
+                f"the {stage} loss is not finite on process {listed(failed)} at epoch {self.current_epoch}, step "
                 f"{self.global_step} (that process's error names the batch)"
             )
             raise NonFiniteLossError(f"{what}. Check the pre-trained weights, {self._diverged_fix()}")

@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 
-from ..distributed import rank, ranks_where, world_size
+from ..distributed import listed, rank, ranks_where, world_size
 from ..engine import (
     NonFiniteLossError,
     RunArtifacts,
@@ -131,7 +131,7 @@ class ContrastivePretrainer(L.LightningModule):
         # decided over every process, so they all stop and rank 0 records it
         if failed := ranks_where(not bool(torch.isfinite(loss)), loss.device):
             value = float(loss.detach()) if rank() in failed else "not finite"
-            where = f" on process {', '.join(map(str, failed))}" if world_size() > 1 else ""
+            where = f" on process {listed(failed)}" if world_size() > 1 else ""
             raise NonFiniteLossError(
                 f"the {self.method} loss is {value}{where} at epoch {self.current_epoch}, "
                 f"step {self.global_step}: {diverged_fix(getattr(self._trainer, 'precision', None))}"

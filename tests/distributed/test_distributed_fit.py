@@ -14,6 +14,7 @@ import torch
 
 from coretune.cli import main
 from coretune.engine import read_metrics
+from fit_flags import error
 
 
 @pytest.mark.ddp
@@ -94,6 +95,36 @@ def test_two_process_adversarial_fit_attacks_on_each_process_and_trains_on_the_g
 def test_sync_batchnorm_on_cpu_is_refused_with_the_fix(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"--trainer.sync_batchnorm true needs GPUs .*drop it when training on CPU"):
         main(["fit", f"--data.root={tmp_path}", "--trainer.accelerator=cpu", "--trainer.sync_batchnorm=true"])
+
+
+@pytest.mark.parametrize(
+    ("strategy", "named"),
+    [
+        (["--trainer.strategy=ddp_spawn"], "ddp_spawn starts its processes with multiprocessing (spawn)"),
+        (
+            ["--trainer.strategy=ddp_notebook_find_unused_parameters_true"],
+            "ddp_notebook_find_unused_parameters_true starts its processes with multiprocessing (fork)",
+        ),
+        (
+            ["--trainer.strategy=lightning.pytorch.strategies.DDPStrategy", "--trainer.strategy.start_method=fork"],
+            "with start_method fork starts its processes with multiprocessing (fork)",
+        ),
+    ],
+    ids=["spawn", "notebook", "class-path"],
+)
+def test_strategies_that_start_processes_with_multiprocessing_are_refused(
+    strategy: list[str], named: str, image_tree: Path, tmp_path: Path
+) -> None:
+    # ddp_spawn failed with a traceback (it cannot pickle the run); ddp_fork's processes' errors reached the command
+    # as a traceback, and a diverged run was not recorded
+    for command in ("fit", "pretrain"):
+        message = error([command, f"--data.root={image_tree}", "--trainer.accelerator=cpu", "--trainer.devices=2",
+                         *strategy, f"--run_dir={tmp_path / command}"])  # fmt: skip
+        assert message == (
+            f"--trainer.strategy {named}, which coretune's commands do not support (their errors would not reach the "
+            "run directory): use --trainer.strategy ddp, the same data-parallel training with one script per process"
+        )
+        assert not (tmp_path / command).exists()
 
 
 class _SaveHeads(L.Callback):

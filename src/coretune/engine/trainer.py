@@ -12,6 +12,7 @@ import lightning as L
 import torch
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.strategies import StrategyRegistry
 
 from ..rundir import RunDir
 from ..tasks import DEFAULT_TASK, TASKS
@@ -69,11 +70,30 @@ def _accelerator_available(name: str) -> bool:
     return any(n in AcceleratorRegistry and AcceleratorRegistry[n]["accelerator"].is_available() for n in names)
 
 
+def _start_method(strategy: Any) -> str | None:
+    """How a ``--trainer.strategy`` (a registered name, or a ``class_path`` with ``init_args``) starts its
+    processes: ``popen`` (a script per process), ``spawn``, ``fork``, or None when it does not say."""
+    if isinstance(strategy, str):
+        return StrategyRegistry[strategy]["init_params"].get("start_method") if strategy in StrategyRegistry else None
+    init_args = strategy.get("init_args") if hasattr(strategy, "get") else None  # a dict or jsonargparse Namespace
+    return init_args.get("start_method") if hasattr(init_args, "get") else None
+
+
 def check_trainer_options(trainer: Mapping[str, Any]) -> None:
     """Refuse, before anything is built or written, the ``--trainer.*`` options of a CLI run that cannot run here:
     an accelerator this machine lacks, SyncBatchNorm on CPU (torch synchronises CUDA tensors only), a gradient
-    accumulation below 1 batch. One ``ValueError`` lists every problem with its fix."""
+    accumulation below 1 batch, a strategy whose processes Lightning starts with multiprocessing (``ddp_spawn``
+    cannot pickle the run; errors in ``ddp_fork``'s and ``ddp_notebook``'s processes reach the command only as a
+    traceback, and a diverged run is not recorded). One ``ValueError`` lists every problem with its fix."""
     problems = []
+    strategy = trainer.get("strategy", "auto")
+    if (method := _start_method(strategy)) in ("spawn", "fork", "forkserver"):
+        name = strategy if isinstance(strategy, str) else f"with start_method {method}"
+        problems.append(
+            f"--trainer.strategy {name} starts its processes with multiprocessing ({method}), which coretune's "
+            "commands do not support (their errors would not reach the run directory): use --trainer.strategy ddp, "
+            "the same data-parallel training with one script per process"
+        )
     accelerator = trainer.get("accelerator", "auto")
     if isinstance(accelerator, str) and accelerator not in ("auto", "cpu") and not _accelerator_available(accelerator):
         available = [n for n in sorted(AcceleratorRegistry) if _accelerator_available(n)]

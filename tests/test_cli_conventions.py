@@ -142,4 +142,6 @@ def test_a_config_whose_data_is_another_commands_is_refused(
     with pytest.raises(SystemExit) as exit_:
         main(["test", f"--config={pretrain_config}", f"--ckpt_path={RunDir(run).last_checkpoint}", f"--output={out}"])
     assert exit_.value.code == 2 and not out.exists()
-    assert capsys.readouterr().err.endswith("error: Group 'data' does not accept option 'jitter_p'\n")
+    assert capsys.readouterr().err.splitlines() == [
+        "coretune test: error: Group 'data' does not accept option 'jitter_p' (coretune test --help lists the options)"
+    ]

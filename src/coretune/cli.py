@@ -10,7 +10,7 @@ import errno
 import sys
 from pathlib import Path
 
-from jsonargparse import ArgumentParser
+from .arguments import ArgumentParser
 
 __all__ = ["main"]
 

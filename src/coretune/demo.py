@@ -331,7 +331,9 @@ def _report(demo: DemoResult, console: Any) -> None:
 
 
 def _parser() -> Any:
-    from jsonargparse import ActionYesNo, ArgumentParser
+    from jsonargparse import ActionYesNo
+
+    from .arguments import ArgumentParser
 
     parser = ArgumentParser(
         allow_abbrev=False,

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import torch
-from jsonargparse import ArgumentParser
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, IterableDataset, Subset
 
+from .arguments import ArgumentParser
 from .attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode, pixel_radius
 from .data import ImageClassificationData
 from .engine import FineTuner, atomic_write

@@ -20,8 +20,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, Literal
 
-from jsonargparse import ArgumentParser
-
+from .arguments import ArgumentParser
 from .engine import FineTuner, atomic_write, default_precision
 from .runconfig import add_config_argument, parse_with_config
 from .rundir import RunDir

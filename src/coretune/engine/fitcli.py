@@ -25,6 +25,7 @@ import yaml
 
 from .. import objectives
 from ..adversarial import AdversarialTraining
+from ..arguments import help_hint
 from ..models import HUB_PREFIXES, resolve_weights
 from ..runconfig import recorded_task
 from ..rundir import RunDir
@@ -332,8 +333,8 @@ def resolved_fit_config(args: Sequence[str]) -> dict[str, Any]:
             fit([*args, "--print_config"])
     except SystemExit as exit_:
         if exit_.code not in (0, None):
-            message = err.getvalue().rpartition("error:")[2] or f"it exits with {exit_.code}"
-            raise FitArgsError(" ".join(message.split())) from None
+            message = err.getvalue().rpartition("error:")[2].strip().removesuffix(help_hint("coretune fit"))
+            raise FitArgsError(" ".join(message.split()) or f"it exits with {exit_.code}") from None
     except (ValueError, OSError, yaml.YAMLError) as error:
         raise FitArgsError(" ".join(str(error).split())) from None
     config = yaml.safe_load(out.getvalue()) or {}

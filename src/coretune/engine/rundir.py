@@ -15,10 +15,11 @@ from typing import Any, ClassVar, Union, get_args, get_origin
 import yaml
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch import Trainer
-from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from ..arguments import OneLineErrors
 from ..distributed import is_launching_process
 from ..models import CheckpointError, UnreadableCheckpointError, load_checkpoint_file, weights_digest
 from ..runclaim import fit_claim
@@ -298,6 +299,10 @@ def int_before_float(function: Callable[..., Any]) -> None:
             function.__annotations__[name] = Union[(int, *(t for t in types if t is not int))]  # uncached order
 
 
+class _Parser(OneLineErrors, LightningArgumentParser):
+    """LightningCLI's parser with one-line errors."""
+
+
 class RunDirCLI(LightningCLI):
     """A LightningCLI whose run writes into ``--run_dir`` (added by the subclass), held while it runs.
 
@@ -324,6 +329,7 @@ class RunDirCLI(LightningCLI):
     def run(cls, *args: Any, **kwargs: Any) -> None:
         """Parse, run the subcommand, and release the run directory afterwards (also on errors)."""
         kwargs.setdefault("save_config_callback", SaveConfigOnFitStart)
+        kwargs.setdefault("parser_class", _Parser)
         with contextlib.ExitStack() as hold:
             cls(*args, hold=hold, **kwargs)
 

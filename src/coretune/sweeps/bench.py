@@ -28,7 +28,7 @@ __all__ = ["main"]
 
 
 def _parser() -> Any:
-    from jsonargparse import ArgumentParser
+    from ..arguments import ArgumentParser
 
     parser = ArgumentParser(
         allow_abbrev=False,

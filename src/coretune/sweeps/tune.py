@@ -597,7 +597,7 @@ def _per_seed_note(trial: Any) -> str:
 
 
 def _parser() -> Any:
-    from jsonargparse import ArgumentParser
+    from ..arguments import ArgumentParser
 
     parser = ArgumentParser(
         allow_abbrev=False,

@@ -247,25 +247,26 @@ def test_a_loss_that_is_nan_on_one_process_stops_every_process_and_rank_0_record
 
 
 @pytest.mark.ddp
-def test_an_evaluation_split_smaller_than_the_processes_is_refused(tmp_path: Path) -> None:
-    # 2 validation images for 3 processes: the third had no batch and the others waited for it at the epoch's end,
-    # for ever
+def test_an_evaluation_split_smaller_than_the_processes_is_refused_at_the_start(tmp_path: Path) -> None:
+    # a test split of 2 images for 3 processes (the validation split is large enough): the third process had no
+    # batch, and the others waited for it at the end of the final test, for ever, after the whole training
     from image_trees import make_image_tree
 
     make_image_tree(tmp_path / "data", classes=("cat", "dog"), per_class=8, val_per_class=1, size=16)
     command = [
         sys.executable, "-m", "coretune.cli", "fit", "--data.root=data", "--data.image_size=16",
-        "--data.batch_size=2", "--model.backbone=small_cnn", "--objective=ce", "--trainer.max_epochs=1",
-        "--trainer.strategy=ddp", "--trainer.devices=3", "--trainer.accelerator=cpu", "--trainer.precision=32-true",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--run_dir=run",
+        "--data.val_fraction=0.5", "--data.batch_size=2", "--model.backbone=small_cnn", "--objective=ce",
+        "--trainer.max_epochs=1", "--trainer.strategy=ddp", "--trainer.devices=3", "--trainer.accelerator=cpu",
+        "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--run_dir=run",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("coretune fit: error: ")]
     expected = (
-        "coretune fit: error: an evaluation split of 2 image(s) cannot be shared by 3 processes: each process "
-        "needs at least one. Use --trainer.devices 2 or fewer, or a larger split"
+        "coretune fit: error: the test split holds 2 image(s), fewer than the 3 processes that share it (each needs "
+        "at least one): run at most 2 processes (--trainer.devices × --trainer.num_nodes), or use a larger split"
     )
     assert errors == [expected] * 3, done.stderr[-3000:]
-    assert not (tmp_path / "run").exists()
+    assert not (tmp_path / "run").exists()  # refused before the first step

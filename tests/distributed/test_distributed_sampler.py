@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from coretune.data import ImageClassificationData, SegmentationData
 from coretune.data import samplers as samplers_module
 from coretune.data.errors import DataError
-from coretune.data.samplers import EpochShuffleSampler, eval_loader, item_seed
+from coretune.data.samplers import EpochShuffleSampler, check_shareable, eval_loader, item_seed
 
 
 def _order(seed: int, epoch: int, n: int) -> list[int]:
@@ -100,7 +100,7 @@ def test_rank_loaders_of_the_datamodule_split_the_single_process_batches(
 
 
 def test_evaluation_splits_smaller_than_the_processes_are_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a process without evaluation items skipped the epoch while the others waited for it at its end
     from segmentation_sets import make_voc_set
@@ -108,9 +108,16 @@ def test_evaluation_splits_smaller_than_the_processes_are_refused(
     monkeypatch.setattr(samplers_module, "world_size", lambda: 3)
     monkeypatch.setattr(samplers_module, "rank", lambda: 2)
     assert [[b.tolist() for b in eval_loader(list(range(n)), 4)] for n in (3, 7)] == [[[2]], [[2, 5]]]
-    expected = r"^an evaluation split of 2 image\(s\) cannot be shared by 3 processes: each process needs at least "
-    with pytest.raises(DataError, match=expected + r"one\. Use --trainer\.devices 2 or fewer, or a larger split$"):
+    fix = r" that share it \(each needs at least one\): run at most 2 processes \(--trainer\.devices × --trainer\."
+    with pytest.raises(DataError, match=r"^the evaluation split holds 2 image\(s\), fewer than the 3 processes" + fix):
         eval_loader(list(range(2)), 4)
+    check_shareable(list(range(3)), "test")
+    with pytest.raises(DataError, match=r"^the test split holds 2 image\(s\), fewer than the 3 processes that share"):
+        check_shareable(list(range(2)), "test")
     root = make_voc_set(tmp_path / "voc", {"train": 4, "val": 2})
-    with pytest.raises(DataError, match=expected):
+    with pytest.raises(DataError, match=r"^the evaluation split holds 2 image\(s\)"):
         SegmentationData(root=str(root), image_size=16, batch_size=2).val_dataloader()
+    data = ImageClassificationData(root=str(image_tree), image_size=16, batch_size=2)  # 12 val images
+    monkeypatch.setattr(samplers_module, "world_size", lambda: 13)
+    with pytest.raises(DataError, match=r"^the evaluation split holds 12 image\(s\), fewer than the 13 processes"):
+        data.val_dataloader()

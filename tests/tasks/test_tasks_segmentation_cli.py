@@ -112,8 +112,9 @@ def test_test_predict_and_export_follow_the_checkpoint(trained: tuple[Path, Path
         assert torch.allclose(program(crops), model(crops), atol=1e-4)
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_non_finite_logits_on_ignored_pixels_only_fail_the_test(
-    trained: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    value: float, trained: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # NaN logits only where every mask is ignored leave the loss finite, and the logits' size check used to miss
     # them (NaN compares False): the run ended with a score
@@ -127,7 +128,7 @@ def test_non_finite_logits_on_ignored_pixels_only_fail_the_test(
 
     def poisoned(self: FineTuner, x: torch.Tensor) -> torch.Tensor:
         logits = forward(self, x).clone()
-        logits[:, :, 0, 0] = float("nan")
+        logits[:, :, 0, 0] = value
         return logits
 
     monkeypatch.setattr(FineTuner, "forward", poisoned)

@@ -13,7 +13,7 @@ from .images import (
     load_rgb,
     to_rgb,
 )
-from .samplers import trained_items
+from .samplers import check_shareable, trained_items
 from .segmentation import (
     IGNORE_INDEX,
     SegmentationData,
@@ -41,6 +41,7 @@ __all__ = [
     "SegmentationData",
     "SegmentationDataset",
     "SkippedImagesWarning",
+    "check_shareable",
     "eval_transform",
     "find_bad_images",
     "list_image_files",

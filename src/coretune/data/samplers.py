@@ -23,6 +23,7 @@ __all__ = [
     "ResumableLoader",
     "SeededItems",
     "balanced_train_loader",
+    "check_shareable",
     "eval_loader",
     "eval_sampler",
     "item_seed",
@@ -286,19 +287,26 @@ def eval_loader(dataset: Dataset, batch_size: int, **loader_options: Any) -> Dat
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, sampler=eval_sampler(dataset), **loader_options)
 
 
-def eval_sampler(dataset: Dataset) -> UnrepeatedDistributedSampler | None:
-    """Under ``torch.distributed``, every W-th item of ``dataset`` for this process, each item once (``None`` in a
-    single process).
+def check_shareable(dataset: Dataset, split: str = "evaluation") -> None:
+    """Under ``torch.distributed``, refuse an evaluation split with fewer items than there are processes: each
+    process reads every W-th item (:func:`eval_sampler`), and a process without any would skip the evaluation epoch
+    while the others wait for it at the epoch's end, for ever.
 
     Raises:
-        DataError: the split holds fewer items than there are processes. A process without any would skip the
-            evaluation epoch while the others wait for it at the epoch's end, for ever.
+        DataError: naming the split, its size and the fix.
     """
+    if (processes := world_size()) > 1 and (items := len(dataset)) < processes:  # type: ignore[arg-type]
+        raise DataError(
+            f"the {split} split holds {items} image(s), fewer than the {processes} processes that share it (each "
+            f"needs at least one): run at most {items} processes (--trainer.devices × --trainer.num_nodes), or use a "
+            "larger split"
+        )
+
+
+def eval_sampler(dataset: Dataset) -> UnrepeatedDistributedSampler | None:
+    """Under ``torch.distributed``, every W-th item of ``dataset`` for this process, each item once (``None`` in a
+    single process); :func:`check_shareable` first."""
     if world_size() == 1:
         return None
-    if (items := len(dataset)) < world_size():  # type: ignore[arg-type]
-        raise DataError(
-            f"an evaluation split of {items} image(s) cannot be shared by {world_size()} processes: each process "
-            f"needs at least one. Use --trainer.devices {items} or fewer, or a larger split"
-        )
+    check_shareable(dataset)
     return UnrepeatedDistributedSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=False)

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from ..adversarial import AdversarialTraining
-from ..data import trained_items
+from ..data import check_shareable, trained_items
 from ..distributed import listed, rank, ranks_where, scale_grad, world_size
 from ..models import CheckpointError, load_checkpoint_file, weights_digest
 from ..objectives import CETuning, Objective, preset_name
@@ -73,7 +73,7 @@ is already a probability of 1 - 4e-44), so finite logits of 1e15 after a huge st
 
 class _OutputWatch:
     """Whether an evaluation epoch's logits are all the same row while its images are not all the same image, and
-    the largest logit magnitude of the epoch.
+    the largest logit magnitude of the epoch (NaN counted as infinite).
 
     A classifier whose outputs no longer depend on its input has collapsed (dead or saturated activations after a
     diverging step) and predicts one class for everything, yet ends with a plausible accuracy (the share of that
@@ -95,14 +95,11 @@ class _OutputWatch:
         self.images_differ = (x != self.image).any() | self.images_differ
         self.logits_differ = (logits != self.logits).any() | self.logits_differ
         # NaN counts as infinite: a NaN only on pixels the loss ignores leaves the loss finite (segmentation)
-        self.largest = torch.clamp(logits.abs().amax().float().nan_to_num(nan=math.inf), min=self.largest)
+        self.largest = torch.clamp(logits.abs().amax().float().nan_to_num(math.inf, math.inf), min=self.largest)
         self.count += len(x)
 
     def collapsed(self) -> bool:
         return bool(self.images_differ) and not bool(self.logits_differ)
-
-    def exploded(self) -> bool:
-        return float(self.largest) > LOGIT_LIMIT
 
 
 def _train_features(features: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
@@ -401,6 +398,9 @@ class FineTuner(L.LightningModule):
         if datamodule is not None:
             self.task.check_data(datamodule, stage)
         if stage == "fit":
+            for split, name in (("validation", "val_dataset"), ("test", "test_dataset")):  # at the start, not at
+                if (dataset := getattr(datamodule, name, None)) is not None:  # the final test (shared under DDP)
+                    check_shareable(dataset, split)
             if isinstance(self.batch_transform, AdversarialBatches) and not (
                 hasattr(datamodule, "mean") and hasattr(datamodule, "std")
             ):
@@ -687,9 +687,10 @@ class FineTuner(L.LightningModule):
                 f"{stage} images get the same logits ({row}{', …' if len(watch.logits) > 5 else ''}), so it predicts "
                 f"class {name!r} for every image. Check the pre-trained weights, {self._diverged_fix()}"
             )
-        if self.trainer.strategy.reduce_boolean_decision(watch is not None and watch.exploded(), all=False):
-            largest = f"beyond {LOGIT_LIMIT:.0e}" if watch is None else f"{float(watch.largest):.3g}"
-            reach = "are not finite" if largest == "inf" else f"reach {largest} in magnitude"
+        mine = torch.as_tensor(0.0 if watch is None else watch.largest, dtype=torch.float32, device=self.device)
+        largest = float(self.trainer.strategy.reduce(mine, reduce_op="max"))  # over every process's epoch
+        if largest > LOGIT_LIMIT:
+            reach = "are not finite" if math.isinf(largest) else f"reach {largest:.3g} in magnitude"
             raise NonFiniteLossError(
                 f"the model diverged at epoch {self.current_epoch}, step {self.global_step}: its {stage} logits "
                 f"{reach} (a trained model's stay within ~100), so its predictions no longer mean anything. Check "

@@ -50,6 +50,7 @@ main() {  # the whole queue in one function: bash has read all of it before it r
       from="runs/bench/$(name_of "$MEMORY")/cifar10/${pair##*:}/frac0.1/seed$seed"
       to="runs/bench/$(name_of "$TABLE1")/cifar10/${pair%%:*}/frac0.1/seed$seed"
       [ -e "$to" ] || { mkdir -p "$(dirname "$to")" && cp -r "$from" "$to"; }
+      settled "$TABLE1" cifar10 "${pair%%:*}" "$seed"  # and committed under Table 1's name: its table, from records
     done
   done
 
@@ -64,6 +65,7 @@ main() {  # the whole queue in one function: bash has read all of it before it r
   done
 
   # Issue 41, part 1: Table 1, seed by seed (ce and core are copied above)
+  same_precision || exit 1
   for seed in 0 1 2; do
     for obj in l2sp delta bss rifle scl bi_tuning mm manifold_mixup ce_mix; do fit "$TABLE1" "$obj" "$seed" cifar10; done
   done
@@ -96,6 +98,17 @@ main() {  # the whole queue in one function: bash has read all of it before it r
 }
 
 say() { echo "[$(date '+%F %T')] $*"; }
+
+# Issue 41's committed runs trained under bf16 autocast, coretune's default on a CPU with AVX512-BF16 or AMX; a
+# machine without either would train the rest in float32, and the tables would mix the two unnoticed.
+same_precision() {
+  local here
+  here=$("$BIN/python" -c 'from coretune.engine import default_precision; print(default_precision())') || return 1
+  [ "$here" = bf16-mixed ] && return 0
+  say "stopped before Table 1: coretune's default precision here is '$here', and issue 41's committed runs (the"
+  say "memory study's ce and core too) trained in bf16-mixed: run the queue on a machine with AVX512-BF16 or AMX"
+  return 1
+}
 
 name_of() { sed -n 's/^name: *//p' "$1"; }
 

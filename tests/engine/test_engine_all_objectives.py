@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from coretune import objectives
 from coretune.cli import main
@@ -32,3 +33,8 @@ def test_objective_fits_through_the_cli(name: str, tree: Path, tmp_path: Path) -
     assert len(rows) == 2
     assert all(math.isfinite(float(r["train/loss"])) for r in rows)
     assert 0.0 <= json.loads((run_dir / "results.json").read_text())["test"]["top1"] <= 1.0
+    if name == "delta":  # its channel attention was computed at the start (not left uniform)
+        state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+        assert bool(state["objective.attention_ready"])
+        attention = [v for k, v in state.items() if k.startswith("objective.") and "attention" in k and v.dim() == 1]
+        assert attention and not all(torch.allclose(a, a.mean().expand_as(a)) for a in attention)

@@ -4,7 +4,8 @@ results, the snapshots of a pre-training, the kNN and probe scores), in millisec
 
 Called as ``queue_stub.py coretune ARGS`` or ``queue_stub.py python SCRIPT ARGS``. Environment: ``QUEUE_STUB_LOG``
 (the call log), ``QUEUE_STUB_FAIL`` (``objective/seed/dataset`` of a fit that fails), ``QUEUE_STUB_DIVERGE`` (of fits
-that diverge, comma-separated: recorded as ``diverged`` and, as by ``coretune bench``, never fitted again).
+that diverge, comma-separated: recorded as ``diverged`` and, as by ``coretune bench``, never fitted again),
+``QUEUE_STUB_PRECISION`` (the default precision ``python -c`` prints; ``bf16-mixed``).
 """
 
 from __future__ import annotations
@@ -121,6 +122,9 @@ def main() -> int:
     role, args = sys.argv[1], sys.argv[2:]
     with open(os.environ["QUEUE_STUB_LOG"], "a") as log:
         log.write(" ".join(args) + "\n")
+    if role == "python" and args[0] == "-c":  # the queue's check of coretune's default precision
+        print(os.environ.get("QUEUE_STUB_PRECISION", "bf16-mixed"))
+        return 0
     if role == "python":
         script = Path(args[0]).stem
         return {"robust_table": robust_table, "strength_gain": strength_gain}[script](args)

@@ -144,7 +144,7 @@ def test_the_queue_records_every_run_and_a_new_machine_resumes_from_the_records(
     assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results.json")) == 11
     assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results_autoattack.json")) == 4  # seed 0
     assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results_sanity_linf8.json")) == 3  # ce
-    assert len(_recorded(main, "cifar10-cpu-10pct-table1")) == 27  # ce and core are the memory study's
+    assert len(_recorded(main, "cifar10-cpu-10pct-table1")) == 33  # 27 fitted; ce and core: the memory study's
     assert len(_recorded(main, "cifar10-cpu-strength")) == 44  # one failed fine-tune: the others went on
     assert len(_recorded(main, "cifar10-cpu-strength-1pct")) == 18
     assert len(_recorded(main, "cifar10-cpu-strength-eval", ".json")) == 10
@@ -165,3 +165,18 @@ def test_the_queue_records_every_run_and_a_new_machine_resumes_from_the_records(
                     "--only_datasets [simclr_e5]"]  # fmt: skip
     assert [c.split()[:3] for c in calls if c.startswith("pretrain")] == [["pretrain", "--method", "simclr"]]
     assert len(_recorded(main, "cifar10-cpu-strength")) == 45
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("flock") is None, reason="needs bash and flock")
+def test_the_queue_stops_before_table_1_on_a_machine_of_another_precision(queue: tuple[Path, Path, Path]) -> None:
+    worktree, main, log = queue
+    done = _run(worktree, main, log, QUEUE_STUB_PRECISION="32-true")
+    assert done.returncode == 1 and "stopped before Table 1: coretune's default precision here is '32-true'" in (
+        done.stdout
+    ), done.stdout + done.stderr
+    assert len(_recorded(main, "cifar10-cpu-10pct-adversarial")) == 12  # what came before ran
+    table1 = _recorded(main, "cifar10-cpu-10pct-table1")  # only the memory study's ce and core, committed
+    assert sorted(p.split("/")[4] for p in table1) == ["ce"] * 3 + ["core"] * 3
+    assert not [
+        c for c in log.read_text().splitlines() if "cifar10_cpu_10pct_table1.yaml --only_objectives [l2sp]" in c
+    ]

@@ -28,9 +28,14 @@ class ManifoldMixup(Objective):
     ``ce_mix`` (Core-tuning's Table 2 row 3). ``α = 2.0`` is the paper's setting for manifold mixup. Draws come
     from :attr:`generator` when set (else torch's global RNG).
 
-    Differences from the reference code (the authors' ``manifold_mixup`` repository): mixing happens at the
-    layer feeding the classifier only, where the authors draw the layer at random for each batch (the input or
-    one of the first residual stages, ``k ∈ {0, 1, 2}``): the encoder is outside the objective.
+    Differences from the reference code (the authors' ``manifold_mixup`` repository):
+
+    - mixing happens at the layer feeding the classifier only, where the authors draw the layer at random for each
+      batch (the input or one of the first residual stages, ``k ∈ {0, 1, 2}``): the encoder is outside the
+      objective;
+    - the loss is the cross-entropy with the mixed (soft) labels, where the authors' ``supervised/main.py`` trains
+      with ``BCELoss(softmax(logits), mixed one-hot labels)`` (a binary cross-entropy per class on the softmax
+      outputs, averaged over classes and rows): another loss, with other gradients, for the same targets.
 
     Terms: ``ce_mix``, ``loss``.
 

@@ -29,8 +29,12 @@ class SCL(Objective):
     "CE + L_con" row (``ce_con``: a projection head, τ 0.07, weight η); this class is Gunel et al.'s own form.
 
     Differences from the paper (Gunel et al. release no image code): the per-anchor terms are averaged over
-    the anchors with at least one positive (:func:`~coretune.losses.contrastive_loss`), where the paper sums
-    them over the batch: the same minimiser, a loss ``B`` times smaller for the same ``λ``.
+    the anchors with at least one positive (:func:`~coretune.losses.contrastive_loss`), as the cross-entropy is
+    averaged over the batch, where the paper's formula sums them over the batch. The paper's λ therefore weighs
+    the contrastive term against the cross-entropy ``B`` times (about) less here: at ``B = 64`` and ``λ = 0.9``
+    the ratio is 9 : 1 instead of 576 : 1. No ``λ`` reproduces the paper's ratio at the same learning rate (the
+    ``λ ≈ 0.998`` that would also shrinks the gradient ~58×); the averaged form, that of the supervised contrastive
+    loss's reference code, is kept.
 
     Terms: ``ce``, ``scl``, ``loss``.
 

@@ -90,6 +90,7 @@ def pretrain(args: list[str]) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     for epoch in option(args, "--snapshot_epochs"):
         (run_dir / f"pretrained-epoch{epoch}.pth.tar").write_text(f"{option(args, '--method')[0]} epoch {epoch}")
+    (run_dir / "metrics.csv").write_text("epoch,step\n0,1\n")
     return 0
 
 

@@ -545,6 +545,8 @@ def test_integer_weights_are_refused_unless_the_cast_is_forced(
     save_file({k: v.half() if v.is_floating_point() else v for k, v in state.items()}, half)
     main(fit_args(tree, tmp_path / "half_run", f"--model.weights={half}"))
     assert f"{len(state)}/{len(state)} tensors loaded, 0 missing, 0 unexpected\n" in capsys.readouterr().err
+    recorded = json.loads((tmp_path / "half_run" / "results.json").read_text())["weights_sha256"]
+    assert recorded == hashlib.sha256(half.read_bytes()).hexdigest()  # the file the committed record started from
 
 
 def test_coretune_commands_refuse_a_pre_trained_backbone_checkpoint(tree: Path, tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 from coretune.cli import main as coretune
 from coretune.models import weights_digest
 from coretune.rundir import RunDir
-from coretune.sweeps import BenchSpec, BenchSpecError, collect_cells
+from coretune.sweeps import BenchSpec, BenchSpecError, Run, collect_cells
 from coretune.sweeps.stats import Cell, compare
 
 EVAL_DIR = Path("docs/records/cifar10-cpu-strength-eval")
@@ -164,6 +164,21 @@ def _paired_means(cell: Cell, reference: Cell) -> tuple[float, float]:
     return means[0], means[1]
 
 
+def fine_tuned_another_file(run: Run, eval_dir: Path) -> str | None:
+    """Why a run's record names another pre-trained file (its ``results.json``'s ``weights_sha256``) than the one
+    its column's scores describe, or None: the same file, or either digest not recorded (a record from before
+    ``weights_sha256``, a random initialisation)."""
+    results, scores = RunDir(run.run_dir).results, eval_dir / f"{run.dataset}-knn.json"
+    used = json.loads(results.read_text()).get("weights_sha256") if results.is_file() else None
+    scored = json.loads(scores.read_text()).get("weights_sha256") if scores.is_file() else None
+    if used and scored and used != scored:
+        return (
+            f"{run.label} fine-tuned another file (SHA-256 {used}) than {scores} scored ({scored}): move that "
+            "column's runs or its scores aside and make them again from one file"
+        )
+    return None
+
+
 def gains(specs: list[BenchSpec], eval_dir: Path, baseline: str = "ce") -> list[Row]:
     """One row per (spec column, label fraction, method other than ``baseline``) of the specs' finished runs.
 
@@ -177,6 +192,9 @@ def gains(specs: list[BenchSpec], eval_dir: Path, baseline: str = "ce") -> list[
                 raise SystemExit(
                     f"{why}: score it again with `strength_gain.py evaluate` (and re-run its fine-tunings)"
                 )
+        for run in spec.runs():
+            if (why := fine_tuned_another_file(run, eval_dir)) is not None:
+                raise SystemExit(why)
         cells, _ = collect_cells(spec)
         names = [o.name for o in spec.objectives]
         for name in spec.datasets:

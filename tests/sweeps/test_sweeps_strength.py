@@ -160,6 +160,15 @@ def test_gains_are_paired_by_seed_and_core_is_also_compared_with_ce_mix(strength
     assert "| 10% | strong | 60.00 | 70.00 | 80.00 | core | 83.00 | +3.00 ± 1.00 (n=3) | +1.00 ± 0.00 (n=3) |" in lines
     png = strength.figure(list(rows.values()), tmp_path / "img" / "gain.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a record that names the file it fine-tuned (results.json's weights_sha256) must name the one scored
+    (out / "strong-knn.json").write_text(json.dumps({"top1": 0.6, "seed": 0, "weights_sha256": "a" * 64}))
+    run = next(r for r in spec.runs() if (r.dataset, r.objective, r.seed) == ("strong", "core", 1))
+    results = run.run_dir / "results.json"
+    results.write_text(json.dumps({**json.loads(results.read_text()), "weights_sha256": "a" * 64}))
+    assert len(strength.gains([spec], out)) == len(rows)
+    results.write_text(json.dumps({**json.loads(results.read_text()), "weights_sha256": "b" * 64}))
+    with pytest.raises(SystemExit, match=r"^strong/core/frac0\.1/seed1 fine-tuned another file \(SHA-256 b{64}\)"):
+        strength.gains([spec], out)
 
 
 def test_plot_command_writes_the_table_and_the_figure(strength: ModuleType, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from PIL import Image
 from sweep_helpers import data_root, fabricate, spec_of
 
 from coretune.cli import main
-from coretune.sweeps import BenchSpecError, collect_curves, curves_metric, table_layout, write_summary
+from coretune.sweeps import BenchSpec, BenchSpecError, collect_curves, curves_metric, table_layout, write_summary
 from coretune.sweeps.plots import _plot_label
 
 
@@ -179,8 +179,29 @@ def test_cli_dry_run_and_aggregate_only(tmp_path: Path, capsys: pytest.CaptureFi
         main(["bench", str(config), "--dry_run", "--only_objectives=[core]", "--only_seeds=[7]"])
     main(["bench", str(config), "--aggregate_only"])
     assert "| ce | – |" in (tmp_path / "out" / "summary.md").read_text()
+    with pytest.raises(SystemExit, match=r"^coretune bench: error: --baseline 'core' is not a row of the spec"):
+        main(["bench", str(config), "--aggregate_only", "--baseline=core"])
     with pytest.raises(SystemExit, match=r"^coretune bench: error: bench spec .*missing\.yaml does not exist$"):
         main(["bench", str(tmp_path / "missing.yaml")])
+
+
+def test_baseline_option_compares_every_row_with_another(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bench.yaml"
+    datasets = {"d": [f"--data.root={data_root(tmp_path)}"]}
+    raw = {"output": str(tmp_path / "out"), "datasets": datasets, "objectives": ["ce", "ce_mix", "core"],
+           "seeds": [0, 1]}  # fmt: skip
+    config.write_text(yaml.safe_dump(raw))
+    fabricate(
+        BenchSpec.from_yaml(config),
+        {("ce", "d", 1.0): [0.50, 0.52], ("ce_mix", "d", 1.0): [0.60, 0.61], ("core", "d", 1.0): [0.62, 0.64]},
+    )
+    main(["bench", str(config), "--aggregate_only", "--baseline=ce_mix"])
+    markdown = (tmp_path / "out" / "summary.md").read_text()
+    assert "## Differences from ce_mix" in markdown
+    assert "| d | core | +2.50 |" in markdown and "| d | ce | -9.50 |" in markdown  # paired: +2 / +3, −10 / −9
+    assert "+2.00 / +3.00" in markdown
+    main(["bench", str(config), "--aggregate_only"])  # the spec's own baseline again
+    assert "## Differences from ce" in (tmp_path / "out" / "summary.md").read_text()
 
 
 def test_only_datasets_runs_some_columns_of_the_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

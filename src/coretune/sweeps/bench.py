@@ -76,6 +76,13 @@ def _parser() -> Any:
     )
     parser.add_argument("--aggregate_only", action="store_true", help="Only (re)write the tables and plots.")
     parser.add_argument(
+        "--baseline",
+        type=str | None,
+        default=None,
+        help="The row the tables compare every other row with (differences, paired by seed), instead of the spec's "
+        "baseline: e.g. --aggregate_only --baseline at_ce_linf. The tables written say which row it was.",
+    )
+    parser.add_argument(
         "--status",
         action="store_true",
         help="List every run (of --only_objectives/--only_seeds/--only_datasets if given): finished (its top-1), "
@@ -98,6 +105,8 @@ def main(args: list[str]) -> None:
 
     cfg = _parser().parse_args(args)
     spec = BenchSpec.from_yaml(cfg.config)
+    if cfg.baseline is not None:
+        spec = spec.compared_with(cfg.baseline)
     if cfg.workers is not None and cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1 (got {cfg.workers})")
     console = Console()

@@ -269,6 +269,13 @@ class BenchSpec:
                         runs.append(Run(dataset, entry.name, fraction, seed, run_dir, args))
         return runs
 
+    def compared_with(self, baseline: str) -> BenchSpec:
+        """The same grid whose tables compare every row with ``baseline`` (one of its objective names)."""
+        names = [e.name for e in self.objectives]
+        if baseline not in names:
+            raise BenchSpecError(f"--baseline {baseline!r} is not a row of the spec {self.name!r} ({', '.join(names)})")
+        return replace(self, baseline=baseline)
+
     def subset(
         self,
         objectives: Sequence[str] | None = None,

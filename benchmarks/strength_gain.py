@@ -10,7 +10,7 @@ CE-tuning and the methods compared with it.
 ``coretune eval knn`` and ``coretune eval linear`` on the spec's data at its image size, into ``--eval_dir``
 (``<checkpoint>-knn.json``, ``<checkpoint>-linear.json``, each with the SHA-256 of the file scored and seed 0, the
 random initialisation's; a file that exists is kept, so the command resumes, unless its checkpoint was re-made since),
-and names the strongest checkpoint by kNN top-1 (the 1% spec's last column) once every column is scored.
+and names the strongest checkpoint by kNN top-1 (the 1% spec's column run beside the floor) once every column is scored.
 ``--only_datasets simclr_e5 simclr_e15`` scores only those columns (the checkpoints on this machine); with
 ``--refuse_stale`` a checkpoint re-made since it was scored stops the command, nothing written. ``plot`` reads the
 specs' finished runs (run directories, or exported records copied back) and those files, and writes a table
@@ -83,7 +83,8 @@ def evaluate(spec: BenchSpec, eval_dir: Path, columns: Sequence[str] | None = No
     """``coretune eval knn|linear`` of every checkpoint of ``spec`` (of ``columns`` if given: those on this machine)
     not scored yet (or re-made since it was: scored again, or with ``refuse_stale`` nothing is scored and the
     command stops naming it, since its fine-tuning runs came from the old file), into ``eval_dir``; then name the
-    strongest by kNN top-1 (the 1% spec's last column) once every column is scored, or the strongest so far."""
+    strongest by kNN top-1 (the 1% spec's column run beside the floor) once every column is scored, or the strongest
+    so far."""
     found = checkpoints(spec.subset(datasets=columns))
     remade = {name: why for name, args in found.items() if (why := stale(eval_dir, name, args)) is not None}
     if remade and refuse_stale:

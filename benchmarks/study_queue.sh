@@ -50,24 +50,28 @@ main() {  # the whole queue in one function: bash has read all of it before it r
       from="runs/bench/$(name_of "$MEMORY")/cifar10/${pair##*:}/frac0.1/seed$seed"
       to="runs/bench/$(name_of "$TABLE1")/cifar10/${pair%%:*}/frac0.1/seed$seed"
       [ -e "$to" ] || { mkdir -p "$(dirname "$to")" && cp -r "$from" "$to"; }
-      settled "$TABLE1" cifar10 "${pair%%:*}" "$seed"  # and committed under Table 1's name: its table, from records
+      settled "$TABLE1" cifar10 "${pair%%:*}" "$seed" || {  # committed under Table 1's name: its table, from records
+        say "stopped: Table 1's ${pair%%:*} seed $seed is neither committed nor a finished copy of $from"; exit 1
+      }
     done
   done
 
   # Issue 40: the batch-16 rows, seed by seed, each pair (core, core + memory) together
   for seed in 1 2; do
-    for obj in core_b16 core_mem4096_b16 ce_b16; do fit "$MEMORY" "$obj" "$seed" cifar10; done
+    for obj in core_b16 core_mem4096_b16 ce_b16; do fit "$MEMORY" "$obj" "$seed" cifar10 || failed; done
   done
 
   # Issue 38: the ℓ∞-trained rows and the undefended CE, seed by seed
   for seed in 0 1 2; do
-    for obj in ce at_ce_linf at_ce_con_linf at_core_linf; do adversarial "$obj" "$seed"; done
+    for obj in ce at_ce_linf at_ce_con_linf at_core_linf; do adversarial "$obj" "$seed" || failed; done
   done
 
   # Issue 41, part 1: Table 1, seed by seed (ce and core are copied above)
   same_precision || exit 1
   for seed in 0 1 2; do
-    for obj in l2sp delta bss rifle scl bi_tuning mm manifold_mixup ce_mix; do fit "$TABLE1" "$obj" "$seed" cifar10; done
+    for obj in l2sp delta bss rifle scl bi_tuning mm manifold_mixup ce_mix; do
+      fit "$TABLE1" "$obj" "$seed" cifar10 || failed
+    done
   done
 
   # Issue 41, part 2, column by column: a checkpoint is pre-trained (again, on a new machine: the pre-training is
@@ -88,19 +92,30 @@ main() {  # the whole queue in one function: bash has read all of it before it r
   local maker=-
   case $strongest in simclr_e*) maker=simclr ;; moco_v2_e*) maker=moco_v2 ;; esac
   strength_column "$strongest" "$maker" "$STRENGTH_1PCT" || exit 1
+  local dir
+  for dir in runs/pretrain/cifar10-simclr-r18-32px runs/pretrain/cifar10-moco-r18-32px; do
+    record_pretraining "$dir"  # also a pre-training made before this step existed, whose columns are all done
+  done
+  if [ "$FAILURES" -gt 0 ]; then
+    say "queue finished, but $FAILURES run(s) failed (FAILED lines above): re-run the queue to retry them"; exit 1
+  fi
   say "queue finished"
 }
 
 say() { echo "[$(date '+%F %T')] $*"; }
 
+FAILURES=0
+failed() { FAILURES=$((FAILURES + 1)); }  # a run that failed (not diverged): the queue goes on, and says so at the end
+
 # Issue 41's committed runs trained under bf16 autocast, coretune's default on a CPU with AVX512-BF16 or AMX; a
 # machine without either would train the rest in float32, and the tables would mix the two unnoticed.
 same_precision() {
   local here
-  here=$("$BIN/python" -c 'from coretune.engine import default_precision; print(default_precision())') || return 1
+  here=$("$BIN/python" -c 'from coretune.engine import default_precision; print(default_precision())' | tail -n 1)
   [ "$here" = bf16-mixed ] && return 0
-  say "stopped before Table 1: coretune's default precision here is '$here', and issue 41's committed runs (the"
-  say "memory study's ce and core too) trained in bf16-mixed: run the queue on a machine with AVX512-BF16 or AMX"
+  say "stopped before issue 41's runs: coretune's default precision here is '${here:-unknown (the check failed)}',"
+  say "and its committed runs (the memory study's ce and core too) trained in bf16-mixed: run the queue on a machine"
+  say "with AVX512-BF16 or AMX"
   return 1
 }
 
@@ -163,6 +178,9 @@ fit() {  # SPEC OBJECTIVE SEED [DATASET]: the spec's runs of that objective and 
   say "fit $(name_of "$1") $2 seed $3"
   "$BIN/coretune" bench "$1" --only_objectives "[$2]" --only_seeds "[$3]" ${4:+--only_datasets "[$4]"}
   local status=$?
+  if [ $status != 0 ] && [ -n "${4:-}" ] && grep -qs '"diverged"' "runs/bench/$(run_path "$1" "$4" "$2" "$3")/results.json"; then
+    say "DIVERGED: $(name_of "$1") $2 seed $3 (recorded: a result, not fitted again)"; status=0
+  fi
   [ $status = 0 ] || say "FAILED: $(name_of "$1") $2 seed $3 (the runs that finished or diverged are recorded)"
   record "$1" "${4:-every column}/$2/seed$3" "$2" "$3" "${4:-}"
   return $status
@@ -190,9 +208,9 @@ adversarial() {  # OBJECTIVE SEED: fit, score (PGD-10 on all; torchattacks and A
     if grep -qs '"diverged"' "$run/results.json"; then
       say "DIVERGED: $1 seed $2 (recorded, not scored)"
       record "$ADV" "cifar10/$1/frac0.1/seed$2 (diverged)" "$1" "$2"
-    else
-      say "FAILED fit: $1 seed $2"
+      return  # a result
     fi
+    say "FAILED fit: $1 seed $2"
     return 1
   fi
   "$BIN/python" benchmarks/robust_table.py evaluate "$ADV" --only_objectives "$1" --only_seeds "$2" \
@@ -212,6 +230,7 @@ pretrain() {  # METHOD: 15 epochs at 32 px on CIFAR-10's training images, no lab
   if [ ! -f "$dir/pretrained-epoch15.pth.tar" ]; then
     rm -rf "$dir"  # from the start, never resumed: the file must come out as the committed fine-tunings' did
     say "pretrain $1"
+    mkdir -p "$dir" && git rev-parse HEAD > "$dir/commit.txt" 2>/dev/null  # the code that makes the checkpoint
     "$BIN/coretune" pretrain --method "$1" --model.backbone resnet18 "${extra[@]}" --data.root /work/data/cifar10/train \
       --data.image_size 32 --data.batch_size 256 --trainer.max_epochs 15 --snapshot_epochs "$snaps" --seed 0 \
       --trainer.precision bf16-mixed --trainer.enable_progress_bar false --run_dir "$dir" \
@@ -220,14 +239,17 @@ pretrain() {  # METHOD: 15 epochs at 32 px on CIFAR-10's training images, no lab
   record_pretraining "$dir"
 }
 
-# A pre-training's records (its settings, loss curve, timings, and the commit of the code that ran it: the checkpoint
-# itself is not committed, and a new machine makes it again), committed once, from the run that made the checkpoint.
+# A finished pre-training's records (its settings, loss curve, timings, and the commit of the code that ran it: the
+# checkpoint itself is not committed, and a new machine makes it again), committed once.
 record_pretraining() {  # DIR
-  local to="docs/records/cifar10-cpu-strength-pretrain/$(basename "$1")" file
-  git -C "$MAIN" cat-file -e "HEAD:$to/commit.txt" 2>/dev/null && return 0
+  local to file
+  to="docs/records/cifar10-cpu-strength-pretrain/$(basename "$1")"
+  git -C "$MAIN" cat-file -e "HEAD:$to/results.json" 2>/dev/null && return 0
+  [ -f "$1/results.json" ] || return 0  # not made here, or not finished
   mkdir -p "$MAIN/$to"
-  for file in config.yaml metrics.csv results.json; do [ -f "$1/$file" ] && cp "$1/$file" "$MAIN/$to/"; done
-  git rev-parse HEAD > "$MAIN/$to/commit.txt" 2>/dev/null || echo "not a git checkout" > "$MAIN/$to/commit.txt"
+  for file in config.yaml metrics.csv results.json commit.txt; do [ -f "$1/$file" ] && cp "$1/$file" "$MAIN/$to/"; done
+  [ -f "$1/commit.txt" ] || echo "unknown: made before the queue noted it (recorded at $(git rev-parse HEAD 2>/dev/null))" \
+    > "$MAIN/$to/commit.txt"
   commit "$to" "records: strength study, pre-training $(basename "$1")"
 }
 
@@ -256,7 +278,7 @@ strength_column() {  # COLUMN MAKER [SPEC]
   if [ "$maker" != - ]; then pretrain "$maker" || return 1; fi
   score "$column" || return 1
   for seed in 0 1 2; do
-    for obj in ce ce_mix core; do fit "$spec" "$obj" "$seed" "$column" || true; done  # a failed run: the others go on
+    for obj in ce ce_mix core; do fit "$spec" "$obj" "$seed" "$column" || failed; done  # the others go on
   done
 }
 

@@ -5,7 +5,8 @@ results, the snapshots of a pre-training, the kNN and probe scores), in millisec
 Called as ``queue_stub.py coretune ARGS`` or ``queue_stub.py python SCRIPT ARGS``. Environment: ``QUEUE_STUB_LOG``
 (the call log), ``QUEUE_STUB_FAIL`` (``objective/seed/dataset`` of a fit that fails), ``QUEUE_STUB_DIVERGE`` (of fits
 that diverge, comma-separated: recorded as ``diverged`` and, as by ``coretune bench``, never fitted again),
-``QUEUE_STUB_PRECISION`` (the default precision ``python -c`` prints; ``bf16-mixed``).
+``QUEUE_STUB_PRECISION`` (the default precision ``python -c`` prints; ``bf16-mixed``), ``QUEUE_STUB_STRONGEST``
+(the column ``strength_gain.py evaluate`` names the strongest; ``simclr_in20``).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def pretrain(args: list[str]) -> int:
     for epoch in option(args, "--snapshot_epochs"):
         (run_dir / f"pretrained-epoch{epoch}.pth.tar").write_text(f"{option(args, '--method')[0]} epoch {epoch}")
     (run_dir / "metrics.csv").write_text("epoch,step\n0,1\n")
+    (run_dir / "results.json").write_text(json.dumps({"epochs": 15}))
     return 0
 
 
@@ -108,14 +110,15 @@ def robust_table(args: list[str]) -> int:
 
 def strength_gain(args: list[str]) -> int:
     spec, eval_dir = spec_of(args[2]), Path(option(args, "--eval_dir")[0])
+    strongest = os.environ.get("QUEUE_STUB_STRONGEST", "simclr_in20")
     eval_dir.mkdir(parents=True, exist_ok=True)
     for column in option(args, "--only_datasets") or spec["datasets"]:
         for protocol in ("knn", "linear"):
             if not (eval_dir / f"{column}-{protocol}.json").is_file():
-                top1 = 0.9 if column == "simclr_in20" else 0.3
+                top1 = 0.9 if column == strongest else 0.3
                 (eval_dir / f"{column}-{protocol}.json").write_text(json.dumps({"top1": top1}))
     scored = [c for c in spec["datasets"] if (eval_dir / f"{c}-knn.json").is_file()]
-    print(f"strongest by kNN top-1{'' if scored == spec['datasets'] else ' so far'}: simclr_in20 (90.00%); ...")
+    print(f"strongest by kNN top-1{'' if scored == spec['datasets'] else ' so far'}: {strongest} (90.00%); ...")
     return 0
 
 

@@ -49,6 +49,15 @@ def test_messages_are_one_line_naming_the_option(args: list[str], expected: str)
     assert one_line(message) == expected
 
 
+def test_a_positional_argument_is_named_without_dashes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["eval", "foo"])
+    assert capsys.readouterr().err.splitlines() == [
+        "coretune eval: error: protocol: expected one of 'knn', 'linear', got foo (coretune eval --help lists the "
+        "options)"
+    ]
+
+
 def test_a_message_of_another_shape_keeps_its_words() -> None:
     assert one_line('Parser key "x":\n  Something\n    went wrong') == "--x: Something went wrong"
     assert one_line("plain") == "plain"

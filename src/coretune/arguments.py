@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import sys
 import textwrap
+from collections.abc import Collection
 from typing import Any, NoReturn
 
 import jsonargparse
@@ -87,13 +88,16 @@ def _parts(message: str) -> tuple[list[str], str]:
     return keys, " ".join(body.split())
 
 
-def one_line(message: str) -> str:
+def one_line(message: str, positionals: Collection[str] = ()) -> str:
     """jsonargparse's error ``message`` in one line: ``Parser key "model.lr": Expected a <class 'float'>. Got value:
     abc`` → ``--model.lr: expected float, got abc``; a value no type of a ``Union`` accepts lists every accepted
     type or value; the error of an option of a class chosen by ``class_path`` names that option
-    (``--objective.eta: expected float, got abc``); other messages keep their words, on one line."""
+    (``--objective.eta: expected float, got abc``); a ``positionals`` argument is named without dashes; other
+    messages keep their words, on one line."""
     keys, text = _parts(message)
-    return f"--{'.'.join(keys)}: {text}" if keys else text
+    if not keys:
+        return text
+    return f"{keys[0]}: {text}" if keys == [k for k in keys[:1] if k in positionals] else f"--{'.'.join(keys)}: {text}"
 
 
 def help_hint(prog: str) -> str:
@@ -108,10 +112,13 @@ class OneLineErrors:
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         parser: Any = self
-        if not parser.exit_on_error or jsonargparse._common.debug_mode_active():
+        debug = getattr(getattr(jsonargparse, "_common", None), "debug_mode_active", lambda: False)
+        if not parser.exit_on_error or debug():
             super().error(message, ex)  # type: ignore[misc]
-        prog = (getattr(ex, "subcommand_parser", None) or parser).prog.replace(" [options]", "")
-        sys.stderr.write(f"{prog}: error: {one_line(message)}{help_hint(prog)}\n")
+        failed = getattr(ex, "subcommand_parser", None) or parser
+        prog = failed.prog.replace(" [options]", "")
+        positionals = {a.dest for a in failed._actions if not a.option_strings}
+        sys.stderr.write(f"{prog}: error: {one_line(message, positionals)}{help_hint(prog)}\n")
         parser.exit(2)
 
 

@@ -154,6 +154,8 @@ def test_resolved_fit_config_applies_configs_and_presets(tmp_path: Path) -> None
         resolved_fit_config(["--trainer.max_epochs=many"])
     with pytest.raises(FitArgsError, match=r"^unrecognized arguments: --trainer.max_epochz=3$"):
         resolved_fit_config(["--trainer.max_epochz=3"])
+    with pytest.raises(FitArgsError, match=r"^--trainer\.strategy ddp_spawn starts its processes with multiprocessing"):
+        resolved_fit_config([root, "--trainer.strategy=ddp_spawn", "--trainer.accelerator=cpu"])
     with pytest.raises(FitArgsError, match=r"Option 'etaa' is not accepted"):
         resolved_fit_config(["--objective", "core", "--objective.etaa=1"])
     with pytest.raises(FitArgsError, match=r"missing\.yaml"):

@@ -333,12 +333,15 @@ def resolved_fit_config(args: Sequence[str]) -> dict[str, Any]:
             fit([*args, "--print_config"])
     except SystemExit as exit_:
         if exit_.code not in (0, None):
-            message = err.getvalue().rpartition("error:")[2].strip().removesuffix(help_hint("coretune fit"))
-            raise FitArgsError(" ".join(message.split()) or f"it exits with {exit_.code}") from None
+            prefix = "coretune fit: error: "
+            said = [line for line in err.getvalue().splitlines() if line.startswith(prefix)]
+            message = said[-1][len(prefix) :].removesuffix(help_hint("coretune fit")) if said else ""
+            raise FitArgsError(message or f"it exits with {exit_.code}") from None
     except (ValueError, OSError, yaml.YAMLError) as error:
         raise FitArgsError(" ".join(str(error).split())) from None
     config = yaml.safe_load(out.getvalue()) or {}
     try:
+        check_trainer_options(config.get("trainer") or {})  # fit checks them after --print_config would exit
         _check_local_paths(config)
     except ValueError as error:
         raise FitArgsError(" ".join(str(error).split())) from None

@@ -337,6 +337,7 @@ class RunDirCLI(LightningCLI):
         """LightningCLI's subcommand parsers, named ``coretune <command>`` (jsonargparse would name them
         ``<prog> [options] fit``, also for ``coretune pretrain``)."""
         super()._add_subcommands(parser, **kwargs)
+        parser.prog = f"coretune {self.command}"  # not the script's name (cli.py under python -m)
         width = max(map(len, self.aliases), default=0) + 2
         lines = [f"  {option:<{width}}{meaning}" for option, meaning in self.aliases.items()]
         for subcommand_parser in self._subcommand_parsers.values():

@@ -217,7 +217,8 @@ class RunArtifacts(L.Callback):
             **{f"best_val_{task.monitor}": best_score},
             best_checkpoint=str(best.best_model_path) if best and best.best_model_path else None,
             validated_on_test_images=getattr(trainer.datamodule, "validates_on_test", None),
-            weights_sha256=getattr(pl_module, "weights_sha256", None),  # the pre-trained file it started from
+            # a fine-tuning's pre-trained file (None: a random initialisation); pre-training records none
+            **({"weights_sha256": pl_module.weights_sha256} if hasattr(pl_module, "weights_sha256") else {}),
         )
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

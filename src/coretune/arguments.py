@@ -22,7 +22,7 @@ __all__ = ["ArgumentParser", "OneLineErrors", "help_hint", "one_line"]
 _KEY = re.compile(r'^Parser key "([^"]+)":\s*')
 _EXPECTED = re.compile(r"^Expected a (.+?)\. Got value: (.*)$", re.S)
 _UNION = re.compile(r"^Does not validate against any of the Union subtypes\b")
-_ERRORS = re.compile(r"^(\s*)Errors:\n(.*?)^\s*Given value type: .*?^\s*Given value: (.*?)\s*\Z", re.S | re.M)
+_ERRORS = re.compile(r"^\s*Errors:\n(.*?)^\s*Given value type: .*?^\s*Given value: (.*?)\s*\Z", re.S | re.M)
 _CLASS_PATH = re.compile(r"^Problem with given class_path '[^']*':\s*(.*)$", re.S)
 
 
@@ -62,11 +62,11 @@ def _union(body: str) -> tuple[list[str], str] | None:
     value; None when it has another shape."""
     if not (found := _ERRORS.search(body)):
         return None
-    entries, given = _entries(found[2]), found[3]
+    entries, given = _entries(found[1]), found[2]
     for entry in entries:
         if _CLASS_PATH.match(entry):
             return _parts(entry)
-    kinds = [found[1] for entry in entries if (found := re.fullmatch(r"Expected a (.+?)(?:\. Got value: .*)?", entry))]
+    kinds = [m[1] for entry in entries if (m := re.fullmatch(r"Expected a (.+?)(?:\. Got value: .*)?", entry))]
     return ([], f"{_expected(kinds)}, got {given}") if kinds and len(kinds) == len(entries) else None
 
 
@@ -83,7 +83,7 @@ def _parts(message: str) -> tuple[list[str], str]:
         inner = _parts(chosen[1])
     elif _UNION.match(body):
         inner = _union(body)
-    if inner is not None and (inner[0] or not _CLASS_PATH.match(body)):
+    if inner is not None and (inner[0] or not chosen):
         return keys + inner[0], inner[1]
     return keys, " ".join(body.split())
 
@@ -97,7 +97,7 @@ def one_line(message: str, positionals: Collection[str] = ()) -> str:
     keys, text = _parts(message)
     if not keys:
         return text
-    return f"{keys[0]}: {text}" if keys == [k for k in keys[:1] if k in positionals] else f"--{'.'.join(keys)}: {text}"
+    return f"{keys[0]}: {text}" if len(keys) == 1 and keys[0] in positionals else f"--{'.'.join(keys)}: {text}"
 
 
 def help_hint(prog: str) -> str:

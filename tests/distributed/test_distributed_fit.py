@@ -270,3 +270,29 @@ def test_an_evaluation_split_smaller_than_the_processes_is_refused_at_the_start(
     # each process says it once; their lines may interleave on the shared stderr
     assert done.stderr.count("coretune fit: error: ") == done.stderr.count(expected) == 3, done.stderr[-3000:]
     assert not (tmp_path / "run").exists()  # refused before the first step
+
+
+@pytest.mark.ddp
+def test_a_batch_fraction_that_keeps_no_batch_on_one_process_is_refused_by_every_process(tmp_path: Path) -> None:
+    # 5 test images for 2 processes in batches of 2: 2 batches on process 0 and 1 on process 1, so half of them is
+    # 1 batch and 0 batches. Lightning refused it on process 1 alone, after the whole training, with a traceback.
+    from image_trees import make_image_tree
+
+    make_image_tree(tmp_path / "data", classes=tuple("abcde"), per_class=4, val_per_class=1, size=16)
+    command = [
+        sys.executable, "-m", "coretune.cli", "fit", "--data.root=data", "--data.image_size=16",
+        "--data.batch_size=2", "--model.backbone=small_cnn", "--objective=ce", "--trainer.max_epochs=1",
+        "--trainer.limit_test_batches=0.5", "--trainer.strategy=ddp", "--trainer.devices=2",
+        "--trainer.accelerator=cpu", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false", "--run_dir=run",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    expected = (
+        "coretune fit: error: --trainer.limit_test_batches=0.5 keeps no batch of the test split (0.5 × 1 batch(es) on "
+        "the process with the fewest < 1): pass a whole number of batches "
+        "(--trainer.limit_test_batches=1), or 1.0 for all of them"
+    )
+    assert done.stderr.count("coretune fit: error: ") == done.stderr.count(expected) == 2, done.stderr[-3000:]
+    assert not (tmp_path / "run").exists()  # refused before the first step

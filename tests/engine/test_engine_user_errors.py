@@ -930,6 +930,27 @@ def test_trainer_options_this_machine_cannot_run_are_one_line(
     assert not [p for p in (tmp_path / "run").rglob("*") if p.is_file()]  # nothing written
 
 
+@pytest.mark.parametrize(
+    ("option", "split", "batches", "least"),
+    [("limit_train_batches=0.2", "training", 4, 0.25), ("limit_val_batches=0.4", "validation", 2, 0.5),
+     ("limit_test_batches=0.3", "test", 2, 0.5)],
+)  # fmt: skip
+def test_a_batch_fraction_that_keeps_no_batch_is_refused_at_the_start(
+    option: str, split: str, batches: int, least: float, tree: Path, tmp_path: Path
+) -> None:
+    """Was Lightning's MisconfigurationException traceback when the split's loop started: the test split's after
+    the whole training. 36 training images in batches of 8 (4, the last incomplete one dropped); 12 validation
+    images (the validation and the test split) in 2 batches."""
+    name = option.partition("=")[0]
+    assert error(fit_args(tree, tmp_path / "run", f"--trainer.{option}")) == (
+        f"--trainer.{option} keeps no batch of the {split} split ({option.partition('=')[2]} × {batches} batch(es) "
+        f"< 1): pass at least {least}, a whole number of batches (--trainer.{name}=1), or 1.0 for all of them"
+    )
+    assert not (tmp_path / "run").exists()  # refused before the first step
+    main(fit_args(tree, tmp_path / "run", f"--trainer.{name}={least}"))  # the fraction it names keeps one batch
+    assert (tmp_path / "run" / "results.json").is_file()
+
+
 @pytest.mark.filterwarnings("ignore:`ModelCheckpoint\\(monitor='val/top1'\\)` could not find")  # nothing validates
 def test_a_run_whose_training_accuracy_collapses_to_chance_fails(tree: Path, tmp_path: Path) -> None:
     # Forced collapse: a dead, frozen backbone gives every image the same features, so the classifier can only

@@ -66,6 +66,10 @@ class NonFiniteLossError(FloatingPointError):
     (the same logits for every image of an evaluation epoch)."""
 
 
+_LIMITED_SPLITS = {"fit": ("train", "val", "test"), "validate": ("val",), "test": ("test",)}
+"""The splits whose ``--trainer.limit_<split>_batches`` each stage checks (``coretune fit`` tests at its end)."""
+_SPLIT_NAMES = {"train": "training", "val": "validation", "test": "test"}
+
 LOGIT_LIMIT = 1e6
 """Logits beyond this magnitude mean a diverged model: a trained classifier's stay within ~100 (a logit gap of 100
 is already a probability of 1 - 4e-44), so finite logits of 1e15 after a huge step predict by their sign alone."""
@@ -401,6 +405,9 @@ class FineTuner(L.LightningModule):
             for split, name in (("validation", "val_dataset"), ("test", "test_dataset")):  # at the start, not at
                 if (dataset := getattr(datamodule, name, None)) is not None:  # the final test (shared under DDP)
                     check_shareable(dataset, split)
+        if datamodule is not None:
+            self._check_batch_limits(datamodule, _LIMITED_SPLITS.get(stage, ()))
+        if stage == "fit":
             if isinstance(self.batch_transform, AdversarialBatches) and not (
                 hasattr(datamodule, "mean") and hasattr(datamodule, "std")
             ):
@@ -418,6 +425,37 @@ class FineTuner(L.LightningModule):
                     f"objective {self.objective.name!r} needs {views} augmented views of each training image "
                     "(forward's inputs are a second view): use coretune's ImageClassificationData, or a data "
                     "module with a train_views attribute whose batches are ((view_1, view_2), labels)"
+                )
+
+    def _check_batch_limits(self, datamodule: Any, splits: tuple[str, ...]) -> None:
+        """Refuse, at the start, a fraction ``--trainer.limit_<split>_batches`` in (0, 1) that keeps no batch of a
+        split on the process with the fewest (Lightning refuses it with a traceback when that split's loop starts:
+        the test split's after the whole training, and under DDP on that process alone while the others wait).
+
+        Raises:
+            ValueError: naming the option, the split's batches and the smallest fraction that keeps one.
+        """
+        for split in splits:
+            limit = getattr(self.trainer, f"limit_{split}_batches", 1.0)
+            loader = getattr(datamodule, f"{split}_dataloader", None)
+            if not isinstance(limit, float) or not 0 < limit < 1 or loader is None:
+                continue
+            if getattr(datamodule, f"{split}_dataset", None) is None:
+                continue
+            try:
+                batches = len(loader())
+            except TypeError:  # an iterable dataset: Lightning refuses any fraction other than 1.0 itself
+                continue
+            mine = torch.tensor(float(batches), device=self.trainer.strategy.root_device)
+            fewest = int(self.trainer.strategy.reduce(mine, reduce_op="min"))
+            if fewest > 0 and int(fewest * limit) == 0:
+                least = math.ceil(100 / fewest) / 100
+                where = " on the process with the fewest" if world_size() > 1 else ""
+                fix = f"at least {least}, " if least < 1 else ""
+                raise ValueError(
+                    f"--trainer.limit_{split}_batches={limit} keeps no batch of the {_SPLIT_NAMES[split]} split "
+                    f"({limit} × {fewest} batch(es){where} < 1): pass {fix}a whole number of batches "
+                    f"(--trainer.limit_{split}_batches=1), or 1.0 for all of them"
                 )
 
     def _warn_memory_spans_epoch(self, datamodule: Any) -> None:

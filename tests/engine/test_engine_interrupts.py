@@ -85,9 +85,14 @@ def assert_same_run(whole: Path, resumed: Path) -> None:
         for run in (whole, resumed)
     ]
     assert logged[0] == logged[1]  # every value but the wall times
-    test_a = json.loads((whole / "results.json").read_text())["test"]
-    test_b = json.loads((resumed / "results.json").read_text())["test"]
-    assert test_a == test_b
+    results = [json.loads((run / "results.json").read_text()) for run in (whole, resumed)]
+    assert results[0]["test"] == results[1]["test"]
+    # the times and images count every session, not the resumed one alone (metrics.csv holds epoch 0's first)
+    assert results[0]["train_images"] == results[1]["train_images"] == 2 * 4 * 8  # 2 epochs of 4 batches of 8
+    for result, run in zip(results, (whole, resumed), strict=True):
+        epoch_times = [float(r["epoch_time_s"]) for r in read_metrics(run / "metrics.csv")]
+        assert sum(epoch_times) <= result["wall_time_s"] + 0.02
+    assert results[1]["train_time_s"] > 0.5 * results[0]["train_time_s"]  # was the last session's 1 to 6 batches of 8
 
 
 def checkpoint_files(run_dir: Path) -> list[str]:

@@ -135,6 +135,8 @@ class RunArtifacts(L.Callback):
         self._epoch_wall_start = 0.0
         self._val_start = 0.0
         self._fit_start = 0.0
+        self._earlier_wall = 0.0  # the wall time of the sessions before a resume (their train time is in _train_time)
+        self._in_epoch = False
         self._epoch_lr = float("nan")
         self._validated = False  # this epoch ran validation (Lightning keeps the last val/* in callback_metrics)
 
@@ -143,13 +145,14 @@ class RunArtifacts(L.Callback):
 
     # -- timing ---------------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # a mid-epoch resume skips on_train_epoch_start
         self._fit_start = self._epoch_start = self._epoch_wall_start = time.perf_counter()
+        self._in_epoch = True  # until the first epoch ends (a mid-epoch resume skips on_train_epoch_start)
         if trainer.is_global_zero and RunDir(self.run_dir(trainer)).results.is_file():  # fit again after a failure
             update_results(self.run_dir(trainer), drop=("diverged", "collapsed"))
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = self._epoch_wall_start = time.perf_counter()
+        self._in_epoch = True
         self._epoch_lr = trainer.optimizers[-1].param_groups[-1]["lr"] if trainer.optimizers else float("nan")
 
     def on_train_batch_end(
@@ -166,14 +169,27 @@ class RunArtifacts(L.Callback):
             self._validated = True
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch_lr": self._epoch_lr}  # the row's lr when a run resumes mid-epoch
+        """The row's lr when a run resumes mid-epoch, and the times and images so far: a resumed run's
+        ``results.json`` counts every session, not the last one alone."""
+        now = time.perf_counter()
+        return {
+            "epoch_lr": self._epoch_lr,
+            "train_time_s": self._train_time + (now - self._epoch_start if self._in_epoch else 0.0),
+            "wall_time_s": self._earlier_wall + now - self._fit_start,
+            "train_images": self._images,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._epoch_lr = state_dict["epoch_lr"]
+        # absent from the checkpoints of older versions: those runs count from the resume, as they did
+        self._train_time = state_dict.get("train_time_s", 0.0)
+        self._earlier_wall = state_dict.get("wall_time_s", 0.0)
+        self._images = state_dict.get("train_images", 0)
 
     # -- outputs --------------------------------------------------------------------------------------------
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._train_time += time.perf_counter() - self._epoch_start
+        self._in_epoch = False
         # Every process reads the metrics: the first read reduces them over processes (collective calls).
         metrics = sorted(trainer.callback_metrics.items())
         validated, self._validated = self._validated, False
@@ -210,8 +226,9 @@ class RunArtifacts(L.Callback):
         best_score = float(best.best_model_score) if best and best.best_model_score is not None else None
         update_results(
             run_dir,
-            wall_time_s=round(time.perf_counter() - self._fit_start, 2),
+            wall_time_s=round(self._earlier_wall + time.perf_counter() - self._fit_start, 2),
             train_time_s=round(self._train_time, 2),
+            train_images=self._images,
             train_images_per_s=round(self._images / self._train_time, 1) if self._train_time > 0 else None,
             epochs=trainer.current_epoch,
             **{f"best_val_{task.monitor}": best_score},

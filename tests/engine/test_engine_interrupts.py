@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from torch.utils.data import TensorDataset
 from coretune.cli import main
 from coretune.data.samplers import EpochShuffleSampler, ResumableLoader, SeededItems
 from coretune.engine import checkpoint_io, read_metrics
+from coretune.rundir import RunDir
 from coretune.stopfile import STOP_FILE_ENV
 from fit_flags import QUIET
 
@@ -178,6 +180,24 @@ def test_sigint_mid_epoch_exits_130_and_resumes_exactly(
 
     main(fit_args(tree, run, "--ckpt_path=last"))
     assert_same_run(whole, run)
+
+
+@pytest.mark.usefixtures("helper_on_path")
+@pytest.mark.filterwarnings("ignore:The dirpath has changed")  # the run was copied: Lightning notes the move
+def test_an_extended_run_stopped_before_its_end_is_not_finished_with_its_old_score(
+    setup: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    # a finished 2-epoch run, extended to 3 and stopped in epoch 2: its results.json kept the 2-epoch test score,
+    # so a sweep counted it finished and tabled that score beside a checkpoint of another epoch
+    tree, _, whole = setup
+    run = Path(shutil.copytree(whole, tmp_path / "run"))
+    with pytest.raises(SystemExit):
+        main(fit_args(tree, run, "--trainer.max_epochs=3", *signal_args(signal.SIGINT, 10)))  # epoch 2, batch 2
+    assert "test" not in json.loads((run / "results.json").read_text())
+    assert not RunDir(run).is_finished()
+    main(fit_args(tree, run, "--trainer.max_epochs=3"))
+    results = json.loads((run / "results.json").read_text())
+    assert RunDir(run).is_finished() and results["epochs"] == 3
 
 
 @pytest.mark.usefixtures("helper_on_path")

@@ -30,7 +30,7 @@ from coretune.cli import main
 from coretune.data import SkippedImagesWarning, list_image_files
 from coretune.engine import FineTuner, NonFiniteLossError, read_metrics, setting_changes
 from coretune.models import create_backbone
-from coretune.runclaim import claim_run, point_claim
+from coretune.runclaim import CLAIM_FILE, claim_run, point_claim
 from fit_flags import QUIET, error, pretrain_args
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
@@ -689,6 +689,29 @@ def test_resuming_with_other_settings_is_refused_and_nothing_is_touched(
         f"own (--config {run / 'config.yaml'} applies them), or start a new run with another --run_dir"
     )
     assert snapshot(run) == before
+
+
+def test_a_new_run_another_fit_claimed_first_is_left_to_it(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other_process: subprocess.Popen
+) -> None:
+    # two fits of one new run directory start together: both see no directory, the other claims it first; this one
+    # is refused, and its clean-up of a run that never trained removed the other's directory, claim and all
+    from coretune.engine import rundir
+
+    run = tmp_path / "run"
+
+    def claimed_first(path: str) -> Any:
+        Path(path).mkdir(parents=True)
+        claim_run(path)
+        point_claim(path, other_process.pid)  # the other fit's claim
+        (Path(path) / "config.yaml").write_text("the other fit's\n")
+        return real(path)
+
+    real = rundir.fit_claim
+    monkeypatch.setattr(rundir, "fit_claim", claimed_first)
+    assert f"pid {other_process.pid}" in error(fit_args(tree, run))
+    assert (run / "config.yaml").read_text() == "the other fit's\n"
+    assert json.loads((run / CLAIM_FILE).read_text())["pid"] == other_process.pid
 
 
 @pytest.mark.filterwarnings("ignore:The dirpath has changed")  # the run was copied: Lightning notes the move

@@ -147,8 +147,10 @@ class RunArtifacts(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._fit_start = self._epoch_start = self._epoch_wall_start = time.perf_counter()
         self._in_epoch = True  # until the first epoch ends (a mid-epoch resume skips on_train_epoch_start)
-        if trainer.is_global_zero and RunDir(self.run_dir(trainer)).results.is_file():  # fit again after a failure
-            update_results(self.run_dir(trainer), drop=("diverged", "collapsed"))
+        if trainer.is_global_zero and RunDir(self.run_dir(trainer)).results.is_file():
+            # fit again after a failure, or extend a finished run (--trainer.max_epochs): until this fit tests
+            # again, the run is not finished, and its old test score must not stand for the weights it trains on
+            update_results(self.run_dir(trainer), drop=("diverged", "collapsed", "test"))
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = self._epoch_wall_start = time.perf_counter()

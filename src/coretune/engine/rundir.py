@@ -276,10 +276,13 @@ class _RemoveIfUntrained:
 
     def __init__(self, run_dir: str | Path, steps: Callable[[], int]) -> None:
         self.run, self.steps = RunDir(Path(run_dir)), steps
+        self.claimed = False  # set once this process holds the run's claim: a run another process claimed first
+        # (both saw no directory) is that process's, however new
 
     def __call__(self, exc_type: type[BaseException] | None, *_: Any) -> bool:
         trained = self.steps() > 0 or self.run.metrics.is_file() or any(self.run.checkpoints.glob("*.ckpt"))
-        if exc_type is not None and self.run.path.is_dir() and not trained and self.run.divergence() is None:
+        failed = exc_type is not None and self.claimed and self.run.path.is_dir()
+        if failed and not trained and self.run.divergence() is None:
             shutil.rmtree(self.run.path, ignore_errors=True)
         return False  # the error goes on
 
@@ -365,10 +368,14 @@ class RunDirCLI(LightningCLI):
         resolve_run_dir(config, default_name)
         found = found and config.get("ckpt_path") is not None
         if is_launching_process():
+            remover = None
             if not Path(config["run_dir"]).exists():
                 steps = lambda: int(getattr(getattr(self, "trainer", None), "global_step", 0))  # noqa: E731
-                self._hold.push(_RemoveIfUntrained(config["run_dir"], steps))  # runs after the claim's release
+                remover = _RemoveIfUntrained(config["run_dir"], steps)
+                self._hold.push(remover)  # runs after the claim's release
             self._hold.enter_context(fit_claim(config["run_dir"]))
+            if remover is not None:
+                remover.claimed = True
         changes = check_resume(config, yaml.safe_load(self._parser(self.subcommand).dump(config, skip_unset=False)))
         if found or changes:
             changed = f" with {'; '.join(changes)}" if changes else ""

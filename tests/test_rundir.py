@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
+from coretune.engine import update_results
 from coretune.rundir import RunDir
 
 
@@ -53,3 +55,25 @@ def test_the_run_directory_of_a_checkpoint(tmp_path: Path) -> None:
     assert RunDir.of_checkpoint(run.last_checkpoint) == run and run.best_checkpoint.parent == run.checkpoints
     assert RunDir.of_checkpoint(tmp_path / "copies" / "model.ckpt") == RunDir(tmp_path / "copies")
     assert run.test_results.name == "test_results.json"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [('{"test": {"top1": 0.5', "is not valid JSON (Expecting ',' delimiter: line 1 column 22 (char 21))"),
+     ("", "is not valid JSON (Expecting value: line 1 column 1 (char 0))"), ("[1, 2]", "is not a JSON object")],
+)  # fmt: skip
+def test_a_damaged_results_file_is_named_with_the_fix(tmp_path: Path, text: str, problem: str) -> None:
+    # was json's bare "Expecting value: line 1 column 1 (char 0)" from every table, and a fit that failed on it
+    run = RunDir(tmp_path)
+    run.results.write_text(text)
+    expected = (
+        f"{run.results} {problem}: restore it from a copy (such as a record of `coretune bench --export`), or "
+        "delete it and run the run's command again to resume and test it"
+    )
+    with pytest.raises(ValueError) as info:
+        run.read_results()
+    assert str(info.value) == expected
+    with pytest.raises(ValueError) as info:
+        update_results(tmp_path, epochs=3)
+    assert str(info.value) == expected and run.results.read_text() == text  # left as it was
+    assert run.divergence() is None and not run.is_finished()  # a sweep runs it again, and its fit says the above

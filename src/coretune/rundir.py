@@ -118,8 +118,24 @@ class RunDir:
         return self.config, self.fit_args, self.metrics, self.results, *sorted(self.path.glob("robust_results*.json"))
 
     def read_results(self) -> dict[str, Any]:
-        """``results.json`` (empty before the fit has written it)."""
-        return json.loads(self.results.read_text()) if self.results.is_file() else {}
+        """``results.json`` (empty before the fit has written it).
+
+        Raises:
+            ValueError: the file is not a JSON object (a truncated copy, a hand edit), naming it and the fix.
+        """
+        if not self.results.is_file():
+            return {}
+        try:
+            results = json.loads(self.results.read_text())
+        except json.JSONDecodeError as err:
+            results = err
+        if not isinstance(results, dict):
+            problem = f"is not valid JSON ({results})" if isinstance(results, Exception) else "is not a JSON object"
+            raise ValueError(
+                f"{self.results} {problem}: restore it from a copy (such as a record of `coretune bench --export`), "
+                "or delete it and run the run's command again to resume and test it"
+            )
+        return results
 
     def divergence(self) -> str | None:
         """The message ``results.json`` records when the fit diverged or collapsed (``diverged``; a fit from before
@@ -127,7 +143,7 @@ class RunDir:
         in place, as :meth:`is_finished` reads it)."""
         try:
             results = self.read_results()
-        except json.JSONDecodeError:
+        except ValueError:
             return None
         return results.get("diverged") or results.get("collapsed")
 

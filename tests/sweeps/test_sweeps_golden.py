@@ -23,11 +23,15 @@ RECORDS = {
 WRITTEN = ("summary.md", "summary.csv", "runs.csv", "curves.csv")
 
 
-def aggregate(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
-    """The printed output and written tables of ``bench SPEC --aggregate_only`` over a copy of the records, with the
-    temporary output folder written as ``<output>``."""
+def aggregate(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: Path | None = None
+) -> dict[str, str]:
+    """The printed output and written tables of ``bench SPEC --aggregate_only`` over a copy of the records (with
+    the file ``damage`` of the copy cut in half), with the temporary output folder written as ``<output>``."""
     output = tmp_path / "out"
     shutil.copytree(ROOT / "docs" / "records" / name, output)
+    if damage is not None:
+        damage.write_text(damage.read_text()[: len(damage.read_text()) // 2])
     spec = yaml.safe_load((ROOT / "configs" / "bench" / RECORDS[name]).read_text())
     spec_file = tmp_path / RECORDS[name]
     spec_file.write_text(yaml.safe_dump({**spec, "output": str(output)}))
@@ -46,3 +50,10 @@ def test_aggregate_only_on_the_records_prints_the_golden_tables(
     assert sorted(texts) == sorted(p.name for p in golden.iterdir())
     for file, text in texts.items():
         assert text == (golden / file).read_text(), f"{name}/{file} differs from the golden copy"
+
+
+def test_a_damaged_record_is_one_line_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    damaged = tmp_path / "out" / "cifar10" / "core" / "frac0.01" / "seed1" / "results.json"
+    with pytest.raises(SystemExit) as info:
+        aggregate("cifar10-cpu-1pct", tmp_path, capsys, damage=damaged)
+    assert str(info.value.code).startswith(f"coretune bench: error: {damaged} is not valid JSON (")

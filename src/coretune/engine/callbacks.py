@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ..rundir import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task
+from .checkpoint_io import atomic_write
 from .module import NonFiniteLossError
 
 __all__ = [
@@ -37,12 +38,6 @@ def task_of(pl_module: L.LightningModule) -> type[Task] | Task:
     return getattr(pl_module, "task", None) or TASKS[DEFAULT_TASK]
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def read_metrics(path: str | Path) -> list[dict[str, str]]:
     """The rows of a run's ``metrics.csv`` (empty when absent)."""
     path = Path(path)
@@ -55,13 +50,12 @@ def read_metrics(path: str | Path) -> list[dict[str, str]]:
 def update_results(run_dir: str | Path, drop: Sequence[str] = (), **entries: Any) -> dict[str, Any]:
     """Merge ``entries`` into ``run_dir/results.json`` without the keys ``drop`` (atomic write) and return the
     merged content."""
-    path = RunDir(run_dir).results
-    results = json.loads(path.read_text()) if path.is_file() else {}
+    results = RunDir(run_dir).read_results()
     results.update(entries)
     for key in drop:
         results.pop(key, None)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(path, json.dumps(results, indent=2, sort_keys=True) + "\n")
+    with atomic_write(RunDir(run_dir).results) as f:
+        f.write(json.dumps(results, indent=2, sort_keys=True) + "\n")
     return results
 
 

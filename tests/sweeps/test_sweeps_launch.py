@@ -7,9 +7,11 @@ import csv
 import io
 import json
 import shutil
+import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -426,3 +428,56 @@ def test_a_run_another_process_saw_diverge_is_not_run_again(tmp_path: Path, monk
     report = run_sweep(spec, console=console)
     assert launched == [spec.runs()[0].run_dir] and [r.seed for r in report.diverged] == [1]
     assert "✗ tiny/ce/frac1/seed1 diverged in another process: the training loss is nan …" in console.export_text()
+
+
+def test_an_error_of_one_run_fails_it_and_the_sweep_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # seed 0's fit arguments were rewritten by another sweep, seed 1's score cannot be read; the runs after them
+    # ran, and each failure has its line. Was: the sweep's error, once every queued fit had run with no progress
+    spec = spec_of(tmp_path, objectives=["ce"], seeds=[0, 1, 2])
+    launched: list[int] = []
+
+    def launch(args: list[str], run_dir: Path, env: object = None, stop: object = None, log_args: object = ()) -> int:
+        seed = spec.runs()[[r.run_dir for r in spec.runs()].index(Path(run_dir))].seed
+        launched.append(seed)
+        if seed == 0:
+            raise ValueError(f"the run in {run_dir} was started with other fit arguments")
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "results.json").write_text(json.dumps({"test": {"top1": 0.5 if seed == 2 else "n/a"}}))
+        return 0
+
+    monkeypatch.setattr("coretune.sweeps.launch.launch_fit", launch)
+    console = Console(record=True, width=300)
+    report = run_sweep(spec, console=console)
+    assert launched == [0, 1, 2]
+    assert [r.seed for r in report.failed] == [0, 1] and [r.seed for r in report.finished] == [2]
+    text = console.export_text()
+    assert f"✗ tiny/ce/frac1/seed0 failed: the run in {spec.runs()[0].run_dir} was started with other" in text
+    assert "✗ tiny/ce/frac1/seed1 failed: could not convert string to float: 'n/a'" in text
+    assert "✓ tiny/ce/frac1/seed2: test top-1 50.00%" in text
+
+
+def test_an_error_of_the_sweep_starts_no_further_run_and_stops_the_running_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the sweep's own loop fails while seed 0 runs: seed 0 is asked to save a resumable checkpoint, the others never
+    # start, and the error follows. Was: every queued fit ran, with no progress and no signal handling, first
+    spec = spec_of(tmp_path, objectives=["ce"], seeds=[0, 1, 2])
+    launched: list[Path] = []
+    stops: list[int | None] = []
+
+    def launch(args: list[str], run_dir: Path, env: object = None, stop: Any = None, log_args: object = ()) -> int:
+        launched.append(Path(run_dir))
+        while stop.signum is None:  # a fit that runs until it is asked to stop
+            time.sleep(0.05)
+        stops.append(stop.signum)
+        return 143
+
+    def refresh(bars: EpochBars) -> None:
+        if launched:
+            raise RuntimeError("the progress display broke")
+
+    monkeypatch.setattr("coretune.sweeps.launch.launch_fit", launch)
+    monkeypatch.setattr(EpochBars, "refresh", refresh)
+    with pytest.raises(RuntimeError, match="the progress display broke"):
+        run_sweep(spec, console=Console(file=io.StringIO()), workers=1)
+    assert launched == [spec.runs()[0].run_dir] and stops == [signal.SIGTERM]

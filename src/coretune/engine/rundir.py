@@ -24,6 +24,7 @@ from ..distributed import is_launching_process
 from ..models import CheckpointError, UnreadableCheckpointError, load_checkpoint_file, weights_digest
 from ..runclaim import fit_claim
 from ..rundir import RunDir
+from .checkpoint_io import atomic_write
 
 __all__ = ["RESUMABLE_CHANGES", "RunDirCLI", "check_resume", "resolve_run_dir", "setting_changes"]
 
@@ -256,10 +257,8 @@ class SaveConfigOnFitStart(SaveConfigCallback):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.is_global_zero and not self.already_saved:
             path = RunDir(trainer.default_root_dir).config
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.parser.save(
-                self.config, str(path), skip_unset=False, overwrite=self.overwrite, multifile=self.multifile
-            )
+            with atomic_write(path) as f:  # whole, for the sweeps that read it while the run goes on
+                f.write(self.parser.dump(self.config, skip_unset=False))
         self.already_saved = True
 
 

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -327,45 +327,59 @@ def run_sweep(
             pool.submit(_timed_launch, run, slots, stop, bars, _log_args(spec, run, logger)): run for run in todo
         }
         pending = set(started)
-        while pending:  # wake up often: a signal only sets `stop`
-            done = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED).done
-            pending -= done
-            bars.refresh()
-            if stop.signum is not None and report.signum is None:
-                # Start no further run; the running fits are asked to save a resumable checkpoint (launch_fit).
-                report.signum = stop.signum
-                progress.console.print(
-                    f"{signal.Signals(report.signum).name}: no further run starts; waiting for the running fits to "
-                    "save a resumable checkpoint (a second signal aborts)…",
-                    highlight=False,
-                )
-                cancelled = {f for f in pending if f.cancel()}
-                report.not_started.extend(started[f] for f in cancelled)
-                pending -= cancelled
-            for future in sorted(done, key=lambda f: todo.index(started[f])):
-                run = started[future]
-                try:
-                    outcome = future.result()
-                except RunInUse as error:
-                    report.in_use.append(run)
-                    progress.console.print(f"↷ {run.label} skipped: {error}", highlight=False)
-                    progress.advance(task)
-                    continue
-                if outcome is None and RunDir(run.run_dir).is_finished():
-                    report.skipped.append(run)
-                    progress.console.print(f"↷ {run.label}: finished by another process", highlight=False)
-                    progress.advance(task)
-                elif outcome is None and (diverged := RunDir(run.run_dir).divergence()) is not None:
-                    report.diverged.append(run)
-                    progress.console.print(f"✗ {run.label} diverged in another process: {diverged}", highlight=False)
-                    progress.advance(task)
-                elif outcome is None:  # queued behind the signal
-                    report.not_started.append(run)
-                else:
-                    _report_run(run, *outcome, report, progress.console, spec.metric)
-                    progress.advance(task)
+        try:
+            while pending:  # wake up often: a signal only sets `stop`
+                done = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED).done
+                pending -= done
+                bars.refresh()
+                if stop.signum is not None and report.signum is None:
+                    # Start no further run; the running fits are asked to save a resumable checkpoint (launch_fit).
+                    report.signum = stop.signum
+                    progress.console.print(
+                        f"{signal.Signals(report.signum).name}: no further run starts; waiting for the running fits "
+                        "to save a resumable checkpoint (a second signal aborts)…",
+                        highlight=False,
+                    )
+                    cancelled = {f for f in pending if f.cancel()}
+                    report.not_started.extend(started[f] for f in cancelled)
+                    pending -= cancelled
+                for future in sorted(done, key=lambda f: todo.index(started[f])):
+                    _settle(started[future], future, report, progress, task, spec.metric)
+        except BaseException:
+            # The sweep's own error (not a run's): start no further run, and ask the running fits to save a
+            # resumable checkpoint, before the pool waits for them; the error follows.
+            stop.signum = stop.signum or signal.SIGTERM
+            for future in pending:
+                future.cancel()
+            raise
     report.not_started.sort(key=todo.index)
     return report
+
+
+def _settle(run: Run, future: Future, report: SweepReport, progress: Any, task: Any, metric: Metric) -> None:
+    """Report the run ``future`` launched: finished, diverged, interrupted, failed, in use, or queued behind a
+    signal. An error of this run alone (its fit arguments changed by another sweep, a full disk while writing its
+    files, a score that cannot be read) counts it as failed, with the error's line, and the sweep goes on."""
+    try:
+        outcome = future.result()
+        if outcome is None and RunDir(run.run_dir).is_finished():
+            report.skipped.append(run)
+            progress.console.print(f"↷ {run.label}: finished by another process", highlight=False)
+        elif outcome is None and (diverged := RunDir(run.run_dir).divergence()) is not None:
+            report.diverged.append(run)
+            progress.console.print(f"✗ {run.label} diverged in another process: {diverged}", highlight=False)
+        elif outcome is None:  # queued behind the signal
+            report.not_started.append(run)
+            return
+        else:
+            _report_run(run, *outcome, report, progress.console, metric)
+    except RunInUse as error:
+        report.in_use.append(run)
+        progress.console.print(f"↷ {run.label} skipped: {error}", highlight=False)
+    except (ValueError, OSError) as error:
+        report.failed.append(run)
+        progress.console.print(f"✗ {run.label} failed: {error}", highlight=False)
+    progress.advance(task)
 
 
 @contextmanager
@@ -393,8 +407,8 @@ def catch_stop_signals() -> Iterator[StopSignal]:
 
 def _report_run(run: Run, code: int, seconds: float, report: SweepReport, console: Any, metric: Metric) -> None:
     if RunDir(run.run_dir).is_finished():
-        report.finished.append(run)
         top1 = run_top1(run.run_dir, metric)
+        report.finished.append(run)
         console.print(f"✓ {run.label}: {metric_text(metric, run.args)} {top1:.2f}% ({seconds:.0f} s)", highlight=False)
     elif (diverged := RunDir(run.run_dir).divergence()) is not None:  # a fit drops a stale record when it starts
         report.diverged.append(run)

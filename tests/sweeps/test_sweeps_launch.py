@@ -45,6 +45,35 @@ def test_resuming_refuses_other_arguments(tmp_path: Path) -> None:
         launch_fit(run.args, run.run_dir)
 
 
+def test_tables_and_exports_refuse_a_finished_run_of_other_arguments(tmp_path: Path) -> None:
+    # the spec was edited (20 → 50 epochs) and only core was re-run (--only_objectives core): the table paired CE at
+    # 20 epochs with Core-tuning at 50, and --export copied both, without a word
+    from sweep_helpers import fabricate
+
+    from coretune.sweeps import collect_cells, export_records
+
+    spec = spec_of(tmp_path, seeds=[0])
+    fabricate(spec, {("ce", "tiny", 1.0): [0.5], ("core", "tiny", 1.0): [0.6]})
+    for run in spec.runs():
+        args = ["--trainer.max_epochs=20"] if run.objective == "ce" else list(run.args)
+        (run.run_dir / "fit_args.json").write_text(json.dumps(args))
+    ce = spec.runs()[0].run_dir
+    message = f"run directory {ce} was started with other fit arguments (recorded in {ce / 'fit_args.json'}): "
+    with pytest.raises(ValueError) as info:
+        collect_cells(spec)
+    assert str(info.value).startswith(message)
+    with pytest.raises(ValueError) as info:
+        export_records(spec, tmp_path / "records")
+    assert str(info.value).startswith(message) and not (tmp_path / "records").exists()
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({"output": str(spec.output), "datasets": {"tiny": list(spec.datasets["tiny"])},
+                                      "objectives": ["ce", "core"], "seeds": [0]}))  # fmt: skip
+    for extra in (["--aggregate_only"], ["--status"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["bench", str(config), *extra])
+        assert str(exit_info.value.code).startswith(f"coretune bench: error: {message}")
+
+
 def test_sweep_runs_fits_then_skips_finished_runs(image_tree: Path, tmp_path: Path) -> None:
     config = tmp_path / "bench.yaml"
     config.write_text(

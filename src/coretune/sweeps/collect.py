@@ -10,7 +10,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..rundir import RunDir
-from .records import RunRecord, run_progress, run_score_name, run_top1
+from .records import RunRecord, check_run_args, run_progress, run_score_name, run_top1
 from .spec import BenchSpec, Run
 from .stats import Cell
 
@@ -60,6 +60,7 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
         key = (run.objective, run.dataset, run.label_fraction)
         values.setdefault(key, [])
         seeds.setdefault(key, [])
+        check_run_args(run.args, run.run_dir)
         files = RunDir(run.run_dir)
         results = files.read_results()
         test = results.get("test") or {}

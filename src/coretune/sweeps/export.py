@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from ..rundir import RunDir
+from .records import check_run_args
 from .spec import BenchSpec
 
 __all__ = ["export_records"]
@@ -27,6 +28,7 @@ def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
     for run in spec.runs():
         if not RunDir(run.run_dir).is_finished() and RunDir(run.run_dir).divergence() is None:
             continue
+        check_run_args(run.args, run.run_dir)  # a record of other settings than the spec's would mislead
         target = dest / run.run_dir.relative_to(spec.output)
         target.mkdir(parents=True, exist_ok=True)
         for source in RunDir(run.run_dir).records():

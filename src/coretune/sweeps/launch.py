@@ -23,7 +23,7 @@ from typing import Any
 from ..runclaim import RunInUse, claimed, point_claim
 from ..rundir import RunDir
 from ..stopfile import STOP_FILE_ENV, request_stop
-from .records import run_top1
+from .records import check_run_args, run_top1
 from .spec import BenchSpec, BenchSpecError, Metric, Run, check_val_split, metric_text, unvalidated_final_epoch
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "SweepReport",
     "catch_stop_signals",
     "check_fit_args",
-    "check_run_args",
     "fit_command",
     "launch_fit",
     "run_sweep",
@@ -95,20 +94,6 @@ def fit_command(args: Sequence[str], run_dir: str | Path) -> list[str]:
     return cmd
 
 
-def check_run_args(args: Sequence[str], run_dir: str | Path) -> None:
-    """Refuse to skip or resume a run directory that was started with other fit arguments."""
-    path = RunDir(run_dir).fit_args
-    if not path.is_file():
-        return
-    before = json.loads(path.read_text())
-    if before != list(args):
-        raise ValueError(
-            f"run directory {run_dir} was started with other fit arguments (recorded in {path}): "
-            f"{shlex.join(before)}  ≠  {shlex.join(args)}. Delete that directory to redo the run with the new "
-            "arguments, or point the sweep at a new output folder"
-        )
-
-
 def launch_fit(
     args: Sequence[str],
     run_dir: str | Path,
@@ -134,6 +119,7 @@ def launch_fit(
     check_run_args(args, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with claimed(run_dir):
+        check_run_args(args, run_dir)  # again: another sweep may have run it with its own arguments meanwhile
         files = RunDir(run_dir)
         if files.is_finished() or files.divergence() is not None:
             return 0

@@ -3,7 +3,10 @@ has left."""
 
 from __future__ import annotations
 
+import json
+import shlex
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +19,7 @@ from .spec import Metric, check_val_split
 __all__ = [
     "RunRecord",
     "RunStatus",
+    "check_run_args",
     "final_val_top1",
     "format_duration",
     "run_progress",
@@ -148,3 +152,18 @@ def run_top1(run_dir: str | Path, metric: Metric = "test") -> float:
         return 100 * float(run.read_results()["test"][run_score_name(run_dir)])
     check_val_split(run.read_config(), f"{run.path} ({run.config})", run.read_results())
     return 100 * final_val_top1(run.metrics)
+
+
+def check_run_args(args: Sequence[str], run_dir: str | Path) -> None:
+    """Refuse to skip, resume or table a run directory that was started with other fit arguments than the spec's
+    (its ``fit_args.json``): a table must not put runs of other settings side by side."""
+    path = RunDir(run_dir).fit_args
+    if not path.is_file():
+        return
+    before = json.loads(path.read_text())
+    if before != list(args):
+        raise ValueError(
+            f"run directory {run_dir} was started with other fit arguments (recorded in {path}): "
+            f"{shlex.join(before)}  ≠  {shlex.join(args)}. Delete that directory to redo the run with the new "
+            "arguments, or point the sweep at a new output folder"
+        )

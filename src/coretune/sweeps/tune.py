@@ -49,8 +49,8 @@ import yaml
 from ..runclaim import RunInUse
 from ..rundir import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task, get_task
-from .launch import SweepInterrupted, catch_stop_signals, check_run_args, launch_fit
-from .records import final_val_top1
+from .launch import SweepInterrupted, catch_stop_signals, launch_fit
+from .records import check_run_args, final_val_top1
 from .spec import unvalidated_final_epoch
 
 __all__ = ["TrialFailed", "main", "tune"]

@@ -1,12 +1,16 @@
-"""``coretune predict``'s batching of segmentation images: one forward pass per group of images of one size."""
+"""``coretune predict``'s batching of segmentation images (one forward pass per group of images of one size), and
+its refusal of two images whose masks would have one name."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
+from coretune.cli import main
 from coretune.predict import same_size_batches
+from fit_flags import QUIET, error
 
 
 def test_images_of_one_size_share_batches_in_order_and_unreadable_files_stand_alone(tmp_path: Path) -> None:
@@ -20,3 +24,46 @@ def test_images_of_one_size_share_batches_in_order_and_unreadable_files_stand_al
     assert same_size_batches(paths, 3) == [[0, 3, 4], [6], [1, 5], [2]]
     assert same_size_batches(paths, 64) == [[0, 3, 4, 6], [1, 5], [2]]
     assert same_size_batches([], 4) == []
+
+
+@pytest.fixture(scope="module")
+def segmenter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The last checkpoint of one epoch of a DeepLab-V3 (ResNet-18) on four 32 px images."""
+    from segmentation_sets import make_voc_set
+
+    base = tmp_path_factory.mktemp("seg")
+    root = make_voc_set(base / "voc", {"train": 4, "val": 2}, size=(32, 32))
+    main([
+        "fit", "--task", "segmentation", "--model.backbone=resnet18", "--model.weights=null", f"--data.root={root}",
+        f"--run_dir={base / 'run'}", "--data.image_size=32", "--data.batch_size=4", "--trainer.max_epochs=1", *QUIET,
+    ])  # fmt: skip
+    return base / "run" / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.parametrize(
+    ("names", "options", "target"),
+    [
+        (["a.jpg", "a.png"], [], "sub/a.png"),
+        (["a.png", "a_overlay.jpg"], ["--overlay=true"], "sub/a_overlay.png"),  # a.png's overlay, the other's mask
+    ],
+    ids=["extensions", "overlay"],
+)
+def test_two_images_of_one_mask_name_are_refused_and_the_output_is_left_alone(
+    segmenter: Path, tmp_path: Path, names: list[str], options: list[str], target: str
+) -> None:
+    """The second mask overwrote the first in the staging folder, and moving it then failed with the output folder
+    partly replaced."""
+    images, output = tmp_path / "images", tmp_path / "masks"
+    (images / "sub").mkdir(parents=True)
+    for name in ["b.png", *names]:
+        Image.new("RGB", (32, 32), (90, 120, 150)).save(images / "sub" / name)
+    (output / "sub").mkdir(parents=True)
+    (output / "sub" / "b.png").write_bytes(b"an earlier mask")
+    first, second = sorted(names)
+    assert error(["predict", f"--ckpt_path={segmenter}", f"--input={images}", f"--output={output}", *options]) == (
+        f"images {images / 'sub' / first} and {images / 'sub' / second} would both be written to {output / target} "
+        "(each image's files are named after it without its extension): rename one of them"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "masks"]  # no staging folder left
+    assert [p.relative_to(output) for p in output.rglob("*")] == [Path("sub"), Path("sub/b.png")]
+    assert (output / "sub" / "b.png").read_bytes() == b"an earlier mask"

@@ -123,6 +123,24 @@ def same_size_batches(paths: Sequence[str], batch_size: int) -> list[list[int]]:
     return [group[i : i + batch_size] for group in groups.values() for i in range(0, len(group), batch_size)]
 
 
+def _mask_name(path: str, base: str | Path) -> Path:
+    """The name of ``path``'s mask under the output folder, without its ``.png``: its path under ``base``."""
+    return Path(os.path.relpath(path, base)).with_suffix("")
+
+
+def _check_mask_names(paths: Sequence[str], base: str | Path, output: Path, overlay: bool) -> None:
+    """Refuse two images of ``paths`` whose mask (or, with ``overlay``, overlay) files would have one name."""
+    targets: dict[Path, str] = {}
+    for path in paths:
+        name = _mask_name(path, base)
+        for target in (Path(f"{name}.png"), *([Path(f"{name}_overlay.png")] if overlay else [])):
+            if (other := targets.setdefault(target, path)) != path:
+                raise ValueError(
+                    f"images {other} and {path} would both be written to {output / target} (each image's files "
+                    "are named after it without its extension): rename one of them"
+                )
+
+
 def predict_masks(
     model: FineTuner,
     ckpt_path: str | Path,
@@ -138,12 +156,14 @@ def predict_masks(
     mask of class indices (:func:`~coretune.tasks.segmentation.save_palette_mask`; ``read_mask`` reads the
     indices back), and with ``overlay`` ``<…>_overlay.png``, the image with the mask's colours blended in (50 %).
     The files are written into a temporary folder beside ``output`` and moved into it once every image is done:
-    an error leaves ``output`` as it was."""
+    an error leaves ``output`` as it was. Two images whose files would have one name (``a.jpg`` and ``a.png``)
+    are refused (``ValueError``) before anything is written."""
     data = model.trained_data
     mean, std = tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD))
     transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
     dataset = ImageFileDataset(str(folder), transform, on_bad_image=on_bad_image)
     base = folder if os.path.isdir(folder) else os.path.dirname(os.path.abspath(folder))  # one image: its folder
+    _check_mask_names(dataset.paths, base, output, overlay)
     loader = DataLoader(dataset, batch_sampler=same_size_batches(dataset.paths, batch_size), num_workers=num_workers)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
@@ -153,7 +173,7 @@ def predict_masks(
             for images, indices in loader:
                 masks = _finite_logits(model, images, ckpt_path, dataset.paths, indices).argmax(1).numpy()
                 for image, index, mask in zip(images, indices.tolist(), masks, strict=True):
-                    name = Path(os.path.relpath(dataset.paths[index], base)).with_suffix("")
+                    name = _mask_name(dataset.paths[index], base)
                     (staging / name).parent.mkdir(parents=True, exist_ok=True)
                     save_palette_mask(mask, staging / f"{name}.png")
                     written.append(Path(f"{name}.png"))

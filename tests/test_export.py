@@ -14,7 +14,13 @@ import torch
 
 from coretune.cli import main
 from coretune.engine import FineTuner
-from coretune.export import ExportedClassifier, _classifier_program, _computes_eager, load_exported
+from coretune.export import (
+    ExportedClassifier,
+    _classifier_program,
+    _computes_eager,
+    export_checkpoint,
+    load_exported,
+)
 from coretune.models import create_backbone
 from fit_flags import QUIET, error
 
@@ -208,6 +214,35 @@ def test_load_exported_names_the_missing_weights(checkpoint: Path, tmp_path: Pat
     export(checkpoint, tmp_path, "--format=pt2")
     with pytest.raises(FileNotFoundError, match=r"holds no coretune export .*the safetensors format\)$"):
         load_exported(tmp_path)
+
+
+def test_a_failed_export_leaves_the_previous_one_and_an_export_replaces_every_format(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A format that failed after ``model.safetensors`` was overwritten left new weights beside the previous
+    ``config.json``, and an export of fewer formats left the previous export's other files."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    state["state_dict"]["objective.classifier.bias"] += 1.0  # another checkpoint of the same model
+    other = tmp_path / "other.ckpt"
+    torch.save(state, other)
+    out = tmp_path / "export"
+    export(checkpoint, out, "--format=safetensors,torchscript")
+    (out / "notes.txt").write_text("mine")  # not a file of the export: kept
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("tracing failed")
+
+    monkeypatch.setattr(torch.jit, "trace", fail)
+    with pytest.raises(RuntimeError, match="tracing failed"):
+        export_checkpoint(other, out, "safetensors,torchscript")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "other.ckpt"]  # no temporary folder left
+    monkeypatch.undo()
+    assert export(other, out, "--format=safetensors") == ["config.json", "model.safetensors", "notes.txt"]
+    net, config = load_exported(out)
+    assert config["formats"] == ["safetensors"] and (out / "notes.txt").read_text() == "mine"
+    torch.testing.assert_close(net.classifier.bias, state["state_dict"]["objective.classifier.bias"])
 
 
 @pytest.fixture(scope="module")

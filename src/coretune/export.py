@@ -8,6 +8,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -157,7 +160,9 @@ def export_checkpoint(
     8), smaller inputs fail its guard. ``config.json`` records the formats written and the ``input_shape`` they
     take (``"batch"``, ``"height"``, ``"width"`` where any size goes). ``config_files``: the ``--config`` files the
     options came from, refused when they record another task than the checkpoint's. Every option is checked before
-    anything is written.
+    anything is written. The files are written into a temporary folder beside ``output`` and moved into it once every
+    format is done: an error leaves ``output`` as it was, and afterwards it holds no file of a format not written
+    this time (an earlier export's).
     """
     formats = check_formats(formats)
     if Path(output).exists() and not Path(output).is_dir():
@@ -197,11 +202,26 @@ def export_checkpoint(
         "input_shape": ["batch", 3, "height", "width"],
     }
     output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
+    parent = output.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=parent))
+    try:
+        names = _write_formats(net, staging, formats, config, segmentation, size)
+        _move_in(staging, output, names)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [output / name for name in names]
+
+
+def _write_formats(
+    net: nn.Module, folder: Path, formats: Sequence[str], config: dict, segmentation: bool, size: int
+) -> list[str]:
+    """Write ``net`` in ``formats`` and then ``config`` (its ``input_shape`` completed) into ``folder``; return the
+    names of the files written, in order."""
+    written: list[str] = []
     if "safetensors" in formats:
-        written.append(output / EXPORT_FORMATS["safetensors"])
-        save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()}, str(written[-1]))
+        written.append(EXPORT_FORMATS["safetensors"])
+        save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()}, str(folder / written[-1]))
     inputs = (torch.zeros(2, 3, size, size),)
     any_size = True  # a classifier's: every format written computes its logits at other sizes too
     program, dynamic = None, ()
@@ -217,23 +237,23 @@ def export_checkpoint(
     elif "safetensors" in formats:  # the model load_exported rebuilds
         any_size = _computes_eager(net, net, size)
     if "pt2" in formats:
-        written.append(output / EXPORT_FORMATS["pt2"])
-        torch.export.save(program, written[-1])
+        written.append(EXPORT_FORMATS["pt2"])
+        torch.export.save(program, folder / written[-1])
     if "torchscript" in formats:
         with torch.no_grad(), warnings.catch_warnings():  # the format asked for: not torch's deprecation notice
             warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
             # the trace records the sizes it reads, so the interpolation follows the input's
             scripted = torch.jit.trace(net, torch.zeros(1, 3, size, size))
             any_size = any_size and (segmentation or _computes_eager(scripted, net, size))
-        written.append(output / EXPORT_FORMATS["torchscript"])
-        scripted.save(str(written[-1]))
+        written.append(EXPORT_FORMATS["torchscript"])
+        scripted.save(str(folder / written[-1]))
     if "onnx" in formats:
-        written.append(output / EXPORT_FORMATS["onnx"])
+        written.append(EXPORT_FORMATS["onnx"])
         with _size_oblivious() if not segmentation else contextlib.nullcontext():
             torch.onnx.export(
                 net,
                 inputs,
-                written[-1],
+                folder / written[-1],
                 dynamo=True,
                 dynamic_shapes=dynamic,
                 input_names=["images"],
@@ -243,9 +263,22 @@ def export_checkpoint(
             )
     if not any_size:
         config["input_shape"] = ["batch", 3, size, size]
-    written.append(output / "config.json")  # last: it lists the formats written
-    written[-1].write_text(json.dumps(config, indent=2) + "\n")
+    written.append("config.json")  # last: it lists the formats written
+    (folder / written[-1]).write_text(json.dumps(config, indent=2) + "\n")
     return written
+
+
+def _move_in(staging: Path, output: Path, names: Sequence[str]) -> None:
+    """Move the files ``names`` of a complete export from ``staging`` into ``output``, ``config.json`` last, and
+    remove the files of the formats it lacks: ``output`` holds this export alone (its other files stay). The old
+    ``config.json`` goes first, so an interrupted move leaves no folder :func:`load_exported` would read."""
+    output.mkdir(exist_ok=True)
+    (output / "config.json").unlink(missing_ok=True)
+    for name in EXPORT_FORMATS.values():
+        if name not in names:
+            (output / name).unlink(missing_ok=True)
+    for name in names:
+        os.replace(staging / name, output / name)
 
 
 def load_exported(folder: str | Path) -> tuple[nn.Module, dict]:

@@ -15,6 +15,7 @@ import yaml
 from coretune.cli import main
 from coretune.robustness import parse_threat
 from coretune.rundir import RunDir
+from coretune.sweeps.measures import robust_measures
 from fit_flags import QUIET, TINY_FIT
 
 # Three grey levels 6 apart with a little noise: learnable at 8 px, and ℓ∞ 8/255 can move any image past a
@@ -109,6 +110,27 @@ def test_a_resumed_runs_config_leaves_the_scored_checkpoint_alone(
     main(["eval", "robust", f"--config={config}", "--attack=pgd", "--steps=1", "--threat_models=linf:4/255",
           "--max_images=4", f"--output={out}"])  # fmt: skip
     assert json.loads(out.read_text())["checkpoint"] == str(ckpt)
+
+
+def test_max_images_of_the_whole_test_set_is_recorded_as_the_whole_set(
+    fitted_greys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """``--max_images`` at least the test set's size (30 images) scored every image but recorded a sample, which
+    Table 8 tabulates in columns of its own (``clean [30 images]``) beside the same numbers of the whole set."""
+    tree, ckpt = fitted_greys
+    args = ["eval", "robust", f"--ckpt={ckpt}", f"--data.root={tree}", "--attack=pgd", "--steps=1",
+            "--threat_models=linf:4/255"]  # fmt: skip
+    main([*args, f"--output={tmp_path / 'whole.json'}"])
+    whole = json.loads((tmp_path / "whole.json").read_text())
+    for n in (30, 100):
+        out = tmp_path / f"max{n}" / "robust_results.json"
+        main([*args, f"--max_images={n}", f"--output={out}"])
+        results = json.loads(out.read_text())
+        assert results["sample"] is None and results["reports"] == whole["reports"]
+        assert whole["reports"][0]["num_images"] == 30
+        assert list(robust_measures(out.parent, {})) == ["clean", "pgd-1 ℓ∞ 4/255"]
+    main([*args, "--max_images=29", f"--output={out}"])  # one image fewer: a sample
+    assert json.loads(out.read_text())["sample"] == {"max_images": 29, "seed": 0}
 
 
 def test_a_fractional_step_size_is_recorded_as_a_number(fitted_greys: tuple[Path, Path], tmp_path: Path) -> None:

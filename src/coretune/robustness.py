@@ -351,7 +351,8 @@ def robust_parser() -> ArgumentParser:
         type=int | None,
         default=None,
         help="Score N test images drawn at random with --seed (the same images for every checkpoint; spread over "
-        "the classes, which the first N of a class-sorted folder are not).",
+        "the classes, which the first N of a class-sorted folder are not). N at least the test set's size scores "
+        "and records the whole test set, as without --max_images.",
     )
     parser.add_argument("--seed", type=int, default=0, help="Seeds the random starts (and AutoAttack's).")
     parser.add_argument("--device", type=str | None, default=None, help="Default: cuda if available, or cpu.")
@@ -398,6 +399,8 @@ def evaluate_robust(args: Sequence[str]) -> Path:
     data = ImageClassificationData(**{**options, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)})
     check_classes(model, data, cfg.ckpt_path)
     loader = data.test_dataloader()
+    if cfg.max_images is not None and cfg.max_images >= len(loader.dataset):  # type: ignore[arg-type]
+        cfg.max_images = None  # every test image: recorded as the whole test set, as Table 8 tabulates it
     if cfg.max_images is not None:
         loader = sample_loader(loader, cfg.max_images, cfg.seed)
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")

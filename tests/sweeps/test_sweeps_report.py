@@ -136,6 +136,37 @@ def test_curves_are_the_per_epoch_mean_and_std_over_finished_seeds(tmp_path: Pat
     assert height < 0.6 * width
 
 
+def test_a_cell_of_one_seed_has_no_error_bar_or_band(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its std (NaN) was drawn as 0: a bar, point or band of one seed looked perfectly reproducible."""
+    from matplotlib.container import BarContainer, ErrorbarContainer
+    from matplotlib.figure import Figure
+
+    figures: list[Figure] = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: figures.append(self))
+    spec = spec_of(tmp_path, table="table4", label_fractions=[0.1, 1.0], seeds=[0, 1])
+    values = {("ce", 0.1): [0.5, 0.6], ("ce", 1.0): [0.7, None], ("core", 0.1): [0.55, None], ("core", 1.0): [0.8, 0.9]}
+    fabricate(spec, {(o, "tiny", f): v for (o, f), v in values.items()})
+    for run in spec.runs():
+        if run.run_dir.is_dir():
+            (run.run_dir / "metrics.csv").write_text(f"epoch,val/top1\n0,0.4\n1,{0.5 + run.seed / 10}\n")
+    write_summary(spec)
+    bars, fractions, curves = figures
+    # bars.png: per row (ce, core), whether each column (10%, 100%) has an error bar; n=1 over the others' bars
+    (ax,) = bars.axes
+    errors = [c.errorbar.lines[2][0].get_segments() for c in ax.containers if isinstance(c, BarContainer)]
+    assert [[len(s) > 0 for s in row] for row in errors] == [[True, False], [False, True]]
+    marks = sorted((t.get_text(), t.get_position()[1]) for t in ax.texts)  # at the top of core 10% and ce 100%
+    assert marks == [("n=1", pytest.approx(55.0)), ("n=1", pytest.approx(70.0))]
+    # label_fraction.png: the same per point
+    errors = [c.lines[2][0].get_segments() for c in fractions.axes[0].containers if isinstance(c, ErrorbarContainer)]
+    assert [[len(s) > 0 for s in row] for row in errors] == [[True, False], [False, True]]
+    # curves.png: a band for the cells of two seeds only (10%: ce; 100%: core); each Δ pairs one seed: no band
+    top, _, delta, _ = curves.axes  # 10%, 100% above; their Δ panels below
+    assert [bool(c.get_paths()) for c in top.collections] == [True, False]
+    assert [bool(c.get_paths()) for c in curves.axes[1].collections] == [False, True]
+    assert [bool(c.get_paths()) for ax in (delta, curves.axes[3]) for c in ax.collections] == [False, False]
+
+
 def test_table2_and_table4_layouts(tmp_path: Path) -> None:
     table2 = spec_of(tmp_path, table="table2", objectives=["core", "ce_mix", "ce", "ce_con_mixh", "ce_con"])
     assert table_layout(table2).rows == [

@@ -37,7 +37,8 @@ def plot_bars(
     spec: BenchSpec, cells: dict[tuple[Any, ...], Cell], layout: TableLayout, title_note: str = ""
 ) -> list[Path]:
     """``bars.png`` (the table's cells, mean ± std, grouped by column; ``title_note`` follows the title, e.g. an
-    oracle's mark) and, with several label fractions, ``label_fraction.png``."""
+    oracle's mark) and, with several label fractions, ``label_fraction.png``. A cell of one seed has no error bar
+    (its std is unknown, not 0), and its bar is marked ``n=1``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,7 +46,7 @@ def plot_bars(
 
     def stats(name: str, col: tuple[Any, ...]) -> tuple[float, float]:
         cell = cells[(name, *col)]
-        return cell.mean, (0.0 if math.isnan(cell.std) else cell.std)
+        return cell.mean, cell.std  # std NaN below two seeds: no error bar
 
     paths = []
     cols = [key for key, _ in layout.columns]
@@ -55,9 +56,12 @@ def plot_bars(
     lows = []
     for i, (name, label) in enumerate(layout.rows):
         means, stds = zip(*(stats(name, col) for col in cols), strict=True)
-        lows += [m - s for m, s in zip(means, stds, strict=True) if not math.isnan(m)]
+        lows += [m if math.isnan(s) else m - s for m, s in zip(means, stds, strict=True) if not math.isnan(m)]
         offset = (i - (len(layout.rows) - 1) / 2) * width
         ax.bar(x + offset, means, width, yerr=stds, capsize=3, label=_plot_label(label))
+        for position, col, mean in zip(x + offset, cols, means, strict=True):
+            if cells[(name, *col)].n == 1:
+                ax.text(position, mean, "n=1", ha="center", va="bottom", fontsize=7)
     if lows:
         ax.set_ylim(bottom=max(0.0, 5 * math.floor(min(lows) / 5) - 5))
     measured = measure_layout(spec.table)  # long column labels (attack and threat model), a long metric text
@@ -112,13 +116,14 @@ def plot_curves(spec: BenchSpec, curves: list[CurvePoint], layout: TableLayout) 
     metric = curves_metric(curves)
 
     def band(ax: Any, rows: list[CurvePoint], stat: str, colour: str, label: str) -> None:
-        """Mean line and ± std band of ``stat`` (``val_top1_*_pct`` or ``delta_*_pp``) over the epochs it has."""
+        """Mean line and ± std band of ``stat`` (``val_top1_*_pct`` or ``delta_*_pp``) over the epochs it has; no band
+        where one seed gives the mean."""
         rows = [r for r in rows if getattr(r, stat.format("mean")) is not None]
         if not rows:
             return
         epochs = np.array([r.epoch for r in rows])
         mean = np.array([getattr(r, stat.format("mean")) for r in rows])
-        std = np.array([getattr(r, stat.format("std")) or 0.0 for r in rows])
+        std = np.array([np.nan if (s := getattr(r, stat.format("std"))) is None else s for r in rows])  # n = 1: none
         ax.plot(epochs, mean, marker="o", markersize=3, color=colour, label=label)
         ax.fill_between(epochs, mean - std, mean + std, color=colour, alpha=0.2)
 

@@ -84,6 +84,28 @@ def test_a_name_that_leads_out_of_the_output_folder_is_refused(tmp_path: Path, w
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize(
+    ("seeds", "message"),
+    [
+        ([0, 1.9], "1.9 is not (got [0, 1.9])"),
+        (2.0, "2.0 is not (got 2.0)"),
+        ([1, True], "True is not (got [1, True])"),
+    ],
+    ids=["float", "one-float", "bool"],
+)
+def test_a_seed_that_is_not_an_integer_is_refused(tmp_path: Path, seeds: object, message: str) -> None:
+    """``seeds: [1.9]`` ran seed 1 (``int`` truncated it)."""
+    config = tmp_path / "bench.yaml"
+    datasets = {"tiny": [f"--data.root={data_root(tmp_path)}"]}
+    raw = {"output": str(tmp_path / "out"), "datasets": datasets, "objectives": ["ce"], "seeds": seeds}
+    config.write_text(yaml.safe_dump(raw))
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as info:
+        main(["bench", str(config)])
+    assert str(info.value.code) == f"coretune bench: error: {config}: seeds must be integers, e.g. [0, 1, 2]; {message}"
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 @pytest.mark.parametrize("path", sorted(Path(__file__).parents[2].glob("configs/bench/*.yaml")), ids=lambda p: p.name)
 def test_shipped_bench_specs_parse(path: Path) -> None:
     spec = BenchSpec.from_yaml(path)

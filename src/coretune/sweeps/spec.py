@@ -218,7 +218,7 @@ class BenchSpec:
         fractions = _parse_numbers(raw.get("label_fractions", [1.0]), float, "label_fractions", fail)
         if any(not 0 < f <= 1 for f in fractions):
             raise fail(f"label_fractions must lie in (0, 1] (got {list(fractions)})")
-        seeds = _parse_numbers(raw.get("seeds", [0]), int, "seeds", fail)
+        seeds = _parse_numbers(_check_seeds(raw.get("seeds", [0]), fail), int, "seeds", fail)
         workers = raw.get("workers", 1)
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise fail(f"workers must be an integer >= 1 (got {workers!r})")
@@ -322,6 +322,15 @@ def _parse_numbers(value: Any, kind: type, what: str, fail: Any) -> tuple[Any, .
     if len(set(parsed)) != len(parsed):
         raise fail(f"{what} lists a value twice: {list(parsed)}")
     return parsed
+
+
+def _check_seeds(value: Any, fail: Any) -> Any:
+    """``value`` when each of its seeds (or it, one seed) is an integer; a float (``1.9``, which ``int`` truncated
+    to seed 1) or a bool is refused."""
+    for seed in value if isinstance(value, list) else [value]:
+        if isinstance(seed, bool | float):
+            raise fail(f"seeds must be integers, e.g. [0, 1, 2]; {seed!r} is not (got {value!r})")
+    return value
 
 
 def _check_name(name: Any, what: str, fail: Any) -> str:

@@ -152,6 +152,12 @@ def test_resume_keeps_finished_trials_and_retries_failed_ones(
         tune([data_arg], objective="ce_con_mixh", **grid, seed=1)
     with pytest.raises(ValueError, match=r"was run with --val_fraction 0.3 \(now 0.25\)"):
         tune([data_arg], objective="ce_con_mixh", **{**grid, "val_fraction": 0.25})
+    # other fit arguments or another objective: the points still to run would not compare with those that ran
+    with pytest.raises(ValueError, match=rf"was run with fit arguments {data_arg} \(now {data_arg} "
+                       r"--trainer.max_epochs=9\)"):  # fmt: skip
+        tune([data_arg, "--trainer.max_epochs=9"], objective="ce_con_mixh", **grid)
+    with pytest.raises(ValueError, match=r"was run with --objective ce_con_mixh \(now core\)"):
+        tune([data_arg], objective="core", **grid)
     # a finished trial folder of another study in the same output (a new --study_name, other seed) is no result
     with pytest.raises(ValueError, match=r"trials/eta1_alpha0.5 was started with other fit arguments"):
         tune([data_arg], objective="ce_con_mixh", **grid, seed=1, study_name="other")
@@ -324,6 +330,9 @@ def test_an_interrupted_tpe_trial_resumes_in_its_folder_with_its_point(
     monkeypatch.setattr(tune_module, "launch_fit", lambda args, run_dir, **_: launched.append((run_dir.name, ())) or 1)
     study = tune([data_arg], n_trials=2, **tpe)  # one more trial: the interrupted one, retried once, is done
     assert launched == [("trial0002", ())] and study.trials[2].state.name == "FAIL"  # crashed: TPE moves on
+    with pytest.raises(ValueError, match=r"was run with --eta/--alpha \[\[0.1, 1.0, 10.0\], \[0.1, 1.0, 10.0\]\] "
+                       r"\(now \[\[0.1, 1.0\], \[0.1, 1.0, 10.0\]\]\)"):  # fmt: skip
+        tune([data_arg], n_trials=3, eta=[0.1, 1.0], **tpe)  # other ranges: TPE's trials would not compare
 
     # a trial Optuna's heartbeat retries (its process was killed with kill -9) is named after the original too
     import optuna

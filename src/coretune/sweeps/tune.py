@@ -39,6 +39,7 @@ import csv
 import inspect
 import math
 import random
+import shlex
 import signal
 import warnings
 from pathlib import Path
@@ -361,7 +362,10 @@ def tune(
         created = False
     _check_repeats(study, repeats)
     _check_task(study, task)
-    _check_settings(study, {"seed": seed, "val_fraction": val_fraction, "sampler": sampler})
+    settings = {"seed": seed, "val_fraction": val_fraction, "sampler": sampler, "objective": objective}
+    if sampler == "tpe":  # a grid's points are checked by _resume_grid
+        settings["eta_alpha"] = [space["eta"], space["alpha"]]
+    _check_settings(study, {**settings, "fit_args": list(fit_args)})
     target = 20 if n_trials is None else n_trials
     if created and sampler == "tpe":  # every worker pops its own start-up points from the queue
         for point in _startup_points(space, min(_TPE_STARTUP, target), seed):
@@ -473,11 +477,17 @@ def _check_repeats(study: Any, repeats: int) -> None:
 
 
 def _check_settings(study: Any, settings: dict[str, Any]) -> None:
-    """Tie a study to its ``--seed`` (the validation split, and the grid's order), ``--val_fraction`` and
-    ``--sampler``: trials scored on other splits do not compare, and a grid resumed in another order would run some
-    points twice and others never. A study from before these were recorded is taken as it is."""
+    """Tie a study to its ``--seed`` (the validation split, and the grid's order), ``--val_fraction``,
+    ``--sampler``, ``--objective``, ``--eta``/``--alpha`` (TPE's ranges) and fit arguments: trials
+    fitted or scored otherwise do not compare, and a grid resumed in another order would run some points twice and
+    others never. A study from before a setting was recorded is taken as it is."""
+    names = {"eta_alpha": "--eta/--alpha", "fit_args": "fit arguments"}
+
+    def shown(key: str, value: Any) -> str:
+        return shlex.join(value) if key == "fit_args" else str(value)
+
     changed = [
-        f"--{key} {study.user_attrs[key]} (now {value})"
+        f"{names.get(key, f'--{key}')} {shown(key, study.user_attrs[key])} (now {shown(key, value)})"
         for key, value in settings.items()
         if key in study.user_attrs and study.user_attrs[key] != value
     ]

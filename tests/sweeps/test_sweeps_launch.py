@@ -428,6 +428,10 @@ def test_a_diverged_run_is_a_result_listed_under_the_tables_and_not_run_again(
 
     (seed1 / "checkpoints").mkdir()
     (seed1 / "checkpoints" / "last.ckpt").write_bytes(b"the weights of the epoch before it diverged")
+    main(["bench", str(config), "--retry_diverged", "--dry_run"])  # says what the retry runs: from the start
+    out = capsys.readouterr().out
+    assert "# d/ce/frac1/seed1: the run that diverged is moved aside, then" in out and "--ckpt_path" not in out
+    assert launched == [] and (seed1 / "checkpoints" / "last.ckpt").is_file()
     with pytest.raises(SystemExit, match="of 3 runs, 1 diverged"):
         main(["bench", str(config), "--retry_diverged"])  # diverges again (the stand-in always does)
     assert launched == [1]

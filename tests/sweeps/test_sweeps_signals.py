@@ -192,3 +192,25 @@ def test_sigterm_to_a_real_bench_process_alone_stops_its_real_fit_resumably(imag
     assert "sweep stopped by SIGTERM: 0 run(s) finished, 1 interrupted with a resumable checkpoint" in err
     assert "coretune fit: stopped by SIGTERM" in (run_dir / "log.txt").read_text()
     assert (run_dir / "checkpoints" / "last.ckpt").is_file() and not RunDir(run_dir).is_finished()  # no test results
+
+
+def test_a_second_ctrl_c_ends_bench_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the first Ctrl+C only asks the running fits to save; a second reaches the sweep as KeyboardInterrupt, which
+    # ended `coretune bench` with a traceback
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("coretune.sweeps.bench.run_sweep", interrupted)
+    config = tmp_path / "bench.yaml"
+    spec = spec_of(tmp_path, objectives=["ce"])
+    config.write_text(yaml.safe_dump({"output": str(spec.output), "datasets": {"tiny": list(spec.datasets["tiny"])},
+                                      "objectives": ["ce"]}))  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        main(["bench", str(config)])
+    assert info.value.code == 128 + signal.SIGINT
+    assert capsys.readouterr().err == (
+        "coretune bench: sweep aborted by a second SIGINT: the running fits were asked to stop (one that could not "
+        "save resumes from its last saved epoch). Re-run the same command to resume: finished runs are skipped\n"
+    )

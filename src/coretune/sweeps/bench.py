@@ -124,14 +124,21 @@ def main(args: list[str]) -> None:
         return
     report = None
     if not cfg.aggregate_only:
-        report = run_sweep(
-            subset,
-            workers=cfg.workers,
-            dry_run=cfg.dry_run,
-            console=console,
-            logger=cfg.logger,
-            retry_diverged=cfg.retry_diverged,
-        )
+        try:
+            report = run_sweep(
+                subset,
+                workers=cfg.workers,
+                dry_run=cfg.dry_run,
+                console=console,
+                logger=cfg.logger,
+                retry_diverged=cfg.retry_diverged,
+            )
+        except KeyboardInterrupt:  # a second Ctrl+C (the first only sets run_sweep's stop): no traceback
+            raise SweepInterrupted(
+                signal.SIGINT,
+                "sweep aborted by a second SIGINT: the running fits were asked to stop (one that could not save "
+                "resumes from its last saved epoch). Re-run the same command to resume: finished runs are skipped",
+            ) from None
         if cfg.dry_run:
             return
     _print_summary(spec, console)

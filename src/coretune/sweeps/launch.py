@@ -280,6 +280,9 @@ def run_sweep(
     if dry_run:
         for run in todo:
             command = [*fit_command(run.args, run.run_dir), *_log_args(spec, run, logger)]
+            if run in retry:  # moved aside first (below): the fit starts over
+                command = [arg for arg in command if arg != "--ckpt_path=last"]
+                console.print(f"# {run.label}: the run that diverged is moved aside, then", highlight=False)
             console.print(escape(shlex.join(command)), soft_wrap=True, highlight=False)
     if dry_run or not todo:
         return report

@@ -288,7 +288,9 @@ def tune(
     """Run (or resume) the study; write ``trials.csv`` and ``best.yaml`` into ``output``; return the study.
 
     ``eta``/``alpha``: the grid values (``grid``) or the ends of the log-scale ranges (``tpe``), default
-    {0.1, 1, 10}. ``n_trials``: TPE's number of completed trials (default 20); the grid runs every point once.
+    {0.1, 1, 10}. ``n_trials``: TPE's number of completed trials (default 20): a run starts at most ``n_trials``
+    minus those already completed, and failed, diverged and duplicate trials use up that number too (re-run the
+    command to complete more); the grid runs every point once.
     ``repeats``: fits per trial (seeds ``seed``, ``seed + 1``, …); the trial's value is their mean final
     ``val/<monitor>`` (the fit's task's: top-1, or MIoU for segmentation). ``val_fraction``: the part of the
     training data each fit holds out for validation (the task's :attr:`~coretune.tasks.Task.validation_holdout`).
@@ -624,7 +626,7 @@ def _parser() -> Any:
     parser.add_argument("--eta", type=float, nargs="+", default=[0.1, 1.0, 10.0], help="η grid (TPE: its range).")
     parser.add_argument("--alpha", type=float, nargs="+", default=[0.1, 1.0, 10.0], help="α grid (TPE: its range).")
     parser.add_argument("--sampler", type=Literal["grid", "tpe"], default="grid", help="grid or tpe.")
-    parser.add_argument("--n_trials", type=int | None, default=None, help="TPE: finished trials wanted (20).")
+    parser.add_argument("--n_trials", type=int | None, default=None, help="TPE: completed trials wanted (20); a run's failed trials use up its share, re-run for more.")
     parser.add_argument(
         "--val_fraction",
         type=float,

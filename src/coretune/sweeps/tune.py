@@ -626,7 +626,9 @@ def _parser() -> Any:
     parser.add_argument("--eta", type=float, nargs="+", default=[0.1, 1.0, 10.0], help="η grid (TPE: its range).")
     parser.add_argument("--alpha", type=float, nargs="+", default=[0.1, 1.0, 10.0], help="α grid (TPE: its range).")
     parser.add_argument("--sampler", type=Literal["grid", "tpe"], default="grid", help="grid or tpe.")
-    parser.add_argument("--n_trials", type=int | None, default=None, help="TPE: completed trials wanted (20); a run's failed trials use up its share, re-run for more.")
+    parser.add_argument(
+        "--n_trials", type=int | None, default=None, help="TPE: completed trials wanted (20; failed ones count too)."
+    )
     parser.add_argument(
         "--val_fraction",
         type=float,

@@ -385,3 +385,20 @@ def test_dataset_items_without_a_transform(voc_set: Path) -> None:
     image, mask = dataset[0]
     assert image.size == (56, 40) and isinstance(mask, tv_tensors.Mask) and mask.shape == (40, 56)
     assert dataset.max_class() <= 3 and dataset.ids == ["val_000", "val_001", "val_002", "val_003"]
+
+
+@pytest.mark.parametrize("class_names", [None, ["background", "object"]])
+def test_binary_masks_saved_as_0_and_255_are_refused_naming_the_remap(tmp_path: Path, class_names: list | None) -> None:
+    # 255 (the object) is the ignored value: the object's pixels left out of loss and metrics, and the MIoU the
+    # background's alone, near 100%. With a class file the masks were accepted; without, the message sent the user
+    # to --data.num_classes 2, which did the same
+    root = make_voc_set(tmp_path / "voc", num_classes=2, palette=False, class_names=class_names)
+    for mask in (root / "SegmentationClass").glob("*.png"):
+        values = np.asarray(Image.open(mask))
+        save_mask(np.where(values == 1, 255, values).astype(np.uint8), mask, palette=False)
+    message = one_line_error("^the training masks under ", root)
+    assert message == (
+        f"the training masks under {root} hold 1 class(es) besides 255 = ignore (0): segmentation needs at least 2; "
+        "255 marks pixels to ignore, so if it is your foreground (a 0/255 binary mask), remap it to 1 in the masks"
+    )
+    one_line_error("^the training masks under .* hold 1 class", root, num_classes=2)

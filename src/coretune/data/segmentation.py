@@ -573,15 +573,31 @@ class SegmentationData(L.LightningDataModule):
         num_classes = self._num_classes or (len(names) if names else None)
         if num_classes is None:
             num_classes = max(ds.max_class(self.ignore_index) for ds in splits) + 1
-            if num_classes < 2:
-                raise DataError(
-                    f"the masks under {self.root} hold fewer than 2 classes (besides {self.ignore_index} = ignore): "
-                    "check the masks, or pass --data.num_classes"
-                )
         for ds in splits:
             ds.check_classes(num_classes, self.ignore_index)
+        self._check_trained_classes(splits[0])
         self._num_classes = num_classes
         return names if names is not None else [str(k) for k in range(num_classes)]
+
+    def _check_trained_classes(self, train: SegmentationDataset) -> None:
+        """Refuse training masks that hold fewer than 2 classes besides ``ignore_index``: nothing to segment. The
+        common cause is a binary mask saved as 0/255, whose foreground (255) is then the ignored value: every
+        object pixel would be left out of the loss and the metrics, and the MIoU would be the background's alone,
+        near 100%."""
+        seen = np.unique(np.concatenate(train.classes_present)) if train.classes_present else np.array([], int)
+        labelled = [int(v) for v in seen if v != self.ignore_index]
+        if len(labelled) >= 2:
+            return
+        foreground = (
+            f"; {self.ignore_index} marks pixels to ignore, so if it is your foreground (a 0/{self.ignore_index} "
+            "binary mask), remap it to 1 in the masks"
+            if self.ignore_index in seen
+            else ""
+        )
+        raise DataError(
+            f"the training masks under {self.root} hold {len(labelled)} class(es) besides {self.ignore_index} = "
+            f"ignore ({', '.join(map(str, labelled)) or 'none'}): segmentation needs at least 2{foreground}"
+        )
 
     # -- what the data is -----------------------------------------------------------------------------------
     @property

@@ -22,13 +22,15 @@ from PIL import Image
 
 from coretune.data import (
     DataError,
+    DomainGeneralizationData,
     ImageClassificationData,
     ImageDecodeError,
+    SegmentationData,
     SkippedImagesWarning,
     eval_transform,
     train_transform,
 )
-from coretune.data.transforms import eval_resize_size, train_draft_size
+from coretune.data.transforms import eval_resize_size, normalisation_problems, train_draft_size
 
 # One constant colour per class index, so a loaded tensor tells which class folder it came from.
 CLASS_COLOURS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200)]
@@ -454,6 +456,26 @@ def test_class_names_differ_between_train_and_val(make_tree: MakeTree) -> None:
 def test_bad_option_values(option: str, value: object, message: str) -> None:
     with pytest.raises(DataError, match=rf"^invalid data option\(s\): {message}.* — set valid values"):
         ImageClassificationData(**{option: value})  # type: ignore[arg-type]
+
+
+def test_normalisation_values_must_be_fractions_of_the_pixel_range() -> None:
+    """A mean outside [0, 1] or a std outside (0, 1] (mmpretrain's 0-255 values train at chance) is refused by every
+    task's data module, with the fix."""
+    assert normalisation_problems((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)) == []
+    assert normalisation_problems((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)) == []  # no normalisation
+    for mean, std in [((0.5, 0.5, 1.5), (0.2, 0.2, 0.2)), ((-0.1, 0.5, 0.5), (0.2, 0.2, 0.2)),
+                      ((0.5, 0.5, 0.5), (0.2, 0.2, 2.0)), ((0.5, float("nan"), 0.5), (0.2, 0.2, 0.2))]:  # fmt: skip
+        problems = normalisation_problems(mean, std)
+        assert [p.startswith("mean must be in [0, 1] and std in (0, 1] (fractions of") for p in problems] == [True]
+    expected = (
+        "invalid data option(s): mean must be in [0, 1] and std in (0, 1] (fractions of the [0, 1] pixel range: "
+        "divide values on the 0-255 scale by 255, e.g. 123.675 → 0.485), got (123.675, 116.28, 103.53) and "
+        "(58.395, 57.12, 57.375) — set valid values (--data.<option>)"
+    )
+    for data in (ImageClassificationData, SegmentationData, DomainGeneralizationData):
+        with pytest.raises(DataError) as refused:
+            data(mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375))
+        assert str(refused.value) == expected
 
 
 def test_all_bad_options_are_reported_at_once() -> None:

@@ -899,6 +899,12 @@ def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path
             "that task 'classification' ignores (got 'multilabel'): drop --model.image_labels, or fit with --task "
             "segmentation",
         ),
+        (
+            ["--data.mean=[123.675,116.28,103.53]", "--data.std=[58.395,57.12,57.375]"],  # mmpretrain's 0-255 values
+            "invalid data option(s): mean must be in [0, 1] and std in (0, 1] (fractions of the [0, 1] pixel range: "
+            "divide values on the 0-255 scale by 255, e.g. 123.675 → 0.485), got (123.675, 116.28, 103.53) and "
+            "(58.395, 57.12, 57.375) — set valid values (--data.<option>)",
+        ),
     ],
 )
 def test_bad_configuration_values(options: list[str], expected: str, tree: Path, tmp_path: Path) -> None:

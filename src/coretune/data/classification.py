@@ -21,6 +21,7 @@ from .transforms import (
     Views,
     eval_draft_size,
     eval_transform,
+    normalisation_problems,
     train_draft_size,
     train_transform,
 )
@@ -398,10 +399,8 @@ def _check_options(
         (0 <= rotation <= 180, f"rotation must be in [0, 180] degrees (0: none), got {rotation}"),
         (len(crop_scale) == 2 and 0 < crop_scale[0] <= crop_scale[1] <= 1,
          f"crop_scale must be (low, high) with 0 < low <= high <= 1, got {crop_scale}"),
-        (len(mean) == 3 and len(std) == 3, f"mean and std need 3 values (R, G, B), got {mean} and {std}"),
-        (all(v > 0 for v in std), f"std values must be > 0, got {std}"),
     ]  # fmt: skip
-    problems = [message for ok, message in checks if not ok]
+    problems = [message for ok, message in checks if not ok] + normalisation_problems(mean, std)
     if problems:
         raise DataError(f"invalid data option(s): {'; '.join(problems)} — set valid values (--data.<option>)")
 

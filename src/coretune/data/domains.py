@@ -31,7 +31,15 @@ from .errors import DataError
 from .images import require_folder, warn_skipped
 from .samplers import balanced_train_loader, eval_loader, loader_options
 from .splits import stratified_split, stratified_subset
-from .transforms import IMAGENET_MEAN, IMAGENET_STD, Views, resize_transform, train_draft_size, train_transform
+from .transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Views,
+    normalisation_problems,
+    resize_transform,
+    train_draft_size,
+    train_transform,
+)
 
 __all__ = [
     "SELECTIONS",
@@ -483,9 +491,7 @@ def _check_options(
          f"crop_scale must be (low, high) with 0 < low <= high <= 1, got {crop_scale}"),
         (color_jitter >= 0, f"color_jitter must be >= 0 (0: none), got {color_jitter}"),
         (0 <= grayscale <= 1, f"grayscale must be a probability in [0, 1], got {grayscale}"),
-        (len(mean) == 3 and len(std) == 3, f"mean and std need 3 values (R, G, B), got {mean} and {std}"),
-        (all(v > 0 for v in std), f"std values must be > 0, got {std}"),
     ]  # fmt: skip
-    problems = [message for ok, message in checks if not ok]
+    problems = [message for ok, message in checks if not ok] + normalisation_problems(mean, std)
     if problems:
         raise DataError(f"invalid data option(s): {'; '.join(problems)} — set valid values (--data.<option>)")

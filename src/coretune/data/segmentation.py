@@ -36,7 +36,7 @@ from .errors import DataError
 from .images import IMAGE_EXTENSIONS, find_bad_images, load_rgb, require_folder, warn_skipped
 from .samplers import eval_sampler, seeded_train_loader
 from .splits import stratified_split, stratified_subset
-from .transforms import IMAGENET_MEAN, IMAGENET_STD
+from .transforms import IMAGENET_MEAN, IMAGENET_STD, normalisation_problems
 
 __all__ = [
     "CLASS_NAME_FILES",
@@ -469,8 +469,6 @@ class SegmentationData(L.LightningDataModule):
             (0 < label_fraction <= 1, f"label_fraction must be in (0, 1] (1 uses every image), got {label_fraction}"),
             (0 <= val_fraction < 1,
              f"val_fraction must be in [0, 1) (0 validates on val.txt or test.txt), got {val_fraction}"),
-            (len(mean) == 3 and len(std) == 3, f"mean and std need 3 values (R, G, B), got {mean} and {std}"),
-            (all(v > 0 for v in std), f"std values must be > 0, got {std}"),
             (num_classes is None or num_classes >= 2, f"num_classes must be >= 2 (or unset), got {num_classes}"),
             (0 <= ignore_index <= 255 and (num_classes is None or ignore_index >= num_classes),
              f"ignore_index must be in [num_classes, 255], got {ignore_index}"),
@@ -479,7 +477,7 @@ class SegmentationData(L.LightningDataModule):
             (eval_mode in get_args(EvalMode), f"eval_mode must be 'center_crop' or 'whole', got {eval_mode!r}"),
             (on_bad_image in get_args(OnBadImage), f"on_bad_image must be 'error' or 'skip', got {on_bad_image!r}"),
         ]  # fmt: skip
-        problems = [message for ok, message in checks if not ok]
+        problems = [message for ok, message in checks if not ok] + normalisation_problems(mean, std)
         if problems:
             raise DataError(f"invalid data option(s): {'; '.join(problems)} — set valid values (--data.<option>)")
         self.save_hyperparameters()

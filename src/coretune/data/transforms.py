@@ -10,6 +10,7 @@ crop (256 → 224 at the paper's resolution), or (domain generalization, as Doma
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torchvision.transforms import v2
@@ -21,6 +22,7 @@ __all__ = [
     "eval_draft_size",
     "eval_resize_size",
     "eval_transform",
+    "normalisation_problems",
     "resize_transform",
     "train_draft_size",
     "train_transform",
@@ -32,6 +34,19 @@ IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 # torchvision's RandomResizedCrop defaults, spelled out because train_draft_size depends on them.
 _CROP_SCALE = (0.08, 1.0)
 _CROP_RATIO = (3 / 4, 4 / 3)
+
+
+def normalisation_problems(mean: Sequence[float], std: Sequence[float]) -> list[str]:
+    """What is wrong with a normalisation ``mean`` and ``std`` (3 values each, fractions of the [0, 1] pixel range
+    the transforms scale images to), one message per problem; empty when they are usable."""
+    checks = [
+        (len(mean) == 3 and len(std) == 3, f"mean and std need 3 values (R, G, B), got {mean} and {std}"),
+        (all(v > 0 for v in std), f"std values must be > 0, got {std}"),
+        (all(0 <= v <= 1 for v in mean) and all(v <= 1 for v in std),
+         "mean must be in [0, 1] and std in (0, 1] (fractions of the [0, 1] pixel range: divide values on the "
+         f"0-255 scale by 255, e.g. 123.675 → 0.485), got {mean} and {std}"),
+    ]  # fmt: skip
+    return [message for ok, message in checks if not ok]
 
 
 def _to_normalized_tensor(mean: tuple[float, ...], std: tuple[float, ...]) -> list[v2.Transform]:

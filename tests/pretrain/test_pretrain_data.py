@@ -42,6 +42,8 @@ def test_unusable_data_raises_a_data_error(tmp_path: Path) -> None:
         PretrainData(str(tmp_path), batch_size=1)
     with pytest.raises(DataError, match=r"crop_scale must satisfy .* set valid values \(--data.<option>\)"):
         PretrainData(str(tmp_path), crop_scale=(0.0, 1.0))
+    with pytest.raises(DataError, match=r"mean and std need 3 values \(R, G, B\), got \(0\.5, 0\.5\) and \(0\.229"):
+        PretrainData(str(tmp_path), mean=(0.5, 0.5))  # type: ignore[arg-type]  # was torch's RuntimeError from view
     with pytest.raises(DataError, match="holds a single image"):
         PretrainData(str(_images(tmp_path / "one", 1))).setup()
     with pytest.raises(DataError, match="does not exist"):

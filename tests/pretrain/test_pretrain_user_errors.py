@@ -48,6 +48,12 @@ def _corrupt(root: Path) -> Path:
         (lambda t: _corrupt(t / "bad"), [], r"cannot decode image .*1\.png.* pass --data\.on_bad_image skip$"),
         (IMAGES, ["--data.batch_size=1"], r"batch_size must be >= 2 for contrastive pre-training \(got 1\)$"),
         (IMAGES, ["--data.crop_scale=[0.9,0.2]"], r"invalid augmentation settings: crop_scale must satisfy .*"),
+        (IMAGES, ["--data.std=[0,1,1]"], r"invalid augmentation settings: std values must be > 0, got \(0\.0, 1\.0, "
+         r"1\.0\) — set valid values \(--data\.<option>\)$"),
+        (IMAGES, ["--data.mean=[123.675,116.28,103.53]", "--data.std=[58.395,57.12,57.375]"],
+         r"invalid augmentation settings: mean must be in \[0, 1\] and std in \(0, 1\] \(fractions of the \[0, 1\] "
+         r"pixel range: divide values on the 0-255 scale by 255, e\.g\. 123\.675 → 0\.485\), got \(123\.675, 116\.28, "
+         r"103\.53\) and \(58\.395, 57\.12, 57\.375\) — set valid values \(--data\.<option>\)$"),
         (IMAGES, ["--method", "byol"], r"unknown pre-training method 'byol': choose one of simclr, moco_v2$"),
         (IMAGES, ["--model.temperature=0"], r"^coretune pretrain: error: invalid simclr settings: temperature must"),
         (IMAGES, ["--model.weights=nope.pth"], r"error: checkpoint nope\.pth does not exist: check the path given as"),
@@ -57,9 +63,9 @@ def _corrupt(root: Path) -> Path:
          r"counts from 1 to --trainer.max_epochs \(1\)$"),
     ],
     ids=[
-        "missing-folder", "empty-folder", "one-image", "corrupt-image", "batch-of-1", "bad-augmentation",
-        "unknown-method", "bad-temperature", "missing-init-weights", "unknown-backbone", "queue-too-long",
-        "snapshot-beyond-the-run",
+        "missing-folder", "empty-folder", "one-image", "corrupt-image", "batch-of-1", "bad-augmentation", "std-0",
+        "mean-std-0-255", "unknown-method", "bad-temperature", "missing-init-weights", "unknown-backbone",
+        "queue-too-long", "snapshot-beyond-the-run",
     ],
 )  # fmt: skip
 def test_user_errors_are_one_line(make_root: object, extra: list[str], message: str, tmp_path: Path) -> None:

@@ -19,6 +19,8 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import roi_align
 
+from ..data.transforms import normalisation_problems
+
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "BatchAugment"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -40,7 +42,7 @@ class BatchAugment(nn.Module):
         brightness / contrast / saturation: jitter strengths; factors are drawn from ``[1 - s, 1 + s]``.
         hue: hue shift range ``[-hue, hue]`` in turns (``<= 0.5``).
         grayscale_p: probability of converting an image to grayscale (kept 3-channel).
-        mean / std: per-channel normalisation applied last.
+        mean / std: per-channel normalisation applied last (fractions of the [0, 1] pixel range).
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class BatchAugment(nn.Module):
                 problems.append(f"{name} must lie in [0, 1] (got {s})")
         if not 0 <= hue <= 0.5:
             problems.append(f"hue must lie in [0, 0.5] (got {hue})")
+        problems += normalisation_problems(mean, std)
         if problems:
             raise ValueError("invalid augmentation settings: " + "; ".join(problems))
         self.image_size = image_size

@@ -41,8 +41,8 @@ class PretrainData(L.LightningDataModule):
         saturation: Saturation jitter strength.
         hue: Hue jitter range (turns, <= 0.5).
         grayscale_p: Probability of a grayscale view.
-        mean: Normalisation mean (RGB); use the same values when fine-tuning.
-        std: Normalisation standard deviation (RGB).
+        mean: Normalisation mean (RGB, fractions of the [0, 1] pixel range); use the same values when fine-tuning.
+        std: Normalisation standard deviation (RGB, in (0, 1]).
         cache_images: Decode every image once at setup and keep them in memory (N·3·image_size² bytes): saves
             the decoding in every epoch of small data sets.
     """

@@ -39,6 +39,13 @@ def _corrupt(root: Path) -> Path:
     return root
 
 
+def _fit_root(root: Path, *held_out: str) -> Path:
+    """``root/{train,<held_out>…}/{a,b}/*.png``: a root laid out for ``coretune fit``."""
+    for split in ("train", *held_out):
+        make_image_folder(root / split, n=2)
+    return root
+
+
 @pytest.mark.parametrize(
     ("make_root", "extra", "message"),
     [
@@ -46,6 +53,11 @@ def _corrupt(root: Path) -> Path:
         (lambda t: (t / "empty").mkdir() or t / "empty", [], r"empty contains no image files \(.*point it at a folder"),
         (lambda t: _one_image(t / "one"), [], r"one holds a single image: contrastive pre-training needs at least 2$"),
         (lambda t: _corrupt(t / "bad"), [], r"cannot decode image .*1\.png.* pass --data\.on_bad_image skip$"),
+        (lambda t: _fit_root(t / "fit", "test"), [], r"^coretune pretrain: error: \S+/fit holds train/ beside "
+         r"test/ \(the layout coretune fit takes\): pre-training reads every image under it, so it would learn from "
+         r"the test/ images a fine-tuning is scored on; pass --data\.root \S+/fit/train$"),
+        (lambda t: _fit_root(t / "fit", "val", "test"), [], r"/fit holds train/ beside val/ and test/ .* learn from "
+         r"the val/ and test/ images a fine-tuning is scored on; pass --data\.root \S+/fit/train$"),
         (IMAGES, ["--data.batch_size=1"], r"batch_size must be >= 2 for contrastive pre-training \(got 1\)$"),
         (IMAGES, ["--data.crop_scale=[0.9,0.2]"], r"invalid augmentation settings: crop_scale must satisfy .*"),
         (IMAGES, ["--data.std=[0,1,1]"], r"invalid augmentation settings: std values must be > 0, got \(0\.0, 1\.0, "
@@ -63,9 +75,9 @@ def _corrupt(root: Path) -> Path:
          r"counts from 1 to --trainer.max_epochs \(1\)$"),
     ],
     ids=[
-        "missing-folder", "empty-folder", "one-image", "corrupt-image", "batch-of-1", "bad-augmentation", "std-0",
-        "mean-std-0-255", "unknown-method", "bad-temperature", "missing-init-weights", "unknown-backbone",
-        "queue-too-long", "snapshot-beyond-the-run",
+        "missing-folder", "empty-folder", "one-image", "corrupt-image", "fit-root-with-test",
+        "fit-root-with-val-and-test", "batch-of-1", "bad-augmentation", "std-0", "mean-std-0-255", "unknown-method",
+        "bad-temperature", "missing-init-weights", "unknown-backbone", "queue-too-long", "snapshot-beyond-the-run",
     ],
 )  # fmt: skip
 def test_user_errors_are_one_line(make_root: object, extra: list[str], message: str, tmp_path: Path) -> None:

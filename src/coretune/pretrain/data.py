@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import lightning as L
@@ -27,7 +28,8 @@ class PretrainData(L.LightningDataModule):
     whole batch (SimCLR / MoCo-v2 augmentations), so a training batch is ``(view1, view2)``, both normalised.
 
     Args:
-        root: Folder of training images (an ImageFolder tree works; labels are not used).
+        root: Folder of training images (an ImageFolder tree works; labels are not used). A fine-tuning root holding
+            ``train/`` beside ``val/`` or ``test/`` is refused: pass its ``train/``.
         image_size: Side of the square views in pixels.
         batch_size: Images per batch (each yields two views).
         num_workers: DataLoader worker processes (0 decodes in the main process).
@@ -89,6 +91,7 @@ class PretrainData(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_dataset is not None:
             return
+        self._check_not_a_fit_root()
         load = v2.Compose(
             [v2.Resize(self.image_size, antialias=True), v2.CenterCrop(self.image_size), v2.PILToTensor()]
         )
@@ -100,6 +103,16 @@ class PretrainData(L.LightningDataModule):
             self.train_dataset = TensorDataset(images, torch.arange(len(files)))
         else:
             self.train_dataset = files
+
+    def _check_not_a_fit_root(self) -> None:
+        """Refuse a root laid out for ``coretune fit``: every image under it would include the evaluation images."""
+        held_out = [f"{name}/" for name in ("val", "test") if os.path.isdir(os.path.join(self.root, name))]
+        if held_out and os.path.isdir(os.path.join(self.root, "train")):
+            raise DataError(
+                f"{self.root} holds train/ beside {' and '.join(held_out)} (the layout coretune fit takes): "
+                f"pre-training reads every image under it, so it would learn from the {' and '.join(held_out)} images "
+                f"a fine-tuning is scored on; pass --data.root {os.path.join(self.root, 'train')}"
+            )
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled in an order fixed by ``(seed, epoch)`` that resumes mid-epoch exactly, sharded across

@@ -152,7 +152,7 @@ def test_pretrain_command_writes_loadable_checkpoints_and_resumes(
         f"--data.batch_size 4 --trainer.enable_progress_bar false --data.root {images} --run_dir {run_dir}"
     )
     if method == "moco_v2":
-        args += ["--model.queue_size", "8"]
+        args += ["--model.queue_size", "8", "--model.bn_splits", "2"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         main([*args, "--trainer.max_epochs", "1"])
@@ -168,6 +168,20 @@ def test_pretrain_command_writes_loadable_checkpoints_and_resumes(
     main([*args, "--trainer.max_epochs", "2"])  # the same run directory: resumes from checkpoints/last.ckpt
     assert torch.load(weights, weights_only=True)["epoch"] == 2
     assert [row.split(",")[0] for row in (run_dir / "metrics.csv").read_text().splitlines()[1:]] == ["0", "1"]
+
+
+def test_keys_come_from_bn_splits_sub_batches_that_differ_by_at_most_one_image() -> None:
+    """7 images in 3 Shuffle BN sub-batches are 3 + 2 + 2 (``chunk`` made 3 + 3 + 1), and each key returns to its
+    image's place (checked in eval mode, where batch norm does not mix the images)."""
+    module = MoCoV2(backbone="small_cnn", proj_dim=8, queue_size=16, bn_splits=3)
+    sizes: list[int] = []
+    module.momentum_backbone.register_forward_pre_hook(lambda _, args: sizes.append(args[0].shape[0]))
+    x = torch.rand(7, 3, 16, 16)
+    module.keys(x)
+    assert sorted(sizes) == [2, 2, 3]
+    module.eval()
+    expected = torch.nn.functional.normalize(module.momentum_projector(module.momentum_backbone(x)), dim=1)
+    torch.testing.assert_close(module.keys(x), expected)
 
 
 def test_queue_larger_than_the_data_is_refused(tmp_path: Path) -> None:
@@ -191,7 +205,7 @@ def test_the_model_summary_counts_the_flops_of_one_view_at_the_datas_size(
     from torch.utils.flop_counter import FlopCounterMode
 
     data = PretrainData(str(make_image_folder(tmp_path / "images")), image_size=16, batch_size=4)
-    extra = {"queue_size": 8} if method is MoCoV2 else {}
+    extra = {"queue_size": 8, "bn_splits": 2} if method is MoCoV2 else {}
     model = method(backbone="small_cnn", proj_dim=16, **extra)
     trainer = make_pretrain_trainer(
         tmp_path / "run", max_epochs=1, limit_train_batches=1, enable_progress_bar=False, enable_model_summary=False

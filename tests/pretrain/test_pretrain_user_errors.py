@@ -71,13 +71,24 @@ def _fit_root(root: Path, *held_out: str) -> Path:
         (IMAGES, ["--model.weights=nope.pth"], r"error: checkpoint nope\.pth does not exist: check the path given as"),
         (IMAGES, ["--model.backbone=resnet999"], r"error: unknown backbone 'resnet999': choose one of .*timm"),
         (IMAGES, ["--method=moco_v2", "--model.queue_size=64"], r"queue_size 64 exceeds the 12 training images"),
+        (IMAGES, ["--method=moco_v2", "--model.queue_size=8", "--data.batch_size=8"], r"error: MoCo's --model\."
+         r"bn_splits 8 cuts each batch of 8 images \(--data\.batch_size 8\) into sub-batches of fewer than 2 images "
+         r"for the key encoder, whose batch-norm statistics are then meaningless \(Shuffle BN needs 2 or more per "
+         r"sub-batch\): pass --model\.bn_splits 4 or fewer \(1: no Shuffle BN\)$"),
+        (lambda t: make_image_folder(t / "data", n=16), ["--method=moco_v2", "--model.queue_size=8"],
+         r"bn_splits 8 cuts each batch of 4 images \(--data\.batch_size 4\) .*: pass --data\.batch_size 16 or more, "
+         r"or --model\.bn_splits 2 or fewer \(1: no Shuffle BN\)$"),
+        (IMAGES, ["--method=moco_v2", "--model.queue_size=8", "--data.batch_size=32", "--model.bn_splits=7"],
+         r"bn_splits 7 cuts each batch of 12 images \(all 12 images: --data\.batch_size 32 exceeds them\) .*: pass "
+         r"--model\.bn_splits 6 or fewer \(1: no Shuffle BN\)$"),
         (IMAGES, ["--snapshot_epochs=[1,3]"], r"--snapshot_epochs \[1, 3\]: \[3\] never end in this run; give epoch "
          r"counts from 1 to --trainer.max_epochs \(1\)$"),
     ],
     ids=[
         "missing-folder", "empty-folder", "one-image", "corrupt-image", "fit-root-with-test",
         "fit-root-with-val-and-test", "batch-of-1", "bad-augmentation", "std-0", "mean-std-0-255", "unknown-method",
-        "bad-temperature", "missing-init-weights", "unknown-backbone", "queue-too-long", "snapshot-beyond-the-run",
+        "bad-temperature", "missing-init-weights", "unknown-backbone", "queue-too-long", "bn-splits-of-one-image",
+        "bn-splits-beyond-the-batch", "bn-splits-beyond-all-images", "snapshot-beyond-the-run",
     ],
 )  # fmt: skip
 def test_user_errors_are_one_line(make_root: object, extra: list[str], message: str, tmp_path: Path) -> None:

@@ -234,7 +234,8 @@ class MoCoV2(ContrastivePretrainer):
             number of training images).
         key_momentum: momentum ``m`` of the key encoder update ``θ_k ← m θ_k + (1 - m) θ_q`` (0.999 in the paper
             for ImageNet; the default 0.99, as in MoCo's CIFAR demo, suits short runs).
-        bn_splits: number of sub-batches of the key forward pass (1: no Shuffle BN).
+        bn_splits: number of sub-batches of the key forward pass (1: no Shuffle BN); a per-process batch needs at
+            least ``2 × bn_splits`` images.
     """
 
     method = "moco_v2"
@@ -286,12 +287,36 @@ class MoCoV2(ContrastivePretrainer):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        dataset = getattr(getattr(self.trainer, "datamodule", None), "train_dataset", None)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        dataset = getattr(datamodule, "train_dataset", None)
         if dataset is not None and self.queue.size > len(dataset):
             raise ValueError(
                 f"MoCo's queue_size {self.queue.size} exceeds the {len(dataset)} training images, so the "
                 "queue would hold keys of the query's own image as negatives: lower --model.queue_size"
             )
+        if dataset is not None and (batch_size := getattr(datamodule, "batch_size", None)) is not None:
+            self._check_bn_splits(batch_size, len(dataset))
+
+    def _check_bn_splits(self, batch_size: int, images: int) -> None:
+        """Refuse a per-process batch that leaves a Shuffle BN sub-batch of :meth:`keys` fewer than 2 images. The
+        loader drops an incomplete last batch; one process given fewer images than a batch has one batch of all."""
+        splits, several = self.hparams.bn_splits, world_size() > 1
+        batch = batch_size if several else min(batch_size, images)
+        if batch >= 2 * splits:
+            return
+        if several:
+            source = f"--data.batch_size {batch_size}, per process"
+        elif batch < batch_size:
+            source = f"all {images} images: --data.batch_size {batch_size} exceeds them"
+        else:
+            source = f"--data.batch_size {batch_size}"
+        fixes = [f"--data.batch_size {2 * splits} or more"] if several or images >= 2 * splits else []
+        fixes.append(f"--model.bn_splits {batch // 2} or fewer (1: no Shuffle BN)")
+        raise ValueError(
+            f"MoCo's --model.bn_splits {splits} cuts each batch of {batch} images ({source}) into sub-batches of "
+            "fewer than 2 images for the key encoder, whose batch-norm statistics are then meaningless (Shuffle BN "
+            f"needs 2 or more per sub-batch): pass {', or '.join(fixes)}"
+        )
 
     @torch.no_grad()
     def _momentum_update(self) -> None:
@@ -303,9 +328,10 @@ class MoCoV2(ContrastivePretrainer):
 
     @torch.no_grad()
     def keys(self, x: Tensor) -> Tensor:
-        """Normalised keys of the momentum encoder, computed on ``bn_splits`` shuffled sub-batches."""
+        """Normalised keys of the momentum encoder, computed on ``bn_splits`` shuffled sub-batches whose sizes differ
+        by at most 1."""
         perm = torch.randperm(x.shape[0], device=x.device)
-        chunks = self._views(x[perm]).chunk(self.hparams.bn_splits)
+        chunks = self._views(x[perm]).tensor_split(self.hparams.bn_splits)
         k = torch.cat([self.momentum_projector(self.momentum_backbone(c)) for c in chunks])
         return torch.nn.functional.normalize(k.float(), dim=1)[torch.argsort(perm)]
 

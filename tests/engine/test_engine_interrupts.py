@@ -281,9 +281,10 @@ def test_failed_checkpoint_write_keeps_the_previous_one(
         real_save(obj, f, *args, **kwargs)
 
     def filling_disk(path: Path, *args: object, **kwargs: object) -> object:
-        calls.append(1)
+        checkpoint = ".ckpt" in Path(path).name  # not config.yaml or results.json, which atomic_write writes too
+        calls.extend([1] if checkpoint else [])
         file = open(path, *args, **kwargs)  # noqa: SIM115 - returned to atomic_write's with block
-        return _FullDisk(file, room=1000) if len(calls) > 2 else file
+        return _FullDisk(file, room=1000) if checkpoint and len(calls) > 2 else file
 
     if failing == "torch.save":
         monkeypatch.setattr(torch, "save", disk_full)

@@ -733,6 +733,29 @@ def test_a_resume_may_extend_the_run_and_config_yaml_says_what_ran(
     assert [int(r["epoch"]) for r in read_metrics(run / "metrics.csv")] == [0, 1]
 
 
+def test_data_normalised_otherwise_than_the_weights_were_trained_is_warned_about(tree: Path, tmp_path: Path) -> None:
+    # pre-trained with --data.mean/--data.std of its own, fine-tuned with the ImageNet defaults: inputs on another
+    # scale than the backbone learned, which nothing noticed
+    from coretune.pretrain import SimCLR
+
+    weights = tmp_path / "pretrained.pth.tar"
+    trained = {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}
+    torch.save({**SimCLR(backbone="small_cnn").pretrained_checkpoint(), "normalization": trained}, weights)
+    expected = (
+        f"--model.weights {weights} were trained on images normalised with mean [0.5,0.5,0.5] and std "
+        "[0.25,0.25,0.25], but the data is normalised with mean [0.485,0.456,0.406] and std [0.229,0.224,0.225]: "
+        "pass --data.mean [0.5,0.5,0.5] --data.std [0.25,0.25,0.25] to feed the backbone inputs on the scale it learned"
+    )
+    with pytest.warns(UserWarning) as caught:
+        main(fit_args(tree, tmp_path / "run", f"--model.weights={weights}"))
+    assert expected in [str(w.message) for w in caught]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(fit_args(tree, tmp_path / "run2", f"--model.weights={weights}", "--data.mean=[0.5,0.5,0.5]",
+                      "--data.std=[0.25,0.25,0.25]"))  # fmt: skip
+    assert not [w for w in caught if "were trained on images normalised" in str(w.message)]
+
+
 @pytest.mark.filterwarnings("ignore:The dirpath has changed")
 def test_a_resume_accepts_the_same_pretrained_file_moved_and_refuses_another(
     tree: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture

@@ -576,3 +576,22 @@ def test_vit_position_embedding_is_resampled_to_the_models_grid(tmp_path: Path) 
     state = encoder.body.state_dict()
     assert all(torch.equal(state[k], v) for k, v in saved.items() if k != "pos_embed")
     assert encoder(torch.randn(2, 3, 64, 64)).shape == (2, 192)
+
+
+def test_the_normalisation_a_checkpoint_was_trained_with_is_reported(tmp_path: Path) -> None:
+    # coretune pretrain records it; a timm name's pretrained config gives it (a ViT of augreg: mean = std = 0.5)
+    from coretune.models.checkpoints import normalization_of
+
+    recorded = {"state_dict": {}, "normalization": {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.2, 0.2]}}
+    assert normalization_of(recorded, tmp_path / "w.pth") == ((0.5, 0.4, 0.3), (0.2, 0.2, 0.2))
+    assert normalization_of({"state_dict": {}}, tmp_path / "w.pth") is None
+    assert normalization_of({}, "timm:vit_tiny_patch16_224.augreg_in21k") == ((0.5,) * 3, (0.5,) * 3)
+    assert normalization_of({}, "timm:resnet18.a1_in1k") == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    from coretune.pretrain import SimCLR
+
+    weights = tmp_path / "pretrained.pth.tar"
+    torch.save({**SimCLR(backbone="small_cnn").pretrained_checkpoint(), "normalization": recorded["normalization"]},
+               weights)  # fmt: skip
+    encoder = create_backbone("small_cnn", weights=str(weights))
+    assert encoder.pretrained_normalization == ((0.5, 0.4, 0.3), (0.2, 0.2, 0.2))
+    assert create_backbone("small_cnn").pretrained_normalization is None

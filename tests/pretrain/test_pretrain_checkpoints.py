@@ -167,6 +167,12 @@ def test_pretrain_command_writes_loadable_checkpoints_and_resumes(
         assert len(report.loaded) == report.total and not report.missing
     main([*args, "--trainer.max_epochs", "2"])  # the same run directory: resumes from checkpoints/last.ckpt
     assert torch.load(weights, weights_only=True)["epoch"] == 2
+    # the input normalisation goes with the weights (a fine-tuning that feeds another scale is warned about)
+    assert ckpt["normalization"] == {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    assert create_backbone("small_cnn", weights=str(weights)).pretrained_normalization == (
+        (0.485, 0.456, 0.406),
+        (0.229, 0.224, 0.225),
+    )
     assert [row.split(",")[0] for row in (run_dir / "metrics.csv").read_text().splitlines()[1:]] == ["0", "1"]
 
 
@@ -240,3 +246,21 @@ def test_snapshot_epochs_keep_the_encoder_of_those_epochs_beside_the_final_one(t
         report = load_pretrained(create_backbone("small_cnn", verbose=False), run / name)
         assert report.loaded and not report.missing
     assert not all(torch.equal(first["state_dict"][k], v) for k, v in second["state_dict"].items())
+
+
+def test_the_fine_tune_hint_names_a_normalisation_of_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "300")  # the hint on one line
+    images = make_image_folder(tmp_path / "images")
+    main(_cli(
+        "pretrain --method simclr --model.backbone small_cnn --model.proj_dim 16 --data.image_size 16 "
+        f"--data.batch_size 4 --trainer.enable_progress_bar false --data.root {images} --run_dir {tmp_path / 'run'} "
+        "--trainer.max_epochs 1 --data.mean [0.5,0.5,0.5] --data.std [0.25,0.25,0.25]"
+    ))  # fmt: skip
+    weights = tmp_path / "run" / PRETRAINED_FILENAME
+    assert (
+        f"coretune fit --model.backbone small_cnn --model.weights {weights} --data.mean [0.5,0.5,0.5] --data.std "
+        "[0.25,0.25,0.25] --data.root <image folder>"
+    ) in " ".join(capsys.readouterr().out.split())
+    assert torch.load(weights, weights_only=True)["normalization"] == {"mean": [0.5] * 3, "std": [0.25] * 3}

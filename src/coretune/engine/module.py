@@ -417,6 +417,7 @@ class FineTuner(L.LightningModule):
                 )
             self.objective.attach_backbone(self.backbone)
             self._warn_memory_spans_epoch(datamodule)
+            self._warn_other_normalization(datamodule)
             views = self.objective.input_views
             if datamodule is not None and hasattr(datamodule, "train_views"):
                 datamodule.train_views = views  # also back to 1 when a data module is reused for another method
@@ -457,6 +458,28 @@ class FineTuner(L.LightningModule):
                     f"({limit} × {fewest} batch(es){where} < 1): pass {fix}a whole number of batches "
                     f"(--trainer.limit_{split}_batches=1), or 1.0 for all of them"
                 )
+
+    def _warn_other_normalization(self, datamodule: Any) -> None:
+        """Warn when the data is normalised otherwise than the pre-trained weights were trained with (their
+        checkpoint or timm name says how: :func:`coretune.models.normalization_of`): features of inputs on another
+        scale are not the ones the backbone learned, and nothing else would notice."""
+        trained = getattr(self.backbone, "pretrained_normalization", None)
+        used = getattr(datamodule, "mean", None), getattr(datamodule, "std", None)
+        if trained is None or None in used:
+            return
+        pairs = [pair for want, got in zip(trained, used, strict=True) for pair in zip(want, got, strict=False)]
+        if len(pairs) == 6 and all(math.isclose(a, b, abs_tol=1e-3) for a, b in pairs):
+            return
+
+        def listed(values: Any) -> str:
+            return "[" + ",".join(f"{float(v):g}" for v in values) + "]"
+
+        rank_zero_warn(
+            f"--model.weights {self.hparams.weights} were trained on images normalised with mean "
+            f"{listed(trained[0])} and std {listed(trained[1])}, but the data is normalised with mean "
+            f"{listed(used[0])} and std {listed(used[1])}: pass --data.mean {listed(trained[0])} --data.std "
+            f"{listed(trained[1])} to feed the backbone inputs on the scale it learned"
+        )
 
     def _warn_memory_spans_epoch(self, datamodule: Any) -> None:
         """Warn when a cross-batch memory holds an epoch of rows (issue 40): the images come back in a fresh order

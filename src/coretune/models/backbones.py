@@ -109,6 +109,7 @@ def create_backbone(
             allow_cast=allow_cast,
             download=weights_download,
         )
+        encoder.pretrained_normalization = report.normalization
         if verbose:
             from rich.console import Console
 

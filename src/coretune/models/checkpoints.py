@@ -39,11 +39,13 @@ __all__ = [
     "Extraction",
     "Layout",
     "LoadReport",
+    "Normalization",
     "UnreadableCheckpointError",
     "extract_backbone_state",
     "list_layouts",
     "load_checkpoint_file",
     "load_pretrained",
+    "normalization_of",
     "register_layout",
     "require_checkpoint_file",
     "resolve_weights",
@@ -498,6 +500,10 @@ def _lightning(raw: Mapping[str, Any], encoder: Encoder) -> Extraction | None:
 # ------------------------------------------------------------------------------------------------------------
 # matching and loading
 # ------------------------------------------------------------------------------------------------------------
+Normalization = tuple[tuple[float, ...], tuple[float, ...]]
+"""An input normalisation, ``(mean, std)`` per RGB channel of [0, 1] pixels."""
+
+
 @dataclass
 class LoadReport:
     """What :func:`load_pretrained` did; every backbone tensor is in exactly one of ``loaded`` / ``missing``.
@@ -515,6 +521,7 @@ class LoadReport:
             e.g. a ViT pre-trained at 224 px loaded into one built for 64 px.
         cast: loaded keys stored in a non-floating dtype (integer, quantised) where the backbone has floats,
             converted because ``allow_cast`` was given.
+        normalization: the input ``(mean, std)`` the weights were trained with, when known (:func:`normalization_of`).
     """
 
     layout: str
@@ -527,6 +534,7 @@ class LoadReport:
     prefix: str = ""
     resampled: list[str] = field(default_factory=list)
     cast: list[str] = field(default_factory=list)
+    normalization: Normalization | None = None
 
     def summary(self) -> str:
         """One line, e.g. ``layout 'moco' (state_dict['module.encoder_q.*']) — 120/120 tensors loaded, …``."""
@@ -644,6 +652,23 @@ def _resample_position_embeddings(
     return [f"{key}: {side}×{side} → {grid[0]}×{grid[1]}"]
 
 
+def normalization_of(raw: Any, weights: str | Path) -> Normalization | None:
+    """The input normalisation checkpoint ``raw`` was trained with, when it says: its ``normalization`` entry
+    (``{"mean": […], "std": […]}``, written by ``coretune pretrain``), or a timm name's pretrained config
+    (``timm:vit_base_patch16_224.augreg_in21k`` was trained on inputs scaled to [-1, 1], mean = std = 0.5)."""
+    entry = raw.get("normalization") if isinstance(raw, Mapping) else None
+    if isinstance(entry, Mapping) and {"mean", "std"} <= entry.keys():
+        return tuple(map(float, entry["mean"])), tuple(map(float, entry["std"]))
+    scheme, _, name = str(weights).partition(":")
+    if scheme == "timm" and name:
+        from timm.models import get_pretrained_cfg
+
+        cfg = get_pretrained_cfg(name)
+        if cfg is not None and cfg.mean and cfg.std:
+            return tuple(map(float, cfg.mean)), tuple(map(float, cfg.std))
+    return None
+
+
 def load_pretrained(
     encoder: Encoder,
     path: str | Path,
@@ -668,7 +693,7 @@ def load_pretrained(
             (wrong architecture), the checkpoint lacks backbone tensors (unless ``allow_missing``), has extra ones
             (unless ``allow_unexpected``) or stores floating-point weights as integers (unless ``allow_cast``).
     """
-    path = resolve_weights(path, download)
+    path_or_name, path = path, resolve_weights(path, download)
     raw = load_checkpoint_file(path)
     layout, extraction = extract_backbone_state(raw, encoder, weights_format, path)
     model_state = encoder.body.state_dict()
@@ -709,6 +734,7 @@ def load_pretrained(
         extraction.prefix,
         resampled,
         cast,
+        normalization_of(raw, path_or_name),
     )
     required = [k for k in missing if _is_required(k)]
     if required and not allow_missing:

@@ -42,6 +42,7 @@ class Encoder(nn.Module):
         self.name = name
         self.classifier_names = classifier_names
         self.stage_names = stage_names
+        self.pretrained_normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None  # see load_pretrained
 
     @property
     def is_timm(self) -> bool:

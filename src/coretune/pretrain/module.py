@@ -366,7 +366,8 @@ class MoCoV2(ContrastivePretrainer):
 
 
 class ExportPretrained(Callback):
-    """Atomically write :meth:`ContrastivePretrainer.pretrained_checkpoint` to ``path`` after every epoch
+    """Atomically write :meth:`ContrastivePretrainer.pretrained_checkpoint`, with the data's input normalisation
+    (``normalization``: ``{"mean": […], "std": […]}``), to ``path`` after every epoch
     (default ``<run dir>/pretrained.pth.tar``), and keep a copy, ``pretrained-epoch<E>.pth.tar`` beside it, after each
     epoch ``E`` of ``snapshot_epochs`` (counted from 1): encoders of graded strength from one run."""
 
@@ -380,6 +381,12 @@ class ExportPretrained(Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero and isinstance(pl_module, ContrastivePretrainer):
             checkpoint, target = pl_module.pretrained_checkpoint(), self.target(trainer)
+            data = trainer.datamodule
+            if hasattr(data, "mean") and hasattr(data, "std"):  # for fine-tuning to check it feeds the same scale
+                checkpoint["normalization"] = {
+                    "mean": [float(v) for v in data.mean],
+                    "std": [float(v) for v in data.std],
+                }
             atomic_torch_save(checkpoint, target)
             if trainer.current_epoch + 1 in self.snapshot_epochs:
                 atomic_torch_save(checkpoint, snapshot_path(target, trainer.current_epoch + 1))

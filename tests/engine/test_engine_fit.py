@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+import coretune
 from coretune.cli import main
 from coretune.data import ImageClassificationData, ImageFileDataset, SkippedImagesWarning, eval_transform
 from coretune.engine import FineTuner, epoch_summary, make_trainer, read_metrics
@@ -90,6 +92,12 @@ def test_fit_writes_a_complete_run_directory(fitted: tuple[Path, Path]) -> None:
     assert test["top5"] == 1.0  # top-5 with 3 classes is always right
     assert results["train_images_per_s"] > 0 and results["wall_time_s"] > 0
     assert results["validated_on_test_images"] is True  # the tree has val/ only: it serves both loaders
+    made = results["provenance"]  # which code and machine: a record says what made it
+    assert made["coretune"] == coretune.__version__ and made["threads"] == torch.get_num_threads()
+    assert made["torch"] == torch.__version__ and made["host"] and made["cpu"]
+    head = subprocess.run(["git", "-C", str(Path(coretune.__file__).parent), "rev-parse", "HEAD"], capture_output=True,
+                          text=True)  # fmt: skip
+    assert made["commit"] is None if head.returncode else made["commit"].startswith(head.stdout.strip())
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["objective"]["class_path"] == "coretune.objectives.core.CoreTuning"
     assert config["objective"]["init_args"]["eta"] == 0.5

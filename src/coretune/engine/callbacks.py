@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
 import os
+import platform
+import subprocess
 import time
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +40,37 @@ def task_of(pl_module: L.LightningModule) -> type[Task] | Task:
     """The task of a module (:class:`~coretune.engine.FineTuner`'s ``task``), else (a pre-training module) the
     default task's class: what names its monitored value and its log line's columns."""
     return getattr(pl_module, "task", None) or TASKS[DEFAULT_TASK]
+
+
+def provenance() -> dict[str, Any]:
+    """Which code and machine made a run (``results.json``'s ``provenance``): coretune's version and, when it runs
+    from a git checkout, the commit (``+dirty`` with uncommitted changes to tracked files); the host, CPU model,
+    torch version and CPU threads (a bf16 result depends on the kind of CPU and the thread count)."""
+    source = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit and git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
+    cpu = platform.processor() or None
+    with contextlib.suppress(OSError):
+        models = [line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")]  # fmt: skip
+        cpu = models[0] if models else cpu
+    return {
+        "coretune": version("coretune"),
+        "commit": commit,
+        "host": platform.node(),
+        "cpu": cpu,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def read_metrics(path: str | Path) -> list[dict[str, str]]:
@@ -232,6 +267,7 @@ class RunArtifacts(L.Callback):
             validated_on_test_images=getattr(trainer.datamodule, "validates_on_test", None),
             # a fine-tuning's pre-trained file (None: a random initialisation); pre-training records none
             **({"weights_sha256": pl_module.weights_sha256} if hasattr(pl_module, "weights_sha256") else {}),
+            provenance=provenance(),
         )
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

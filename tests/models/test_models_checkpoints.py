@@ -595,3 +595,22 @@ def test_the_normalisation_a_checkpoint_was_trained_with_is_reported(tmp_path: P
     encoder = create_backbone("small_cnn", weights=str(weights))
     assert encoder.pretrained_normalization == ((0.5, 0.4, 0.3), (0.2, 0.2, 0.2))
     assert create_backbone("small_cnn").pretrained_normalization is None
+
+
+@pytest.mark.parametrize("prefix", ["backbone.body.", "model.backbone."])
+def test_a_lightning_checkpoint_of_a_convnext_keeps_its_head_norm(tmp_path: Path, prefix: str) -> None:
+    # timm's ConvNeXt without a classifier keeps head.norm (its final LayerNorm; head.fc is the classifier): the
+    # lightning layout dropped every head.* key, and the load failed with "lacks 2 tensors … pass the matching
+    # --model.backbone", which it was
+    source = create_backbone("timm/convnext_atto")
+    state = randomised(source, 3)
+    assert {"head.norm.weight", "head.norm.bias"} <= state.keys()
+    checkpoint = {"pytorch-lightning_version": "2.6.0", "state_dict": {prefix + k: v for k, v in state.items()}}
+    checkpoint["state_dict"][prefix + "head.fc.weight"] = torch.zeros(10, source.feature_dim)  # a classifier
+    torch.save(checkpoint, tmp_path / "run.ckpt")
+    encoder = create_backbone("timm/convnext_atto")
+    report = load_pretrained(encoder, tmp_path / "run.ckpt")
+    assert report.layout == "lightning" and len(report.loaded) == report.total and not report.missing
+    assert report.dropped == [prefix + "head.fc.weight"]
+    for key, value in encoder.body.state_dict().items():
+        assert torch.equal(value, state[key].to(value.dtype)), key

@@ -21,7 +21,7 @@ import math
 import pickle
 import re
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,9 +289,12 @@ def _prefixed(
     entries: tuple[str | None, ...],
     prefixes: tuple[str, ...],
     heads: tuple[str, ...],
+    backbone: Collection[str] = (),
 ) -> Extraction | None:
     """The common extraction: the first present entry (``None`` = ``raw`` itself), the first prefix any key
-    has (``""`` only as a listed fallback); backbone = prefixed keys not under a head, the rest is dropped."""
+    has (``""`` only as a listed fallback); backbone = prefixed keys not under a head, the rest is dropped. A key
+    the ``backbone`` has is never a head's: a timm ConvNeXt's ``head.norm`` belongs to the backbone (only
+    ``head.fc`` is its classifier)."""
     for entry in entries:
         sd = _tensors(raw if entry is None else raw.get(entry))
         if sd is None:
@@ -304,7 +307,8 @@ def _prefixed(
         state, dropped = {}, []
         for key, value in sd.items():
             rest = key[len(prefix) :]
-            if key.startswith(prefix) and not any(rest == h or rest.startswith(h + ".") for h in heads):
+            headed = rest not in backbone and any(rest == h or rest.startswith(h + ".") for h in heads)
+            if key.startswith(prefix) and not headed:
                 state[rest] = value
             else:
                 dropped.append(key)
@@ -316,7 +320,9 @@ def _prefixed(
 def _add_prefixed(
     name: str, doc: str, entries: tuple[str | None, ...], prefixes: tuple[str, ...], heads: tuple[str, ...]
 ) -> None:
-    register_layout(name, doc)(lambda raw, encoder: _prefixed(raw, entries, prefixes, heads))
+    register_layout(name, doc)(
+        lambda raw, encoder: _prefixed(raw, entries, prefixes, heads, encoder.body.state_dict().keys())
+    )
 
 
 @register_layout("torchvision", "a plain state dict of a torchvision-style model (torch.save(model.state_dict()))")
@@ -494,7 +500,8 @@ def _lightning(raw: Mapping[str, Any], encoder: Encoder) -> Extraction | None:
     if "pytorch-lightning_version" not in raw:
         return None
     prefixes = ("backbone.body.", "model.backbone.", "backbone.", "encoder.", "model.")
-    return _prefixed(raw, ("state_dict",), prefixes, ("fc", "head", *encoder.classifier_names))
+    heads = ("fc", "head", *encoder.classifier_names)
+    return _prefixed(raw, ("state_dict",), prefixes, heads, encoder.body.state_dict().keys())
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -175,3 +175,22 @@ def test_image_file_dataset_errors(tmp_path: Path) -> None:
     (tmp_path / "readme.txt").write_text("no images")
     with pytest.raises(DataError, match=r"contains no image files \(\.jpg, .*\): point it at a folder of images"):
         ImageFileDataset(str(tmp_path))
+
+
+@pytest.mark.parametrize("draft_size", [None, 8])
+def test_a_photo_stored_sideways_loads_as_its_exif_orientation_shows_it(tmp_path: Path, draft_size: int | None) -> None:
+    # a phone camera stores a portrait photo as landscape pixels with EXIF orientation 6 (turn 90° clockwise to
+    # show): it was fed to the model on its side, not as its owner saw and labelled it
+    pixels = np.zeros((16, 32, 3), np.uint8)
+    pixels[:, :16] = 255  # stored: white left half; shown: white top half
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(pixels).save(tmp_path / "sideways.jpg", exif=exif, quality=95)
+    img = np.asarray(load_rgb(str(tmp_path / "sideways.jpg"), draft_size))  # draft mode: at half the size
+    height, width, _ = img.shape
+    assert height == 2 * width == (32 if draft_size is None else 16)
+    assert img[: height // 3].mean() > 240 and img[-height // 3 :].mean() < 15  # white above, black below
+    stored = np.asarray(load_rgb(str(tmp_path / "sideways.jpg"), draft_size, orient=False))  # segmentation's
+    assert stored.shape[:2] == (height // 2, width * 2)
+    Image.fromarray(pixels).save(tmp_path / "plain.jpg", quality=95)  # no orientation: as stored
+    assert np.asarray(load_rgb(str(tmp_path / "plain.jpg"), draft_size)).shape[:2] == (height // 2, width * 2)

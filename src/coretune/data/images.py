@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ..distributed import rank
@@ -104,8 +104,13 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def load_rgb(path: str, draft_size: int | None = None) -> Image.Image:
-    """Decode the image file ``path`` fully and return it as 8-bit RGB (see :func:`to_rgb`).
+_ORIENTATION = 0x0112  # the EXIF tag of how a camera's image is to be turned for display
+
+
+def load_rgb(path: str, draft_size: int | None = None, orient: bool = True) -> Image.Image:
+    """Decode the image file ``path`` fully and return it as 8-bit RGB (see :func:`to_rgb`), turned as its EXIF
+    orientation says (a phone photo stored sideways comes out as its owner saw and labelled it); ``orient=False``
+    keeps the stored pixels (a segmentation image, whose mask has the stored size).
 
     ``draft_size`` lets libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale, choosing the smallest scale whose
     width and height both stay >= ``draft_size`` (PIL draft mode): large photos decode several times faster,
@@ -120,6 +125,8 @@ def load_rgb(path: str, draft_size: int | None = None) -> Image.Image:
             if draft_size is not None and img.format == "JPEG":
                 img.draft(None, (draft_size, draft_size))
             img.load()
+            if orient and img.getexif().get(_ORIENTATION, 1) != 1:  # a photo stored sideways, shown upright
+                return to_rgb(ImageOps.exif_transpose(img))
             return to_rgb(img)
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError … depending on the codec
         raise ImageDecodeError(

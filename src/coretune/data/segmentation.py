@@ -348,7 +348,7 @@ class SegmentationDataset(Dataset[tuple[Any, Any]]):
         return len(self.ids)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        image = load_rgb(self.images[index])
+        image = load_rgb(self.images[index], orient=False)  # its mask has the stored size (checked at set-up)
         mask = tv_tensors.Mask(torch.from_numpy(read_mask(self.masks[index])))
         return self.transform(image, mask) if self.transform is not None else (image, mask)
 

@@ -77,3 +77,16 @@ def test_a_damaged_results_file_is_named_with_the_fix(tmp_path: Path, text: str,
         update_results(tmp_path, epochs=3)
     assert str(info.value) == expected and run.results.read_text() == text  # left as it was
     assert run.divergence() is None and not run.is_finished()  # a sweep runs it again, and its fit says the above
+
+
+def test_atomic_write_leaves_the_old_content_when_the_writer_fails(tmp_path: Path) -> None:
+    # results.json, config.yaml, fit_args.json, the bench summaries and tune's best.yaml are written this way
+    from coretune.atomicfile import atomic_write
+
+    path = tmp_path / "summary.md"
+    with atomic_write(path) as f:
+        f.write("old\n")
+    with pytest.raises(OSError), atomic_write(path) as f:
+        f.write("half of the new")
+        raise OSError(28, "No space left on device")
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["summary.md"]

@@ -21,9 +21,10 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from coretune import atomicfile
 from coretune.cli import main
 from coretune.data.samplers import EpochShuffleSampler, ResumableLoader, SeededItems
-from coretune.engine import checkpoint_io, read_metrics
+from coretune.engine import read_metrics
 from coretune.rundir import RunDir
 from coretune.stopfile import STOP_FILE_ENV
 from fit_flags import QUIET
@@ -289,7 +290,7 @@ def test_failed_checkpoint_write_keeps_the_previous_one(
     if failing == "torch.save":
         monkeypatch.setattr(torch, "save", disk_full)
     else:
-        monkeypatch.setattr(checkpoint_io, "open", filling_disk, raising=False)  # atomic_write's open
+        monkeypatch.setattr(atomicfile, "open", filling_disk, raising=False)  # atomic_write's open
     with pytest.raises(SystemExit) as info:
         main(fit_args(tree, run))
     message = str(info.value.code)

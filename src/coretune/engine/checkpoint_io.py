@@ -4,34 +4,14 @@ rename."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import Any, BinaryIO
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from ..atomicfile import atomic_write
+
 __all__ = ["AtomicCheckpointIO", "atomic_torch_save", "atomic_write", "with_atomic_io"]
-
-
-@contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
-    """Open a temporary file beside ``path`` for writing (``mode`` ``"w"`` or ``"wb"``, ``kwargs`` as for
-    ``open``); when the block ends without an error, ``fsync`` it and ``os.replace`` it onto ``path``, else remove it.
-    ``path`` thus holds either its old content or the complete new one, never a part."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, mode, **kwargs) as f:  # a stale file of this pid is a dead process's: overwritten
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 class _KeepWriteError:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..atomicfile import atomic_write
 from ..runclaim import RunInUse, claimed, point_claim
 from ..rundir import RunDir
 from ..stopfile import STOP_FILE_ENV, request_stop
@@ -123,7 +124,8 @@ def launch_fit(
         files = RunDir(run_dir)
         if files.is_finished() or files.divergence() is not None:
             return 0
-        files.fit_args.write_text(json.dumps(list(args), indent=1) + "\n")
+        with atomic_write(files.fit_args) as f:  # whole: every later sweep compares it
+            f.write(json.dumps(list(args), indent=1) + "\n")
         stop_file = files.stop_file
         stop_file.unlink(missing_ok=True)  # an earlier sweep's request must not stop this fit
         env = {**(os.environ if env is None else env), STOP_FILE_ENV: str(stop_file)}

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..atomicfile import atomic_write
 from .collect import collect_cells, collect_curves
 from .measures import (
     ROBUST_RESULTS,
@@ -237,7 +238,7 @@ def _significance(spec: BenchSpec, cells: Cells, layout: TableLayout) -> list[st
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as f:
+    with atomic_write(path, newline="") as f:  # whole: another bench of the folder may read or write it
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -425,10 +426,12 @@ def write_summary(spec: BenchSpec) -> tuple[str, list[Path]]:
     paths = [spec.output / "runs.csv", spec.output / "summary.csv", spec.output / "summary.md"]
     _write_csv(paths[0], [run.csv_row(spec.metric, selection=spec.table == "table7") for run in runs])
     _write_csv(paths[1], _summary_rows(spec, cells, layout))
-    paths[2].write_text(markdown)
+    with atomic_write(paths[2]) as f:
+        f.write(markdown)
     if spec.table in ("table6", "table7", "table8"):
         paths.append(spec.output / "summary.json")
-        paths[-1].write_text(_summary_json(spec, cells, layout, json_rows))
+        with atomic_write(paths[-1]) as f:
+            f.write(_summary_json(spec, cells, layout, json_rows))
     if any(cell.n for cell in cells.values()):
         oracle = any(s.get("oracle") for runs in _selections(spec).values() for s in runs)
         paths += plot_bars(spec, cells, layout, " (ORACLE model selection)" if oracle else "")

@@ -47,6 +47,7 @@ from typing import Any, Literal
 
 import yaml
 
+from ..atomicfile import atomic_write
 from ..runclaim import RunInUse
 from ..rundir import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task, get_task
@@ -530,7 +531,7 @@ def _write_outputs(
 
     rows = _trial_rows(study, task.monitor)
     if rows:
-        with (output / "trials.csv").open("w", newline="") as f:
+        with atomic_write(output / "trials.csv", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
@@ -579,7 +580,8 @@ def _write_outputs(
         f"{findings}{partial}{_ADVERSARIAL_NOTE if adversarial else ''}"
     )
     body = yaml.safe_dump({"objective": {"class_path": class_path, "init_args": init_args}}, sort_keys=False)
-    (output / "best.yaml").write_text(header + body)
+    with atomic_write(output / "best.yaml") as f:  # whole: a sweep or a person reads it
+        f.write(header + body)
 
 
 def _trial_objective(run_dir: str | None) -> dict[str, Any] | None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,7 +21,7 @@ from sweep_helpers import data_root, spec_of
 from coretune.cli import main
 from coretune.runclaim import claim_run, point_claim
 from coretune.rundir import RunDir
-from coretune.sweeps import BenchSpec, launch_fit, run_sweep
+from coretune.sweeps import BenchSpec, launch, launch_fit, run_sweep
 
 
 def test_launch_fit_claims_the_run_for_its_fit_until_it_exits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,3 +102,26 @@ def test_two_sweeps_of_one_spec_share_its_runs(tmp_path: Path, monkeypatch: pyte
     assert sorted(launched) == sorted(str(r.run_dir) for r in spec.runs())  # each run once
     assert all(not (r.failed or r.interrupted or r.not_started) for r in reports)
     assert all(RunDir(r.run_dir).is_finished() and not (r.run_dir / "fit.pid").exists() for r in spec.runs())
+
+
+def test_a_run_another_sweep_finished_before_the_claim_is_not_this_sweeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the other sweep finished seed 0 between this sweep's listing and its claim: it was printed "✓ … (0 s)" and
+    # counted among the runs this sweep finished
+    spec = spec_of(tmp_path, objectives=["ce"], seeds=[0])
+    real = launch.claimed
+
+    @contextlib.contextmanager
+    def finished_meanwhile(run_dir: Path) -> Iterator[None]:
+        (Path(run_dir) / "results.json").write_text(json.dumps({"test": {"top1": 0.5}}))
+        with real(run_dir):
+            yield
+
+    monkeypatch.setattr(launch, "claimed", finished_meanwhile)
+    monkeypatch.setattr(launch, "fit_command", lambda args, run_dir: pytest.fail("no fit starts"))
+    console = Console(record=True, width=200)
+    report = run_sweep(spec, console=console)
+    assert report.finished == [] and report.skipped == spec.runs()
+    assert "↷ tiny/ce/frac1/seed0: finished by another process" in console.export_text()
+    assert launch_fit([], spec.runs()[0].run_dir) is None  # no fit, and no exit code

@@ -101,7 +101,7 @@ def launch_fit(
     env: dict[str, str] | None = None,
     stop: StopSignal | None = None,
     log_args: Sequence[str] = (),
-) -> int:
+) -> int | None:
     """Run one ``coretune fit`` subprocess into ``run_dir``, appending its stdout and stderr to ``log.txt``.
 
     ``log_args`` are the fit arguments of the sweep's logger (:func:`~coretune.engine.loggers.sweep_logger_args`),
@@ -113,8 +113,8 @@ def launch_fit(
     file (:mod:`coretune.stopfile`) to save a resumable checkpoint and exit, and is awaited.
 
     The run directory is claimed for the fit while it runs (:mod:`coretune.runclaim`): raises
-    :class:`~coretune.runclaim.RunInUse`, touching nothing, when another live process is running it, and returns 0
-    without starting a fit when another one finished it, or saw it diverge, before the claim.
+    :class:`~coretune.runclaim.RunInUse`, touching nothing, when another live process is running it, and returns
+    ``None`` without starting a fit when another one finished it, or saw it diverge, before the claim.
     """
     run_dir = Path(run_dir)
     check_run_args(args, run_dir)
@@ -123,7 +123,7 @@ def launch_fit(
         check_run_args(args, run_dir)  # again: another sweep may have run it with its own arguments meanwhile
         files = RunDir(run_dir)
         if files.is_finished() or files.divergence() is not None:
-            return 0
+            return None
         with atomic_write(files.fit_args) as f:  # whole: every later sweep compares it
             f.write(json.dumps(list(args), indent=1) + "\n")
         stop_file = files.stop_file
@@ -497,7 +497,7 @@ def _timed_launch(
 ) -> tuple[int, float] | None:
     """Exit code and seconds of the run's fit (``log_args``: :func:`launch_fit`'s), in the environment of a free
     worker slot (taken from ``slots`` and put back); ``None`` when it did not start: ``stop`` held a signal, or
-    another sweep finished the run, or saw it diverge, since this one listed it."""
+    another sweep finished the run, or saw it diverge, since this one listed it (also once it held the claim)."""
     files = RunDir(run.run_dir)
     if stop.signum is not None or files.is_finished() or files.divergence() is not None:
         return None
@@ -506,7 +506,7 @@ def _timed_launch(
     try:
         start = time.perf_counter()
         code = launch_fit(run.args, run.run_dir, env, stop, log_args)
-        return code, time.perf_counter() - start
+        return None if code is None else (code, time.perf_counter() - start)
     finally:
         bars.ended(run)
         slots.put(env)

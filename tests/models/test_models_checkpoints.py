@@ -165,6 +165,20 @@ CASES = {
         },
         lambda n: 8,
     ),
+    "simsiam": Case(  # facebookresearch/simsiam main_simsiam.py under DDP: encoder (fc = projector), predictor
+        "simsiam",
+        lambda sd, decoy: {
+            "epoch": 100,
+            "arch": "resnet18",
+            "state_dict": {
+                **prefixed("module.encoder.", sd),
+                **mlp_head("module.encoder.fc."),
+                **mlp_head("module.predictor."),
+            },
+            "optimizer": sgd_state(),
+        },
+        lambda n: 16,
+    ),
     "simclr": Case(
         "simclr",
         lambda sd, decoy: {"state_dict": {**sd, "fc.weight": torch.randn(1000, 512), "fc.bias": torch.randn(1000)}},

@@ -376,6 +376,13 @@ _add_prefixed(
     ("fc",),
 )
 _add_prefixed(
+    "simsiam",
+    "SimSiam (facebookresearch/simsiam): state_dict with 'module.encoder.'; its fc projector and the predictor dropped",
+    ("state_dict",),
+    ("module.encoder.", "encoder."),
+    ("fc",),
+)
+_add_prefixed(
     "simclr",
     "SimCLR v1/v2 converted to PyTorch (tonylins/simclr-converter): state_dict with torchvision keys; fc dropped",
     ("state_dict",),

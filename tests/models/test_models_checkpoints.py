@@ -628,3 +628,14 @@ def test_a_lightning_checkpoint_of_a_convnext_keeps_its_head_norm(tmp_path: Path
     assert report.dropped == [prefix + "head.fc.weight"]
     for key, value in encoder.body.state_dict().items():
         assert torch.equal(value, state[key].to(value.dtype)), key
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "weights.pth"])
+def test_safetensors_saved_under_another_name_are_read_as_safetensors(tmp_path: Path, name: str) -> None:
+    # torch.load failed on them, and the message called a good file "truncated or corrupt: copy or download it again"
+    encoder = create_backbone("resnet18")
+    state = randomised(encoder, 4)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / name))
+    assert load_checkpoint_file(tmp_path / name).keys() == state.keys()
+    report = load_pretrained(encoder, tmp_path / name)
+    assert len(report.loaded) == report.total

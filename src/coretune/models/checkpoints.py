@@ -188,7 +188,7 @@ def load_checkpoint_file(path: str | Path) -> Any:
             that needs code execution (refused by ``weights_only``).
     """
     path = require_checkpoint_file(path)
-    if path.suffix == ".safetensors":
+    if path.suffix == ".safetensors" or _is_safetensors(path):  # also saved under another name (model.bin, .pth)
         try:
             return load_file(path)
         except (SafetensorError, OSError) as err:
@@ -221,6 +221,16 @@ def load_checkpoint_file(path: str | Path) -> Any:
         raise CheckpointError(f"checkpoint {path} is not readable ({err}): fix its permissions") from err
     except (RuntimeError, OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as err:
         raise _corrupt(path, err) from err
+
+
+def _is_safetensors(path: Path) -> bool:
+    """Whether the file starts as safetensors do: an 8-byte little-endian header length, then the JSON header."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(9)
+    except OSError:
+        return False  # torch.load names the problem
+    return len(head) == 9 and 2 <= int.from_bytes(head[:8], "little") < 100_000_000 and head[8:] == b"{"
 
 
 def _corrupt(path: Path, err: BaseException) -> CheckpointError:

@@ -20,9 +20,9 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from ..atomicfile import atomic_write
 from ..rundir import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task
-from .checkpoint_io import atomic_write
 from .module import NonFiniteLossError
 
 __all__ = [

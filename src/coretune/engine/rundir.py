@@ -20,11 +20,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from ..arguments import OneLineErrors
+from ..atomicfile import atomic_write
 from ..distributed import is_launching_process
 from ..models import CheckpointError, UnreadableCheckpointError, load_checkpoint_file, weights_digest
 from ..runclaim import fit_claim
 from ..rundir import RunDir
-from .checkpoint_io import atomic_write
 
 __all__ = ["RESUMABLE_CHANGES", "RunDirCLI", "check_resume", "resolve_run_dir", "setting_changes"]
 

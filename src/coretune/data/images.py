@@ -125,7 +125,8 @@ def load_rgb(path: str, draft_size: int | None = None, orient: bool = True) -> I
             if draft_size is not None and img.format == "JPEG":
                 img.draft(None, (draft_size, draft_size))
             img.load()
-            if orient and img.getexif().get(_ORIENTATION, 1) != 1:  # a photo stored sideways, shown upright
+            tagged = img.format == "TIFF" or "exif" in img.info  # parse no EXIF block where there is none
+            if orient and tagged and img.getexif().get(_ORIENTATION, 1) != 1:  # a photo stored sideways, shown upright
                 return to_rgb(ImageOps.exif_transpose(img))
             return to_rgb(img)
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError … depending on the codec

@@ -3,6 +3,7 @@ coretune's PGD, torchattacks' PGD and AutoAttack, the JSON file, ``--config``, a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -48,6 +49,7 @@ def test_clean_and_robust_accuracy_of_a_checkpoint_under_both_pgds(
     pgd, referee = written["reports"]
     assert (pgd["attack"], referee["attack"]) == ("pgd", "torchattacks-pgd")
     assert written["checkpoint"] == str(ckpt) and written["split"] == "test"
+    assert written["checkpoint_sha256"] == hashlib.sha256(ckpt.read_bytes()).hexdigest()  # which weights it scored
     assert written["adversarial_training"] == {"enable": False, "norm": "linf", "eps": 8 / 255, "steps": 10,
                                                "step_size": None, "random_start": True}  # fmt: skip
     assert written["data"]["image_size"] == 8  # the checkpoint's size, and its normalisation inside the model

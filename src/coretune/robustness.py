@@ -41,6 +41,7 @@ from .arguments import ArgumentParser
 from .attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode, pixel_radius
 from .data import ImageClassificationData
 from .engine import FineTuner, atomic_write
+from .models import weights_digest
 from .runconfig import add_config_argument, parse_with_config
 from .scoring import check_classes, results_output, scored_folder_options
 from .tasks import ClassificationTask
@@ -422,6 +423,7 @@ def evaluate_robust(args: Sequence[str]) -> Path:
     ]
     results = {
         "checkpoint": str(Path(cfg.ckpt_path).resolve()),
+        "checkpoint_sha256": weights_digest(cfg.ckpt_path),  # a run's file tells which of its weights it scored
         "data": cfg.data.as_dict(),
         "split": "test",
         "sample": None if cfg.max_images is None else {"max_images": cfg.max_images, "seed": cfg.seed},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import re
@@ -92,6 +93,8 @@ def test_fit_writes_a_complete_run_directory(fitted: tuple[Path, Path]) -> None:
     assert test["top5"] == 1.0  # top-5 with 3 classes is always right
     assert results["train_images_per_s"] > 0 and results["wall_time_s"] > 0
     assert results["validated_on_test_images"] is True  # the tree has val/ only: it serves both loaders
+    last = (run_dir / "checkpoints" / "last.ckpt").read_bytes()  # the final weights, for Table 8's check
+    assert results["last_checkpoint_sha256"] == hashlib.sha256(last).hexdigest()
     made = results["provenance"]  # which code and machine: a record says what made it
     assert made["coretune"] == coretune.__version__ and made["threads"] == torch.get_num_threads()
     assert made["torch"] == torch.__version__ and made["host"] and made["cpu"]

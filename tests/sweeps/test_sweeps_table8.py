@@ -167,6 +167,31 @@ def test_a_malformed_robust_results_file_is_one_line(tmp_path: Path) -> None:
     )
 
 
+def test_a_robust_results_file_of_weights_the_run_trained_on_from_is_refused(tmp_path: Path) -> None:
+    # scored, then the run was resumed or extended: its last.ckpt (and test) changed, the robustness file did not;
+    # the table put the old model's robust accuracy beside the new one's test
+    spec_file = adversarial_spec(tmp_path)
+    spec = BenchSpec.from_yaml(spec_file)
+    fabricate(spec, {"ce": RECORDS["ce"]})
+    for run in spec.runs():
+        if (run.run_dir / "results.json").is_file():
+            results = json.loads((run.run_dir / "results.json").read_text())
+            (run.run_dir / "results.json").write_text(json.dumps({**results, "last_checkpoint_sha256": "b" * 64}))
+            for scored in run.run_dir.glob("robust_results*.json"):
+                entries = {**json.loads(scored.read_text()), "checkpoint": str(run.run_dir / "checkpoints/last.ckpt")}
+                scored.write_text(json.dumps({**entries, "checkpoint_sha256": "b" * 64}))
+    main(["bench", str(spec_file), "--aggregate_only"])  # the same weights: tabled
+    stale = spec.runs()[0].run_dir / "robust_results.json"
+    stale.write_text(json.dumps({**json.loads(stale.read_text()), "checkpoint_sha256": "a" * 64}))
+    with pytest.raises(SystemExit) as info:
+        main(["bench", str(spec_file), "--aggregate_only"])
+    assert str(info.value.code) == (
+        f"coretune bench: error: {stale} scored {spec.runs()[0].run_dir / 'checkpoints/last.ckpt'} as it was before "
+        "the run trained on (its SHA-256 differs from the final last.ckpt's in results.json): score it again with "
+        "coretune eval robust, or move the file out of the run directory"
+    )
+
+
 def test_robust_table_evaluate_scores_each_finished_unscored_run_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,6 +21,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ..atomicfile import atomic_write
+from ..models import weights_digest
 from ..rundir import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task
 from .module import NonFiniteLossError
@@ -268,6 +269,11 @@ class RunArtifacts(L.Callback):
             # a fine-tuning's pre-trained file (None: a random initialisation); pre-training records none
             **({"weights_sha256": pl_module.weights_sha256} if hasattr(pl_module, "weights_sha256") else {}),
             provenance=provenance(),
+            # the final weights (what the test scores, and what coretune eval robust scores after it: Table 8
+            # tables a robustness file only for the last.ckpt it was scored on)
+            last_checkpoint_sha256=weights_digest(last)
+            if (last := RunDir(run_dir).last_checkpoint).is_file()
+            else None,
         )
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

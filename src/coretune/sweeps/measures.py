@@ -66,9 +66,11 @@ def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
 
     clean: tuple[int, float] | None = None
     values: Measures = {}
+    final = RunDir(run_dir).read_results().get("last_checkpoint_sha256")
     for path in sorted(run_dir.glob(ROBUST_RESULTS)):
         try:
             scored = json.loads(path.read_text())
+            _check_scored_weights(path, scored, final)
             sampled = scored.get("sample") is not None
             for report in scored["reports"]:
                 on = f" [{report['num_images']} images]" if sampled else ""
@@ -80,12 +82,27 @@ def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
                 for result in report["results"]:
                     label = f"{attack} {format_threat(result['norm'], result['eps'])}{on}"
                     values.setdefault(label, (label, 100 * float(result["accuracy"])))
+        except BenchSpecError:
+            raise
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise BenchSpecError(
                 f"{path} is not a result of coretune eval robust ({type(error).__name__}: {error}): write it again "
                 "with coretune eval robust --output, or move it out of the run directory"
             ) from None
     return {"clean": ("clean", clean[1]), **values} if clean is not None else values
+
+
+def _check_scored_weights(path: Path, scored: dict[str, Any], final: str | None) -> None:
+    """Refuse a robustness file scored on the run's ``last.ckpt`` when that file has changed since (the run was
+    resumed or extended after the scoring): its numbers are another model's than the run's test. Files and
+    results without the digests (older versions) are taken as they are."""
+    digest, checkpoint = scored.get("checkpoint_sha256"), str(scored.get("checkpoint", ""))
+    if digest and final and Path(checkpoint).name == "last.ckpt" and digest != final:
+        raise BenchSpecError(
+            f"{path} scored {checkpoint} as it was before the run trained on (its SHA-256 differs from the final "
+            "last.ckpt's in results.json): score it again with coretune eval robust, or move the file out of the "
+            "run directory"
+        )
 
 
 def training_domains_heldout(run_dir: Path, test: dict[str, Any]) -> Measures:

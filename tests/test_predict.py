@@ -67,3 +67,18 @@ def test_two_images_of_one_mask_name_are_refused_and_the_output_is_left_alone(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "masks"]  # no staging folder left
     assert [p.relative_to(output) for p in output.rglob("*")] == [Path("sub"), Path("sub/b.png")]
     assert (output / "sub" / "b.png").read_bytes() == b"an earlier mask"
+
+
+def test_segmentation_predicts_photos_stored_sideways_on_their_stored_pixels(segmenter: Path, tmp_path: Path) -> None:
+    # a landscape photo beside a portrait one stored sideways (EXIF orientation 6), both 48×32 in their headers:
+    # batched together by those sizes, the second loaded turned (32×48), and the batch could not be stacked
+    images = tmp_path / "photos"
+    images.mkdir()
+    Image.new("RGB", (48, 32), (200, 30, 30)).save(images / "landscape.jpg")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.new("RGB", (48, 32), (30, 30, 200)).save(images / "portrait.jpg", exif=exif)
+    main(["predict", f"--ckpt_path={segmenter}", f"--input={images}", f"--output={tmp_path / 'masks'}",
+          "--batch_size=2"])  # fmt: skip
+    for name in ("landscape", "portrait"):  # masks of the stored size, as the model was trained and ground truth is
+        assert Image.open(tmp_path / "masks" / f"{name}.png").size == (48, 32)

@@ -160,7 +160,7 @@ def export_checkpoint(
     8), smaller inputs fail its guard. ``config.json`` records the formats written and the ``input_shape`` they
     take (``"batch"``, ``"height"``, ``"width"`` where any size goes). ``config_files``: the ``--config`` files the
     options came from, refused when they record another task than the checkpoint's. Every option is checked before
-    anything is written. The files are written into a temporary folder beside ``output`` and moved into it once every
+    anything is written. The files are written into a temporary folder inside ``output`` and moved into it once every
     format is done: an error leaves ``output`` as it was, and afterwards it holds no file of a format not written
     this time (an earlier export's).
     """
@@ -202,9 +202,8 @@ def export_checkpoint(
         "input_shape": ["batch", 3, "height", "width"],
     }
     output = Path(output)
-    parent = output.absolute().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=parent))
+    output.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=output))  # inside: the same file system, no parent write
     try:
         names = _write_formats(net, staging, formats, config, segmentation, size)
         _move_in(staging, output, names)

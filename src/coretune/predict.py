@@ -161,7 +161,8 @@ def predict_masks(
     data = model.trained_data
     mean, std = tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD))
     transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
-    dataset = ImageFileDataset(str(folder), transform, on_bad_image=on_bad_image)
+    # the stored pixels, as the model was trained and same_size_batches groups them (by their headers' sizes)
+    dataset = ImageFileDataset(str(folder), transform, on_bad_image=on_bad_image, orient=False)
     base = folder if os.path.isdir(folder) else os.path.dirname(os.path.abspath(folder))  # one image: its folder
     _check_mask_names(dataset.paths, base, output, overlay)
     loader = DataLoader(dataset, batch_sampler=same_size_batches(dataset.paths, batch_size), num_workers=num_workers)

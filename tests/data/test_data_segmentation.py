@@ -402,3 +402,21 @@ def test_binary_masks_saved_as_0_and_255_are_refused_naming_the_remap(tmp_path: 
         "255 marks pixels to ignore, so if it is your foreground (a 0/255 binary mask), remap it to 1 in the masks"
     )
     one_line_error("^the training masks under .* hold 1 class", root, num_classes=2)
+
+
+def test_a_label_fraction_that_keeps_background_only_masks_is_refused(tmp_path: Path) -> None:
+    # the whole train.txt holds both classes, the 1 image of 8 that label_fraction 0.125 keeps only the background:
+    # the check ran on train.txt before the subset, and the run trained with nothing to segment
+    from coretune.data.splits import stratified_subset
+
+    root = make_voc_set(tmp_path / "voc", {"train": 8, "val": 2}, num_classes=2, palette=False)
+    (kept,) = stratified_subset([0] * 8, 0.125, 0)
+    mask = root / "SegmentationClass" / f"train_{kept:03d}.png"
+    save_mask(np.where(np.asarray(Image.open(mask)) == 1, 0, np.asarray(Image.open(mask))).astype(np.uint8), mask,
+              palette=False)  # fmt: skip
+    assert loaded(root).num_classes == 2  # all of it: fine
+    message = one_line_error("^the training masks under ", root, label_fraction=0.125, seed=0)
+    assert message.startswith(
+        f"the training masks under {root} (the part --data.label_fraction and --data.val_fraction keep) hold 1 "
+        "class(es) besides 255 = ignore (0): segmentation needs at least 2"
+    )

@@ -62,6 +62,7 @@ def test_two_process_fit_writes_one_set_of_outputs(tmp_path: Path) -> None:
     assert all(r["train/con"] != "" and r["val/top1"] != "" for r in rows)
     results = json.loads((run_dir / "results.json").read_text())
     assert results["epochs"] == 2
+    assert results["train_images"] == 2 * 24  # both processes' images, 2 epochs (rank 0's alone would be 24)
     # 5 and 4 images on the two ranks (2 batches and 1), each counted once; a padding sampler would count 10
     assert sum(map(sum, results["test"]["confusion_matrix"])) == 9
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)

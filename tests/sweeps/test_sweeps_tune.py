@@ -330,8 +330,8 @@ def test_an_interrupted_tpe_trial_resumes_in_its_folder_with_its_point(
     monkeypatch.setattr(tune_module, "launch_fit", lambda args, run_dir, **_: launched.append((run_dir.name, ())) or 1)
     study = tune([data_arg], n_trials=2, **tpe)  # one more trial: the interrupted one, retried once, is done
     assert launched == [("trial0002", ())] and study.trials[2].state.name == "FAIL"  # crashed: TPE moves on
-    with pytest.raises(ValueError, match=r"was run with --eta/--alpha \[\[0.1, 1.0, 10.0\], \[0.1, 1.0, 10.0\]\] "
-                       r"\(now \[\[0.1, 1.0\], \[0.1, 1.0, 10.0\]\]\)"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"was run with --eta/--alpha \[\[0.1, 10.0\], \[0.1, 10.0\]\] "
+                       r"\(now \[\[0.1, 1.0\], \[0.1, 10.0\]\]\)"):  # fmt: skip
         tune([data_arg], n_trials=3, eta=[0.1, 1.0], **tpe)  # other ranges: TPE's trials would not compare
 
     # a trial Optuna's heartbeat retries (its process was killed with kill -9) is named after the original too

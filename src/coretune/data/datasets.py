@@ -212,6 +212,8 @@ class ImageFileDataset(Dataset[tuple[Any, int]]):
             default: the one matching it.
         on_bad_image: ``"error"`` raises on the first unreadable file; ``"skip"`` decodes every file now,
             leaves the unreadable ones out and warns once.
+        orient: turn each image as its EXIF orientation says (``False``: the stored pixels, as segmentation
+            models are trained and their masks written).
 
     Raises:
         DataError: the folder is missing or holds no image file.
@@ -224,6 +226,7 @@ class ImageFileDataset(Dataset[tuple[Any, int]]):
         *,
         draft_size: int | None = None,
         on_bad_image: OnBadImage = "error",
+        orient: bool = True,
     ) -> None:
         if os.path.isfile(folder) and folder.lower().endswith(IMAGE_EXTENSIONS):
             paths = [folder]
@@ -245,12 +248,13 @@ class ImageFileDataset(Dataset[tuple[Any, int]]):
             transform, draft_size = eval_transform(224), draft_size or eval_draft_size(224)
         self.transform = transform
         self.draft_size = draft_size
+        self.orient = orient
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        return self.transform(load_rgb(self.paths[index], self.draft_size)), index
+        return self.transform(load_rgb(self.paths[index], self.draft_size, self.orient)), index
 
 
 def _preview(names: Sequence[str], show: int = 10) -> str:

@@ -529,6 +529,7 @@ class SegmentationData(L.LightningDataModule):
                 )
             fit_idx, val_idx = stratified_split([0] * len(train), self.val_fraction, self.seed, name="val_fraction")
             train, val = train.subset(fit_idx), train.subset(val_idx)
+        self._check_trained_classes(train, kept=len(train) < len(splits["train"]))
         self.validates_on_test = val is test
         self.train_dataset = train.with_transform(self.train_transform)
         self.val_dataset = val.with_transform(self.eval_transform)
@@ -573,15 +574,14 @@ class SegmentationData(L.LightningDataModule):
             num_classes = max(ds.max_class(self.ignore_index) for ds in splits) + 1
         for ds in splits:
             ds.check_classes(num_classes, self.ignore_index)
-        self._check_trained_classes(splits[0])
         self._num_classes = num_classes
         return names if names is not None else [str(k) for k in range(num_classes)]
 
-    def _check_trained_classes(self, train: SegmentationDataset) -> None:
-        """Refuse training masks that hold fewer than 2 classes besides ``ignore_index``: nothing to segment. The
-        common cause is a binary mask saved as 0/255, whose foreground (255) is then the ignored value: every
-        object pixel would be left out of the loss and the metrics, and the MIoU would be the background's alone,
-        near 100%."""
+    def _check_trained_classes(self, train: SegmentationDataset, kept: bool = False) -> None:
+        """Refuse training masks (``kept``: the part ``label_fraction`` and ``val_fraction`` leave to train on)
+        that hold fewer than 2 classes besides ``ignore_index``: nothing to segment. The common cause is a binary
+        mask saved as 0/255, whose foreground (255) is then the ignored value: every object pixel would be left
+        out of the loss and the metrics, and the MIoU would be the background's alone, near 100%."""
         seen = np.unique(np.concatenate(train.classes_present)) if train.classes_present else np.array([], int)
         labelled = [int(v) for v in seen if v != self.ignore_index]
         if len(labelled) >= 2:
@@ -592,9 +592,10 @@ class SegmentationData(L.LightningDataModule):
             if self.ignore_index in seen
             else ""
         )
+        part = " (the part --data.label_fraction and --data.val_fraction keep)" if kept else ""
         raise DataError(
-            f"the training masks under {self.root} hold {len(labelled)} class(es) besides {self.ignore_index} = "
-            f"ignore ({', '.join(map(str, labelled)) or 'none'}): segmentation needs at least 2{foreground}"
+            f"the training masks under {self.root}{part} hold {len(labelled)} class(es) besides {self.ignore_index} "
+            f"= ignore ({', '.join(map(str, labelled)) or 'none'}): segmentation needs at least 2{foreground}"
         )
 
     # -- what the data is -----------------------------------------------------------------------------------

@@ -45,20 +45,22 @@ def task_of(pl_module: L.LightningModule) -> type[Task] | Task:
 
 def provenance() -> dict[str, Any]:
     """Which code and machine made a run (``results.json``'s ``provenance``): coretune's version and, when it runs
-    from a git checkout, the commit (``+dirty`` with uncommitted changes to tracked files); the host, CPU model,
+    from a git checkout, the commit (``+dirty`` with uncommitted changes to the package's files); the host, CPU model,
     torch version and CPU threads (a bf16 result depends on the kind of CPU and the thread count)."""
     source = Path(__file__).resolve().parent
 
-    def git(*args: str) -> str | None:
+    def git(*args: str) -> str | None:  # without optional locks: never the index lock a concurrent commit needs
+        command = ["git", "--no-optional-locks", "-C", str(source), *args]
         try:
-            done = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=30)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.SubprocessError):
             return None
         return done.stdout.strip() if done.returncode == 0 else None
 
-    commit = git("rev-parse", "HEAD")
-    if commit and git("status", "--porcelain", "--untracked-files=no"):
-        commit += "+dirty"
+    # only a checkout that tracks this file is coretune's (not an outer repository holding a virtualenv)
+    commit = git("rev-parse", "HEAD") if git("ls-files", "--error-unmatch", Path(__file__).name) is not None else None
+    if commit and git("status", "--porcelain", "--untracked-files=no", "--", str(source.parent)):
+        commit += "+dirty"  # the package's own files differ from the commit
     cpu = platform.processor() or None
     with contextlib.suppress(OSError):
         models = [line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -247,6 +249,8 @@ class RunArtifacts(L.Callback):
             rank_zero_info(epoch_summary(row, trainer.max_epochs, task_of(pl_module).summary_keys))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        mine = torch.tensor(float(self._images), device=trainer.strategy.root_device)
+        images = int(trainer.strategy.reduce(mine, reduce_op="sum"))  # every process's: the run's training images
         if not trainer.is_global_zero:
             return
         run_dir = self.run_dir(trainer)
@@ -260,8 +264,8 @@ class RunArtifacts(L.Callback):
             run_dir,
             wall_time_s=round(self._earlier_wall + time.perf_counter() - self._fit_start, 2),
             train_time_s=round(self._train_time, 2),
-            train_images=self._images,
-            train_images_per_s=round(self._images / self._train_time, 1) if self._train_time > 0 else None,
+            train_images=images,
+            train_images_per_s=round(images / self._train_time, 1) if self._train_time > 0 else None,
             epochs=trainer.current_epoch,
             **{f"best_val_{task.monitor}": best_score},
             best_checkpoint=str(best.best_model_path) if best and best.best_model_path else None,

@@ -13,6 +13,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
+from torch.utils.data import DataLoader
 
 from ..adversarial import AdversarialTraining
 from ..data import check_shareable, trained_items
@@ -443,10 +444,10 @@ class FineTuner(L.LightningModule):
                 continue
             if getattr(datamodule, f"{split}_dataset", None) is None:
                 continue
-            try:
-                batches = len(loader())
-            except TypeError:  # an iterable dataset: Lightning refuses any fraction other than 1.0 itself
-                continue
+            built = loader()
+            if not isinstance(built, DataLoader) or not hasattr(built.dataset, "__len__"):
+                continue  # several loaders (checked by Lightning one by one), or an iterable dataset
+            batches = len(built)
             mine = torch.tensor(float(batches), device=self.trainer.strategy.root_device)
             fewest = int(self.trainer.strategy.reduce(mine, reduce_op="min"))
             if fewest > 0 and int(fewest * limit) == 0:

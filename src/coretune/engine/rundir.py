@@ -257,6 +257,8 @@ class SaveConfigOnFitStart(SaveConfigCallback):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.is_global_zero and not self.already_saved:
             path = RunDir(trainer.default_root_dir).config
+            if path.exists() and not self.overwrite:  # save_config_kwargs={"overwrite": False} (coretune's: True)
+                raise RuntimeError(f"{path} exists: pass another run directory, or save_config_kwargs overwrite=True")
             with atomic_write(path) as f:  # whole, for the sweeps that read it while the run goes on
                 f.write(self.parser.dump(self.config, skip_unset=False))
         self.already_saved = True

@@ -367,7 +367,7 @@ def _settle(run: Run, future: Future, report: SweepReport, progress: Any, task: 
     except RunInUse as error:
         report.in_use.append(run)
         progress.console.print(f"↷ {run.label} skipped: {error}", highlight=False)
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, KeyError, TypeError) as error:
         report.failed.append(run)
         progress.console.print(f"✗ {run.label} failed: {error}", highlight=False)
     progress.advance(task)

@@ -128,14 +128,15 @@ class RunDir:
         try:
             results = json.loads(self.results.read_text())
         except json.JSONDecodeError as err:
-            results = err
-        if not isinstance(results, dict):
-            problem = f"is not valid JSON ({results})" if isinstance(results, Exception) else "is not a JSON object"
-            raise ValueError(
-                f"{self.results} {problem}: restore it from a copy (such as a record of `coretune bench --export`), "
-                "or delete it and run the run's command again to resume and test it"
-            )
-        return results
+            problem = f"is not valid JSON ({err})"
+        else:
+            if isinstance(results, dict):
+                return results
+            problem = "is not a JSON object"
+        raise ValueError(
+            f"{self.results} {problem}: restore it from a copy (such as a record of `coretune bench --export`), "
+            "or delete it and run the run's command again to resume and test it"
+        )
 
     def divergence(self) -> str | None:
         """The message ``results.json`` records when the fit diverged or collapsed (``diverged``; a fit from before
@@ -154,8 +155,8 @@ class RunDir:
     def is_finished(self) -> bool:
         """A run is finished once its ``results.json`` holds the test results (written after training ends)."""
         try:
-            return "test" in json.loads(self.results.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            return "test" in self.read_results()
+        except (ValueError, FileNotFoundError):  # damaged (a sweep runs it again, and its fit names the file), gone
             return False
 
     def epochs_done(self) -> tuple[int, int | None]:

@@ -117,10 +117,9 @@ def launch_fit(
     ``None`` without starting a fit when another one finished it, or saw it diverge, before the claim.
     """
     run_dir = Path(run_dir)
-    check_run_args(args, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with claimed(run_dir):
-        check_run_args(args, run_dir)  # again: another sweep may have run it with its own arguments meanwhile
+        check_run_args(args, run_dir)  # under the claim: another sweep may have run it with its own arguments
         files = RunDir(run_dir)
         if files.is_finished() or files.divergence() is not None:
             return None

@@ -366,9 +366,10 @@ def tune(
     _check_repeats(study, repeats)
     _check_task(study, task)
     settings = {"seed": seed, "val_fraction": val_fraction, "sampler": sampler, "objective": objective}
+    settings["fit_args"] = list(fit_args)
     if sampler == "tpe":  # a grid's points are checked by _resume_grid
         settings["eta_alpha"] = [[v[0], v[-1]] for v in (space["eta"], space["alpha"])]  # TPE's ranges: the ends
-    _check_settings(study, {**settings, "fit_args": list(fit_args)})
+    _check_settings(study, settings)
     target = 20 if n_trials is None else n_trials
     if created and sampler == "tpe":  # every worker pops its own start-up points from the queue
         for point in _startup_points(space, min(_TPE_STARTUP, target), seed):

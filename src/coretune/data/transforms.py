@@ -23,6 +23,7 @@ __all__ = [
     "eval_resize_size",
     "eval_transform",
     "normalisation_problems",
+    "option_values",
     "resize_transform",
     "train_draft_size",
     "train_transform",
@@ -47,6 +48,11 @@ def normalisation_problems(mean: Sequence[float], std: Sequence[float]) -> list[
          f"0-255 scale by 255, e.g. 123.675 → 0.485), got {mean} and {std}"),
     ]  # fmt: skip
     return [message for ok, message in checks if not ok]
+
+
+def option_values(values: Sequence[float]) -> str:
+    """``values`` as a list option takes them on the command line: ``[0.485,0.456,0.406]`` (``--data.mean``)."""
+    return "[" + ",".join(f"{float(v):g}" for v in values) + "]"
 
 
 def _to_normalized_tensor(mean: tuple[float, ...], std: tuple[float, ...]) -> list[v2.Transform]:

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from ..adversarial import AdversarialTraining
 from ..data import check_shareable, trained_items
+from ..data.transforms import option_values
 from ..distributed import listed, rank, ranks_where, scale_grad, world_size
 from ..models import CheckpointError, load_checkpoint_file, weights_digest
 from ..objectives import CETuning, Objective, preset_name
@@ -471,15 +472,12 @@ class FineTuner(L.LightningModule):
         pairs = [pair for want, got in zip(trained, used, strict=True) for pair in zip(want, got, strict=False)]
         if len(pairs) == 6 and all(math.isclose(a, b, abs_tol=1e-3) for a, b in pairs):
             return
-
-        def listed(values: Any) -> str:
-            return "[" + ",".join(f"{float(v):g}" for v in values) + "]"
-
+        trained_mean, trained_std = option_values(trained[0]), option_values(trained[1])
         rank_zero_warn(
-            f"--model.weights {self.hparams.weights} were trained on images normalised with mean "
-            f"{listed(trained[0])} and std {listed(trained[1])}, but the data is normalised with mean "
-            f"{listed(used[0])} and std {listed(used[1])}: pass --data.mean {listed(trained[0])} --data.std "
-            f"{listed(trained[1])} to feed the backbone inputs on the scale it learned"
+            f"--model.weights {self.hparams.weights} were trained on images normalised with mean {trained_mean} and "
+            f"std {trained_std}, but the data is normalised with mean {option_values(used[0])} and std "
+            f"{option_values(used[1])}: pass --data.mean {trained_mean} --data.std {trained_std} to feed the backbone "
+            "inputs on the scale it learned"
         )
 
     def _warn_memory_spans_epoch(self, datamodule: Any) -> None:

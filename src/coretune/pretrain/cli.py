@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import yaml
 
+from ..data.transforms import option_values
 from ..engine import RunDirCLI, check_trainer_options, quiet_lightning, with_atomic_io
 from ..engine.loggers import LOGGER_ALIAS, logger_args, place_loggers, translate_logger_config
 from .augment import IMAGENET_MEAN, IMAGENET_STD
@@ -157,11 +158,10 @@ class PretrainCLI(RunDirCLI):
         console.print(f"[bold]run directory[/bold]: {run_dir} (metrics.csv, learning curve, checkpoints/)")
         console.print(f"[bold]pre-trained encoder[/bold]: {weights}")
         mean, std = self.datamodule.mean, self.datamodule.std
-        listed = lambda values: "[" + ",".join(f"{v:g}" for v in values) + "]"  # noqa: E731
         scale = (
             ""
             if (mean, std) == (IMAGENET_MEAN, IMAGENET_STD)
-            else f" --data.mean {listed(mean)} --data.std {listed(std)}"
+            else f" --data.mean {option_values(mean)} --data.std {option_values(std)}"
         )
         console.print(
             f"fine-tune it:  coretune fit --model.backbone {backbone} --model.weights {weights}{scale} "

@@ -247,6 +247,21 @@ def test_a_loss_that_is_nan_on_one_process_stops_every_process_and_rank_0_record
     assert any(line.startswith(f"coretune fit: error: {process_1}") for line in errors), errors
 
 
+def refused_ddp_fit(tmp_path: Path, devices: int, *options: str) -> subprocess.CompletedProcess:
+    """A 1-epoch CE fit of ``tmp_path/data`` (16 px, batches of 2) on ``devices`` gloo processes, checked to exit 1."""
+    command = [
+        sys.executable, "-m", "coretune.cli", "fit", "--data.root=data", "--data.image_size=16", *options,
+        "--data.batch_size=2", "--model.backbone=small_cnn", "--objective=ce", "--trainer.max_epochs=1",
+        "--trainer.strategy=ddp", f"--trainer.devices={devices}", "--trainer.accelerator=cpu",
+        "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--run_dir=run",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    return done
+
+
 @pytest.mark.ddp
 def test_an_evaluation_split_smaller_than_the_processes_is_refused_at_the_start(tmp_path: Path) -> None:
     # a test split of 2 images for 3 processes (the validation split is large enough): the third process had no
@@ -254,16 +269,7 @@ def test_an_evaluation_split_smaller_than_the_processes_is_refused_at_the_start(
     from image_trees import make_image_tree
 
     make_image_tree(tmp_path / "data", classes=("cat", "dog"), per_class=8, val_per_class=1, size=16)
-    command = [
-        sys.executable, "-m", "coretune.cli", "fit", "--data.root=data", "--data.image_size=16",
-        "--data.val_fraction=0.5", "--data.batch_size=2", "--model.backbone=small_cnn", "--objective=ce",
-        "--trainer.max_epochs=1", "--trainer.strategy=ddp", "--trainer.devices=3", "--trainer.accelerator=cpu",
-        "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-        "--run_dir=run",
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1, done.stderr[-3000:]
+    done = refused_ddp_fit(tmp_path, 3, "--data.val_fraction=0.5")
     expected = (
         "coretune fit: error: the test split holds 2 image(s), fewer than the 3 processes that share it (each needs "
         "at least one): run at most 2 processes (--trainer.devices × --trainer.num_nodes), or use a larger split"
@@ -280,16 +286,7 @@ def test_a_batch_fraction_that_keeps_no_batch_on_one_process_is_refused_by_every
     from image_trees import make_image_tree
 
     make_image_tree(tmp_path / "data", classes=tuple("abcde"), per_class=4, val_per_class=1, size=16)
-    command = [
-        sys.executable, "-m", "coretune.cli", "fit", "--data.root=data", "--data.image_size=16",
-        "--data.batch_size=2", "--model.backbone=small_cnn", "--objective=ce", "--trainer.max_epochs=1",
-        "--trainer.limit_test_batches=0.5", "--trainer.strategy=ddp", "--trainer.devices=2",
-        "--trainer.accelerator=cpu", "--trainer.precision=32-true", "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false", "--run_dir=run",
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1, done.stderr[-3000:]
+    done = refused_ddp_fit(tmp_path, 2, "--trainer.limit_test_batches=0.5")
     expected = (
         "coretune fit: error: --trainer.limit_test_batches=0.5 keeps no batch of the test split (0.5 × 1 batch(es) on "
         "the process with the fewest < 1): pass a whole number of batches "

@@ -309,8 +309,11 @@ def main(argv: list[str] | None = None) -> None:
         except BenchSpecError as error:
             parser.error(str(error))
         return
-    rows = gains(specs, args.eval_dir)
-    table = markdown(rows) + diverged(specs)
+    try:
+        rows = gains(specs, args.eval_dir)
+        table = markdown(rows) + diverged(specs)
+    except ValueError as error:  # a run folder started with other fit arguments than its spec's (collect_cells)
+        parser.error(str(error))
     print(table)
     if args.markdown is not None:
         args.markdown.write_text(table)

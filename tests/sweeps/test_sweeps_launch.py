@@ -68,10 +68,35 @@ def test_tables_and_exports_refuse_a_finished_run_of_other_arguments(tmp_path: P
     config = tmp_path / "bench.yaml"
     config.write_text(yaml.safe_dump({"output": str(spec.output), "datasets": {"tiny": list(spec.datasets["tiny"])},
                                       "objectives": ["ce", "core"], "seeds": [0]}))  # fmt: skip
-    for extra in (["--aggregate_only"], ["--status"]):
-        with pytest.raises(SystemExit) as exit_info:
-            main(["bench", str(config), *extra])
-        assert str(exit_info.value.code).startswith(f"coretune bench: error: {message}")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", str(config), "--aggregate_only"])
+    assert str(exit_info.value.code).startswith(f"coretune bench: error: {message}")
+
+
+def test_status_lists_a_run_of_other_arguments_beside_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # one stale folder no longer hides the whole sweep's progress: --status shows it and what to do, and goes on
+    from sweep_helpers import fabricate
+
+    from coretune.sweeps import collect_cells
+
+    monkeypatch.setenv("COLUMNS", "200")
+    spec = spec_of(tmp_path, seeds=[0])
+    fabricate(spec, {("ce", "tiny", 1.0): [0.5], ("core", "tiny", 1.0): [0.6]})
+    ce = spec.runs()[0].run_dir
+    (ce / "fit_args.json").write_text(json.dumps(["--trainer.max_epochs=20"]))
+    rows = collect_cells(spec, other_args="list")[1]
+    states = [(r.objective, r.status, r.test_top1_pct) for r in rows]
+    assert states == [("ce", "other_args", None), ("core", "finished", 60.0)]
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({"output": str(spec.output), "datasets": {"tiny": list(spec.datasets["tiny"])},
+                                      "objectives": ["ce", "core"], "seeds": [0]}))  # fmt: skip
+    main(["bench", str(config), "--status"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "other fit arguments: delete the folder to redo it" in out and "60.00" in out
+    assert "1 of 2 runs finished, 1 started with other fit arguments (refused by runs and tables until their" in out
+    assert "fitting left" not in out and "time left unknown" not in out  # nothing a sweep would fit
 
 
 def test_sweep_runs_fits_then_skips_finished_runs(image_tree: Path, tmp_path: Path) -> None:

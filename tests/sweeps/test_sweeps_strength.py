@@ -171,7 +171,9 @@ def test_gains_are_paired_by_seed_and_core_is_also_compared_with_ce_mix(strength
         strength.gains([spec], out)
 
 
-def test_plot_command_writes_the_table_and_the_figure(strength: ModuleType, tmp_path: Path) -> None:
+def test_plot_command_writes_the_table_and_the_figure(
+    strength: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = _spec(tmp_path)
     fabricate(spec, {(o, d, 0.1): v for (o, d), v in TOP1.items()})
     unfinished = next(r.run_dir for r in spec.runs() if (r.objective, r.dataset, r.seed) == ("core", "weak", 2))
@@ -185,3 +187,11 @@ def test_plot_command_writes_the_table_and_the_figure(strength: ModuleType, tmp_
     assert table.read_text().endswith(
         "\nDiverged or collapsed (not in the gains):\n- weak/core/10%/seed 2: the training loss is nan at epoch 3 …\n"
     )
+    # a run folder started with other fit arguments: one line naming it, not a traceback (nothing written)
+    run = next(r for r in spec.runs() if (r.objective, r.dataset, r.seed) == ("ce", "strong", 0))
+    (run.run_dir / "fit_args.json").write_text(json.dumps(["--trainer.max_epochs=3"]))
+    png.unlink()
+    with pytest.raises(SystemExit) as info:
+        strength.main(["plot", str(tmp_path / "strength.yaml"), f"--eval_dir={tmp_path / 'none'}", f"--figure={png}"])
+    assert info.value.code == 2 and not png.exists()
+    assert f"error: run directory {run.run_dir} was started with other fit arguments" in capsys.readouterr().err

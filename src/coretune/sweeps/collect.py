@@ -45,8 +45,14 @@ class CurvePoint:
         return {f.name: "" if (value := getattr(self, f.name)) is None else value for f in fields(self)}
 
 
-def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], list[RunRecord]]:
-    """Cells keyed by ``(objective, dataset, label_fraction)`` and the record of each run (``runs.csv``)."""
+def collect_cells(
+    spec: BenchSpec, other_args: Literal["refuse", "list"] = "refuse"
+) -> tuple[dict[tuple[str, str, float], Cell], list[RunRecord]]:
+    """Cells keyed by ``(objective, dataset, label_fraction)`` and the record of each run (``runs.csv``).
+
+    A run directory started with other fit arguments than the spec's is refused (:func:`check_run_args`: a table
+    must not mix settings), or with ``other_args="list"`` (``--status``) listed as ``other_args`` and left out of
+    the cells."""
     values: dict[tuple[str, str, float], list[float]] = {}
     seeds: dict[tuple[str, str, float], list[int]] = {}
     rebuilt: dict[tuple[str, str, float], list[int]] = {}  # seeds of reconstructed records
@@ -60,7 +66,16 @@ def collect_cells(spec: BenchSpec) -> tuple[dict[tuple[str, str, float], Cell], 
         key = (run.objective, run.dataset, run.label_fraction)
         values.setdefault(key, [])
         seeds.setdefault(key, [])
-        check_run_args(run.args, run.run_dir)
+        try:
+            check_run_args(run.args, run.run_dir)
+        except ValueError:
+            if other_args == "refuse":
+                raise
+            rows.append(RunRecord(
+                run.dataset, run.objective, run.label_fraction, run.seed, "other_args",
+                "other fit arguments: delete the folder to redo it", None, None, None, None, None, None, run.run_dir,
+            ))  # fmt: skip
+            continue
         files = RunDir(run.run_dir)
         results = files.read_results()
         test = results.get("test") or {}

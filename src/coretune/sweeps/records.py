@@ -28,9 +28,10 @@ __all__ = [
 ]
 
 
-RunStatus = Literal["finished", "running", "diverged", "unfinished", "missing"]
+RunStatus = Literal["finished", "running", "diverged", "unfinished", "missing", "other_args"]
 """A run's state: test results written, claimed by a live process, diverged or collapsed (``results.json`` says so:
-a result, not run again), started, or no run directory yet."""
+a result, not run again), started, no run directory yet, or its directory was started with other fit arguments than
+the spec's (:func:`check_run_args`: neither a result nor run again until it is deleted; only ``--status`` lists it)."""
 
 
 @dataclass(frozen=True)

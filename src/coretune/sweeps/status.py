@@ -30,7 +30,7 @@ def sweep_time_left(rows: list[RunRecord], paces: list[RunRecord] | None = None)
             finished.setdefault(cell(row), []).append(float(row.wall_time_s))
     total, covered = 0.0, 0
     for row in rows:
-        if row.status in ("finished", "diverged"):  # a diverged run is not fitted again
+        if row.status in ("finished", "diverged", "other_args"):  # neither is fitted again (as it stands)
             continue
         left = None
         if row.status != "missing":
@@ -50,7 +50,7 @@ def print_status(spec: BenchSpec, console: Any, whole: BenchSpec | None = None) 
     subset of; default ``spec``)."""
     from rich.table import Table
 
-    _, rows = collect_cells(spec)
+    _, rows = collect_cells(spec, other_args="list")
     table = Table("data set", "objective", "labels", "seed", spec_metric_text(spec) + " (%)", "progress")
     for row in rows:
         value = f"{row.top1_pct(spec.metric):.2f}" if row.status == "finished" else ""
@@ -58,17 +58,24 @@ def print_status(spec: BenchSpec, console: Any, whole: BenchSpec | None = None) 
             value += " (ORACLE)"  # chosen on the unseen domain
         fraction = f"{100 * row.label_fraction:g}%"
         table.add_row(row.dataset, row.objective, fraction, str(row.seed), value, row.progress)
-    counts = {s: sum(r.status == s for r in rows) for s in ("finished", "running", "diverged", "unfinished", "missing")}
+    states = ("finished", "running", "diverged", "unfinished", "missing", "other_args")
+    counts = {s: sum(r.status == s for r in rows) for s in states}
     console.print(table)
     diverged = f"{counts['diverged']} diverged (not run again), " if counts["diverged"] else ""
+    if counts["other_args"]:
+        diverged += (
+            f"{counts['other_args']} started with other fit arguments (refused by runs and tables until their folders "
+            "are deleted or the output changes), "
+        )
     console.print(
         f"{spec.name}: {counts['finished']} of {len(rows)} runs finished, {diverged}"
         f"{counts['running'] + counts['unfinished']} started ({counts['running']} running now), {counts['missing']} "
         f"not started ({spec.output})",
         highlight=False,
     )
-    if unfinished := len(rows) - counts["finished"] - counts["diverged"]:
-        left, covered = sweep_time_left(rows, None if whole is None else collect_cells(whole)[1])
+    if unfinished := len(rows) - counts["finished"] - counts["diverged"] - counts["other_args"]:
+        paces = None if whole is None else collect_cells(whole, other_args="list")[1]
+        left, covered = sweep_time_left(rows, paces)
         runs, their = ("run", "its") if unfinished == 1 else ("runs", "their")
         unknown = f"no timed epoch or finished seed in {their} cell to go by"
         if covered == 0:

@@ -146,6 +146,12 @@ NOT_A_RADIUS = "PGD {name} must be a number or a fraction in [0, 1] pixel units 
         ({"eps": float("nan")}, "PGD eps must be a finite radius >= 0 in [0, 1] pixel units (e.g. 8/255), got nan"),
         ({"norm": "l1"}, "PGD norm must be one of linf, l2; got 'l1'"),
         ({"steps": 0}, "PGD steps must be >= 1, got 0"),
+        ({"steps": 2.5}, "PGD steps must be a whole number, got 2.5"),
+        (
+            {"eps": 8},
+            "PGD linf eps must be <= 1 in [0, 1] pixel units, got 8: a ball that holds every image. Write "
+            "grey levels as a fraction (--adversarial.eps 8/255)",
+        ),
         ({"step_size": 0.0}, "PGD step_size must be > 0 (or None for 2.5·eps/steps), got 0.0"),
         ({"step_size": -1.0}, "PGD step_size must be > 0 (or None for 2.5·eps/steps), got -1.0"),
         ({"eps": "eight"}, NOT_A_RADIUS.format(name="eps", value="eight")),
@@ -162,6 +168,18 @@ def test_bad_settings_give_one_line_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError) as info:  # the function checks the same way
         pgd(nn.Identity(), torch.rand(1, 1, 2, 2), torch.zeros(1, dtype=torch.long), **settings)
     assert str(info.value) == message
+
+
+def test_an_l2_radius_beyond_the_images_diameter_is_refused() -> None:
+    # a 1×2×2 image's [0, 1] cube has diameter √4 = 2: ε = 2 still makes sense, ε = 2.5 holds every image
+    x, y = torch.rand(3, 1, 2, 2), torch.zeros(3, dtype=torch.long)
+    assert pgd(nn.Flatten(), x, y, norm="l2", eps=2.0).shape == x.shape
+    with pytest.raises(ValueError) as info:
+        pgd(nn.Flatten(), x, y, norm="l2", eps=2.5)
+    assert str(info.value) == (
+        "PGD l2 eps 2.5 is larger than the diameter of these images' [0, 1] pixel cube (2 = √4): a ball that holds "
+        "every image. Give ε in [0, 1] pixel units (the paper's l2 radii: 0.5, 1.5, 2.5)"
+    )
 
 
 def test_normalised_images_are_refused_with_the_fix() -> None:
@@ -204,6 +222,27 @@ def test_pgd_under_bf16_autocast_keeps_the_perturbation_in_float32() -> None:
     assert adv.dtype == torch.float32
     assert float((adv - x).abs().max()) <= 0.1 + 1e-6 and float(adv.min()) >= 0 and float(adv.max()) <= 1
     assert _accuracy(model, adv, y) < _accuracy(model, x, y) - 0.4
+
+
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+def test_pgd_under_float16_autocast_moves_confidently_classified_images(norm: str) -> None:
+    """A GPU without bf16 trains under float16 autocast: the gradient of an image classified with 1 − p ≈ 1e-10
+    underflows there (the attack stalls at sign(0) = 0) unless its loss is scaled."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 2))
+    with torch.no_grad():
+        model[1].weight.copy_(torch.linspace(-1, 1, 16).expand(2, 16) * torch.tensor([[4.0], [-4.0]]))
+        model[1].bias.zero_()
+    x = torch.linspace(0, 1, 16).view(1, 1, 4, 4).repeat(4, 1, 1, 1)
+    y = torch.zeros(4, dtype=torch.long)
+    logits = model(x).detach()
+    assert 20 < float(logits[0, 0] - logits[0, 1]) < 30  # 1 − p from 1e-13 to 2e-9: float16's smallest is 6e-8
+    reference = pgd(model, x, y, norm=norm, eps=0.01, steps=1, random_start=False)
+    with torch.autocast("cpu", dtype=torch.float16):
+        adv = pgd(model, x, y, norm=norm, eps=0.01, steps=1, random_start=False)
+    moved = (adv - x).flatten(1).norm(dim=1, p=float("inf") if norm == "linf" else 2)
+    assert bool((moved > 0.005).all())  # every image moved (to the ball's edge, 0.01)
+    torch.testing.assert_close(adv, reference, atol=1e-3, rtol=0)
 
 
 def test_normalized_model_equals_the_model_on_the_pipelines_normalised_images() -> None:

@@ -21,7 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["PGD", "Norm", "NormalizedModel", "check_pixel_images", "eval_mode", "pgd", "pixel_radius"]
+__all__ = [
+    "PGD",
+    "Norm",
+    "NormalizedModel",
+    "check_pixel_images",
+    "eval_mode",
+    "pgd",
+    "pixel_radius",
+]
 
 Norm = Literal["linf", "l2"]
 NORMS: tuple[str, ...] = get_args(Norm)
@@ -111,12 +119,19 @@ class PGD:
     statistics; dropout is off); afterwards every submodule gets its own mode back (:func:`eval_mode`). Only the
     images' gradient is computed: the parameters' ``.grad`` are untouched. The model runs under whatever autocast
     the caller has set (e.g. bf16); the perturbation is kept and updated in float32 (float64 for float64 images).
+    Under float16 autocast (a GPU without bf16) each example's loss is scaled so that its gradient at the logits,
+    ``softmax - onehot``, has largest entry 1: a confidently classified image's gradient (``1 - p`` of 1e-10, far
+    below float16's smallest number) would otherwise underflow to zero in the backward pass and stall its attack
+    (``sign(0) = 0``), and a fixed scale large enough for it would overflow an unsure image's. Both step
+    directions are per example and ignore a positive scale, so the examples are those of float32 arithmetic.
 
     Args:
         norm: ``"linf"`` or ``"l2"``.
         eps: the radius ε >= 0 of the ball, in ``[0, 1]`` pixel units (ε = 0 returns the clean images); a number
-            or a fraction (``"8/255"``, :func:`pixel_radius`).
-        steps: number of ascent steps, >= 1.
+            or a fraction (``"8/255"``, :func:`pixel_radius`). An ℓ∞ radius above 1 (``8`` for ``8/255``) is
+            refused, and so is an ℓ2 radius above an image's diameter ``√(C·H·W)`` when attacking: either ball
+            holds every image.
+        steps: number of ascent steps, a whole number >= 1.
         step_size: ``α > 0`` (a number or a fraction); ``None`` for ``2.5·eps/steps``.
         random_start: start from a random point of the ball instead of the clean image.
     """
@@ -135,6 +150,13 @@ class PGD:
             raise ValueError(f"PGD norm must be one of {', '.join(NORMS)}; got {norm!r}")
         if not (math.isfinite(eps) and eps >= 0):
             raise ValueError(f"PGD eps must be a finite radius >= 0 in [0, 1] pixel units (e.g. 8/255), got {eps:g}")
+        if norm == "linf" and eps > 1:
+            raise ValueError(
+                f"PGD linf eps must be <= 1 in [0, 1] pixel units, got {eps:g}: a ball that holds every image. Write "
+                f"grey levels as a fraction (--adversarial.eps {eps:g}/255)"
+            )
+        if isinstance(steps, bool) or not float(steps).is_integer():
+            raise ValueError(f"PGD steps must be a whole number, got {steps!r}")
         if steps < 1:
             raise ValueError(f"PGD steps must be >= 1, got {steps}")
         if step_size is not None and not (math.isfinite(step_size) and step_size > 0):
@@ -164,13 +186,19 @@ class PGD:
         labels = labels.detach()
         if self.eps == 0 or not x.numel():
             return x.clone()
+        if self.norm == "l2" and self.eps > (diameter := math.sqrt(x[0].numel())):
+            raise ValueError(
+                f"PGD l2 eps {self.eps:g} is larger than the diameter of these images' [0, 1] pixel cube "
+                f"({diameter:.4g} = √{x[0].numel()}): a ball that holds every image. Give ε in [0, 1] pixel units "
+                "(the paper's l2 radii: 0.5, 1.5, 2.5)"
+            )
         adv = (x + self._random_start(x, generator)).clamp(0, 1) if self.random_start else x.clone()
+        device = x.device.type
+        half = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
         with eval_mode(model), torch.enable_grad():
             for _ in range(self.steps):
-                adv.requires_grad_(True)
-                loss = F.cross_entropy(model(adv).float(), labels, reduction="sum")
-                (grad,) = torch.autograd.grad(loss, adv)
-                adv = self._project(x, adv.detach() + self.step_size * self._direction(grad.to(dtype)))
+                grad = _loss_gradient(model, adv, labels, per_example_scale=half)
+                adv = self._project(x, adv + self.step_size * self._direction(grad.to(dtype)))
         return adv
 
     def _random_start(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -214,6 +242,19 @@ def pgd(
 ) -> Tensor:
     """``PGD(norm, eps, steps, step_size, random_start)(model, images, labels, generator)``: see :class:`PGD`."""
     return PGD(norm, eps, steps, step_size, random_start)(model, images, labels, generator)
+
+
+def _loss_gradient(model: nn.Module, adv: Tensor, labels: Tensor, per_example_scale: bool) -> Tensor:
+    """``∇ₓ Σᵢ sᵢ·L(xᵢ, yᵢ)`` at ``x = adv``: ``sᵢ = 1``, or with ``per_example_scale`` (float16, see :class:`PGD`)
+    ``sᵢ = 1 / maxₖ |softmax(zᵢ)ₖ - onehot(yᵢ)ₖ|``, which makes each example's largest logit gradient 1."""
+    adv = adv.detach().requires_grad_(True)
+    logits = model(adv).float()
+    losses = F.cross_entropy(logits, labels, reduction="none")
+    if per_example_scale:
+        at_logits = logits.detach().softmax(1) - F.one_hot(labels, logits.shape[1]).to(logits.dtype)
+        losses = losses / at_logits.abs().amax(1).clamp_min(1e-30)
+    (grad,) = torch.autograd.grad(losses.sum(), adv)
+    return grad
 
 
 def _l2(t: Tensor) -> Tensor:

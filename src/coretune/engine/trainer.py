@@ -57,7 +57,8 @@ def quiet_lightning() -> None:
 
 
 def default_precision() -> str:
-    """``bf16-mixed`` where the hardware runs it natively (CUDA with bf16, or a CPU with AVX-512-BF16/AMX), else 32."""
+    """``bf16-mixed`` where the hardware runs it natively (CUDA with bf16, or a CPU with AVX-512-BF16/AMX);
+    ``16-mixed`` on a CUDA GPU without bf16; else ``32-true``."""
     if torch.cuda.is_available():
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     cpu = torch.backends.cpu.get_cpu_capability()

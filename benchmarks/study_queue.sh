@@ -35,6 +35,7 @@ main() {  # the whole queue in one function: bash has read all of it before it r
   MEMORY=configs/bench/cifar10_cpu_10pct_memory.yaml
   ADV=configs/bench/cifar10_cpu_10pct_adversarial.yaml
   TABLE1=configs/bench/cifar10_cpu_10pct_table1.yaml
+  LR01=configs/bench/cifar10_cpu_10pct_lr01.yaml
   STRENGTH=configs/bench/cifar10_cpu_strength.yaml
   STRENGTH_1PCT=configs/bench/cifar10_cpu_strength_1pct.yaml
   mkdir -p runs && [ -d runs ] || { echo "runs/ is missing (a symlink to a folder that does not exist?)"; exit 2; }
@@ -42,7 +43,7 @@ main() {  # the whole queue in one function: bash has read all of it before it r
   flock -n 9 || { echo "another study_queue.sh is running (runs/.study_queue.lock)"; exit 1; }
   ps -o pgid= $$ | tr -d ' ' > runs/study_queue.pgid
 
-  for spec in "$MEMORY" "$ADV" "$TABLE1" "$STRENGTH" "$STRENGTH_1PCT"; do prime "$spec"; done
+  for spec in "$MEMORY" "$ADV" "$LR01" "$TABLE1" "$STRENGTH" "$STRENGTH_1PCT"; do prime "$spec"; done
   # Table 1's ce and core rows are the memory study's ce_b64 and core_b64 (argument for argument; the spec's header)
   for pair in ce:ce_b64 core:core_b64; do
     for seed in 0 1 2; do
@@ -66,8 +67,11 @@ main() {  # the whole queue in one function: bash has read all of it before it r
     for obj in ce at_ce_linf at_ce_con_linf at_core_linf; do adversarial "$obj" "$seed" || failed; done
   done
 
-  # Issue 41, part 1: Table 1, seed by seed (ce and core are copied above)
   same_precision || exit 1
+  # Issue 41, part 3: the lr 0.1 check of docs/results.md section 7, clipped and not (the second collapses: a result)
+  for obj in core_clip core_noclip; do fit "$LR01" "$obj" 0 cifar10 || failed; done
+
+  # Issue 41, part 1: Table 1, seed by seed (ce and core are copied above)
   for seed in 0 1 2; do
     for obj in l2sp delta bss rifle scl bi_tuning mm manifold_mixup ce_mix; do
       fit "$TABLE1" "$obj" "$seed" cifar10 || failed

@@ -373,7 +373,7 @@ def _exit_on(command: str, err: Exception) -> None:
     """Exit with a signal's code after an interrupted fit or sweep, or with the message alone after an error a user
     can cause and fix (:func:`_user_errors`; any ``RuntimeError`` too, except from ``fit`` and ``pretrain``). Returns
     on anything else. The exception classes are imported here, once a command failed."""
-    from .distributed import outlive_rank_zero, rank
+    from .distributed import is_distributed, outlive_rank_zero, rank
     from .engine import NonFiniteLossError, TrainingInterrupted
     from .sweeps.launch import SweepInterrupted
 
@@ -383,9 +383,13 @@ def _exit_on(command: str, err: Exception) -> None:
     user_error = isinstance(err, _user_errors())
     if user_error or (isinstance(err, RuntimeError) and command not in ("fit", "pretrain")):
         message = f"coretune {command}: error: {_error_message(err)}"
-        if isinstance(err, NonFiniteLossError) and rank() != 0:  # raised by every DDP process together
-            print(message, file=sys.stderr)
-            outlive_rank_zero()
+        if isinstance(err, NonFiniteLossError) and is_distributed():  # every DDP process raises it together
+            # one write per line: print and sys.exit write the newline apart, and two processes sharing stderr
+            # then run their lines together
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+            if rank() != 0:
+                outlive_rank_zero()
             sys.exit(1)
         sys.exit(message)
 

@@ -1028,6 +1028,37 @@ def test_a_run_whose_training_accuracy_collapses_to_chance_fails(tree: Path, tmp
     assert results["diverged"] == message  # every NonFiniteLossError is recorded, a collapse to chance too
 
 
+@pytest.mark.parametrize(
+    ("top1", "mean_ce", "verdict"),
+    [
+        (0.060, None, "chance level"),  # within 3σ of 5% on 1,840 images (bound 6.5%)
+        (0.078, 12.0, "no better than chance"),  # the issue's ImageNet20 run: above 3σ, its logits blown up
+        (0.078, 3.0, "no better than chance"),  # a cross-entropy of ln 20 = 2.996: a uniform guess
+        (0.078, 2.9, None),  # a little better than guessing: a slow start, not a collapse
+        (0.120, 12.0, None),  # more than twice chance: learning, if badly calibrated
+        (0.078, None, None),  # no logits (a task that returns none): the 3σ rule alone
+    ],
+)
+def test_chance_verdict_catches_the_issues_imagenet20_collapse(
+    top1: float, mean_ce: float | None, verdict: str | None
+) -> None:
+    """Issue 41, part 3: Core-tuning at lr 0.1 on 20 classes sat at 7.8% training top-1 — above the 3σ bound of
+    the ~1,850 images an epoch of 10% of ImageNet20 trains on, so the top-1 rule alone let it end as a success."""
+    from coretune.engine.callbacks import chance_verdict
+
+    counts = torch.full((20,), 92)
+    said = chance_verdict(top1, counts, mean_ce)
+    assert (said is None) if verdict is None else (said is not None and said.startswith(verdict)), said
+    if verdict == "no better than chance":
+        assert said.endswith(f"{mean_ce:.3g} is no lower than that of guessing the class frequencies (3), and a model "
+                             "that learned nothing scores 5.0% on these labels")  # fmt: skip
+    # unbalanced labels: the floor is the largest class's share and the entropy is below ln K
+    skewed = torch.tensor([600, 100, 100, 100, 100])
+    assert chance_verdict(0.62, skewed, None) is not None and chance_verdict(0.70, skewed, None) is None
+    assert chance_verdict(0.70, skewed, 1.23) is not None and chance_verdict(0.70, skewed, 1.22) is None  # H = 1.2275
+    assert chance_verdict(0.85, skewed, 5.0) is None  # past halfway from the floor (60%) to 100%: learning
+
+
 @pytest.mark.parametrize(("min_fraction", "first"), [(0.1, 2), (0.5, 3)])
 def test_chance_level_warns_once_then_stops_after_patience_epochs(
     tree: Path, tmp_path: Path, min_fraction: float, first: int

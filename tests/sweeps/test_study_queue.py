@@ -38,9 +38,9 @@ def test_it_needs_the_checkout_that_receives_the_records(tmp_path: Path) -> None
 
 
 def test_every_queued_row_is_in_its_spec() -> None:
-    assert set(SPECS) == {"MEMORY", "ADV", "TABLE1", "STRENGTH", "STRENGTH_1PCT"}
+    assert set(SPECS) == {"MEMORY", "ADV", "LR01", "TABLE1", "STRENGTH", "STRENGTH_1PCT"}
     loops = re.findall(r'for obj in ([^;]+); do\s+(fit "\$([A-Z0-9_]+)"|adversarial)', TEXT)
-    assert len(loops) == 3
+    assert len(loops) == 4
     for objectives, _call, variable in loops:
         spec = variable or "ADV"
         missing = set(objectives.split()) - _names(spec)
@@ -130,7 +130,7 @@ def _recorded(main: Path, name: str, file: str = "results.json") -> list[str]:
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("flock") is None, reason="needs bash and flock")
 def test_the_queue_records_every_run_and_a_new_machine_resumes_from_the_records(queue: tuple[Path, Path, Path]) -> None:
     worktree, main, log = queue
-    diverge = "at_core_linf/1/cifar10,delta/0/cifar10"  # results too: recorded, never fitted again
+    diverge = "at_core_linf/1/cifar10,delta/0/cifar10,core_noclip/0/cifar10"  # results: recorded, never fitted again
     stub = {"QUEUE_STUB_DIVERGE": diverge, "QUEUE_STUB_STRONGEST": "simclr_e15"}  # its 1% rows: after a pre-training
     done = _run(worktree, main, log, QUEUE_STUB_FAIL="core/2/simclr_e5", **stub)
     assert done.returncode == 1, done.stdout + done.stderr  # the other runs went on; the failure is named at the end
@@ -142,6 +142,8 @@ def test_the_queue_records_every_run_and_a_new_machine_resumes_from_the_records(
     assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results_autoattack.json")) == 4  # seed 0
     assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results_sanity_linf8.json")) == 3  # ce
     assert len(_recorded(main, "cifar10-cpu-10pct-table1")) == 33  # 27 fitted; ce and core: the memory study's
+    assert len(_recorded(main, "cifar10-cpu-10pct-lr01")) == 2  # the clipped run and the collapse
+    assert "DIVERGED: cifar10-cpu-10pct-lr01 core_noclip seed 0" in done.stdout
     assert len(_recorded(main, "cifar10-cpu-strength")) == 44  # one failed fine-tune: the others went on
     assert len(_recorded(main, "cifar10-cpu-strength-1pct")) == 18
     assert len(_recorded(main, "cifar10-cpu-strength-eval", ".json")) == 10

@@ -29,6 +29,7 @@ from .module import NonFiniteLossError
 __all__ = [
     "ChanceLevelGuard",
     "RunArtifacts",
+    "chance_verdict",
     "epoch_summary",
     "plot_learning_curves",
     "read_metrics",
@@ -300,17 +301,44 @@ class RunArtifacts(L.Callback):
             trainer.strategy.barrier("coretune-diverged")
 
 
+def chance_verdict(top1: float, counts: torch.Tensor, mean_ce: float | None = None) -> str | None:
+    """Why an epoch's training accuracy is at chance, or ``None`` (:class:`ChanceLevelGuard`).
+
+    With ``K`` classes and ``counts`` the epoch's training labels per class (``n`` in all), a model that learned
+    nothing scores ``floor = max(1/K, the most frequent class's share)``. The epoch is at chance when its training
+    top-1 is within 3 binomial standard errors of that, ``top1 <= floor + 3·√(floor(1 - floor)/n)``; or when it is
+    at most ``min(2·floor, (1 + floor)/2)`` while the classifier's mean cross-entropy on the training rows,
+    ``mean_ce``, is no better than that of predicting the class frequencies, their entropy ``H = -Σ p_k ln p_k``
+    (``ln K`` for balanced classes): a collapsed run's logits blow up (section 7 of docs/results.md: CE 30–46)
+    while its top-1 wanders a little above chance (issue 41's ImageNet20 run: 7.8% on 20 classes, above the 3σ
+    bound of its ~1,850 images per epoch).
+    """
+    seen = int(counts.sum())
+    shares = counts[counts > 0].double() / seen
+    floor = max(1 / len(counts), float(shares.max()))
+    learned_nothing = f"a model that learned nothing scores {100 * floor:.1f}% on these labels"
+    if top1 <= floor + 3 * math.sqrt(floor * (1 - floor) / seen):
+        return f"chance level ({learned_nothing})"
+    entropy = float(-(shares * shares.log()).sum())
+    if mean_ce is not None and top1 <= min(2 * floor, (1 + floor) / 2) and mean_ce >= entropy:
+        return (
+            f"no better than chance: its cross-entropy {mean_ce:.3g} is no lower than that of guessing the class "
+            f"frequencies ({entropy:.3g}), and {learned_nothing}"
+        )
+    return None
+
+
 class ChanceLevelGuard(L.Callback):
     """Stops a fine-tuning run whose training accuracy has collapsed to chance, instead of letting it end looking
     like a success.
 
-    An epoch is *at chance* when its training top-1 (``train/top1``) is within 3 binomial standard errors of the
-    best a model that learned nothing scores: ``max(1/K, the most frequent class's share of the epoch's training
-    labels)``. From the second epoch, ``min_steps`` optimiser steps and ``min_fraction`` of the run's steps on (a
-    slow start, e.g. from a random initialisation on a few hundred images, is not a collapse), the first such epoch
-    warns; ``patience`` consecutive ones, or the last epoch of the run, raise :class:`NonFiniteLossError`
-    (``coretune fit`` then exits with one line naming the fix), after ``results.json`` has recorded ``collapsed``.
-    Runs that log no ``train/top1`` (pre-training) are left alone.
+    An epoch is *at chance* as :func:`chance_verdict` decides from its training top-1 (``train/top1``), its
+    training labels and the classifier's mean cross-entropy on the training rows (from the logits
+    ``training_step`` returns). From the second epoch, ``min_steps`` optimiser steps and ``min_fraction`` of the
+    run's steps on (a slow start, e.g. from a random initialisation on a few hundred images, is not a collapse),
+    the first such epoch warns; ``patience`` consecutive ones, or the last epoch of the run, raise
+    :class:`NonFiniteLossError` (``coretune fit`` then exits with one line naming the fix), after ``results.json``
+    has recorded ``collapsed``. Runs that log no ``train/top1`` (pre-training) are left alone.
     """
 
     def __init__(
@@ -319,11 +347,13 @@ class ChanceLevelGuard(L.Callback):
         self._run_dir = Path(run_dir) if run_dir is not None else None
         self.min_steps, self.patience, self.min_fraction = min_steps, patience, min_fraction
         self._counts: torch.Tensor | None = None
+        self._ce_sum, self._ce_rows = 0.0, 0
         self._streak = 0
         self._warned = False
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._counts = None
+        self._ce_sum, self._ce_rows = 0.0, 0
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -335,26 +365,29 @@ class ChanceLevelGuard(L.Callback):
             return
         counts = torch.bincount(labels.detach().cpu(), minlength=classes)
         self._counts = counts if self._counts is None else self._counts + counts
+        if isinstance(outputs, dict) and isinstance(outputs.get("logits"), torch.Tensor):
+            logits, targets = outputs["logits"], outputs["targets"]
+            ce = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+            self._ce_sum, self._ce_rows = self._ce_sum + float(ce), self._ce_rows + len(targets)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         top1 = trainer.callback_metrics.get("train/top1")
         if top1 is None or self._counts is None or trainer.sanity_checking:
             return
-        seen = int(self._counts.sum())
-        floor = max(1 / len(self._counts), float(self._counts.max()) / seen)
-        bound = floor + 3 * math.sqrt(floor * (1 - floor) / seen)
+        mean_ce = self._ce_sum / self._ce_rows if self._ce_rows else None
+        verdict = chance_verdict(float(top1), self._counts, mean_ce)
         total = trainer.estimated_stepping_batches  # inf for an unbounded run
         first_step = max(self.min_steps, self.min_fraction * total if math.isfinite(total) else 0)
         started = trainer.current_epoch >= 1 and trainer.global_step >= first_step
-        at_chance = trainer.strategy.reduce_boolean_decision(bool(started and float(top1) <= bound), all=True)
+        at_chance = trainer.strategy.reduce_boolean_decision(bool(started and verdict is not None), all=True)
         self._streak = self._streak + 1 if at_chance else 0
         if not at_chance:
             return
         epoch, length = trainer.current_epoch, trainer.max_epochs or 0
         last = length > 0 and epoch + 1 >= length  # max_epochs -1 (unbounded): no last epoch
         what = (
-            f"the training top-1 is {100 * float(top1):.1f}% at epoch {epoch + 1}, step {trainer.global_step}: chance "
-            f"level (a model that learned nothing scores {100 * floor:.1f}% on these labels)"
+            f"the training top-1 is {100 * float(top1):.1f}% at epoch {epoch + 1}, step {trainer.global_step}: "
+            f"{verdict or 'chance level on another process'}"
         )
         fix = (
             "the run collapsed or is not learning. Clip the gradients (--trainer.gradient_clip_val 1.0) or lower the "

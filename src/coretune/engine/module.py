@@ -613,7 +613,9 @@ class FineTuner(L.LightningModule):
         """The training batch the backbone sees: :attr:`batch_transform`'s result, or ``batch`` itself."""
         return batch if self.batch_transform is None else self.batch_transform(self, batch)
 
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor | dict[str, Tensor]:
+        """The objective's loss on the batch; for classification also the classifier's logits on the training rows
+        and their labels (detached), from which :class:`~coretune.engine.ChanceLevelGuard` tells a collapse."""
         # Every draw depends on (seed, step) only, so a run resumed from a checkpoint repeats the uninterrupted run
         # exactly (the data module does the same per image). The backbone's own draws (dropout, stochastic depth)
         # also depend on the process, like its images; the objective's (mixup weights, random negatives) do not,
@@ -653,6 +655,8 @@ class FineTuner(L.LightningModule):
             on_epoch=True,
             batch_size=bs,
         )
+        if y.dim() == 1 and out.logits.dim() == 2 and len(out.logits) == len(y):
+            return {"loss": out.loss, "logits": out.logits.detach(), "targets": y}
         return out.loss
 
     def _training_blowup(self, out: Any, z: Tensor, batch_idx: int, failed: list[int]) -> str:

@@ -82,8 +82,10 @@ class BiTuning(Objective):
       projector at the heads' lr);
     - soft-label cross-entropies instead of KL divergences (the same gradients, see above);
     - under DDP the loss and the queues use the batch gathered from every process (``gather``);
-    - tllib's example trains with weight decay 5e-4, batch 48 and a step learning-rate schedule; coretune uses the
-      recipe a run is given (the Table 1 spec: weight decay 1e-4, batch 64, cosine), as for every method.
+    - tllib's example trains with weight decay 5e-4, batch 48, a step learning-rate schedule and, for a MoCo
+      backbone, lr 0.1 on every layer; coretune uses the recipe a run is given (the Table 1 spec: lr 0.01,
+      weight decay 1e-4, batch 64, cosine), as for every method: the same recipe for every row is what makes
+      the table a comparison of methods.
 
     Terms: ``ce``, ``cce``, ``ccl``, ``loss``.
 

@@ -55,7 +55,8 @@ def _seed_average(row: list[Cell]) -> Cell:
     by_seed = [dict(zip(cell.seeds, cell.values, strict=True)) for cell in row]
     seeds = [s for s in row[0].seeds if all(s in values for values in by_seed)] if row else []
     averages = tuple(float(np.mean([values[s] for values in by_seed])) for s in seeds)
-    return Cell(row[0].objective, "avg", row[0].label_fraction, averages, tuple(seeds))
+    rebuilt = tuple(s for s in seeds if any(s in cell.reconstructed for cell in row))
+    return Cell(row[0].objective, "avg", row[0].label_fraction, averages, tuple(seeds), rebuilt)
 
 
 def _selections(spec: BenchSpec) -> dict[str, list[dict[str, Any]]]:
@@ -228,12 +229,23 @@ def _significance(spec: BenchSpec, cells: Cells, layout: TableLayout) -> list[st
         "| Column | Method | Δ (pp) | 2 s_p (pp) | beyond 2σ | paired Δ per seed (pp) | paired t (p) |",
         "|---|---|:-:|:-:|:-:|:-:|:-:|",
     ]
+    marked = False
     for col_label, label, c in _comparisons(spec, cells, layout):
+        rebuilt = "†" if c.reconstructed else ""  # the means and the pooled std use every seed of both cells
+        on_pair = "†" if set(c.paired_seeds) & set(c.reconstructed) else ""
+        marked = marked or bool(rebuilt)
         verdict = "n/a" if c.beyond_two_std is None else ("yes" if c.beyond_two_std else "no")
-        two_sp = f"{2 * c.pooled_std:.2f}" if c.beyond_two_std is not None else "–"
-        per_seed = " / ".join(f"{d:+.2f}" for d in c.paired) or "–"
-        t_test = "–" if math.isnan(c.paired_t) else f"{c.paired_t:.1f} ({c.paired_p:.2g})"
-        lines.append(f"| {col_label} | {label} | {c.diff:+.2f} | {two_sp} | {verdict} | {per_seed} | {t_test} |")
+        two_sp = f"{2 * c.pooled_std:.2f}{rebuilt}" if c.beyond_two_std is not None else "–"
+        per_seed = (
+            " / ".join(f"{d:+.2f}{'†' * (s in c.reconstructed)}" for d, s in zip(c.paired, c.paired_seeds, strict=True))
+            or "–"
+        )
+        t_test = "–" if math.isnan(c.paired_t) else f"{c.paired_t:.1f} ({c.paired_p:.2g}){on_pair}"
+        lines.append(
+            f"| {col_label} | {label} | {c.diff:+.2f}{rebuilt} | {two_sp} | {verdict} | {per_seed} | {t_test} |"
+        )
+    if marked:
+        lines += ["", "† Rests, wholly or in part, on reconstructed records (marked † in the table above)."]
     return lines
 
 

@@ -54,7 +54,8 @@ class Comparison:
     subset, the new heads' initialisation, the batches and the augmentations, so the per-seed differences are
     free of that variation. ``paired_t`` = mean / (std / √n) of those differences (n − 1 degrees of freedom) and
     ``paired_p`` its two-sided p-value (:func:`scipy.stats.ttest_rel`); NaN below two pairs or when every pair
-    differs by the same amount.
+    differs by the same amount. ``paired_seeds``: the seed of each paired difference; ``reconstructed``: the seeds
+    whose record is reconstructed in either cell (the tables mark what rests on them with †).
     """
 
     diff: float
@@ -63,6 +64,8 @@ class Comparison:
     paired: tuple[float, ...] = ()
     paired_t: float = math.nan
     paired_p: float = math.nan
+    paired_seeds: tuple[int, ...] = ()
+    reconstructed: tuple[int, ...] = ()
 
 
 def compare(a: Cell, b: Cell) -> Comparison:
@@ -76,6 +79,8 @@ def compare(a: Cell, b: Cell) -> Comparison:
     by_seed = dict(zip(b.seeds, b.values, strict=False))  # seeds unknown (empty): nothing is paired
     pairs = [(v, by_seed[s]) for s, v in zip(a.seeds, a.values, strict=False) if s in by_seed]
     paired = tuple(x - y for x, y in pairs)
+    seeds = tuple(s for s in a.seeds if s in by_seed)
+    rebuilt = tuple(sorted(set(a.reconstructed) | set(b.reconstructed)))
     t, p = math.nan, math.nan
     if len(paired) >= 2 and float(np.std(paired, ddof=1)) > 0:
         from scipy.stats import ttest_rel
@@ -83,6 +88,6 @@ def compare(a: Cell, b: Cell) -> Comparison:
         test = ttest_rel(*zip(*pairs, strict=True))
         t, p = float(test.statistic), float(test.pvalue)
     if a.n < 2 or b.n < 2:
-        return Comparison(diff, math.nan, None, paired, t, p)
+        return Comparison(diff, math.nan, None, paired, t, p, seeds, rebuilt)
     pooled = math.sqrt(((a.n - 1) * a.std**2 + (b.n - 1) * b.std**2) / (a.n + b.n - 2))
-    return Comparison(diff, pooled, bool(abs(diff) > 2 * pooled), paired, t, p)
+    return Comparison(diff, pooled, bool(abs(diff) > 2 * pooled), paired, t, p, seeds, rebuilt)

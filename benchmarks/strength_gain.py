@@ -34,6 +34,7 @@ from coretune.cli import main as coretune
 from coretune.models import weights_digest
 from coretune.rundir import RunDir
 from coretune.sweeps import BenchSpec, BenchSpecError, Run, collect_cells
+from coretune.sweeps.records import OtherFitArgs
 from coretune.sweeps.stats import Cell, compare
 
 EVAL_DIR = Path("docs/records/cifar10-cpu-strength-eval")
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rows = gains(specs, args.eval_dir)
         table = markdown(rows) + diverged(specs)
-    except ValueError as error:  # a run folder started with other fit arguments than its spec's (collect_cells)
+    except OtherFitArgs as error:  # a run folder started with other fit arguments than its spec's (collect_cells)
         parser.error(str(error))
     print(table)
     if args.markdown is not None:

@@ -150,7 +150,7 @@ NOT_A_RADIUS = "PGD {name} must be a number or a fraction in [0, 1] pixel units 
         (
             {"eps": 8},
             "PGD linf eps must be <= 1 in [0, 1] pixel units, got 8: a ball that holds every image. Write "
-            "grey levels as a fraction (--adversarial.eps 8/255)",
+            "grey levels as a fraction (8/255)",
         ),
         ({"step_size": 0.0}, "PGD step_size must be > 0 (or None for 2.5·eps/steps), got 0.0"),
         ({"step_size": -1.0}, "PGD step_size must be > 0 (or None for 2.5·eps/steps), got -1.0"),

@@ -153,7 +153,7 @@ class PGD:
         if norm == "linf" and eps > 1:
             raise ValueError(
                 f"PGD linf eps must be <= 1 in [0, 1] pixel units, got {eps:g}: a ball that holds every image. Write "
-                f"grey levels as a fraction (--adversarial.eps {eps:g}/255)"
+                f"grey levels as a fraction ({eps:g}/255)"
             )
         if isinstance(steps, bool) or not float(steps).is_integer():
             raise ValueError(f"PGD steps must be a whole number, got {steps!r}")

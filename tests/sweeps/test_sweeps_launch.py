@@ -79,6 +79,7 @@ def test_status_lists_a_run_of_other_arguments_beside_the_rest(
     # one stale folder no longer hides the whole sweep's progress: --status shows it and what to do, and goes on
     from sweep_helpers import fabricate
 
+    from coretune.runclaim import claim_run
     from coretune.sweeps import collect_cells
 
     monkeypatch.setenv("COLUMNS", "200")
@@ -97,6 +98,8 @@ def test_status_lists_a_run_of_other_arguments_beside_the_rest(
     assert "other fit arguments: delete the folder to redo it" in out and "60.00" in out
     assert "1 of 2 runs finished, 1 started with other fit arguments (refused by runs and tables until their" in out
     assert "fitting left" not in out and "time left unknown" not in out  # nothing a sweep would fit
+    claim_run(ce)  # an older spec's sweep fits it right now: not a folder to delete
+    assert collect_cells(spec, other_args="list")[1][0].progress == "other fit arguments, running now (another sweep's)"
 
 
 def test_sweep_runs_fits_then_skips_finished_runs(image_tree: Path, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..rundir import RunDir
-from .records import RunRecord, check_run_args, run_progress, run_score_name, run_top1
+from .records import OtherFitArgs, RunRecord, check_run_args, run_progress, run_score_name, run_top1
 from .spec import BenchSpec, Run
 from .stats import Cell
 
@@ -66,17 +66,22 @@ def collect_cells(
         key = (run.objective, run.dataset, run.label_fraction)
         values.setdefault(key, [])
         seeds.setdefault(key, [])
+        files = RunDir(run.run_dir)
         try:
             check_run_args(run.args, run.run_dir)
-        except ValueError:
+        except OtherFitArgs:
             if other_args == "refuse":
                 raise
+            what = (
+                "other fit arguments, running now (another sweep's)"
+                if files.live_claim() is not None
+                else "other fit arguments: delete the folder to redo it"
+            )
             rows.append(RunRecord(
-                run.dataset, run.objective, run.label_fraction, run.seed, "other_args",
-                "other fit arguments: delete the folder to redo it", None, None, None, None, None, None, run.run_dir,
+                run.dataset, run.objective, run.label_fraction, run.seed, "other_args", what,
+                None, None, None, None, None, None, run.run_dir,
             ))  # fmt: skip
             continue
-        files = RunDir(run.run_dir)
         results = files.read_results()
         test = results.get("test") or {}
         if test:

@@ -17,6 +17,7 @@ from ..tasks import DEFAULT_TASK, TASKS
 from .spec import Metric, check_val_split
 
 __all__ = [
+    "OtherFitArgs",
     "RunRecord",
     "RunStatus",
     "check_run_args",
@@ -155,15 +156,23 @@ def run_top1(run_dir: str | Path, metric: Metric = "test") -> float:
     return 100 * final_val_top1(run.metrics)
 
 
+class OtherFitArgs(ValueError):
+    """A run directory was started with other fit arguments than the spec's (:func:`check_run_args`)."""
+
+
 def check_run_args(args: Sequence[str], run_dir: str | Path) -> None:
     """Refuse to skip, resume or table a run directory that was started with other fit arguments than the spec's
-    (its ``fit_args.json``): a table must not put runs of other settings side by side."""
+    (its ``fit_args.json``): a table must not put runs of other settings side by side.
+
+    Raises:
+        OtherFitArgs: naming the run, both argument lists and the fix.
+    """
     path = RunDir(run_dir).fit_args
     if not path.is_file():
         return
     before = json.loads(path.read_text())
     if before != list(args):
-        raise ValueError(
+        raise OtherFitArgs(
             f"run directory {run_dir} was started with other fit arguments (recorded in {path}): "
             f"{shlex.join(before)}  ≠  {shlex.join(args)}. Delete that directory to redo the run with the new "
             "arguments, or point the sweep at a new output folder"

@@ -81,6 +81,8 @@ def test_a_sweep_skips_the_runs_another_process_is_running(
         rf"↷ d/ce/frac1/seed1 skipped: .*seed1 is being run by another process \(pid {other_process.pid}\)", out
     )
     assert "1 run(s) skipped: another process is running them" in out
+    assert "▶ d/ce/frac1/seed1" not in out  # no "started" line for a run this sweep did not start
+    assert "▶ d/ce/frac1/seed0 started" in out and "▶ d/ce/frac1/seed2 started" in out
     assert sorted(os.listdir(busy)) == ["fit.pid"]  # nothing of the other process's run touched
     assert (tmp_path / "launches.txt").read_text().split() == [str(r.run_dir) for r in spec.subset(seeds=[0, 2]).runs()]
     main(["bench", str(config), "--status"])

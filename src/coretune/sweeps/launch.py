@@ -501,7 +501,8 @@ def _timed_launch(
     if stop.signum is not None or files.is_finished() or files.divergence() is not None:
         return None
     env = slots.get()  # the pool has one thread per slot: never waits
-    bars.started(run)
+    if files.live_claim() is None:  # else launch_fit refuses it (RunInUse): no "started" line for it
+        bars.started(run)
     try:
         start = time.perf_counter()
         code = launch_fit(run.args, run.run_dir, env, stop, log_args)

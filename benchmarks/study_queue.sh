@@ -265,8 +265,10 @@ score() {  # [COLUMN...]
   [ $# -gt 0 ] && only=(--only_datasets "$@")
   "$BIN/python" benchmarks/strength_gain.py evaluate "$STRENGTH" --eval_dir "$MAIN/$scores" --refuse_stale \
     "${only[@]}" | tee runs/strength_eval.txt || {
-    say "stopped at strength_gain.py evaluate $* (above). If a checkpoint differs from the one scored: move that"
-    say "column's runs and its two eval files out of docs/records and runs/bench, commit, and re-run the queue"
+    say "stopped at strength_gain.py evaluate $* (above). If a checkpoint differs from the one scored (re-made on"
+    say "another machine), move the runs and the two eval files of EVERY column its pre-training made (simclr:"
+    say "simclr_e5 and simclr_e15; moco_v2: moco_v2_e15; their 1% runs too) out of docs/records and runs/bench,"
+    say "commit, and re-run the queue (moving one column alone stops the queue again at the other)"
     return 1
   }
   commit "$scores" "records: strength study, kNN and linear probe of ${*:-every checkpoint}"

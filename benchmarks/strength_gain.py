@@ -92,7 +92,8 @@ def evaluate(spec: BenchSpec, eval_dir: Path, columns: Sequence[str] | None = No
         raise SystemExit(
             "re-made since scored, so its fine-tuning runs came from another file: "
             + "; ".join(f"{name}: {why}" for name, why in remade.items())
-            + ". Move that column's runs and its eval files aside (or drop --refuse_stale to score it again)"
+            + ". Move the runs and eval files of every column its pre-training made aside (SimCLR makes two), or drop "
+            "--refuse_stale to score it again"
         )
     for name, args in found.items():
         if name in remade:

@@ -308,7 +308,7 @@ def chance_verdict(top1: float, counts: torch.Tensor, mean_ce: float | None = No
     nothing scores ``floor = max(1/K, the most frequent class's share)``. The epoch is at chance when its training
     top-1 is within 3 binomial standard errors of that, ``top1 <= floor + 3·√(floor(1 - floor)/n)``; or when it is
     at most ``min(2·floor, (1 + floor)/2)`` while the classifier's mean cross-entropy on the training rows,
-    ``mean_ce``, is within 5% of that of predicting the class frequencies, their entropy ``H = -Σ p_k ln p_k``
+    ``mean_ce``, is at least 95% of that of predicting the class frequencies, their entropy ``H = -Σ p_k ln p_k``
     (``ln K`` for balanced classes): a collapsed run's features shrink to nothing, its logits to the classifier's
     bias, and its cross-entropy settles just under ``H`` while its top-1 wanders a little above chance (Core-tuning
     at lr 0.1 on CIFAR-10: 11.5% and 2.28 against ln 10 = 2.30, docs/benchmarks.md, "Why Core-tuning collapses at
@@ -324,7 +324,7 @@ def chance_verdict(top1: float, counts: torch.Tensor, mean_ce: float | None = No
     entropy = float(-(shares * shares.log()).sum())
     if mean_ce is not None and top1 <= min(2 * floor, (1 + floor) / 2) and mean_ce >= 0.95 * entropy:
         return (
-            f"no better than chance: its cross-entropy {mean_ce:.3g} is within 5% of that of guessing the class "
+            f"no better than chance: its cross-entropy {mean_ce:.3g} is at least 95% of that of guessing the class "
             f"frequencies ({entropy:.3g}), and {learned_nothing}"
         )
     return None

@@ -501,9 +501,9 @@ def _timed_launch(
     if stop.signum is not None or files.is_finished() or files.divergence() is not None:
         return None
     env = slots.get()  # the pool has one thread per slot: never waits
-    if files.live_claim() is None:  # else launch_fit refuses it (RunInUse): no "started" line for it
-        bars.started(run)
     try:
+        if files.live_claim() is None:  # else launch_fit refuses it (RunInUse): no "started" line for it
+            bars.started(run)
         start = time.perf_counter()
         code = launch_fit(run.args, run.run_dir, env, stop, log_args)
         return None if code is None else (code, time.perf_counter() - start)

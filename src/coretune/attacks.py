@@ -21,15 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = [
-    "PGD",
-    "Norm",
-    "NormalizedModel",
-    "check_pixel_images",
-    "eval_mode",
-    "pgd",
-    "pixel_radius",
-]
+__all__ = ["PGD", "Norm", "NormalizedModel", "check_pixel_images", "eval_mode", "pgd", "pixel_radius"]
 
 Norm = Literal["linf", "l2"]
 NORMS: tuple[str, ...] = get_args(Norm)

@@ -349,7 +349,8 @@ class ChanceLevelGuard(L.Callback):
         self._run_dir = Path(run_dir) if run_dir is not None else None
         self.min_steps, self.patience, self.min_fraction = min_steps, patience, min_fraction
         self._counts: torch.Tensor | None = None
-        self._ce_sum, self._ce_rows = 0.0, 0
+        self._ce_sum: torch.Tensor | float = 0.0  # a tensor on the logits' device: no sync per step
+        self._ce_rows = 0
         self._streak = 0
         self._warned = False
 
@@ -370,13 +371,13 @@ class ChanceLevelGuard(L.Callback):
         if isinstance(outputs, dict) and isinstance(outputs.get("logits"), torch.Tensor):
             logits, targets = outputs["logits"], outputs["targets"]
             ce = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
-            self._ce_sum, self._ce_rows = self._ce_sum + float(ce), self._ce_rows + len(targets)
+            self._ce_sum, self._ce_rows = self._ce_sum + ce, self._ce_rows + len(targets)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         top1 = trainer.callback_metrics.get("train/top1")
         if top1 is None or self._counts is None or trainer.sanity_checking:
             return
-        mean_ce = self._ce_sum / self._ce_rows if self._ce_rows else None
+        mean_ce = float(self._ce_sum) / self._ce_rows if self._ce_rows else None
         verdict = chance_verdict(float(top1), self._counts, mean_ce)
         total = trainer.estimated_stepping_batches  # inf for an unbounded run
         first_step = max(self.min_steps, self.min_fraction * total if math.isfinite(total) else 0)
@@ -389,7 +390,7 @@ class ChanceLevelGuard(L.Callback):
         last = length > 0 and epoch + 1 >= length  # max_epochs -1 (unbounded): no last epoch
         what = (
             f"the training top-1 is {100 * float(top1):.1f}% at epoch {epoch + 1}, step {trainer.global_step}: "
-            f"{verdict or 'chance level on another process'}"
+            f"{verdict}"  # not None: every process found its epoch at chance (all=True)
         )
         fix = (
             "the run collapsed or is not learning. Clip the gradients (--trainer.gradient_clip_val 1.0) or lower the "

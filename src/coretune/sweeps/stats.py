@@ -77,9 +77,10 @@ def compare(a: Cell, b: Cell) -> Comparison:
     """
     diff = a.mean - b.mean
     by_seed = dict(zip(b.seeds, b.values, strict=False))  # seeds unknown (empty): nothing is paired
-    pairs = [(v, by_seed[s]) for s, v in zip(a.seeds, a.values, strict=False) if s in by_seed]
+    matched = [(s, v, by_seed[s]) for s, v in zip(a.seeds, a.values, strict=False) if s in by_seed]
+    pairs = [(x, y) for _, x, y in matched]
     paired = tuple(x - y for x, y in pairs)
-    seeds = tuple(s for s in a.seeds if s in by_seed)
+    seeds = tuple(s for s, _, _ in matched)
     rebuilt = tuple(sorted(set(a.reconstructed) | set(b.reconstructed)))
     t, p = math.nan, math.nan
     if len(paired) >= 2 and float(np.std(paired, ddof=1)) > 0:

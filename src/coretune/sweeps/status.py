@@ -61,14 +61,14 @@ def print_status(spec: BenchSpec, console: Any, whole: BenchSpec | None = None) 
     states = ("finished", "running", "diverged", "unfinished", "missing", "other_args")
     counts = {s: sum(r.status == s for r in rows) for s in states}
     console.print(table)
-    diverged = f"{counts['diverged']} diverged (not run again), " if counts["diverged"] else ""
+    set_aside = f"{counts['diverged']} diverged (not run again), " if counts["diverged"] else ""
     if counts["other_args"]:
-        diverged += (
+        set_aside += (
             f"{counts['other_args']} started with other fit arguments (refused by runs and tables until their folders "
             "are deleted or the output changes), "
         )
     console.print(
-        f"{spec.name}: {counts['finished']} of {len(rows)} runs finished, {diverged}"
+        f"{spec.name}: {counts['finished']} of {len(rows)} runs finished, {set_aside}"
         f"{counts['running'] + counts['unfinished']} started ({counts['running']} running now), {counts['missing']} "
         f"not started ({spec.output})",
         highlight=False,

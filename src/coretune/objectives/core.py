@@ -38,7 +38,9 @@ class CoreTuning(Objective):
 
     Ablation switches (Table 2, Appendix E): ``focal`` (``L^f_con`` vs ``L_con``); ``mixing`` = ``"hard"``
     (mix-H), ``"manifold"`` (manifold mixup of random pairs, classifier only; the contrast then uses SupCon on
-    the originals) or ``"none"``; ``smooth_classifier`` (CE on the generated rows); ``classifier_pairs``
+    the originals; one ``λ ~ Beta(α, α)`` per row and the CE on the originals kept, where
+    :class:`~coretune.objectives.ManifoldMixup`, Verma et al.'s form, draws one ``λ`` per batch and trains on the
+    mixed rows only) or ``"none"``; ``smooth_classifier`` (CE on the generated rows); ``classifier_pairs``
     (``"both"`` generated rows or only ``"negatives"``); ``original_positives`` (off: only ``z⁺`` is a
     positive). ``eta = 0`` drops the contrastive term and its projection head. ``generated_pairs``: ``"all"``
     puts every generated row of the batch into each anchor's ``A_i``, as the authors' code does; ``"own"`` is

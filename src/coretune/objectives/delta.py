@@ -143,7 +143,9 @@ class DELTA(Objective):
     - uniform attention divides by ``H_j W_j`` (see above);
     - stage outputs are read as channel-first maps ``(B, C, *spatial)``, as CNNs produce (a transformer
       block's ``(B, N, C)`` tokens would be taken for ``N`` channels);
-    - the optimiser and schedule are the engine's (``--model.*``), not the authors' step decay.
+    - the optimiser and schedule are the engine's (``--model.*``), not the authors' step decay;
+    - under bf16 autocast (coretune's default where the hardware supports it) both models' feature maps are
+      bf16; their difference and its squared norm are taken in float32. The reference trains in float32.
 
     Wiring: :meth:`attach_backbone` keeps a frozen copy of the pre-trained backbone (outside the module
     registration: not trainable, not in ``parameters()`` or ``state_dict()``, moved lazily to the data's

@@ -35,7 +35,9 @@ class ManifoldMixup(Objective):
       objective;
     - the loss is the cross-entropy with the mixed (soft) labels, where the authors' ``supervised/main.py`` trains
       with ``BCELoss(softmax(logits), mixed one-hot labels)`` (a binary cross-entropy per class on the softmax
-      outputs, averaged over classes and rows): another loss, with other gradients, for the same targets.
+      outputs, averaged over classes and rows): another loss, with other gradients, for the same targets;
+    - it fine-tunes a pre-trained encoder with the engine's optimiser and schedule (``--model.*``), where the
+      paper trains from a random initialisation (SGD, lr 0.1, step decay).
 
     Terms: ``ce_mix``, ``loss``.
 

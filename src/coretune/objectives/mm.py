@@ -45,7 +45,9 @@ class MixAndMatch(Objective):
     M&M's "match" stage trains the features with a triplet loss over class-consistent pairs; here the triplets
     are mined in the batch (hardest positive and hardest negative of each anchor by Euclidean distance ``d``
     of the L2-normalised encoder features, :func:`batch_hard_triplet_loss`); anchors without a positive or a
-    negative are skipped. Margin ``m = 0.3``, weight ``γ = 1``.
+    negative are skipped. Margin ``m = 0.3``, a usual margin of the batch-hard triplet loss in person
+    re-identification (e.g. Luo et al.'s "Bag of Tricks", 2019); weight ``γ = 1``, the plain sum. Neither comes
+    from M&M's authors, who give no classification settings, and neither was tuned.
 
     Differences from the reference code: this is coretune's classification form of M&M's "match" stage, not
     the authors' method, which fine-tunes for segmentation from a graph of class-consistent patch pairs

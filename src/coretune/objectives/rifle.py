@@ -34,7 +34,8 @@ class RIFLE(Objective):
     Differences from the reference code (the authors' ``train.py``): the classifier's optimiser state (momentum)
     is cleared at each re-initialisation, where ``train.py`` keeps it; the optional cyclic learning rate of the
     classifier (``--fc_lr_util cyclic``, off in ``run.sh``) is not implemented (the engine's schedule drives
-    every layer).
+    every layer); the optimiser, batch size and schedule are the engine's (``--model.*``, ``--data.batch_size``),
+    not ``train.py``'s (SGD with plain momentum 0.9, batch 32, a cosine decay stepped per epoch).
 
     After a re-initialisation the optimiser's state for the classifier (momentum, Adam moments) is stale:
     :attr:`needs_optimizer_reset` becomes ``True``, and the engine should call :meth:`reset_optimizer_state`

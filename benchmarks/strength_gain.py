@@ -6,17 +6,21 @@ CE-tuning and the methods compared with it.
     .venv/bin/python benchmarks/strength_gain.py plot configs/bench/cifar10_cpu_strength.yaml \\
         configs/bench/cifar10_cpu_strength_1pct.yaml
 
-``evaluate`` scores every checkpoint of the spec (its ``--model.weights``; none: a random initialisation) frozen, with
-``coretune eval knn`` and ``coretune eval linear`` on the spec's data at its image size, into ``--eval_dir``
-(``<checkpoint>-knn.json``, ``<checkpoint>-linear.json``, each with the SHA-256 of the file scored and seed 0, the
-random initialisation's; a file that exists is kept, so the command resumes, unless its checkpoint was re-made since),
-and names the strongest checkpoint by kNN top-1 (the 1% spec's column run beside the floor) once every column is scored.
+``evaluate`` scores every checkpoint of the specs (each column's ``--model.weights``; none: a random initialisation;
+a column listed by several specs is scored once) frozen, with ``coretune eval knn`` and ``coretune eval linear`` on
+the spec's data at its image size, into ``--eval_dir`` (``<checkpoint>-knn.json``, ``<checkpoint>-linear.json``, each
+with the SHA-256 of the file scored and seed 0, the random initialisation's; a file that exists is kept, so the
+command resumes, unless its checkpoint was re-made since), and names the strongest checkpoint by kNN top-1 (the 1%
+spec's column run beside the floor) once every column is scored. Both protocols use the data root's whole training
+split with all its labels (CIFAR-10: 50,000 images; not the 10% or 1% the fine-tunings see) as the kNN memory bank
+and the probe's training set, and score its test split: they rank the checkpoints' features, not a label budget.
 ``--only_datasets simclr_e5 simclr_e15`` scores only those columns (the checkpoints on this machine); with
-``--refuse_stale`` a checkpoint re-made since it was scored stops the command, nothing written. ``plot`` reads the
-specs' finished runs (run directories, or exported records copied back) and those files, and writes a table
-(``--markdown``) and a figure (``--figure``): per checkpoint and label fraction, each method's mean top-1 and its paired
-difference from CE-tuning (seed by seed), and Core-tuning's difference from ``ce_mix`` (its contribution beyond the
-mixup), against the checkpoint's kNN top-1.
+``--refuse_stale`` a checkpoint re-made since it was scored, or since a finished run of the specs fine-tuned it
+(its ``results.json``'s ``weights_sha256``), stops the command, nothing written. ``plot`` reads the specs' finished
+runs (run directories, or exported records copied back) and those files, and writes a table (``--markdown``) and a
+figure (``--figure``): per checkpoint and label fraction, each method's mean top-1 and its paired difference from
+CE-tuning (seed by seed), and Core-tuning's difference from ``ce_mix`` (its contribution beyond the mixup), against
+the checkpoint's kNN top-1; ``--footnote`` adds a caveat under both.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,21 +85,64 @@ def stale(eval_dir: Path, name: str, args: list[str]) -> str | None:
     return None
 
 
-def evaluate(spec: BenchSpec, eval_dir: Path, columns: Sequence[str] | None = None, refuse_stale: bool = False) -> None:
-    """``coretune eval knn|linear`` of every checkpoint of ``spec`` (of ``columns`` if given: those on this machine)
-    not scored yet (or re-made since it was: scored again, or with ``refuse_stale`` nothing is scored and the
-    command stops naming it, since its fine-tuning runs came from the old file), into ``eval_dir``; then name the
-    strongest by kNN top-1 (the 1% spec's column run beside the floor) once every column is scored, or the strongest
-    so far."""
-    found = checkpoints(spec.subset(datasets=columns))
+def columns_of(specs: Sequence[BenchSpec], columns: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """The ``coretune eval`` arguments of every column of ``specs`` (of ``columns`` if given), each once.
+
+    Raises:
+        BenchSpecError: a column not in any spec, or listed by two specs with different checkpoints or data.
+    """
+    found: dict[str, list[str]] = {}
+    for spec in specs:
+        mine = [c for c in columns if c in spec.datasets] if columns is not None else None
+        for name, args in checkpoints(spec.subset(datasets=mine) if mine is not None else spec).items():
+            if found.setdefault(name, args) != args:
+                raise BenchSpecError(f"column {name} reads {found[name]} in one spec and {args} in another")
+    missing = [c for c in columns or () if c not in found]
+    if missing:
+        raise BenchSpecError(f"{', '.join(missing)} not in the specs' datasets: {', '.join(sorted(found))}")
+    return found
+
+
+def runs_from_another_file(specs: Sequence[BenchSpec], found: dict[str, list[str]]) -> list[str]:
+    """Why finished runs of ``specs`` in the columns ``found`` (:func:`columns_of`) fine-tuned another file than the
+    column's checkpoint today (their ``results.json``'s ``weights_sha256``): one line per run; none when every
+    recorded digest matches, or the file is not on this machine, or a run recorded none (diverged, older)."""
+    today: dict[str, str | None] = {}
+    lines = []
+    for spec in specs:
+        for run in spec.runs():
+            if run.dataset not in found:
+                continue
+            if run.dataset not in today:
+                weights = _option(found[run.dataset], "weights")
+                today[run.dataset] = weights_digest(weights) if weights and Path(weights).is_file() else None
+            results = RunDir(run.run_dir).results
+            used = json.loads(results.read_text()).get("weights_sha256") if results.is_file() else None
+            if used and today[run.dataset] and used != today[run.dataset]:
+                lines.append(f"{run.label} fine-tuned another file (SHA-256 {used}) than today's")
+    return lines
+
+
+def evaluate(
+    specs: Sequence[BenchSpec], eval_dir: Path, columns: Sequence[str] | None = None, refuse_stale: bool = False
+) -> None:
+    """``coretune eval knn|linear`` of every checkpoint of ``specs`` (of ``columns`` if given: those on this
+    machine) not scored yet (or re-made since it was: scored again, or with ``refuse_stale`` nothing is scored and
+    the command stops naming it, since its fine-tuning runs came from the old file; as it does when a finished run
+    of the specs fine-tuned another file than today's), into ``eval_dir``; then name the strongest by kNN top-1 (the
+    1% spec's column run beside the floor) once every column is scored, or the strongest so far."""
+    found = columns_of(specs, columns)
     remade = {name: why for name, args in found.items() if (why := stale(eval_dir, name, args)) is not None}
-    if remade and refuse_stale:
+    elsewhere = runs_from_another_file(specs, found)
+    if (remade or elsewhere) and refuse_stale:
         raise SystemExit(
-            "re-made since scored, so its fine-tuning runs came from another file: "
-            + "; ".join(f"{name}: {why}" for name, why in remade.items())
+            "re-made since scored or fine-tuned, so its fine-tuning runs came from another file: "
+            + "; ".join([*(f"{name}: {why}" for name, why in remade.items()), *elsewhere])
             + ". Move the runs and eval files of every column its pre-training made aside (SimCLR makes two), or drop "
             "--refuse_stale to score it again"
         )
+    for line in elsewhere:
+        print(f"{line}: re-run it from today's file")
     for name, args in found.items():
         if name in remade:
             print(f"re-scoring {name}: {remade[name]}; its fine-tuning runs came from the old file: re-run them too")
@@ -104,10 +152,11 @@ def evaluate(spec: BenchSpec, eval_dir: Path, columns: Sequence[str] | None = No
                 print(f"skip {name} {protocol}: {out} exists")
                 continue
             coretune(["eval", protocol, *args, "--seed=0", f"--output={out}"])
-    knn = {name: top1 for name in spec.datasets if not math.isnan(top1 := _top1(eval_dir, name, "knn"))}
+    every = list(columns_of(specs))
+    knn = {name: top1 for name in every if not math.isnan(top1 := _top1(eval_dir, name, "knn"))}
     if knn:
         strongest = max(knn, key=knn.__getitem__)
-        unscored = [name for name in spec.datasets if name not in knn]
+        unscored = [name for name in every if name not in knn]
         print(f"strongest by kNN top-1{' so far' if unscored else ''}: {strongest} ({knn[strongest]:.2f}%); kNN top-1 "
               "of each: " + ", ".join(f"{n} {v:.2f}" for n, v in knn.items())
               + (f"; not scored yet: {', '.join(unscored)}" if unscored else ""))  # fmt: skip
@@ -216,15 +265,23 @@ def gains(specs: list[BenchSpec], eval_dir: Path, baseline: str = "ce") -> list[
     return rows
 
 
-def diverged(specs: list[BenchSpec]) -> str:
-    """The runs of ``specs`` that diverged or collapsed (``results.json``'s ``diverged``), each with its message: a
-    finding about its checkpoint and method, left out of the gains (which pair finished seeds); empty without any."""
-    lines = [
-        f"- {row.dataset}/{row.objective}/{100 * row.label_fraction:g}%/seed {row.seed}: "
-        f"{RunDir(row.run_dir).divergence()}"
+def diverged_runs(specs: list[BenchSpec]) -> list[tuple[str, str, float, int, str]]:
+    """The runs of ``specs`` that diverged or collapsed (``results.json``'s ``diverged``): (checkpoint, method, label
+    fraction, seed, message), each a finding about its checkpoint and method, left out of the gains (which pair
+    finished seeds)."""
+    return [
+        (row.dataset, row.objective, row.label_fraction, row.seed, RunDir(row.run_dir).divergence())
         for spec in specs
         for row in collect_cells(spec)[1]
         if row.status == "diverged"
+    ]
+
+
+def diverged(specs: list[BenchSpec]) -> str:
+    """:func:`diverged_runs` as the table's note, one line each; empty without any."""
+    lines = [
+        f"- {column}/{method}/{100 * fraction:g}%/seed {seed}: {message}"
+        for column, method, fraction, seed, message in diverged_runs(specs)
     ]
     return "\n".join(["", "Diverged or collapsed (not in the gains):", *lines, ""]) if lines else ""
 
@@ -249,9 +306,17 @@ def markdown(rows: list[Row], baseline: str = "ce") -> str:
     return "\n".join(lines) + "\n"
 
 
-def figure(rows: list[Row], path: Path, baseline: str = "ce") -> Path:
+def figure(
+    rows: list[Row],
+    path: Path,
+    baseline: str = "ce",
+    diverged: Sequence[tuple[str, str, float, int, str]] = (),
+    footnote: str = "",
+) -> Path:
     """Each method's paired gain over ``baseline`` (mean ± std over seeds) against the checkpoint's kNN top-1, one
-    line per (method, label fraction); Core-tuning's gain over ``ce_mix`` dashed."""
+    line per (method, label fraction); Core-tuning's gain over ``ce_mix`` dashed. A point resting on fewer paired
+    seeds than the most any point has is hollow; a series whose runs (or its reference's) diverged says how many
+    (``diverged``: :func:`diverged_runs`); the checkpoints are named along the top; ``footnote`` goes underneath."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -262,29 +327,42 @@ def figure(rows: list[Row], path: Path, baseline: str = "ce") -> Path:
         series.setdefault((f"{r.method} − {baseline}", r.label_fraction), []).append((r.knn, r.gain))
         if r.beyond_mix is not None:
             series.setdefault(("core − ce_mix", r.label_fraction), []).append((r.knn, r.beyond_mix))
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    most = max((g.pairs for points in series.values() for _, g in points), default=0)
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
     for (label, fraction), points in sorted(series.items()):
         shown = sorted(((x, g) for x, g in points if not math.isnan(x) and g.pairs), key=lambda p: p[0])
         if not shown:
             continue
-        ax.errorbar(
+        lost = sum(1 for _, m, f, _, _ in diverged if f == fraction and m in label.split(" − "))
+        line = ax.errorbar(
             [x for x, _ in shown],
             [g.mean for _, g in shown],
             yerr=[0 if math.isnan(g.std) else g.std for _, g in shown],
             capsize=3,
             marker="o" if fraction >= 0.1 else "s",
             linestyle="--" if label.startswith("core − ce_mix") else "-",
-            label=f"{label}, {100 * fraction:g}% labels",
-        )
+            label=f"{label}, {100 * fraction:g}% labels" + (f" ({lost} run(s) diverged: not paired)" if lost else ""),
+        )[0]
+        few = [(x, g.mean) for x, g in shown if g.pairs < most]
+        if few:  # hollow: fewer paired seeds than the others
+            ax.plot([x for x, _ in few], [y for _, y in few], linestyle="none", marker=line.get_marker(),
+                    markerfacecolor="white", markeredgecolor=line.get_color(), zorder=3)  # fmt: skip
     ax.axhline(0, color="grey", linewidth=0.8)
-    ax.set_xlabel("checkpoint's kNN top-1 (%), frozen features")
+    ax.set_xlabel("checkpoint's kNN top-1 (%), frozen features (bank: every labelled training image)", fontsize=9)
     ax.set_ylabel("paired gain in fine-tuned top-1 (pp)")
-    ax.set_title("Fine-tuning gain against pre-training strength (mean ± std over seeds)", fontsize=10)
+    named = sorted({(r.knn, r.checkpoint) for r in rows if not math.isnan(r.knn)})
+    if named:
+        top = ax.secondary_xaxis("top")
+        top.set_xticks([x for x, _ in named], labels=[n for _, n in named], fontsize=7, rotation=30, ha="left")
+    title = f"Fine-tuning gain against pre-training strength (mean ± std over seeds; hollow: < {most} pairs)"
+    ax.set_title(title, fontsize=9)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     else:  # no checkpoint both scored (evaluate) and fine-tuned by two methods yet
         ax.text(0.5, 0.5, "no scored checkpoint with finished runs yet", ha="center", transform=ax.transAxes)
-    fig.tight_layout()
+    if footnote:
+        fig.text(0.01, 0.01, "\n".join(textwrap.wrap(footnote, 130)), fontsize=6.5, va="bottom")
+    fig.tight_layout(rect=(0, 0.03 + 0.025 * len(textwrap.wrap(footnote, 130)) if footnote else 0, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -298,6 +376,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval_dir", type=Path, default=EVAL_DIR, help="the kNN / linear-probe results (JSON)")
     parser.add_argument("--figure", type=Path, default=Path("docs/img/strength_gain.png"))
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file")
+    parser.add_argument("--footnote", default="", help="plot: a caveat printed under the table and the figure")
     parser.add_argument("--only_datasets", nargs="+", help="evaluate: score only these columns (all)")
     parser.add_argument(
         "--refuse_stale", action="store_true", help="evaluate: stop, scoring nothing, if a checkpoint was re-made"
@@ -306,20 +385,25 @@ def main(argv: list[str] | None = None) -> None:
     specs = [BenchSpec.from_yaml(s) for s in args.specs]
     if args.command == "evaluate":
         try:
-            for spec in specs:
-                evaluate(spec, args.eval_dir, args.only_datasets, args.refuse_stale)
+            evaluate(specs, args.eval_dir, args.only_datasets, args.refuse_stale)
         except BenchSpecError as error:
             parser.error(str(error))
         return
+    if not any(not math.isnan(_top1(args.eval_dir, name, "knn")) for spec in specs for name in spec.datasets):
+        parser.error(
+            f"no kNN score of any column in {args.eval_dir}: run `strength_gain.py evaluate` first, or name the "
+            "folder that holds them with --eval_dir"
+        )
     try:
         rows = gains(specs, args.eval_dir)
-        table = markdown(rows) + diverged(specs)
+        lost = diverged_runs(specs)
+        table = markdown(rows) + diverged(specs) + (f"\n{args.footnote}\n" if args.footnote else "")
     except OtherFitArgs as error:  # a run folder started with other fit arguments than its spec's (collect_cells)
         parser.error(str(error))
     print(table)
     if args.markdown is not None:
         args.markdown.write_text(table)
-    print(f"wrote {figure(rows, args.figure)}")
+    print(f"wrote {figure(rows, args.figure, diverged=lost, footnote=args.footnote)}")
 
 
 if __name__ == "__main__":

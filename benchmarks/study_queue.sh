@@ -11,7 +11,8 @@
 # robust accuracy needs the checkpoint, which is not committed (a run directory does not survive a move), so a run
 # is never recorded as finished without its robust_results*.json. The strength study (issue 41, part 2) fine-tunes
 # checkpoints this queue pre-trains; a new machine pre-trains them again, and if a checkpoint comes out different
-# from the one its committed runs used (strength_gain.py compares SHA-256), the queue stops and says so.
+# from the one its committed runs used (strength_gain.py compares SHA-256), the queue stops and says so. Its last step
+# draws the strength study's table and figure from every finished run and commits them (docs/img/strength_gain.png).
 #
 #   benchmarks/study_queue.sh MAIN     # MAIN: the checkout whose docs/records receive the records and the commits.
 # Run it from a worktree of its own, so that editing MAIN never changes code under a running study:
@@ -100,8 +101,9 @@ main() {  # the whole queue in one function: bash has read all of it before it r
   for dir in runs/pretrain/cifar10-simclr-r18-32px runs/pretrain/cifar10-moco-r18-32px; do
     record_pretraining "$dir"  # also a pre-training made before this step existed, whose columns are all done
   done
+  plot || failed
   if [ "$FAILURES" -gt 0 ]; then
-    say "queue finished, but $FAILURES run(s) failed (FAILED lines above): re-run the queue to retry them"; exit 1
+    say "queue finished, but $FAILURES run(s) or step(s) failed (FAILED lines above): re-run the queue to retry them"; exit 1
   fi
   say "queue finished"
 }
@@ -232,6 +234,13 @@ pretrain() {  # METHOD: 15 epochs at 32 px on CIFAR-10's training images, no lab
     moco_v2) dir=runs/pretrain/cifar10-moco-r18-32px snaps='[15]' extra=(--model.queue_size 4096) ;;
   esac
   if [ ! -f "$dir/pretrained-epoch15.pth.tar" ]; then
+    local pid
+    pid=$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$dir/fit.pid" 2>/dev/null)
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then  # a pre-training started by hand (the spec's header)
+      say "stopped: $dir is in use by process $pid (its fit.pid): let that pre-training finish or stop it, then"
+      say "re-run the queue"
+      return 1
+    fi
     rm -rf "$dir"  # from the start, never resumed: the file must come out as the committed fine-tunings' did
     say "pretrain $1"
     mkdir -p "$dir" && git rev-parse HEAD > "$dir/commit.txt" 2>/dev/null  # the code that makes the checkpoint
@@ -240,7 +249,7 @@ pretrain() {  # METHOD: 15 epochs at 32 px on CIFAR-10's training images, no lab
       --trainer.precision bf16-mixed --trainer.enable_progress_bar false --run_dir "$dir" \
       || { say "FAILED: pretrain $1"; return 1; }
   fi
-  record_pretraining "$dir"
+  record_pretraining "$dir" || say "the queue goes on; commit $dir's records by hand (docs/records/cifar10-cpu-strength-pretrain)"
 }
 
 # A finished pre-training's records (its settings, loss curve, timings, and the commit of the code that ran it: the
@@ -263,7 +272,7 @@ score() {  # [COLUMN...]
   local scores=docs/records/cifar10-cpu-strength-eval
   local only=()
   [ $# -gt 0 ] && only=(--only_datasets "$@")
-  "$BIN/python" benchmarks/strength_gain.py evaluate "$STRENGTH" --eval_dir "$MAIN/$scores" --refuse_stale \
+  "$BIN/python" benchmarks/strength_gain.py evaluate "$STRENGTH" "$STRENGTH_1PCT" --eval_dir "$MAIN/$scores" --refuse_stale \
     "${only[@]}" | tee runs/strength_eval.txt || {
     say "stopped at strength_gain.py evaluate $* (above). If a checkpoint differs from the one scored (re-made on"
     say "another machine), move the runs and the two eval files of EVERY column its pre-training made (simclr:"
@@ -272,6 +281,19 @@ score() {  # [COLUMN...]
     return 1
   }
   commit "$scores" "records: strength study, kNN and linear probe of ${*:-every checkpoint}"
+}
+
+# The strength study's table and figure from every finished run and score (docs/img/strength_gain.png; the table
+# beside the scores), committed: the numbers and the picture results.md describes, remade at each pass.
+plot() {
+  local scores=docs/records/cifar10-cpu-strength-eval
+  "$BIN/python" benchmarks/strength_gain.py plot "$STRENGTH" "$STRENGTH_1PCT" --eval_dir "$MAIN/$scores" \
+    --figure "$MAIN/docs/img/strength_gain.png" --markdown "$MAIN/$scores/gains.md" --footnote "simclr_in20 (the \
+shared ImageNet20 SimCLR) was pre-trained at 64 px and is scored frozen at 32 px with its 64-px BatchNorm statistics: \
+its kNN understates it. 1% of the labels: the floor (random) and the strongest checkpoint by kNN only." \
+    || { say "FAILED: strength_gain.py plot (above)"; return 1; }
+  commit "$scores/gains.md" "records: strength study, the gains table" \
+    && commit docs/img/strength_gain.png "strength study: the figure of the gains (docs/img/strength_gain.png)"
 }
 
 # One column of a strength spec (default the 10% one): unless its runs are all finished and it is scored, make its

@@ -6,7 +6,8 @@ Called as ``queue_stub.py coretune ARGS`` or ``queue_stub.py python SCRIPT ARGS`
 (the call log), ``QUEUE_STUB_FAIL`` (``objective/seed/dataset`` of a fit that fails), ``QUEUE_STUB_DIVERGE`` (of fits
 that diverge, comma-separated: recorded as ``diverged`` and, as by ``coretune bench``, never fitted again),
 ``QUEUE_STUB_PRECISION`` (the default precision ``python -c`` prints; ``bf16-mixed``), ``QUEUE_STUB_STRONGEST``
-(the column ``strength_gain.py evaluate`` names the strongest; ``simclr_in20``).
+(the column ``strength_gain.py evaluate`` names the strongest; ``simclr_in20``). ``strength_gain.py plot`` writes a
+placeholder figure and table.
 """
 
 from __future__ import annotations
@@ -110,6 +111,11 @@ def robust_table(args: list[str]) -> int:
 
 def strength_gain(args: list[str]) -> int:
     spec, eval_dir = spec_of(args[2]), Path(option(args, "--eval_dir")[0])
+    if args[1] == "plot":
+        Path(option(args, "--figure")[0]).parent.mkdir(parents=True, exist_ok=True)
+        Path(option(args, "--figure")[0]).write_bytes(b"\x89PNG")
+        Path(option(args, "--markdown")[0]).write_text("| Labels | Checkpoint |\n")
+        return 0
     strongest = os.environ.get("QUEUE_STUB_STRONGEST", "simclr_in20")
     eval_dir.mkdir(parents=True, exist_ok=True)
     for column in option(args, "--only_datasets") or spec["datasets"]:

@@ -134,7 +134,7 @@ def test_the_queue_records_every_run_and_a_new_machine_resumes_from_the_records(
     stub = {"QUEUE_STUB_DIVERGE": diverge, "QUEUE_STUB_STRONGEST": "simclr_e15"}  # its 1% rows: after a pre-training
     done = _run(worktree, main, log, QUEUE_STUB_FAIL="core/2/simclr_e5", **stub)
     assert done.returncode == 1, done.stdout + done.stderr  # the other runs went on; the failure is named at the end
-    assert "queue finished, but 1 run(s) failed (FAILED lines above): re-run the queue" in done.stdout
+    assert "queue finished, but 1 run(s) or step(s) failed (FAILED lines above): re-run the queue" in done.stdout
     assert "DIVERGED: at_core_linf seed 1 (recorded, not scored)" in done.stdout
     assert len(_recorded(main, "cifar10-cpu-10pct-memory")) == 18
     assert len(_recorded(main, "cifar10-cpu-10pct-adversarial")) == 12
@@ -147,6 +147,8 @@ def test_the_queue_records_every_run_and_a_new_machine_resumes_from_the_records(
     assert len(_recorded(main, "cifar10-cpu-strength")) == 44  # one failed fine-tune: the others went on
     assert len(_recorded(main, "cifar10-cpu-strength-1pct")) == 18
     assert len(_recorded(main, "cifar10-cpu-strength-eval", ".json")) == 10
+    assert _recorded(main, "cifar10-cpu-strength-eval", "gains.md")  # the table and the figure, from the records
+    assert _git(main, "ls-tree", "--name-only", "HEAD", "docs/img/strength_gain.png").strip()
     pretrainings = [
         p for p in _git(main, "ls-tree", "-r", "--name-only", "HEAD", "docs/records").split() if "-pretrain/" in p
     ]
@@ -194,3 +196,19 @@ def test_the_queue_stops_before_table_1_on_a_machine_of_another_precision(queue:
     assert not [
         c for c in log.read_text().splitlines() if "cifar10_cpu_10pct_table1.yaml --only_objectives [l2sp]" in c
     ]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("flock") is None, reason="needs bash and flock")
+def test_the_queue_never_deletes_a_pretraining_a_live_process_holds(queue: tuple[Path, Path, Path]) -> None:
+    """A pre-training started by hand with the spec header's command (its --run_dir) and still running is left
+    alone: the queue stops, naming it, where it would otherwise start that folder again from nothing."""
+    worktree, main, log = queue
+    held = worktree / "runs" / "pretrain" / "cifar10-simclr-r18-32px"
+    held.mkdir(parents=True)
+    (held / "fit.pid").write_text(f'{{"pid": {os.getpid()}, "host": "here", "started": 0}}\n')
+    (held / "pretrained-epoch5.pth.tar").write_text("epoch 5 of a pre-training started by hand")
+    done = _run(worktree, main, log)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"stopped: runs/pretrain/cifar10-simclr-r18-32px is in use by process {os.getpid()}" in done.stdout
+    assert (held / "pretrained-epoch5.pth.tar").read_text() == "epoch 5 of a pre-training started by hand"
+    assert not [c for c in log.read_text().splitlines() if c.startswith("pretrain --method simclr")]

@@ -39,13 +39,13 @@ def strength() -> ModuleType:
     return module
 
 
-def _spec(tmp_path: Path) -> BenchSpec:
-    path = tmp_path / "strength.yaml"
+def _spec(tmp_path: Path, name: str = "strength", fraction: float = 0.1, strong: str = "strong.pth") -> BenchSpec:
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump({
-        "output": str(tmp_path / "out"),
+        "output": str(tmp_path / name),
         "base_args": [f"--data.root={data_root(tmp_path)}", "--data.image_size=32", "--model.weights=base.pth"],
-        "datasets": {"weak": ["--model.weights=null"], "strong": ["--model.weights=strong.pth"]},
-        "objectives": ["ce", "ce_mix", "core"], "label_fractions": [0.1], "seeds": [0, 1, 2],
+        "datasets": {"weak": ["--model.weights=null"], "strong": [f"--model.weights={strong}"]},
+        "objectives": ["ce", "ce_mix", "core"], "label_fractions": [fraction], "seeds": [0, 1, 2],
     }, sort_keys=False))  # fmt: skip
     return BenchSpec.from_yaml(path)
 
@@ -56,7 +56,7 @@ def test_evaluate_scores_each_checkpoint_once_with_its_weights_or_none(
     calls: list[list[str]] = []
     monkeypatch.setattr(strength, "coretune", calls.append)
     spec, out = _spec(tmp_path), tmp_path / "eval"
-    strength.evaluate(spec, out)
+    strength.evaluate([spec], out)
     data = [f"--data.root={tmp_path / 'data'}", "--data.image_size=32", "--data.batch_size=256"]
     seeded = "--seed=0"  # the random initialisation: the same network on every call
     assert calls == [
@@ -71,21 +71,69 @@ def test_evaluate_scores_each_checkpoint_once_with_its_weights_or_none(
     for name, top1 in (("weak-knn", 0.2), ("weak-linear", 0.3), ("strong-knn", 0.6)):
         (out / f"{name}.json").write_text(json.dumps({"top1": top1, "seed": 0}))
     calls.clear()
-    strength.evaluate(spec, out)  # resumes: only the missing file
+    strength.evaluate([spec], out)  # resumes: only the missing file
     assert [c[1] for c in calls] == ["linear"] and calls[0][-1] == f"--output={out / 'strong-linear.json'}"
     capsys.readouterr()
     (out / "strong-knn.json").unlink()
     calls.clear()
-    strength.evaluate(spec, out, columns=["weak"])  # only the column on this machine: the other is not named
+    strength.evaluate([spec], out, columns=["weak"])  # only the column on this machine: the other is not named
     assert calls == [] and capsys.readouterr().out.endswith(
         "strongest by kNN top-1 so far: weak (20.00%); kNN top-1 of each: weak 20.00; not scored yet: strong\n"
     )
     (out / "strong-knn.json").write_text(json.dumps({"top1": 0.6, "seed": 0}))
-    strength.evaluate(spec, out, columns=["weak"])
+    strength.evaluate([spec], out, columns=["weak"])
     # and names the strongest by kNN, the 1% spec's last column
     assert capsys.readouterr().out.endswith(
         "strongest by kNN top-1: strong (60.00%); kNN top-1 of each: weak 20.00, strong 60.00\n"
     )
+
+
+def test_a_column_of_two_specs_is_scored_once_and_the_strongest_named_once(
+    strength: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(strength, "coretune", calls.append)
+    specs, out = [_spec(tmp_path), _spec(tmp_path, "strength_1pct", 0.01)], tmp_path / "eval"
+    strength.evaluate(specs, out)
+    assert [(c[1], c[-1].rsplit("/", 1)[-1]) for c in calls] == [
+        ("knn", "weak-knn.json"), ("linear", "weak-linear.json"), ("knn", "strong-knn.json"),
+        ("linear", "strong-linear.json"),
+    ]  # fmt: skip
+    out.mkdir()
+    for name, top1 in (("weak", 0.2), ("strong", 0.6)):
+        (out / f"{name}-knn.json").write_text(json.dumps({"top1": top1, "seed": 0}))
+    capsys.readouterr()
+    strength.evaluate(specs, out, columns=["strong"])
+    assert capsys.readouterr().out.count("strongest by kNN top-1") == 1  # the queue reads one line
+    # a column that reads another checkpoint in the second spec is refused, nothing scored
+    calls.clear()
+    with pytest.raises(strength.BenchSpecError, match=r"column strong reads .*strong\.pth.* and .*other\.pth"):
+        strength.evaluate([specs[0], _spec(tmp_path, "other", 0.01, "other.pth")], out)
+    assert calls == []
+
+
+def test_refuse_stale_stops_when_a_finished_run_fine_tuned_another_file(
+    strength: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Scores moved aside after a re-made checkpoint, one column's runs forgotten: the queue must stop before it
+    scores the new file and fine-tunes the missing seeds beside runs of the old one."""
+    monkeypatch.chdir(tmp_path)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(strength, "coretune", calls.append)
+    spec, out = _spec(tmp_path), tmp_path / "eval"
+    (tmp_path / "strong.pth").write_bytes(b"epoch 15 of a second pre-training")
+    fabricate(spec, {(o, d, 0.1): v for (o, d), v in TOP1.items()})
+    run = next(r for r in spec.runs() if (r.dataset, r.objective, r.seed) == ("strong", "core", 1))
+    results = run.run_dir / "results.json"
+    results.write_text(json.dumps({**json.loads(results.read_text()), "weights_sha256": "b" * 64}))
+    with pytest.raises(SystemExit, match=r"strong/core/frac0\.1/seed1 fine-tuned another file \(SHA-256 b{64}\)"):
+        strength.evaluate([spec], out, refuse_stale=True)
+    assert calls == [] and not out.exists()
+    strength.evaluate([spec], out)  # by hand, without --refuse_stale: scored, and the run named to re-run
+    assert len(calls) == 4 and "seed1 fine-tuned another file (SHA-256 bbbb" in capsys.readouterr().out
+    today = hashlib.sha256((tmp_path / "strong.pth").read_bytes()).hexdigest()
+    results.write_text(json.dumps({**json.loads(results.read_text()), "weights_sha256": today}))
+    assert strength.runs_from_another_file([spec], strength.columns_of([spec])) == []
 
 
 def test_evaluate_refuses_an_unknown_column_in_one_line(
@@ -112,15 +160,15 @@ def test_a_checkpoint_remade_after_scoring_is_scored_again_and_refused_by_plot(
         )
     calls: list[list[str]] = []
     monkeypatch.setattr(strength, "coretune", calls.append)
-    strength.evaluate(spec, out)
+    strength.evaluate([spec], out)
     assert calls == []  # the same file: kept
     strength.gains([spec], out)
     weights.write_bytes(b"epoch 15 of a second pre-training")  # re-made: the old kNN no longer describes it
     kept = {p.name: p.read_text() for p in out.iterdir()}
     with pytest.raises(SystemExit, match=r"re-made since scored.*strong: .*strong-knn\.json scored another file"):
-        strength.evaluate(spec, out, refuse_stale=True)  # the queue's way: stop, overwrite nothing
+        strength.evaluate([spec], out, refuse_stale=True)  # the queue's way: stop, overwrite nothing
     assert calls == [] and {p.name: p.read_text() for p in out.iterdir()} == kept
-    strength.evaluate(spec, out)
+    strength.evaluate([spec], out)
     assert [(c[1], c[-1]) for c in calls] == [
         ("knn", f"--output={out / 'strong-knn.json'}"),
         ("linear", f"--output={out / 'strong-linear.json'}"),
@@ -130,7 +178,7 @@ def test_a_checkpoint_remade_after_scoring_is_scored_again_and_refused_by_plot(
     # a random initialisation scored before --seed (each call drew another network) is scored again
     calls.clear()
     (out / "weak-linear.json").write_text(json.dumps({"top1": 0.5, "weights_sha256": None}))
-    strength.evaluate(spec, out)
+    strength.evaluate([spec], out)
     assert [(c[1], c[-1]) for c in calls[:2]] == [
         ("knn", f"--output={out / 'weak-knn.json'}"),
         ("linear", f"--output={out / 'weak-linear.json'}"),
@@ -179,19 +227,28 @@ def test_plot_command_writes_the_table_and_the_figure(
     unfinished = next(r.run_dir for r in spec.runs() if (r.objective, r.dataset, r.seed) == ("core", "weak", 2))
     unfinished.mkdir(parents=True)
     (unfinished / "results.json").write_text(json.dumps({"diverged": "the training loss is nan at epoch 3 …"}))
-    table, png = tmp_path / "table.md", tmp_path / "gain.png"
-    strength.main(["plot", str(tmp_path / "strength.yaml"), f"--eval_dir={tmp_path / 'none'}", f"--figure={png}",
-                   f"--markdown={table}"])  # fmt: skip
+    table, png, scores = tmp_path / "table.md", tmp_path / "gain.png", tmp_path / "scores"
+    # without a score (evaluate not run, or another --eval_dir): one line, no figure of nothing
+    with pytest.raises(SystemExit) as info:
+        strength.main(["plot", str(tmp_path / "strength.yaml"), f"--eval_dir={scores}", f"--figure={png}"])
+    assert info.value.code == 2 and not png.exists()
+    assert f"no kNN score of any column in {scores}: run `strength_gain.py evaluate` first" in capsys.readouterr().err
+    scores.mkdir()
+    (scores / "weak-knn.json").write_text(json.dumps({"top1": 0.2, "seed": 0}))
+    strength.main(["plot", str(tmp_path / "strength.yaml"), f"--eval_dir={scores}", f"--figure={png}",
+                   f"--markdown={table}", "--footnote=weak: scored at another size"])  # fmt: skip
     assert png.is_file() and "| 10% | strong | – | – | 80.00 | core | 83.00 | +3.00 ± 1.00 (n=3) |" in table.read_text()
-    # a divergence is a finding about its checkpoint, not a missing seed
+    # a divergence is a finding about its checkpoint, not a missing seed; the caveat follows
     assert table.read_text().endswith(
         "\nDiverged or collapsed (not in the gains):\n- weak/core/10%/seed 2: the training loss is nan at epoch 3 …\n"
+        "\nweak: scored at another size\n"
     )
+    assert strength.diverged_runs([spec]) == [("weak", "core", 0.1, 2, "the training loss is nan at epoch 3 …")]
     # a run folder started with other fit arguments: one line naming it, not a traceback (nothing written)
     run = next(r for r in spec.runs() if (r.objective, r.dataset, r.seed) == ("ce", "strong", 0))
     (run.run_dir / "fit_args.json").write_text(json.dumps(["--trainer.max_epochs=3"]))
     png.unlink()
     with pytest.raises(SystemExit) as info:
-        strength.main(["plot", str(tmp_path / "strength.yaml"), f"--eval_dir={tmp_path / 'none'}", f"--figure={png}"])
+        strength.main(["plot", str(tmp_path / "strength.yaml"), f"--eval_dir={scores}", f"--figure={png}"])
     assert info.value.code == 2 and not png.exists()
     assert f"error: run directory {run.run_dir} was started with other fit arguments" in capsys.readouterr().err

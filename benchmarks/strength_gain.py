@@ -341,7 +341,7 @@ def figure(
             capsize=3,
             marker="o" if fraction >= 0.1 else "s",
             linestyle="--" if label.startswith("core − ce_mix") else "-",
-            label=f"{label}, {100 * fraction:g}% labels" + (f" ({lost} run(s) diverged: not paired)" if lost else ""),
+            label=f"{label}, {100 * fraction:g}% labels" + (f" ({lost} diverged run(s) on this line)" if lost else ""),
         )[0]
         few = [(x, g.mean) for x, g in shown if g.pairs < most]
         if few:  # hollow: fewer paired seeds than the others

@@ -234,10 +234,11 @@ pretrain() {  # METHOD: 15 epochs at 32 px on CIFAR-10's training images, no lab
     moco_v2) dir=runs/pretrain/cifar10-moco-r18-32px snaps='[15]' extra=(--model.queue_size 4096) ;;
   esac
   if [ ! -f "$dir/pretrained-epoch15.pth.tar" ]; then
-    local pid
-    pid=$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$dir/fit.pid" 2>/dev/null)
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then  # a pre-training started by hand (the spec's header)
-      say "stopped: $dir is in use by process $pid (its fit.pid): let that pre-training finish or stop it, then"
+    local holder  # a pre-training started by hand (the spec's header) and still running: coretune's own claim test
+    holder=$("$BIN/python" -c 'import sys; from coretune.runclaim import live_claim; c = live_claim(sys.argv[1])
+print(c.where() if c else "")' "$dir" 2>/dev/null | tail -n 1)
+    if [ -n "$holder" ]; then
+      say "stopped: $dir is in use by $holder (its fit.pid): let that pre-training finish or stop it, then"
       say "re-run the queue"
       return 1
     fi
@@ -292,8 +293,10 @@ plot() {
 shared ImageNet20 SimCLR) was pre-trained at 64 px and is scored frozen at 32 px with its 64-px BatchNorm statistics: \
 its kNN understates it. 1% of the labels: the floor (random) and the strongest checkpoint by kNN only." \
     || { say "FAILED: strength_gain.py plot (above)"; return 1; }
-  commit "$scores/gains.md" "records: strength study, the gains table" \
-    && commit docs/img/strength_gain.png "strength study: the figure of the gains (docs/img/strength_gain.png)"
+  local status=0
+  commit "$scores/gains.md" "records: strength study, the gains table" || status=1
+  commit docs/img/strength_gain.png "strength study: the figure of the gains (docs/img/strength_gain.png)" || status=1
+  return $status
 }
 
 # One column of a strength spec (default the 10% one): unless its runs are all finished and it is scored, make its

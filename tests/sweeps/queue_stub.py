@@ -132,6 +132,10 @@ def main() -> int:
     role, args = sys.argv[1], sys.argv[2:]
     with open(os.environ["QUEUE_STUB_LOG"], "a") as log:
         log.write(" ".join(args) + "\n")
+    if role == "python" and args[0] == "-c" and "live_claim" in args[1]:  # the pre-training's claim: the real test
+        sys.argv = ["-c", *args[2:]]
+        exec(compile(args[1], "-c", "exec"), {"__name__": "__main__"})
+        return 0
     if role == "python" and args[0] == "-c":  # the queue's check of coretune's default precision
         print(os.environ.get("QUEUE_STUB_PRECISION", "bf16-mixed"))
         return 0

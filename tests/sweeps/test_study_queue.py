@@ -3,6 +3,7 @@ files the strength spec's columns read (a typo there would surface only hours in
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from coretune.runclaim import RunClaim
 from coretune.sweeps import BenchSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,6 +150,12 @@ def test_the_queue_records_every_run_and_a_new_machine_resumes_from_the_records(
     assert len(_recorded(main, "cifar10-cpu-strength-1pct")) == 18
     assert len(_recorded(main, "cifar10-cpu-strength-eval", ".json")) == 10
     assert _recorded(main, "cifar10-cpu-strength-eval", "gains.md")  # the table and the figure, from the records
+    both = f"{SPECS['STRENGTH']} {SPECS['STRENGTH_1PCT']}"
+    calls = log.read_text().splitlines()
+    scores = [c for c in calls if "strength_gain.py evaluate" in c]
+    assert scores and all(both in c and "--refuse_stale" in c for c in scores)  # every column's runs checked
+    plots = [c for c in calls if "strength_gain.py plot" in c]
+    assert plots and all(both in c and "--footnote simclr_in20 (the shared" in c for c in plots)
     assert _git(main, "ls-tree", "--name-only", "HEAD", "docs/img/strength_gain.png").strip()
     pretrainings = [
         p for p in _git(main, "ls-tree", "-r", "--name-only", "HEAD", "docs/records").split() if "-pretrain/" in p
@@ -205,10 +213,17 @@ def test_the_queue_never_deletes_a_pretraining_a_live_process_holds(queue: tuple
     worktree, main, log = queue
     held = worktree / "runs" / "pretrain" / "cifar10-simclr-r18-32px"
     held.mkdir(parents=True)
-    (held / "fit.pid").write_text(f'{{"pid": {os.getpid()}, "host": "here", "started": 0}}\n')
+    claim = RunClaim.of(os.getpid())  # this process stands for the pre-training started by hand
+    (held / "fit.pid").write_text(json.dumps({"pid": claim.pid, "host": claim.host, "started": claim.started}))
     (held / "pretrained-epoch5.pth.tar").write_text("epoch 5 of a pre-training started by hand")
     done = _run(worktree, main, log)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert f"stopped: runs/pretrain/cifar10-simclr-r18-32px is in use by process {os.getpid()}" in done.stdout
+    assert f"stopped: runs/pretrain/cifar10-simclr-r18-32px is in use by pid {os.getpid()} (its fit.pid)" in done.stdout
     assert (held / "pretrained-epoch5.pth.tar").read_text() == "epoch 5 of a pre-training started by hand"
     assert not [c for c in log.read_text().splitlines() if c.startswith("pretrain --method simclr")]
+    # the claim of a process that died, its pid now another's (another start time): stale, the folder made again
+    (held / "fit.pid").write_text(json.dumps({"pid": claim.pid, "host": claim.host, "started": 0.0}))
+    done = _run(worktree, main, log)
+    assert "is in use by" not in done.stdout, done.stdout + done.stderr
+    assert [c for c in log.read_text().splitlines() if c.startswith("pretrain --method simclr")]
+    assert (held / "pretrained-epoch5.pth.tar").read_text() == "simclr epoch 5"  # the stub's, not the stale one

@@ -252,3 +252,32 @@ def test_plot_command_writes_the_table_and_the_figure(
         strength.main(["plot", str(tmp_path / "strength.yaml"), f"--eval_dir={scores}", f"--figure={png}"])
     assert info.value.code == 2 and not png.exists()
     assert f"error: run directory {run.run_dir} was started with other fit arguments" in capsys.readouterr().err
+
+
+def test_the_figure_marks_few_seeds_diverged_runs_the_checkpoints_and_the_caveat(
+    strength: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.pyplot as plt
+
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)  # keep the figure to look at it
+    spec, out = _spec(tmp_path), tmp_path / "eval"
+    fabricate(spec, {(o, d, 0.1): v for (o, d), v in TOP1.items()})
+    out.mkdir()
+    for name, knn in (("weak", 0.2), ("strong", 0.6)):
+        (out / f"{name}-knn.json").write_text(json.dumps({"top1": knn, "seed": 0}))
+    lost = [("weak", "core", 0.1, 2, "the training loss is nan")]
+    strength.figure(strength.gains([spec], out), tmp_path / "gain.png", diverged=lost, footnote="weak: a caveat")
+    (ax,) = [a for a in drawn[0].axes if a.get_xlabel()]
+    (top,) = [child for child in ax.child_axes if child.get_xticklabels()]  # the checkpoints' names, along the top
+    labels = ax.get_legend().get_texts()
+    assert {t.get_text() for t in labels} == {
+        "ce_mix − ce, 10% labels",  # core's divergence is not on this line
+        "core − ce, 10% labels (1 diverged run(s) on this line)",
+        "core − ce_mix, 10% labels (1 diverged run(s) on this line)",
+    }
+    hollow = [line for line in ax.get_lines() if line.get_markerfacecolor() == "white"]
+    # weak's core rests on 2 paired seeds where every other point has 3: hollow on both of core's lines
+    assert sorted(tuple(line.get_xydata()[0]) for line in hollow) == [(20.0, -0.5), (20.0, 0.0)]
+    assert [t.get_text() for t in top.get_xticklabels()] == ["weak", "strong"]
+    assert [t.get_text() for t in drawn[0].texts] == ["weak: a caveat"]

@@ -103,6 +103,12 @@ def columns_of(specs: Sequence[BenchSpec], columns: Sequence[str] | None = None)
     return found
 
 
+def _fine_tuned_digest(run: Run) -> str | None:
+    """The SHA-256 of the pre-trained file a run fine-tuned (its ``results.json``'s ``weights_sha256``), or None."""
+    results = RunDir(run.run_dir).results
+    return json.loads(results.read_text()).get("weights_sha256") if results.is_file() else None
+
+
 def runs_from_another_file(specs: Sequence[BenchSpec], found: dict[str, list[str]]) -> list[str]:
     """Why finished runs of ``specs`` in the columns ``found`` (:func:`columns_of`) fine-tuned another file than the
     column's checkpoint today (their ``results.json``'s ``weights_sha256``): one line per run; none when every
@@ -116,8 +122,7 @@ def runs_from_another_file(specs: Sequence[BenchSpec], found: dict[str, list[str
             if run.dataset not in today:
                 weights = _option(found[run.dataset], "weights")
                 today[run.dataset] = weights_digest(weights) if weights and Path(weights).is_file() else None
-            results = RunDir(run.run_dir).results
-            used = json.loads(results.read_text()).get("weights_sha256") if results.is_file() else None
+            used = _fine_tuned_digest(run)
             if used and today[run.dataset] and used != today[run.dataset]:
                 lines.append(f"{run.label} fine-tuned another file (SHA-256 {used}) than today's")
     return lines
@@ -220,8 +225,8 @@ def fine_tuned_another_file(run: Run, eval_dir: Path) -> str | None:
     """Why a run's record names another pre-trained file (its ``results.json``'s ``weights_sha256``) than the one
     its column's scores describe, or None: the same file, or either digest not recorded (a record from before
     ``weights_sha256``, a random initialisation)."""
-    results, scores = RunDir(run.run_dir).results, eval_dir / f"{run.dataset}-knn.json"
-    used = json.loads(results.read_text()).get("weights_sha256") if results.is_file() else None
+    scores = eval_dir / f"{run.dataset}-knn.json"
+    used = _fine_tuned_digest(run)
     scored = json.loads(scores.read_text()).get("weights_sha256") if scores.is_file() else None
     if used and scored and used != scored:
         return (
@@ -277,11 +282,11 @@ def diverged_runs(specs: list[BenchSpec]) -> list[tuple[str, str, float, int, st
     ]
 
 
-def diverged(specs: list[BenchSpec]) -> str:
-    """:func:`diverged_runs` as the table's note, one line each; empty without any."""
+def diverged(runs: Sequence[tuple[str, str, float, int, str]]) -> str:
+    """The table's note on :func:`diverged_runs`, one line each; empty without any."""
     lines = [
         f"- {column}/{method}/{100 * fraction:g}%/seed {seed}: {message}"
-        for column, method, fraction, seed, message in diverged_runs(specs)
+        for column, method, fraction, seed, message in runs
     ]
     return "\n".join(["", "Diverged or collapsed (not in the gains):", *lines, ""]) if lines else ""
 
@@ -360,9 +365,10 @@ def figure(
         ax.legend(fontsize=7)
     else:  # no checkpoint both scored (evaluate) and fine-tuned by two methods yet
         ax.text(0.5, 0.5, "no scored checkpoint with finished runs yet", ha="center", transform=ax.transAxes)
-    if footnote:
-        fig.text(0.01, 0.01, "\n".join(textwrap.wrap(footnote, 130)), fontsize=6.5, va="bottom")
-    fig.tight_layout(rect=(0, 0.03 + 0.025 * len(textwrap.wrap(footnote, 130)) if footnote else 0, 1, 1))
+    wrapped = textwrap.wrap(footnote, 130)
+    if wrapped:
+        fig.text(0.01, 0.01, "\n".join(wrapped), fontsize=6.5, va="bottom")
+    fig.tight_layout(rect=(0, 0.03 + 0.025 * len(wrapped) if wrapped else 0, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -397,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rows = gains(specs, args.eval_dir)
         lost = diverged_runs(specs)
-        table = markdown(rows) + diverged(specs) + (f"\n{args.footnote}\n" if args.footnote else "")
+        table = markdown(rows) + diverged(lost) + (f"\n{args.footnote}\n" if args.footnote else "")
     except OtherFitArgs as error:  # a run folder started with other fit arguments than its spec's (collect_cells)
         parser.error(str(error))
     print(table)

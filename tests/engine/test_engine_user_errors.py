@@ -1020,12 +1020,77 @@ def test_a_run_whose_training_accuracy_collapses_to_chance_fails(tree: Path, tmp
         r"the training top-1 is \d+\.\d% at epoch 6, step 54: chance level \(a model that learned nothing scores "
         r"33\.3% on these labels\), at the end of training: the run collapsed or is not learning\. Clip the "
         r"gradients \(--trainer\.gradient_clip_val 1\.0\) or lower the learning rate \(--model\.lr\); "
-        r"docs/results\.md, section 7",
+        r"docs/results\.md, section 7\. If it learns slowly on purpose, give it more time with a guard of your own: "
+        r"--trainer\.callbacks\+=coretune\.engine\.ChanceLevelGuard --trainer\.callbacks\.min_fraction 0\.5 \(or "
+        r"--trainer\.callbacks\.stop false to only warn\)",
         message,
     ), message
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["collapsed"].startswith("the training top-1 is ") and "test" not in results
     assert results["diverged"] == message  # every NonFiniteLossError is recorded, a collapse to chance too
+
+
+def collapsing_fit(tmp_path: Path, *extra: str) -> list[str]:
+    """``coretune fit`` arguments of 6 epochs (9 steps each) whose training accuracy stays at chance: a dead, frozen
+    backbone on 3 classes (``test_a_run_whose_training_accuracy_collapses_to_chance_fails``)."""
+    from image_trees import make_image_tree
+
+    root = make_image_tree(tmp_path / "data", classes=("a", "b", "c"), per_class=6, val_per_class=2, size=16)
+    weights = dead_backbone(tmp_path / "dead.pth")
+    return ["fit", f"--data.root={root}", "--model.backbone=small_cnn", f"--model.weights={weights}",
+            "--model.freeze_backbone=true", "--data.image_size=16", "--data.batch_size=2", "--trainer.max_epochs=6",
+            "--trainer.limit_val_batches=0", f"--run_dir={tmp_path / 'run'}", *QUIET, *extra]  # fmt: skip
+
+
+OWN_GUARD = "--trainer.callbacks+=coretune.engine.ChanceLevelGuard"
+
+
+def test_a_guard_passed_in_trainer_callbacks_replaces_the_default_one(tmp_path: Path) -> None:
+    """The guard's thresholds are the user's: judged from epoch 2 (min_steps 0, min_fraction 0), 2 epochs at chance
+    stop the run at epoch 3 (the default guard would stop it at the end of epoch 6)."""
+    own = [OWN_GUARD, "--trainer.callbacks.min_steps=0", "--trainer.callbacks.min_fraction=0",
+           "--trainer.callbacks.patience=2"]  # fmt: skip
+    message = error(collapsing_fit(tmp_path, *own))
+    assert message.startswith("the training top-1 is "), message
+    assert " at epoch 3, step 27: chance level " in message and ", for 2 epochs: " in message, message
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["collapsed"] in message
+
+
+def test_a_guard_told_not_to_stop_only_warns(tmp_path: Path) -> None:
+    """``stop false``: the guard warns and the run trains to its end (the default guard, which would stop it at
+    epoch 6, is gone). This dead model is then caught by the test's own check (identical logits), which is still
+    there."""
+    with pytest.warns(UserWarning, match=r"the training top-1 is .* at epoch 6, step 54: chance level"):
+        message = error(collapsing_fit(tmp_path, OWN_GUARD, "--trainer.callbacks.stop=false"))
+    assert message.startswith("the model collapsed at epoch 6, step 54: all 6 test images get the same logits"), message
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert "collapsed" not in results and results["diverged"] == message
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()  # all 6 epochs trained
+
+
+def test_make_trainer_keeps_one_chance_guard(tmp_path: Path) -> None:
+    """The Python API: the caller's guard replaces the default one; without one, the default is there."""
+    from coretune.engine import ChanceLevelGuard, make_trainer
+
+    own = ChanceLevelGuard(patience=2, stop=False)
+    guards = [c for c in make_trainer(tmp_path, callbacks=[own]).callbacks if isinstance(c, ChanceLevelGuard)]
+    assert guards == [own]
+    default = [c for c in make_trainer(tmp_path).callbacks if isinstance(c, ChanceLevelGuard)]
+    assert len(default) == 1 and default[0].stop and default[0].patience == 5
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        ("--trainer.callbacks.patience=0", "patience must be a whole number >= 1 (got 0)"),
+        ("--trainer.callbacks.min_fraction=1.5", "min_fraction must be in [0, 1] (got 1.5)"),
+        ("--trainer.callbacks.min_steps=-1", "min_steps must be a whole number >= 0 (got -1)"),
+    ],
+)
+def test_a_guard_with_a_bad_value_is_one_clear_error(tmp_path: Path, option: str, said: str) -> None:
+    message = error(collapsing_fit(tmp_path, OWN_GUARD, option))
+    assert f"ChanceLevelGuard: {said}" in message, message
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 @pytest.mark.parametrize(

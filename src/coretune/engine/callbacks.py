@@ -340,14 +340,35 @@ class ChanceLevelGuard(L.Callback):
     run's steps on (a slow start, e.g. from a random initialisation on a few hundred images, is not a collapse),
     the first such epoch warns; ``patience`` consecutive ones, or the last epoch of the run, raise
     :class:`NonFiniteLossError` (``coretune fit`` then exits with one line naming the fix), after ``results.json``
-    has recorded ``collapsed``. Runs that log no ``train/top1`` (pre-training) are left alone.
+    has recorded ``collapsed``; with ``stop=False`` the guard only warns. Runs that log no ``train/top1``
+    (pre-training) are left alone.
+
+    Every trainer coretune makes has one (:func:`~coretune.engine.default_callbacks`); a guard among the caller's own
+    callbacks replaces it, e.g. for a run that learns slowly on purpose: ``coretune fit ... --trainer.callbacks+=
+    coretune.engine.ChanceLevelGuard --trainer.callbacks.min_fraction 0.5`` (or ``--trainer.callbacks.stop false``).
     """
 
     def __init__(
-        self, run_dir: str | Path | None = None, min_steps: int = 50, patience: int = 5, min_fraction: float = 0.1
+        self,
+        run_dir: str | Path | None = None,
+        min_steps: int = 50,
+        patience: int = 5,
+        min_fraction: float = 0.1,
+        stop: bool = True,
     ) -> None:
+        problems = [
+            f"{name} must be {rule} (got {value!r})"
+            for name, value, ok, rule in [
+                ("min_steps", min_steps, isinstance(min_steps, int) and min_steps >= 0, "a whole number >= 0"),
+                ("patience", patience, isinstance(patience, int) and patience >= 1, "a whole number >= 1"),
+                ("min_fraction", min_fraction, 0 <= min_fraction <= 1, "in [0, 1]"),
+            ]
+            if not ok
+        ]
+        if problems:
+            raise ValueError(f"ChanceLevelGuard: {'; '.join(problems)}")
         self._run_dir = Path(run_dir) if run_dir is not None else None
-        self.min_steps, self.patience, self.min_fraction = min_steps, patience, min_fraction
+        self.min_steps, self.patience, self.min_fraction, self.stop = min_steps, patience, min_fraction, stop
         self._counts: torch.Tensor | None = None
         self._ce_sum: torch.Tensor | float = 0.0  # a tensor on the logits' device: no sync per step
         self._ce_rows = 0
@@ -394,9 +415,11 @@ class ChanceLevelGuard(L.Callback):
         )
         fix = (
             "the run collapsed or is not learning. Clip the gradients (--trainer.gradient_clip_val 1.0) or lower the "
-            "learning rate (--model.lr); docs/results.md, section 7"
+            "learning rate (--model.lr); docs/results.md, section 7. If it learns slowly on purpose, give it more "
+            "time with a guard of your own: --trainer.callbacks+=coretune.engine.ChanceLevelGuard "
+            "--trainer.callbacks.min_fraction 0.5 (or --trainer.callbacks.stop false to only warn)"
         )
-        if self._streak >= self.patience or last:
+        if self.stop and (self._streak >= self.patience or last):
             when = f"for {self._streak} epochs" if self._streak > 1 else "at the end of training"
             message = f"{what}, {when}: {fix}"
             if trainer.is_global_zero:

@@ -251,7 +251,9 @@ class FitCLI(RunDirCLI):
             check()
         trainer = self._get(self.config_init, "trainer", default={})
         show_progress = trainer.get("enable_progress_bar") is not False
-        self.trainer_defaults["callbacks"] = default_callbacks(trainer["default_root_dir"], progress=show_progress)
+        own = trainer.get("callbacks") or []  # --trainer.callbacks: its ChanceLevelGuard replaces the default one
+        own = own if isinstance(own, list) else [own]
+        self.trainer_defaults["callbacks"] = default_callbacks(trainer["default_root_dir"], show_progress, own)
         kwargs["plugins"] = with_atomic_io(trainer.get("plugins"))
         return super().instantiate_trainer(**kwargs)
 

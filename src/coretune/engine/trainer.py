@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,11 +136,14 @@ class BestCheckpoint(ModelCheckpoint):
         super().setup(trainer, pl_module, stage)
 
 
-def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) -> list[Callback]:
+def default_callbacks(
+    run_dir: str | Path | None = None, progress: bool = True, own: Sequence[Callback] = ()
+) -> list[Callback]:
     """Best and last checkpoints (best by the task's ``val/<monitor>``, :class:`BestCheckpoint`) in
     ``run_dir/checkpoints`` (without ``run_dir``: the trainer's ``default_root_dir/checkpoints`` while it has no
     logger, else the first logger's folder), run outputs, the run's settings for its loggers, a stop for runs
-    collapsed to chance, a resumable checkpoint on SIGTERM/SIGINT, and a rich progress bar with ETA."""
+    collapsed to chance (:class:`ChanceLevelGuard`; left out when the caller's ``own`` callbacks hold one, which
+    replaces it), a resumable checkpoint on SIGTERM/SIGINT, and a rich progress bar with ETA."""
     checkpoint_dir = RunDir(run_dir).checkpoints if run_dir is not None else None
     callbacks: list[Callback] = [
         BestCheckpoint(checkpoint_dir),
@@ -152,7 +155,7 @@ def default_callbacks(run_dir: str | Path | None = None, progress: bool = True) 
         ),
         RunArtifacts(run_dir),
         LogRunSettings(),
-        ChanceLevelGuard(run_dir),
+        *([] if any(isinstance(callback, ChanceLevelGuard) for callback in own) else [ChanceLevelGuard(run_dir)]),
         StopOnSignal(),
     ]
     if progress:
@@ -168,5 +171,6 @@ def make_trainer(run_dir: str | Path, progress: bool = True, **kwargs: Any) -> L
     kwargs.setdefault("enable_autolog_hparams", False)
     kwargs.setdefault("plugins", [AtomicCheckpointIO()])
     progress = progress and kwargs.get("enable_progress_bar", True)
-    kwargs["callbacks"] = default_callbacks(run_dir, progress) + list(kwargs.get("callbacks") or [])
+    own = list(kwargs.get("callbacks") or [])
+    kwargs["callbacks"] = default_callbacks(run_dir, progress, own) + own
     return L.Trainer(default_root_dir=str(run_dir), **kwargs)

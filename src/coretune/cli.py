@@ -409,10 +409,12 @@ def _error_message(err: BaseException) -> str:
     if "\nOriginal Traceback" in text:  # re-raised from a DataLoader worker: keep the original exception's line
         text = text.rstrip().splitlines()[-1].partition(": ")[2] or text
     if text.startswith("Does not validate against any of the Union subtypes"):
-        # jsonargparse wraps the error of a class chosen by class_path (`coretune pretrain --method …`) in the
-        # errors of every type it tried; keep the class's own message.
+        # jsonargparse wraps the error of a class chosen by class_path (`coretune pretrain --method …`, a
+        # `--trainer.callbacks` class) in the errors of every type it tried; keep the class's own message.
         tried = [line.strip()[2:] for line in text.splitlines() if line.startswith("  - ")]
-        text = "; ".join(m for m in tried if not m.startswith("Expected a <class 'NoneType'>")) or text
+        generic = ("Expected a <class 'NoneType'>", "Expected a <class 'list'>", "Not a valid subclass of")
+        own = [m for m in tried if not m.startswith(generic)]
+        text = "; ".join(own or [m for m in tried if not m.startswith(generic[0])]) or text
     if isinstance(err, OSError) and err.errno == errno.ENOSPC:
         text += " — free disk space, then run the same command again to resume (the last complete checkpoint is intact)"
     return text

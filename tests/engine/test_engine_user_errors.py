@@ -814,6 +814,13 @@ def test_setting_changes_tells_the_changes_a_resume_may_make_from_the_others() -
         assert changes == (
             ([f"trainer.devices {old} → {new}"], []) if resumable else ([], [f"trainer.devices {old} → {new}"])
         )
+    guard = {"class_path": "coretune.engine.ChanceLevelGuard", "init_args": {"patience": 5, "stop": True}}
+    relaxed = {"class_path": guard["class_path"], "init_args": {"patience": 20, "stop": False}}
+    # one --trainer.callbacks class is recorded as a mapping, a list (+=) under the one key: both may change
+    assert setting_changes({"trainer": {"callbacks": guard}}, {"trainer": {"callbacks": relaxed}}) == (
+        ["trainer.callbacks.patience 5 → 20", "trainer.callbacks.stop True → False"], []
+    )
+    assert setting_changes({"trainer": {"callbacks": [guard]}}, {"trainer": {"callbacks": [relaxed]}})[1] == []
 
 
 def test_a_data_root_that_gained_a_class_is_refused_on_resume(tree: Path, tmp_path: Path) -> None:
@@ -1050,10 +1057,23 @@ def test_a_guard_passed_in_trainer_callbacks_replaces_the_default_one(tmp_path: 
     stop the run at epoch 3 (the default guard would stop it at the end of epoch 6)."""
     own = [OWN_GUARD, "--trainer.callbacks.min_steps=0", "--trainer.callbacks.min_fraction=0",
            "--trainer.callbacks.patience=2"]  # fmt: skip
-    message = error(collapsing_fit(tmp_path, *own))
+    with pytest.warns(UserWarning, match=r"at epoch 2, step 18: chance level"):  # the first epoch judged
+        message = error(collapsing_fit(tmp_path, *own))
     assert message.startswith("the training top-1 is "), message
     assert " at epoch 3, step 27: chance level " in message and ", for 2 epochs: " in message, message
     assert json.loads((tmp_path / "run" / "results.json").read_text())["collapsed"] in message
+    # in the default guard's place, after the run's outputs: the epoch that stopped the run is in metrics.csv
+    assert [row["epoch"] for row in read_metrics(tmp_path / "run" / "metrics.csv")] == ["0", "1", "2"]
+
+
+def test_the_last_of_two_guards_is_the_one(tmp_path: Path) -> None:
+    """A run directory's config.yaml that records a guard, and the user's += of another: the last one given wins
+    (never two guards, the stricter of which would stop the run)."""
+    strict = [OWN_GUARD, "--trainer.callbacks.min_steps=0", "--trainer.callbacks.min_fraction=0",
+              "--trainer.callbacks.patience=2"]  # fmt: skip
+    with pytest.warns(UserWarning, match=r"at epoch 6, step 54: chance level .*section 7$"):
+        message = error(collapsing_fit(tmp_path, *strict, OWN_GUARD, "--trainer.callbacks.stop=false"))
+    assert message.startswith("the model collapsed at epoch 6, step 54"), message  # the test's check, not a guard's
 
 
 def test_a_guard_told_not_to_stop_only_warns(tmp_path: Path) -> None:
@@ -1083,14 +1103,31 @@ def test_make_trainer_keeps_one_chance_guard(tmp_path: Path) -> None:
     ("option", "said"),
     [
         ("--trainer.callbacks.patience=0", "patience must be a whole number >= 1 (got 0)"),
-        ("--trainer.callbacks.min_fraction=1.5", "min_fraction must be in [0, 1] (got 1.5)"),
+        ("--trainer.callbacks.min_fraction=1.5", "min_fraction must be a number in [0, 1] (got 1.5)"),
         ("--trainer.callbacks.min_steps=-1", "min_steps must be a whole number >= 0 (got -1)"),
     ],
 )
 def test_a_guard_with_a_bad_value_is_one_clear_error(tmp_path: Path, option: str, said: str) -> None:
     message = error(collapsing_fit(tmp_path, OWN_GUARD, option))
-    assert f"ChanceLevelGuard: {said}" in message, message
+    assert message == f"ChanceLevelGuard: {said}"
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"patience": True}, "patience must be a whole number >= 1 (got True)"),
+        ({"min_steps": 2.5}, "min_steps must be a whole number >= 0 (got 2.5)"),
+        ({"min_fraction": "half"}, "min_fraction must be a number in [0, 1] (got 'half')"),
+        ({"stop": "no"}, "stop must be true or false (got 'no')"),
+    ],
+)
+def test_a_guard_made_in_python_with_a_bad_value_says_which(settings: dict[str, Any], said: str) -> None:
+    from coretune.engine import ChanceLevelGuard
+
+    with pytest.raises(ValueError, match=re.escape(f"ChanceLevelGuard: {said}")):
+        ChanceLevelGuard(**settings)
+    assert ChanceLevelGuard(patience=np.int64(3)).patience == 3  # any whole number, numpy's too
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import contextlib
 import csv
 import json
 import math
+import numbers
 import os
 import platform
 import subprocess
@@ -330,6 +331,14 @@ def chance_verdict(top1: float, counts: torch.Tensor, mean_ce: float | None = No
     return None
 
 
+def _whole(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 class ChanceLevelGuard(L.Callback):
     """Stops a fine-tuning run whose training accuracy has collapsed to chance, instead of letting it end looking
     like a success.
@@ -359,9 +368,10 @@ class ChanceLevelGuard(L.Callback):
         problems = [
             f"{name} must be {rule} (got {value!r})"
             for name, value, ok, rule in [
-                ("min_steps", min_steps, isinstance(min_steps, int) and min_steps >= 0, "a whole number >= 0"),
-                ("patience", patience, isinstance(patience, int) and patience >= 1, "a whole number >= 1"),
-                ("min_fraction", min_fraction, 0 <= min_fraction <= 1, "in [0, 1]"),
+                ("min_steps", min_steps, _whole(min_steps) and min_steps >= 0, "a whole number >= 0"),
+                ("patience", patience, _whole(patience) and patience >= 1, "a whole number >= 1"),
+                ("min_fraction", min_fraction, _real(min_fraction) and 0 <= min_fraction <= 1, "a number in [0, 1]"),
+                ("stop", stop, isinstance(stop, bool), "true or false"),
             ]
             if not ok
         ]
@@ -415,10 +425,14 @@ class ChanceLevelGuard(L.Callback):
         )
         fix = (
             "the run collapsed or is not learning. Clip the gradients (--trainer.gradient_clip_val 1.0) or lower the "
-            "learning rate (--model.lr); docs/results.md, section 7. If it learns slowly on purpose, give it more "
-            "time with a guard of your own: --trainer.callbacks+=coretune.engine.ChanceLevelGuard "
-            "--trainer.callbacks.min_fraction 0.5 (or --trainer.callbacks.stop false to only warn)"
+            "learning rate (--model.lr); docs/results.md, section 7"
         )
+        if self.stop:
+            fix += (
+                ". If it learns slowly on purpose, give it more time with a guard of your own: --trainer.callbacks+="
+                "coretune.engine.ChanceLevelGuard --trainer.callbacks.min_fraction 0.5 (or --trainer.callbacks.stop "
+                "false to only warn)"
+            )
         if self.stop and (self._streak >= self.patience or last):
             when = f"for {self._streak} epochs" if self._streak > 1 else "at the end of training"
             message = f"{what}, {when}: {fix}"

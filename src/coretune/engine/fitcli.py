@@ -34,7 +34,7 @@ from .checkpoint_io import with_atomic_io
 from .loggers import LOGGER_ALIAS, expand_config_loggers, logger_args, place_loggers
 from .module import FineTuner
 from .rundir import RunDirCLI
-from .trainer import check_trainer_options, default_callbacks, default_precision, quiet_lightning
+from .trainer import check_trainer_options, default_callbacks, default_precision, own_guard, quiet_lightning
 
 __all__ = ["FitArgsError", "FitCLI", "fit", "resolved_fit_config", "task_of_args", "translate_args"]
 
@@ -251,9 +251,9 @@ class FitCLI(RunDirCLI):
             check()
         trainer = self._get(self.config_init, "trainer", default={})
         show_progress = trainer.get("enable_progress_bar") is not False
-        own = trainer.get("callbacks") or []  # --trainer.callbacks: its ChanceLevelGuard replaces the default one
-        own = own if isinstance(own, list) else [own]
-        self.trainer_defaults["callbacks"] = default_callbacks(trainer["default_root_dir"], show_progress, own)
+        own = trainer.get("callbacks") or []  # --trainer.callbacks: a ChanceLevelGuard there replaces the default
+        trainer["callbacks"], guard = own_guard(own if isinstance(own, list) else [own])
+        self.trainer_defaults["callbacks"] = default_callbacks(trainer["default_root_dir"], show_progress, guard)
         kwargs["plugins"] = with_atomic_io(trainer.get("plugins"))
         return super().instantiate_trainer(**kwargs)
 

@@ -122,7 +122,8 @@ def setting_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> 
         if key == "trainer.devices" and _device_count(old[key]) != _device_count(new[key]):
             resumable = False
         else:
-            resumable = key in RESUMABLE_CHANGES
+            # a single --trainer.callbacks class is recorded as a mapping: its trainer.callbacks.<x> are callbacks too
+            resumable = key in RESUMABLE_CHANGES or key.startswith("trainer.callbacks.")
         (allowed if resumable else refused).append(f"{key} {old[key]} → {new[key]}")
     return allowed, refused
 

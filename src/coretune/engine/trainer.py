@@ -137,13 +137,14 @@ class BestCheckpoint(ModelCheckpoint):
 
 
 def default_callbacks(
-    run_dir: str | Path | None = None, progress: bool = True, own: Sequence[Callback] = ()
+    run_dir: str | Path | None = None, progress: bool = True, guard: ChanceLevelGuard | None = None
 ) -> list[Callback]:
     """Best and last checkpoints (best by the task's ``val/<monitor>``, :class:`BestCheckpoint`) in
     ``run_dir/checkpoints`` (without ``run_dir``: the trainer's ``default_root_dir/checkpoints`` while it has no
     logger, else the first logger's folder), run outputs, the run's settings for its loggers, a stop for runs
-    collapsed to chance (:class:`ChanceLevelGuard`; left out when the caller's ``own`` callbacks hold one, which
-    replaces it), a resumable checkpoint on SIGTERM/SIGINT, and a rich progress bar with ETA."""
+    collapsed to chance (``guard``, default a :class:`ChanceLevelGuard` with its default thresholds; after the run
+    outputs, so the epoch that stops a run is in ``metrics.csv``), a resumable checkpoint on SIGTERM/SIGINT, and a
+    rich progress bar with ETA."""
     checkpoint_dir = RunDir(run_dir).checkpoints if run_dir is not None else None
     callbacks: list[Callback] = [
         BestCheckpoint(checkpoint_dir),
@@ -155,12 +156,19 @@ def default_callbacks(
         ),
         RunArtifacts(run_dir),
         LogRunSettings(),
-        *([] if any(isinstance(callback, ChanceLevelGuard) for callback in own) else [ChanceLevelGuard(run_dir)]),
+        ChanceLevelGuard(run_dir) if guard is None else guard,
         StopOnSignal(),
     ]
     if progress:
         callbacks.append(RichProgressBar())
     return callbacks
+
+
+def own_guard(callbacks: Sequence[Callback]) -> tuple[list[Callback], ChanceLevelGuard | None]:
+    """A caller's ``callbacks`` without their :class:`ChanceLevelGuard`, and the guard, which replaces the default
+    one in :func:`default_callbacks` (the last one given, when there are several: an option given again wins)."""
+    guards = [callback for callback in callbacks if isinstance(callback, ChanceLevelGuard)]
+    return [callback for callback in callbacks if callback not in guards], (guards[-1] if guards else None)
 
 
 def make_trainer(run_dir: str | Path, progress: bool = True, **kwargs: Any) -> L.Trainer:
@@ -171,6 +179,6 @@ def make_trainer(run_dir: str | Path, progress: bool = True, **kwargs: Any) -> L
     kwargs.setdefault("enable_autolog_hparams", False)
     kwargs.setdefault("plugins", [AtomicCheckpointIO()])
     progress = progress and kwargs.get("enable_progress_bar", True)
-    own = list(kwargs.get("callbacks") or [])
-    kwargs["callbacks"] = default_callbacks(run_dir, progress, own) + own
+    own, guard = own_guard(list(kwargs.get("callbacks") or []))
+    kwargs["callbacks"] = default_callbacks(run_dir, progress, guard) + own
     return L.Trainer(default_root_dir=str(run_dir), **kwargs)

@@ -92,6 +92,8 @@ def test_fit_writes_a_complete_run_directory(fitted: tuple[Path, Path]) -> None:
     assert test["top1"] == pytest.approx(correct / 12)
     assert test["top5"] == 1.0  # top-5 with 3 classes is always right
     assert results["train_images_per_s"] > 0 and results["wall_time_s"] > 0
+    # the process's CPU seconds: all its threads, so at most the thread count × the wall time (and some slack)
+    assert 0 < results["cpu_time_s"] <= torch.get_num_threads() * results["wall_time_s"] + 0.5
     assert results["validated_on_test_images"] is True  # the tree has val/ only: it serves both loaders
     last = (run_dir / "checkpoints" / "last.ckpt").read_bytes()  # the final weights, for Table 8's check
     assert results["last_checkpoint_sha256"] == hashlib.sha256(last).hexdigest()
@@ -516,3 +518,21 @@ def test_each_micro_batch_of_an_accumulation_window_draws_its_own_randomness(
     )  # fmt: skip
     trainer.fit(model, datamodule=data)
     assert seeded == [0, 1, 2, 3] and trainer.global_step == 4 // accumulate
+
+
+def test_cpu_time_does_not_grow_while_the_process_waits(tmp_path: Path) -> None:
+    """``cpu_time_s`` is the study's CPU budget: a run paused (the study queue's guard stops it while tests run) or
+    waiting grows its wall time, not its CPU time; a resume adds the earlier sessions' CPU time."""
+    import time
+
+    from coretune.engine import RunArtifacts
+
+    artifacts = RunArtifacts(tmp_path)
+    artifacts.on_fit_start(L.Trainer(logger=False, enable_progress_bar=False), L.LightningModule())
+    time.sleep(0.5)
+    state = artifacts.state_dict()
+    assert state["wall_time_s"] >= 0.5 and state["cpu_time_s"] < 0.2
+    resumed = RunArtifacts(tmp_path)
+    resumed.load_state_dict(state)
+    resumed.on_fit_start(L.Trainer(logger=False, enable_progress_bar=False), L.LightningModule())
+    assert state["cpu_time_s"] <= resumed.state_dict()["cpu_time_s"] < state["cpu_time_s"] + 0.2

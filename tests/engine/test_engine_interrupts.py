@@ -96,6 +96,7 @@ def assert_same_run(whole: Path, resumed: Path) -> None:
         epoch_times = [float(r["epoch_time_s"]) for r in read_metrics(run / "metrics.csv")]
         assert sum(epoch_times) <= result["wall_time_s"] + 0.02
     assert results[1]["train_time_s"] > 0.5 * results[0]["train_time_s"]  # was the last session's 1 to 6 batches of 8
+    assert results[1]["cpu_time_s"] > 0.5 * results[0]["cpu_time_s"]  # every session's CPU time too
 
 
 def checkpoint_files(run_dir: Path) -> list[str]:

@@ -170,6 +170,8 @@ class RunArtifacts(L.Callback):
         self._val_start = 0.0
         self._fit_start = 0.0
         self._earlier_wall = 0.0  # the wall time of the sessions before a resume (their train time is in _train_time)
+        self._cpu_start = 0.0
+        self._earlier_cpu = 0.0  # the CPU time of the sessions before a resume
         self._in_epoch = False
         self._epoch_lr = float("nan")
         self._validated = False  # this epoch ran validation (Lightning keeps the last val/* in callback_metrics)
@@ -180,6 +182,7 @@ class RunArtifacts(L.Callback):
     # -- timing ---------------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._fit_start = self._epoch_start = self._epoch_wall_start = time.perf_counter()
+        self._cpu_start = time.process_time()
         self._in_epoch = True  # until the first epoch ends (a mid-epoch resume skips on_train_epoch_start)
         if trainer.is_global_zero and RunDir(self.run_dir(trainer)).results.is_file():
             # fit again after a failure, or extend a finished run (--trainer.max_epochs): until this fit tests
@@ -212,6 +215,7 @@ class RunArtifacts(L.Callback):
             "epoch_lr": self._epoch_lr,
             "train_time_s": self._train_time + (now - self._epoch_start if self._in_epoch else 0.0),
             "wall_time_s": self._earlier_wall + now - self._fit_start,
+            "cpu_time_s": self._cpu_time(),
             "train_images": self._images,
         }
 
@@ -220,7 +224,14 @@ class RunArtifacts(L.Callback):
         # absent from the checkpoints of older versions: those runs count from the resume, as they did
         self._train_time = state_dict.get("train_time_s", 0.0)
         self._earlier_wall = state_dict.get("wall_time_s", 0.0)
+        self._earlier_cpu = state_dict.get("cpu_time_s", 0.0)
         self._images = state_dict.get("train_images", 0)
+
+    def _cpu_time(self) -> float:
+        """The CPU seconds this process has spent fitting, every session of a resumed run: all its threads (so up
+        to the thread count × the wall time), not the time it was stopped or waiting (a paused run's wall time
+        grows, this does not), not DataLoader worker processes; on several processes, rank 0's."""
+        return self._earlier_cpu + time.process_time() - self._cpu_start
 
     # -- outputs --------------------------------------------------------------------------------------------
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -265,6 +276,7 @@ class RunArtifacts(L.Callback):
         update_results(
             run_dir,
             wall_time_s=round(self._earlier_wall + time.perf_counter() - self._fit_start, 2),
+            cpu_time_s=round(self._cpu_time(), 2),
             train_time_s=round(self._train_time, 2),
             train_images=images,
             train_images_per_s=round(images / self._train_time, 1) if self._train_time > 0 else None,

@@ -113,6 +113,7 @@ def collect_cells(
                 val_top1_pct=None if top1 is None or spec.metric != "val" else round(top1, 4),
                 epochs=results.get("epochs"),
                 wall_time_s=results.get("wall_time_s"),
+                cpu_time_s=results.get("cpu_time_s"),
                 train_images_per_s=results.get("train_images_per_s"),
                 run_dir=run.run_dir,
                 reconstructed=reconstructed,

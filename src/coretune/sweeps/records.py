@@ -54,6 +54,7 @@ class RunRecord:
     wall_time_s: float | None
     train_images_per_s: float | None
     run_dir: Path
+    cpu_time_s: float | None = None  # the fitting process's CPU seconds (results.json; newer records only)
     reconstructed: bool = False  # results.json has a "reconstructed" entry (docs/records/README.md)
     selection: str | None = None  # domain generalization: the model-selection rule, "ORACLE: …" for the oracle
 

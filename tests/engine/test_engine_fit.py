@@ -536,3 +536,7 @@ def test_cpu_time_does_not_grow_while_the_process_waits(tmp_path: Path) -> None:
     resumed.load_state_dict(state)
     resumed.on_fit_start(L.Trainer(logger=False, enable_progress_bar=False), L.LightningModule())
     assert state["cpu_time_s"] <= resumed.state_dict()["cpu_time_s"] < state["cpu_time_s"] + 0.2
+    older = RunArtifacts(tmp_path)  # a checkpoint of code that did not count CPU time: unknown, not a part
+    older.load_state_dict({k: v for k, v in state.items() if k != "cpu_time_s"})
+    older.on_fit_start(L.Trainer(logger=False, enable_progress_bar=False), L.LightningModule())
+    assert older.state_dict()["cpu_time_s"] is None

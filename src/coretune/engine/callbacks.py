@@ -171,7 +171,7 @@ class RunArtifacts(L.Callback):
         self._fit_start = 0.0
         self._earlier_wall = 0.0  # the wall time of the sessions before a resume (their train time is in _train_time)
         self._cpu_start = 0.0
-        self._earlier_cpu = 0.0  # the CPU time of the sessions before a resume
+        self._earlier_cpu: float | None = 0.0  # the CPU time of the sessions before a resume (None: not recorded)
         self._in_epoch = False
         self._epoch_lr = float("nan")
         self._validated = False  # this epoch ran validation (Lightning keeps the last val/* in callback_metrics)
@@ -224,13 +224,17 @@ class RunArtifacts(L.Callback):
         # absent from the checkpoints of older versions: those runs count from the resume, as they did
         self._train_time = state_dict.get("train_time_s", 0.0)
         self._earlier_wall = state_dict.get("wall_time_s", 0.0)
-        self._earlier_cpu = state_dict.get("cpu_time_s", 0.0)
+        # a checkpoint of older code has no CPU time: unknown, rather than the last session's alone
+        self._earlier_cpu = state_dict.get("cpu_time_s")
         self._images = state_dict.get("train_images", 0)
 
-    def _cpu_time(self) -> float:
+    def _cpu_time(self) -> float | None:
         """The CPU seconds this process has spent fitting, every session of a resumed run: all its threads (so up
         to the thread count × the wall time), not the time it was stopped or waiting (a paused run's wall time
-        grows, this does not), not DataLoader worker processes; on several processes, rank 0's."""
+        grows, this does not), not DataLoader worker processes; on several processes, rank 0's. ``None`` for a run
+        resumed from a checkpoint of older code, which did not count it."""
+        if self._earlier_cpu is None:
+            return None
         return self._earlier_cpu + time.process_time() - self._cpu_start
 
     # -- outputs --------------------------------------------------------------------------------------------
@@ -276,7 +280,7 @@ class RunArtifacts(L.Callback):
         update_results(
             run_dir,
             wall_time_s=round(self._earlier_wall + time.perf_counter() - self._fit_start, 2),
-            cpu_time_s=round(self._cpu_time(), 2),
+            cpu_time_s=None if (cpu := self._cpu_time()) is None else round(cpu, 2),
             train_time_s=round(self._train_time, 2),
             train_images=images,
             train_images_per_s=round(images / self._train_time, 1) if self._train_time > 0 else None,

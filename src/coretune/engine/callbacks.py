@@ -229,10 +229,11 @@ class RunArtifacts(L.Callback):
         self._images = state_dict.get("train_images", 0)
 
     def _cpu_time(self) -> float | None:
-        """The CPU seconds this process has spent fitting, every session of a resumed run: all its threads (so up
-        to the thread count × the wall time), not the time it was stopped or waiting (a paused run's wall time
-        grows, this does not), not DataLoader worker processes; on several processes, rank 0's. ``None`` for a run
-        resumed from a checkpoint of older code, which did not count it."""
+        """The CPU seconds this process has spent fitting (from fit start to fit end, as ``wall_time_s``), every
+        session of a resumed run: all its threads (so at most the threads running at once × the wall time), not
+        the time it was stopped or waiting (a paused run's wall time grows, this does not), not DataLoader worker
+        processes; on several processes, rank 0's. ``None`` for a run resumed from a checkpoint of older code,
+        which did not count it."""
         if self._earlier_cpu is None:
             return None
         return self._earlier_cpu + time.process_time() - self._cpu_start

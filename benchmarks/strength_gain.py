@@ -319,8 +319,9 @@ def figure(
     footnote: str = "",
 ) -> Path:
     """Each method's paired gain over ``baseline`` (mean ± std over seeds) against the checkpoint's kNN top-1, one
-    line per (method, label fraction); Core-tuning's gain over ``ce_mix`` dashed. A point resting on fewer paired
-    seeds than the most any point has is hollow; a series whose runs (or its reference's) diverged says how many
+    line per (method, label fraction): one colour per comparison (Core-tuning's gain over ``ce_mix`` in black), one
+    line style and marker per label fraction (10%: solid, circles; 1%: dashed, squares). A point resting on fewer
+    paired seeds than the most any point has is hollow; a series whose runs (or its reference's) diverged says how many
     (``diverged``: :func:`diverged_runs`); the checkpoints are named along the top; ``footnote`` goes underneath."""
     import matplotlib
 
@@ -334,7 +335,8 @@ def figure(
             series.setdefault(("core − ce_mix", r.label_fraction), []).append((r.knn, r.beyond_mix))
     most = max((g.pairs for points in series.values() for _, g in points), default=0)
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
-    for (label, fraction), points in sorted(series.items()):
+    colours = {f"ce_mix − {baseline}": "C0", f"core − {baseline}": "C1", "core − ce_mix": "black"}
+    for (label, fraction), points in sorted(series.items(), key=lambda item: (-item[0][1], item[0][0])):
         shown = sorted(((x, g) for x, g in points if not math.isnan(x) and g.pairs), key=lambda p: p[0])
         if not shown:
             continue
@@ -345,7 +347,8 @@ def figure(
             yerr=[0 if math.isnan(g.std) else g.std for _, g in shown],
             capsize=3,
             marker="o" if fraction >= 0.1 else "s",
-            linestyle="--" if label.startswith("core − ce_mix") else "-",
+            linestyle="-" if fraction >= 0.1 else "--",
+            color=colours.get(label),
             label=f"{label}, {100 * fraction:g}% labels" + (f" ({lost} diverged run(s) on this line)" if lost else ""),
         )[0]
         few = [(x, g.mean) for x, g in shown if g.pairs < most]

@@ -10,6 +10,7 @@ import math
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import yaml
@@ -281,3 +282,36 @@ def test_the_figure_marks_few_seeds_diverged_runs_the_checkpoints_and_the_caveat
     assert sorted(tuple(line.get_xydata()[0]) for line in hollow) == [(20.0, -0.5), (20.0, 0.0)]
     assert [t.get_text() for t in top.get_xticklabels()] == ["weak", "strong"]
     assert [t.get_text() for t in drawn[0].texts] == ["weak: a caveat"]
+    # one colour per comparison, Core-tuning's own contribution (over ce_mix) in black; 10% of the labels solid
+    series = {(line.get_color(), line.get_linestyle()) for line in ax.get_lines() if _a_series(line)}
+    assert series == {("C0", "-"), ("C1", "-"), ("black", "-")}
+
+
+def _a_series(line: Any) -> bool:
+    """A drawn line of the figure: not an error bar's cap, a hollow marker or the zero line."""
+    return line.get_linestyle() != "None" and line.get_color() != "grey"
+
+
+def test_a_comparison_keeps_its_colour_across_label_fractions(
+    strength: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 1% line of a comparison is its 10% line's colour, dashed with squares: the reader pairs them at a glance."""
+    import matplotlib.pyplot as plt
+
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)
+    gain = strength.Gain(1.0, 0.5, 3)
+    rows = [
+        strength.Row(name, fraction, knn, math.nan, method, 60.0, 59.0, gain, gain if method == "core" else None)
+        for fraction in (0.1, 0.01)
+        for name, knn in (("weak", 20.0), ("strong", 60.0))
+        for method in ("ce_mix", "core")
+    ]
+    strength.figure(rows, tmp_path / "gain.png")
+    (ax,) = [a for a in drawn[0].axes if a.get_xlabel()]
+    lines = [line for line in ax.get_lines() if _a_series(line)]
+    assert sorted((line.get_color(), line.get_linestyle(), line.get_marker()) for line in lines) == sorted(
+        (colour, style, marker)
+        for colour in ("C0", "C1", "black")
+        for style, marker in (("-", "o"), ("--", "s"))
+    )

@@ -19,8 +19,9 @@ and the probe's training set, and score its test split: they rank the checkpoint
 (its ``results.json``'s ``weights_sha256``), stops the command, nothing written. ``plot`` reads the specs' finished
 runs (run directories, or exported records copied back) and those files, and writes a table (``--markdown``) and a
 figure (``--figure``): per checkpoint and label fraction, each method's mean top-1 and its paired difference from
-CE-tuning (seed by seed), and Core-tuning's difference from ``ce_mix`` (its contribution beyond the mixup), against
-the checkpoint's kNN top-1; ``--footnote`` adds a caveat under both.
+CE-tuning (seed by seed, with its paired t-test's p), and Core-tuning's difference from ``ce_mix`` (its
+contribution beyond the mixup), against the checkpoint's kNN top-1; under the table, each difference's trend with
+the checkpoint's strength (:func:`trends`); ``--footnote`` adds a caveat under both.
 """
 
 from __future__ import annotations
@@ -175,24 +176,33 @@ def _top1(eval_dir: Path, name: str, protocol: str) -> float:
 
 @dataclass(frozen=True)
 class Gain:
-    """Paired (same-seed) differences of a method's top-1 from a reference method's: mean, sample std, pairs."""
+    """Paired (same-seed) differences of a method's top-1 from a reference method's: mean, sample std, pairs, the
+    paired t-test's two-sided p (NaN below 2 pairs or with no spread) and the differences themselves."""
 
     mean: float
     std: float
     pairs: int
+    p: float = math.nan
+    values: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, cell: Cell, reference: Cell) -> Gain:
-        paired = compare(cell, reference).paired
+        comparison = compare(cell, reference)
+        paired = comparison.paired
         if not paired:
             return cls(math.nan, math.nan, 0)
         std = float(np.std(paired, ddof=1)) if len(paired) > 1 else math.nan
-        return cls(float(np.mean(paired)), std, len(paired))
+        return cls(float(np.mean(paired)), std, len(paired), comparison.paired_p, tuple(paired))
 
     def text(self) -> str:
         if not self.pairs:
             return "–"
-        return f"{self.mean:+.2f}" + ("" if math.isnan(self.std) else f" ± {self.std:.2f}") + f" (n={self.pairs})"
+        spread = "" if math.isnan(self.std) else f" ± {self.std:.2f}"
+        return f"{self.mean:+.2f}{spread} (n={self.pairs}{'' if math.isnan(self.p) else f', p={_p(self.p)}'})"
+
+
+def _p(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
 @dataclass(frozen=True)
@@ -291,6 +301,70 @@ def diverged(runs: Sequence[tuple[str, str, float, int, str]]) -> str:
     return "\n".join(["", "Diverged or collapsed (not in the gains):", *lines, ""]) if lines else ""
 
 
+def _series(rows: Sequence[Row], baseline: str = "ce") -> dict[tuple[str, float], list[tuple[float, Gain]]]:
+    """The figure's lines: per (comparison, label fraction), each checkpoint's kNN top-1 and paired gain; the
+    comparisons are each method against ``baseline`` and Core-tuning against ``ce_mix``."""
+    series: dict[tuple[str, float], list[tuple[float, Gain]]] = {}
+    for r in rows:
+        series.setdefault((f"{r.method} − {baseline}", r.label_fraction), []).append((r.knn, r.gain))
+        if r.beyond_mix is not None:
+            series.setdefault(("core − ce_mix", r.label_fraction), []).append((r.knn, r.beyond_mix))
+    return series
+
+
+@dataclass(frozen=True)
+class Trend:
+    """A paired difference's least-squares line against the checkpoints' kNN top-1 (:func:`trends`)."""
+
+    comparison: str
+    label_fraction: float
+    slope: float  # pp of gain per 10 points of kNN top-1
+    slope_se: float
+    p: float
+    points: int
+    checkpoints: int
+
+
+def trends(rows: Sequence[Row], baseline: str = "ce") -> list[Trend]:
+    """Does a gain grow with the checkpoint's strength? Per comparison and label fraction with at least 3 scored
+    checkpoints, the least-squares slope ``b`` of ``gain_ij = a + b·knn_i + e_ij`` over every paired seed ``j`` of
+    every checkpoint ``i``, its standard error and the two-sided p of ``b = 0`` (t with ``n − 2`` degrees of
+    freedom). The seeds of one checkpoint share its strength, so they are not independent draws of it: p is
+    optimistic, a screen rather than a test."""
+    from scipy.stats import linregress
+
+    found = []
+    for (comparison, fraction), points in sorted(_series(rows, baseline).items(), key=lambda i: (-i[0][1], i[0][0])):
+        pairs = [(x, v) for x, gain in points if not math.isnan(x) for v in gain.values]
+        checkpoints = len({x for x, _ in pairs})
+        if checkpoints < 3:
+            continue
+        fit = linregress([x for x, _ in pairs], [v for _, v in pairs])
+        found.append(Trend(comparison, fraction, 10 * fit.slope, 10 * fit.stderr, fit.pvalue, len(pairs), checkpoints))
+    return found
+
+
+def trend_table(found: Sequence[Trend]) -> str:
+    """:func:`trends` as the lines under the gains table; empty without any."""
+    if not found:
+        return ""
+    lines = [
+        "",
+        "Trend with the checkpoint's strength: least-squares slope of the per-seed paired gain against kNN top-1, in "
+        "pp per 10 points of kNN (the seeds of one checkpoint share its strength: p is optimistic, a screen, not a "
+        "test).",
+        "",
+        "| Labels | Comparison | slope (pp per 10 kNN points) | p | points (checkpoints) |",
+        "|:-:|---|:-:|:-:|:-:|",
+    ]
+    lines += [
+        f"| {100 * t.label_fraction:g}% | {t.comparison} | {t.slope:+.2f} ± {t.slope_se:.2f} | {_p(t.p)} | "
+        f"{t.points} ({t.checkpoints}) |"
+        for t in found
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def _number(value: float) -> str:
     return "–" if math.isnan(value) else f"{value:.2f}"
 
@@ -328,11 +402,7 @@ def figure(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series: dict[tuple[str, float], list[tuple[float, Gain]]] = {}
-    for r in rows:
-        series.setdefault((f"{r.method} − {baseline}", r.label_fraction), []).append((r.knn, r.gain))
-        if r.beyond_mix is not None:
-            series.setdefault(("core − ce_mix", r.label_fraction), []).append((r.knn, r.beyond_mix))
+    series = _series(rows, baseline)
     most = max((g.pairs for points in series.values() for _, g in points), default=0)
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     colours = {f"ce_mix − {baseline}": "C0", f"core − {baseline}": "C1", "core − ce_mix": "black"}
@@ -406,7 +476,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rows = gains(specs, args.eval_dir)
         lost = diverged_runs(specs)
-        table = markdown(rows) + diverged(lost) + (f"\n{args.footnote}\n" if args.footnote else "")
+        table = markdown(rows) + trend_table(trends(rows)) + diverged(lost) + (
+            f"\n{args.footnote}\n" if args.footnote else ""
+        )
     except OtherFitArgs as error:  # a run folder started with other fit arguments than its spec's (collect_cells)
         parser.error(str(error))
     print(table)

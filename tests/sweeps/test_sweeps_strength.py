@@ -208,7 +208,7 @@ def test_gains_are_paired_by_seed_and_core_is_also_compared_with_ce_mix(strength
     lines = table.splitlines()
     assert lines[2].startswith("| 10% | weak | 20.00 | – | 52.00 | ce_mix |")  # weakest (kNN) first
     # p: the paired t-test, t = 3 / (1 / √3) on 2 degrees of freedom; no p for differences without spread
-    row = "| 10% | strong | 60.00 | 70.00 | 80.00 | core | 83.00 | +3.00 ± 1.00 (n=3, p=0.035) | +1.00 ± 0.00 (n=3) |"
+    row = "| 10% | strong | 60.00 | 70.00 | 80.00 | core | 83.00 | +3.00 ± 1.00 (n=3, p = 0.035) | +1.00 ± 0.00 (n=3) |"
     assert row in lines
     png = strength.figure(list(rows.values()), tmp_path / "img" / "gain.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -242,7 +242,7 @@ def test_plot_command_writes_the_table_and_the_figure(
     strength.main(["plot", str(tmp_path / "strength.yaml"), f"--eval_dir={scores}", f"--figure={png}",
                    f"--markdown={table}", "--footnote=weak: scored at another size"])  # fmt: skip
     assert png.is_file()
-    assert "| 10% | strong | – | – | 80.00 | core | 83.00 | +3.00 ± 1.00 (n=3, p=0.035) |" in table.read_text()
+    assert "| 10% | strong | – | – | 80.00 | core | 83.00 | +3.00 ± 1.00 (n=3, p = 0.035) |" in table.read_text()
     # a divergence is a finding about its checkpoint, not a missing seed; the caveat follows
     assert table.read_text().endswith(
         "\nDiverged or collapsed (not in the gains):\n- weak/core/10%/seed 2: the training loss is nan at epoch 3 …\n"
@@ -321,32 +321,40 @@ def test_a_comparison_keeps_its_colour_across_label_fractions(
     )
 
 
-def test_the_trend_is_the_least_squares_line_of_every_paired_seed(strength: ModuleType) -> None:
-    """The slope against a loop over the normal equations: b = Σ(x − x̄)(y − ȳ) / Σ(x − x̄)², its standard error
-    s / √Σ(x − x̄)² with s² = Σ residual² / (n − 2), and p from t = b / se on n − 2 degrees of freedom; a series
-    with fewer than 3 checkpoints (the 1% rows: the floor and the strongest) has no trend."""
+def test_the_trend_is_the_least_squares_line_of_the_checkpoints_mean_gains(strength: ModuleType) -> None:
+    """The slope against a loop over the normal equations on the checkpoints' mean gains (the checkpoints are the
+    replicates): b = Σ(x − x̄)(y − ȳ) / Σ(x − x̄)², its standard error s / √Σ(x − x̄)² with s² = Σ residual² / (n − 2),
+    and p from t = b / se on n − 2 degrees of freedom. A checkpoint without a kNN score, or a series with fewer than 3
+    checkpoints (the 1% rows: the floor and the strongest), has no trend; a line through the means exactly has no p."""
     from scipy.stats import t as student
 
     def gain(*values: float) -> Any:
         return strength.Gain(float(np.mean(values)), float(np.std(values, ddof=1)), len(values), math.nan, values)
 
-    by_knn = {20.0: (-1.0, -0.5, 0.0), 40.0: (0.0, 0.5, 0.0), 60.0: (1.0, 2.0, 1.5)}
+    over_ce = {20.0: (-1.0, -0.5, 0.0), 40.0: (0.0, 0.5, 0.0), 55.0: (0.5, 1.0), 60.0: (1.0, 2.0, 1.5)}
+    over_mix = {20.0: (0.0, 0.0, 0.0), 40.0: (1.0, 1.0, 1.0), 55.0: (1.75, 1.75), 60.0: (2.0, 2.0, 2.0)}  # on a line
     rows = [
-        strength.Row(f"c{knn:g}", 0.1, knn, math.nan, "core", 60.0, 59.0, gain(*values), gain(*values))
-        for knn, values in by_knn.items()
-    ] + [strength.Row(f"c{k:g}", 0.01, k, math.nan, "core", 50.0, 49.0, gain(1.0, 2.0), None) for k in (20.0, 60.0)]
-    found = strength.trends(rows)
-    assert [(t.comparison, t.label_fraction) for t in found] == [("core − ce", 0.1), ("core − ce_mix", 0.1)]
-    xs = [x for x, values in by_knn.items() for _ in values]
-    ys = [v for values in by_knn.values() for v in values]
+        strength.Row(f"c{knn:g}", 0.1, knn, math.nan, "core", 60.0, 59.0, gain(*values), gain(*over_mix[knn]))
+        for knn, values in over_ce.items()
+    ]
+    rows += [strength.Row("unscored", 0.1, math.nan, math.nan, "core", 60.0, 59.0, gain(9.0, 9.5), gain(9.0, 9.5))]
+    rows += [strength.Row(f"c{k:g}", 0.01, k, math.nan, "core", 50.0, 49.0, gain(1.0, 2.0), None) for k in (20.0, 60.0)]
+    found = {(t.comparison, t.label_fraction): t for t in strength.trends(rows)}
+    assert sorted(found) == [("core − ce", 0.1), ("core − ce_mix", 0.1)]
+    xs = list(over_ce)
+    ys = [float(np.mean(values)) for values in over_ce.values()]
     n, x_bar, y_bar = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - x_bar) ** 2 for x in xs)
     b = sum((x - x_bar) * (y - y_bar) for x, y in zip(xs, ys, strict=True)) / sxx
     residuals = [y - (y_bar + b * (x - x_bar)) for x, y in zip(xs, ys, strict=True)]
     se = math.sqrt(sum(r * r for r in residuals) / (n - 2) / sxx)
     p = 2 * student.sf(abs(b / se), n - 2)
-    for t in found:
-        assert (t.slope, t.slope_se, t.p, t.points, t.checkpoints) == pytest.approx((10 * b, 10 * se, p, 9, 3))
-    table = strength.trend_table(found)
-    assert p < 0.001 and f"| 10% | core − ce_mix | {10 * b:+.2f} ± {10 * se:.2f} | < 0.001 | 9 (3) |" in table
+    over = found[("core − ce", 0.1)]
+    measured = (over.slope, over.slope_se, over.p, over.checkpoints, over.pairs)
+    assert measured == pytest.approx((10 * b, 10 * se, p, 4, 11))
+    exact = found[("core − ce_mix", 0.1)]  # 0.05 pp a kNN point, through every mean
+    assert exact.slope == pytest.approx(0.5) and math.isnan(exact.p)
+    table = strength.trend_table(list(found.values()))
+    assert f"| 10% | core − ce | {10 * b:+.2f} ± {10 * se:.2f} | {p:.3f} | 4 (11) |" in table
+    assert "| 10% | core − ce_mix | +0.50 ± 0.00 | – | 4 (11) |" in table
     assert strength.trend_table([]) == ""

@@ -69,8 +69,9 @@ main() {  # the whole queue in one function: bash has read all of it before it r
   done
 
   same_precision || exit 1
-  # Issue 41, part 3: the lr 0.1 check of docs/results.md section 7, clipped and not (the second collapses: a result)
-  for obj in core_clip core_noclip; do fit "$LR01" "$obj" 0 cifar10 || failed; done
+  # Issue 41, part 3: the lr 0.1 check of docs/results.md section 7, clipped and not (the second collapses: a result),
+  # then the clipped config over a 30-epoch schedule, Core-tuning and CE-tuning
+  for obj in core_clip core_noclip core_clip_e30 ce_clip_e30; do fit "$LR01" "$obj" 0 cifar10 || failed; done
 
   # Issue 41, part 1: Table 1, seed by seed (ce and core are copied above); ce_mix and Bi-tuning first, the rows the
   # practical answer of docs/results.md turns on

@@ -144,7 +144,7 @@ def test_the_queue_records_every_run_and_a_new_machine_resumes_from_the_records(
     assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results_autoattack.json")) == 4  # seed 0
     assert len(_recorded(main, "cifar10-cpu-10pct-adversarial", "robust_results_sanity_linf8.json")) == 3  # ce
     assert len(_recorded(main, "cifar10-cpu-10pct-table1")) == 33  # 27 fitted; ce and core: the memory study's
-    assert len(_recorded(main, "cifar10-cpu-10pct-lr01")) == 2  # the clipped run and the collapse
+    assert len(_recorded(main, "cifar10-cpu-10pct-lr01")) == 4  # the clipped run, the collapse, the two 30-epoch runs
     assert "DIVERGED: cifar10-cpu-10pct-lr01 core_noclip seed 0" in done.stdout
     assert len(_recorded(main, "cifar10-cpu-strength")) == 44  # one failed fine-tune: the others went on
     assert len(_recorded(main, "cifar10-cpu-strength-1pct")) == 18

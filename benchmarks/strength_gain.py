@@ -198,7 +198,7 @@ class Gain:
         if not self.pairs:
             return "–"
         spread = "" if math.isnan(self.std) else f" ± {self.std:.2f}"
-        tested = "" if math.isnan(self.p) else f", p {'<' if self.p < 0.001 else '='} {_p(self.p).lstrip('< ')}"
+        tested = "" if math.isnan(self.p) else f", p {_p(self.p) if self.p < 0.001 else f'= {_p(self.p)}'}"
         return f"{self.mean:+.2f}{spread} (n={self.pairs}{tested})"
 
 

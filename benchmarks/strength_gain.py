@@ -399,7 +399,8 @@ def figure(
     line per (method, label fraction): one colour per comparison (Core-tuning's gain over ``ce_mix`` in black), one
     line style and marker per label fraction (10%: solid, circles; 1%: dashed, squares). A point resting on fewer
     paired seeds than the most any point has is hollow; a series whose runs (or its reference's) diverged says how many
-    (``diverged``: :func:`diverged_runs`); the checkpoints are named along the top; ``footnote`` goes underneath."""
+    (``diverged``: :func:`diverged_runs`); the checkpoints are named along the top, the legend stands to the right of
+    the axes; ``footnote`` goes underneath."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -407,7 +408,7 @@ def figure(
 
     series = _series(rows, baseline)
     most = max((g.pairs for points in series.values() for _, g in points), default=0)
-    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    fig, ax = plt.subplots(figsize=(9.2, 4.6))
     colours = {f"ce_mix − {baseline}": "C0", f"core − {baseline}": "C1", "core − ce_mix": "black"}
     for label, _ in series:  # another method of a spec: a colour of its own, never one of the three above
         colours.setdefault(label, f"C{len(colours) - 1}")
@@ -440,7 +441,7 @@ def figure(
     title = f"Fine-tuning gain against pre-training strength (mean ± std over seeds; hollow: < {most} pairs)"
     ax.set_title(title, fontsize=9)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)  # beside: covers no point
     else:  # no checkpoint both scored (evaluate) and fine-tuned by two methods yet
         ax.text(0.5, 0.5, "no scored checkpoint with finished runs yet", ha="center", transform=ax.transAxes)
     wrapped = textwrap.wrap(footnote, 130)

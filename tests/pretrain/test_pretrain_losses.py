@@ -77,3 +77,22 @@ def test_key_queue_is_fifo_and_wraps_around() -> None:
     queue.enqueue(keys(*range(10, 17)))  # more keys than slots: the newest 5 remain
     assert sorted(queue.queue[0].tolist()) == [12, 13, 14, 15, 16]
     assert {"queue", "queue_ptr"} <= set(queue.state_dict())
+
+
+def test_the_losses_stay_in_float32_under_bf16_autocast() -> None:
+    # the pre-trainings run under bf16 autocast, whose CPU matmuls would round logits near 1/τ = 5 to steps of
+    # 0.02–0.03 (and the gradients through them): the losses compute in float32, as the docstrings say
+    g = torch.Generator().manual_seed(3)
+    z1, z2 = torch.randn(64, 128, generator=g), torch.randn(64, 128, generator=g)
+    queue = F.normalize(torch.randn(128, 256, generator=g), dim=0)
+    for loss in (lambda a, b: nt_xent(a, b, 0.2), lambda a, b: moco_infonce(a, b, queue, 0.2)):
+        plain = [z.clone().requires_grad_() for z in (z1, z2)]
+        loss(*plain).backward()
+        mixed = [z.clone().requires_grad_() for z in (z1, z2)]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            value = loss(*mixed)
+        value.backward()
+        assert value.dtype == torch.float32
+        assert value.item() == pytest.approx(loss(z1, z2).item(), rel=1e-6)
+        for a, b in zip(plain, mixed, strict=True):
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-7)

@@ -15,19 +15,21 @@ def nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
     r"""NT-Xent (SimCLR, Chen et al. 2020, Eq. 1), averaged over all ``2N`` anchors.
 
     ``z1[i]`` and ``z2[i]`` are two views of image ``i``; with ``v = normalize([z1; z2])`` and ``j(i)`` the
-    other view of anchor ``i``: ``ℓ_i = -log exp(v_i·v_{j(i)}/τ) / Σ_{k≠i} exp(v_i·v_k/τ)``, in float32.
+    other view of anchor ``i``: ``ℓ_i = -log exp(v_i·v_{j(i)}/τ) / Σ_{k≠i} exp(v_i·v_k/τ)``, in float32, also
+    under bf16 autocast (whose matmuls would round the logits to steps of 0.02–0.03 at τ = 0.2).
     """
     if z1.shape != z2.shape or z1.dim() != 2:
         raise ValueError(f"z1 and z2 must both be (N, d), got {tuple(z1.shape)} and {tuple(z2.shape)}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     n = z1.shape[0]
-    v = F.normalize(torch.cat([z1, z2]).float(), dim=1)
-    logits = v @ v.T / temperature
-    self_mask = torch.eye(2 * n, dtype=torch.bool, device=v.device)
-    logits = logits.masked_fill(self_mask, float("-inf"))
-    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(v.device)
-    return F.cross_entropy(logits, targets)
+    with torch.autocast(device_type=z1.device.type, enabled=False):  # bf16 autocast would round the products
+        v = F.normalize(torch.cat([z1, z2]).float(), dim=1)
+        logits = v @ v.T / temperature
+        self_mask = torch.eye(2 * n, dtype=torch.bool, device=v.device)
+        logits = logits.masked_fill(self_mask, float("-inf"))
+        targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(v.device)
+        return F.cross_entropy(logits, targets)
 
 
 def global_nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
@@ -47,12 +49,14 @@ def global_nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
 
 def moco_infonce(q: Tensor, k: Tensor, queue: Tensor, temperature: float = 0.2) -> Tensor:
     """MoCo's InfoNCE (He et al. 2020, Eq. 1): key ``k[i]`` is the positive of query ``q[i]``, the queued
-    keys ``queue`` (``(d, K)``, L2-normalised columns) are its negatives; ``q`` and ``k`` get normalised."""
-    q, k = F.normalize(q.float(), dim=1), F.normalize(k.float(), dim=1)
-    positive = (q * k).sum(dim=1, keepdim=True)
-    negatives = q @ queue.float()
-    logits = torch.cat([positive, negatives], dim=1) / temperature
-    return F.cross_entropy(logits, torch.zeros(q.shape[0], dtype=torch.long, device=q.device))
+    keys ``queue`` (``(d, K)``, L2-normalised columns) are its negatives; ``q`` and ``k`` get normalised. In float32,
+    also under bf16 autocast (whose matmuls would round the logits ``/τ`` to steps of 0.02–0.03)."""
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k = F.normalize(q.float(), dim=1), F.normalize(k.float(), dim=1)
+        positive = (q * k).sum(dim=1, keepdim=True)
+        negatives = q @ queue.float()
+        logits = torch.cat([positive, negatives], dim=1) / temperature
+        return F.cross_entropy(logits, torch.zeros(q.shape[0], dtype=torch.long, device=q.device))
 
 
 class KeyQueue(nn.Module):

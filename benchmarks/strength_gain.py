@@ -11,7 +11,8 @@ a column listed by several specs is scored once) frozen, with ``coretune eval kn
 the spec's data at its image size, into ``--eval_dir`` (``<checkpoint>-knn.json``, ``<checkpoint>-linear.json``, each
 with the SHA-256 of the file scored and seed 0, the random initialisation's; a file that exists is kept, so the
 command resumes, unless its checkpoint was re-made since), and names the strongest checkpoint by kNN top-1 (the 1%
-spec's column run beside the floor) once every column is scored. Both protocols use the data root's whole training
+spec's column run beside the floor) once every column is scored, with a note when that pick is fragile
+(:func:`fragile_pick`). Both protocols use the data root's whole training
 split with all its labels (CIFAR-10: 50,000 images; not the 10% or 1% the fine-tunings see) as the kNN memory bank
 and the probe's training set, and score its test split: they rank the checkpoints' features, not a label budget.
 ``--only_datasets simclr_e5 simclr_e15`` scores only those columns (the checkpoints on this machine); with
@@ -166,6 +167,25 @@ def evaluate(
         print(f"strongest by kNN top-1{' so far' if unscored else ''}: {strongest} ({knn[strongest]:.2f}%); kNN top-1 "
               "of each: " + ", ".join(f"{n} {v:.2f}" for n, v in knn.items())
               + (f"; not scored yet: {', '.join(unscored)}" if unscored else ""))  # fmt: skip
+        if not unscored and (note := fragile_pick(knn, eval_dir)):
+            print(note)
+
+
+def fragile_pick(knn: dict[str, float], eval_dir: Path, resolution: float = 1.0) -> str | None:
+    """Why the strongest by kNN top-1 (``knn``: each column's, in %) may not be the strongest: the runner-up
+    within ``resolution`` pp (a binomial standard error on 10,000 test images is about 0.5 pp), or the linear
+    probe ranking another column first; None when neither."""
+    if len(knn) < 2:
+        return None
+    first, second = sorted(knn, key=knn.__getitem__, reverse=True)[:2]
+    linear = {name: top1 for name in knn if not math.isnan(top1 := _top1(eval_dir, name, "linear"))}
+    by_probe = max(linear, key=linear.__getitem__) if len(linear) == len(knn) else None
+    why = []
+    if (gap := knn[first] - knn[second]) < resolution:
+        why.append(f"the runner-up {second} is {gap:.2f} pp behind, within the test set's noise")
+    if by_probe not in (None, first):
+        why.append(f"the linear probe ranks {by_probe} first ({linear[by_probe]:.2f}% against {linear[first]:.2f}%)")
+    return f"note: the pick of {first} is fragile: {'; '.join(why)}" if why else None
 
 
 def _top1(eval_dir: Path, name: str, protocol: str) -> float:

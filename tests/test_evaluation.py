@@ -4,6 +4,7 @@ import hashlib
 import json
 import math
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -155,3 +156,34 @@ def test_eval_without_images_to_score_says_so_before_extracting_features(tmp_pat
 def test_eval_command_without_backbone_or_weights_explains(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="pass --backbone"):
         main(["eval", "knn", "--data.root", str(tmp_path)])
+
+
+def test_eval_refuses_a_test_split_that_reads_the_training_folder(tmp_path: Path) -> None:
+    # every query would be in the kNN bank (its own nearest neighbour) and the probe's training set
+    root = _digit_folder(tmp_path / "digits")
+    for flag in ("--data.test_dir", "--data.val_dir"):
+        shutil.rmtree(root / "test", ignore_errors=True)
+        refused = r"coretune eval: error: coretune eval scores the test split, which reads the training folder here: "
+        with pytest.raises(SystemExit, match=refused + r".* pass --data.test_dir \(or a val/ or test/ folder"):
+            main(["eval", "knn", "--backbone", "small_cnn", "--data.root", str(root), flag, str(root / "train")])
+
+
+def test_eval_warns_when_the_data_is_normalised_otherwise_than_the_weights_were_trained(tmp_path: Path) -> None:
+    from coretune.pretrain import SimCLR
+
+    root = _digit_folder(tmp_path / "digits")
+    weights = tmp_path / "simclr.pth.tar"
+    trained = {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}
+    torch.save({**SimCLR(backbone="small_cnn").pretrained_checkpoint(), "normalization": trained}, weights)
+    common = ["eval", "knn", "--weights", str(weights), "--data.root", str(root), "--data.image_size", "8"]
+    with pytest.warns(UserWarning) as caught:
+        main(common)
+    assert (
+        f"--weights {weights} were trained on images normalised with mean [0.5,0.5,0.5] and std [0.25,0.25,0.25], "
+        "but the data is normalised with mean [0.485,0.456,0.406] and std [0.229,0.224,0.225]: pass --data.mean "
+        "[0.5,0.5,0.5] --data.std [0.25,0.25,0.25] to feed the backbone inputs on the scale it learned"
+    ) in [str(w.message) for w in caught]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main([*common, "--data.mean", "[0.5,0.5,0.5]", "--data.std", "[0.25,0.25,0.25]"])
+    assert not [w for w in caught if "were trained on images normalised" in str(w.message)]

@@ -265,6 +265,7 @@ def _stored_backbone(weights: str) -> str:
 
 def evaluate(args: list[str]) -> None:
     import json
+    import warnings
 
     if args[:1] == ["robust"]:
         from .robustness import evaluate_robust
@@ -275,7 +276,8 @@ def evaluate(args: list[str]) -> None:
     import torch
     from rich.console import Console
 
-    from .data import ImageClassificationData
+    from .data import DataError, ImageClassificationData
+    from .data.transforms import other_normalisation
     from .evaluation import evaluate_encoder
     from .models import create_backbone, weights_digest
     from .runconfig import parse_with_config
@@ -286,12 +288,21 @@ def evaluate(args: list[str]) -> None:
     data = ImageClassificationData(**cfg.data.as_dict())
     data.check_folders()  # before hours of feature extraction, not after
     data.require_test_split("no images to score: coretune eval fits on the training features and scores")
+    if data.tests_on_training_folder():
+        raise DataError(
+            "coretune eval scores the test split, which reads the training folder here: every test image would be "
+            "in the kNN memory bank (matching itself) and in the probe's training set, and the score would measure "
+            "nothing; pass --data.test_dir (or a val/ or test/ folder beside train/) with images kept out of training"
+        )
     backbone = cfg.backbone or _stored_backbone(cfg.weights)
     digest = weights_digest(cfg.weights)  # of the file read next (it may be re-made while this runs)
     torch.manual_seed(cfg.seed)  # a random initialisation is the same network on every call
     encoder = create_backbone(
         backbone, weights=cfg.weights, weights_format=cfg.weights_format, allow_cast=cfg.weights_allow_cast
     )
+    trained = getattr(encoder, "pretrained_normalization", None)
+    if (why := other_normalisation(trained, data.mean, data.std, cfg.weights, option="--weights")) is not None:
+        warnings.warn(why, UserWarning, stacklevel=1)
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     result = evaluate_encoder(
         encoder,

@@ -2,7 +2,8 @@
 
 - :func:`knn_predict` — the weighted kNN classifier of InstDisc (Wu et al., CVPR 2018, §3.4): cosine
   similarity ``s_i`` to the ``k`` nearest training features, each neighbour votes for its class with weight
-  ``exp(s_i / τ)`` (k = 20, τ = 0.07).
+  ``exp(s_i / τ)``; k = 20 and τ = 0.07 by default, DINO's settings (Caron et al., ICCV 2021; InstDisc used
+  k = 200).
 - :func:`linear_probe` — multinomial logistic regression on standardised frozen features, fitted full-batch
   with L-BFGS in torch (any device), minimising ``mean CE + λ/2 ‖W‖²`` (bias not penalised): scikit-learn's
   ``LogisticRegression(C)`` objective with ``λ = 1 / (C · n)``; ``λ`` is picked from a grid on a stratified
@@ -234,7 +235,8 @@ def evaluate_encoder(
     if protocol == "knn":
         pred = knn_predict(train_f, train_y, test_f, k=k, temperature=temperature, num_classes=classes)
         top1 = (pred == test_y).float().mean().item()
-        return EvalResult("knn", top1, None, len(train_y), len(test_y), {"k": k, "temperature": temperature})
+        used = {"k": min(k, len(train_y)), "temperature": temperature}  # k as used: at most the bank's size
+        return EvalResult("knn", top1, None, len(train_y), len(test_y), used)
     if protocol == "linear":
         probe = linear_probe(train_f, train_y, classes, weight_decay, seed=seed)
         with torch.no_grad():

@@ -358,3 +358,19 @@ def test_the_trend_is_the_least_squares_line_of_the_checkpoints_mean_gains(stren
     assert f"| 10% | core − ce | {10 * b:+.2f} ± {10 * se:.2f} | {p:.3f} | 4 (11) |" in table
     assert "| 10% | core − ce_mix | +0.50 ± 0.00 | – | 4 (11) |" in table
     assert strength.trend_table([]) == ""
+
+
+def test_a_fragile_pick_of_the_strongest_is_noted(strength: ModuleType, tmp_path: Path) -> None:
+    # the strongest column gets the 1% runs: a runner-up within the test set's noise, or a probe that disagrees,
+    # makes the pick worth a second look
+    for name, top1 in (("a", 0.5), ("b", 0.495), ("c", 0.3)):
+        (tmp_path / f"{name}-linear.json").write_text(json.dumps({"top1": top1}))
+    assert strength.fragile_pick({"a": 60.0, "b": 55.0, "c": 40.0}, tmp_path) is None
+    assert strength.fragile_pick({"a": 60.0, "b": 59.5, "c": 40.0}, tmp_path) == (
+        "note: the pick of a is fragile: the runner-up b is 0.50 pp behind, within the test set's noise"
+    )
+    assert strength.fragile_pick({"a": 50.0, "b": 60.0, "c": 40.0}, tmp_path) == (
+        "note: the pick of b is fragile: the linear probe ranks a first (50.00% against 49.50%)"
+    )
+    assert strength.fragile_pick({"a": 50.0, "b": 60.0, "d": 45.0}, tmp_path) is None  # d has no probe score
+    assert strength.fragile_pick({"a": 50.0}, tmp_path) is None

@@ -213,6 +213,16 @@ class ImageClassificationData(L.LightningDataModule):
         _, val_dir, test_dir = self._folders()
         return val_dir is not None or test_dir is not None
 
+    def tests_on_training_folder(self) -> bool:
+        """Whether the test split reads the training folder itself (``--data.test_dir`` naming it, or a ``val_dir``
+        that does when there is no test folder), reading no image: allowed for a fit (its score on them is a
+        training accuracy), refused by ``coretune eval``, whose kNN bank would hold every query."""
+        if self.dataset != "imagefolder":
+            return False
+        train_dir, val_dir, test_dir = self._folders()
+        scored = test_dir if test_dir is not None else val_dir
+        return scored is not None and os.path.realpath(scored) == os.path.realpath(train_dir)
+
     def require_test_split(self, why: str) -> None:
         """Raise :class:`DataError` when there are no images to test on (:meth:`has_test_split`), reading no image:
         ``why`` says what needs them, and the message ends with the folder to add."""

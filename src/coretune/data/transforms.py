@@ -24,6 +24,7 @@ __all__ = [
     "eval_transform",
     "normalisation_problems",
     "option_values",
+    "other_normalisation",
     "resize_transform",
     "train_draft_size",
     "train_transform",
@@ -53,6 +54,31 @@ def normalisation_problems(mean: Sequence[float], std: Sequence[float]) -> list[
 def option_values(values: Sequence[float]) -> str:
     """``values`` as a list option takes them on the command line: ``[0.485,0.456,0.406]`` (``--data.mean``)."""
     return "[" + ",".join(f"{float(v):g}" for v in values) + "]"
+
+
+def other_normalisation(
+    trained: tuple[Sequence[float], Sequence[float]] | None,
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    weights: object,
+    option: str = "--model.weights",
+) -> str | None:
+    """Why inputs normalised with ``mean`` and ``std`` are on another scale than the one the pre-trained ``weights``
+    learned (``trained``: the mean and std their checkpoint or timm name records), with the options that fix it; None
+    when they agree (to 1e-3) or either is unknown. Features of inputs on another scale are not the ones the backbone
+    learned, and nothing downstream would notice. ``option`` names the weights in the message (``coretune eval``:
+    ``--weights``)."""
+    if trained is None or mean is None or std is None:
+        return None
+    pairs = [pair for want, got in zip(trained, (mean, std), strict=True) for pair in zip(want, got, strict=False)]
+    if len(pairs) == 6 and all(math.isclose(a, b, abs_tol=1e-3) for a, b in pairs):
+        return None
+    trained_mean, trained_std = option_values(trained[0]), option_values(trained[1])
+    return (
+        f"{option} {weights} were trained on images normalised with mean {trained_mean} and std "
+        f"{trained_std}, but the data is normalised with mean {option_values(mean)} and std {option_values(std)}: "
+        f"pass --data.mean {trained_mean} --data.std {trained_std} to feed the backbone inputs on the scale it learned"
+    )
 
 
 def _to_normalized_tensor(mean: tuple[float, ...], std: tuple[float, ...]) -> list[v2.Transform]:

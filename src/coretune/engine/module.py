@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from ..adversarial import AdversarialTraining
 from ..data import check_shareable, trained_items
-from ..data.transforms import option_values
+from ..data.transforms import other_normalisation
 from ..distributed import listed, rank, ranks_where, scale_grad, world_size
 from ..models import CheckpointError, load_checkpoint_file, weights_digest
 from ..objectives import CETuning, Objective, preset_name
@@ -463,22 +463,11 @@ class FineTuner(L.LightningModule):
 
     def _warn_other_normalization(self, datamodule: Any) -> None:
         """Warn when the data is normalised otherwise than the pre-trained weights were trained with (their
-        checkpoint or timm name says how: :func:`coretune.models.normalization_of`): features of inputs on another
-        scale are not the ones the backbone learned, and nothing else would notice."""
+        checkpoint or timm name says how: :func:`coretune.models.normalization_of`; :func:`other_normalisation`)."""
         trained = getattr(self.backbone, "pretrained_normalization", None)
         used = getattr(datamodule, "mean", None), getattr(datamodule, "std", None)
-        if trained is None or None in used:
-            return
-        pairs = [pair for want, got in zip(trained, used, strict=True) for pair in zip(want, got, strict=False)]
-        if len(pairs) == 6 and all(math.isclose(a, b, abs_tol=1e-3) for a, b in pairs):
-            return
-        trained_mean, trained_std = option_values(trained[0]), option_values(trained[1])
-        rank_zero_warn(
-            f"--model.weights {self.hparams.weights} were trained on images normalised with mean {trained_mean} and "
-            f"std {trained_std}, but the data is normalised with mean {option_values(used[0])} and std "
-            f"{option_values(used[1])}: pass --data.mean {trained_mean} --data.std {trained_std} to feed the backbone "
-            "inputs on the scale it learned"
-        )
+        if (why := other_normalisation(trained, *used, self.hparams.weights)) is not None:
+            rank_zero_warn(why)
 
     def _warn_memory_spans_epoch(self, datamodule: Any) -> None:
         """Warn when a cross-batch memory holds an epoch of rows (issue 40): the images come back in a fresh order

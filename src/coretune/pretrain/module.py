@@ -224,9 +224,11 @@ class MoCoV2(ContrastivePretrainer):
     """MoCo v2: a query encoder trained with InfoNCE against a momentum key encoder and a queue of keys
     (He et al., CVPR 2020, Algorithm 1; Chen et al. 2020: MLP head, τ = 0.2, aug+, cosine schedule).
 
-    Batch-norm shuffling (Shuffle BN) is simulated on one device as in MoCo's CIFAR demo: the keys are
-    computed in ``bn_splits`` sub-batches of a random permutation, so a query and its key never share batch
-    statistics (per process under DDP). With several processes every one enqueues the keys of the global batch,
+    Batch-norm shuffling (Shuffle BN) is simulated on one device: the keys are computed in ``bn_splits``
+    sub-batches of a random permutation, so a query and its key never share batch statistics (per process under
+    DDP). The queries use the whole batch's statistics, as MoCo's multi-GPU code does per GPU; MoCo's CIFAR demo
+    splits the query encoder's batch norm too (``SplitBatchNorm``), which also updates its running statistics
+    once per step, where ``bn_splits`` sequential forwards here would update them ``bn_splits`` times. With several processes every one enqueues the keys of the global batch,
     as MoCo's ``concat_all_gather`` does.
 
     Args:

@@ -55,24 +55,37 @@ def _option(args: list[str], name: str) -> str | None:
 
 
 def checkpoints(spec: BenchSpec) -> dict[str, list[str]]:
-    """The ``coretune eval`` arguments of each column of ``spec``: backbone, weights (if any), data root, image size."""
+    """The ``coretune eval`` arguments of each column of ``spec``: backbone, weights (if any), data root, image size
+    and normalisation (if the fit sets it), read from the fit's ``--name=value`` arguments.
+
+    Raises:
+        BenchSpecError: the fit reads a ``--config`` file, whose settings (image size, normalisation) this would miss.
+    """
     found = {}
     for name, dataset_args in spec.datasets.items():
         args = [*spec.base_args, *dataset_args]
+        if any(a == "--config" or a.startswith("--config=") for a in args):
+            raise BenchSpecError(
+                f"column {name} fits with a --config file, which strength_gain.py does not read: give its data and "
+                "model settings as --name=value arguments in the spec, so the checkpoint is scored as it is fine-tuned"
+            )
         weights = _option(args, "model.weights")
+        normalisation = [f"--data.{key}={value}" for key in ("mean", "std") if (value := _option(args, f"data.{key}"))]
         found[name] = [
             f"--backbone={_option(args, 'model.backbone') or 'resnet18'}",
             *([f"--weights={weights}"] if weights not in (None, "null") else []),
             f"--data.root={_option(args, 'data.root')}",
             f"--data.image_size={_option(args, 'data.image_size') or 224}",
+            *normalisation,
             "--data.batch_size=256",
         ]
     return found
 
 
 def stale(eval_dir: Path, name: str, args: list[str]) -> str | None:
-    """Why the column's scores in ``eval_dir`` no longer describe its checkpoint (re-made since, or scored before
-    digests were recorded), or None: fine, not scored, or the checkpoint is not on this machine."""
+    """Why the column's scores in ``eval_dir`` no longer describe its checkpoint (re-made since, scored before
+    digests were recorded, or at another image size), or None: fine, not scored, or the checkpoint is not on this
+    machine."""
     weights = _option(args, "weights")  # None: a random initialisation
     digest = weights_digest(weights) if weights is not None and Path(weights).is_file() else None
     for protocol in PROTOCOLS:
@@ -84,6 +97,9 @@ def stale(eval_dir: Path, name: str, args: list[str]) -> str | None:
             return f"{path} scored a random initialisation without seed 0"
         if digest is not None and scored.get("weights_sha256") != digest:
             return f"{path} scored another file than today's {weights} (SHA-256 {scored.get('weights_sha256')})"
+        size = int(_option(args, "data.image_size") or 224)
+        if scored.get("image_size", size) != size:  # older files did not record it
+            return f"{path} scored {scored['image_size']}-px images, the column's are {size} px"
     return None
 
 

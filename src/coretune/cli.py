@@ -323,6 +323,7 @@ def evaluate(args: list[str]) -> None:
     )
     if cfg.output:
         recorded = {"backbone": backbone, "weights": cfg.weights, "weights_sha256": digest}
+        recorded |= {"image_size": data.image_size, "mean": list(data.mean), "std": list(data.std)}  # as scored
         Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.output).write_text(json.dumps({**recorded, "seed": cfg.seed, **result.__dict__}, indent=2) + "\n")
 

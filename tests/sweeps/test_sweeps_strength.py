@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -374,3 +375,22 @@ def test_a_fragile_pick_of_the_strongest_is_noted(strength: ModuleType, tmp_path
     )
     assert strength.fragile_pick({"a": 50.0, "b": 60.0, "d": 45.0}, tmp_path) is None  # d has no probe score
     assert strength.fragile_pick({"a": 50.0}, tmp_path) is None
+
+
+def test_columns_are_scored_as_they_are_fine_tuned(strength: ModuleType, tmp_path: Path) -> None:
+    # the fit's normalisation reaches coretune eval; a --config file (whose image size and normalisation the script
+    # cannot see) is refused; a score at another image size than the column's is stale
+    spec = _spec(tmp_path)
+    normalised = replace(spec, base_args=(*spec.base_args, "--data.mean=[0.5,0.5,0.5]", "--data.std=[0.25,0.25,0.25]"))
+    assert strength.checkpoints(normalised)["strong"][-3:] == [
+        "--data.mean=[0.5,0.5,0.5]", "--data.std=[0.25,0.25,0.25]", "--data.batch_size=256"
+    ]  # fmt: skip
+    configured = replace(spec, base_args=(*spec.base_args, "--config=configs/cpu/cifar10.yaml"))
+    with pytest.raises(strength.BenchSpecError, match=r"^column weak fits with a --config file"):
+        strength.checkpoints(configured)
+    args = strength.checkpoints(spec)["weak"]
+    (tmp_path / "weak-knn.json").write_text(json.dumps({"top1": 0.2, "seed": 0, "image_size": 32}))
+    assert strength.stale(tmp_path, "weak", args) is None
+    (tmp_path / "weak-knn.json").write_text(json.dumps({"top1": 0.2, "seed": 0, "image_size": 64}))
+    why = f"{tmp_path / 'weak-knn.json'} scored 64-px images, the column's are 32 px"
+    assert strength.stale(tmp_path, "weak", args) == why

@@ -228,8 +228,8 @@ class MoCoV2(ContrastivePretrainer):
     sub-batches of a random permutation, so a query and its key never share batch statistics (per process under
     DDP). The queries use the whole batch's statistics, as MoCo's multi-GPU code does per GPU; MoCo's CIFAR demo
     splits the query encoder's batch norm too (``SplitBatchNorm``), which also updates its running statistics
-    once per step, where ``bn_splits`` sequential forwards here would update them ``bn_splits`` times. With several processes every one enqueues the keys of the global batch,
-    as MoCo's ``concat_all_gather`` does.
+    once per step, where ``bn_splits`` sequential forwards here would update them ``bn_splits`` times. With several
+    processes every one enqueues the keys of the global batch, as MoCo's ``concat_all_gather`` does.
 
     Args:
         queue_size: number of queued negative keys ``K`` (65536 in the paper for ImageNet; keep it below the

@@ -74,11 +74,42 @@ def test_momentum_update_follows_the_moco_rule() -> None:
     with torch.no_grad():
         for p in module.backbone.parameters():
             p.add_(1.0)
-    before = [p.clone() for p in module.momentum_backbone.parameters()]
+        for p in module.projector.parameters():
+            p.add_(1.0)
+    pairs = ((module.backbone, module.momentum_backbone), (module.projector, module.momentum_projector))
+    before = [[p.clone() for p in key.parameters()] for _, key in pairs]
     module._momentum_update()
-    for p_k, old, p_q in zip(module.momentum_backbone.parameters(), before, module.backbone.parameters(), strict=True):
-        assert torch.allclose(p_k, 0.9 * old + 0.1 * p_q)
-    assert not any(p.requires_grad for p in module.momentum_backbone.parameters())
+    for (query, key), old_values in zip(pairs, before, strict=True):  # the projection head follows too
+        for p_k, old, p_q in zip(key.parameters(), old_values, query.parameters(), strict=True):
+            assert torch.allclose(p_k, 0.9 * old + 0.1 * p_q)
+        assert not any(p.requires_grad for p in key.parameters())
+
+
+def test_moco_exports_the_query_encoder_not_the_key_encoder(tmp_path: Path) -> None:
+    # a fresh module's key encoder is a copy of the query encoder: make them differ, or a swap goes unseen
+    module = MoCoV2(backbone="small_cnn", proj_dim=8, queue_size=16)
+    with torch.no_grad():
+        for p in module.backbone.parameters():
+            p.add_(1.0)
+    _roundtrip(module, tmp_path / "moco.pth.tar")
+
+
+def test_a_moco_step_scores_against_the_queue_before_its_own_keys_then_enqueues_them() -> None:
+    from coretune.pretrain import moco_infonce
+
+    torch.manual_seed(0)
+    module = MoCoV2(backbone="small_cnn", proj_dim=8, queue_size=16, bn_splits=2, key_momentum=0.5).eval()
+    with torch.no_grad():  # eval mode: batch norm's running statistics, so the keys do not depend on the shuffle
+        for p in module.backbone.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    view1, view2 = torch.randn(6, 3, 16, 16), torch.randn(6, 3, 16, 16)
+    queue = module.queue.queue.clone()
+    loss = module.contrastive_loss(view1, view2)  # updates the key encoder first, then computes the keys
+    keys = module.keys(view2)
+    assert loss.item() == pytest.approx(moco_infonce(module(view1), keys, queue, 0.2).item(), rel=1e-5)
+    assert int(module.queue.queue_ptr) == 6
+    torch.testing.assert_close(module.queue.queue[:, :6], keys.T)
+    torch.testing.assert_close(module.queue.queue[:, 6:], queue[:, 6:])
 
 
 def test_invalid_settings_are_reported_together() -> None:

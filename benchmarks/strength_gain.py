@@ -36,8 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from coretune.cli import main as coretune
+from coretune.data.transforms import IMAGENET_MEAN, IMAGENET_STD, option_values
 from coretune.models import weights_digest
 from coretune.rundir import RunDir
 from coretune.sweeps import BenchSpec, BenchSpecError, Run, collect_cells
@@ -54,29 +56,49 @@ def _option(args: list[str], name: str) -> str | None:
     return values[-1] if values else None
 
 
-def checkpoints(spec: BenchSpec) -> dict[str, list[str]]:
-    """The ``coretune eval`` arguments of each column of ``spec``: backbone, weights (if any), data root, image size
-    and normalisation (if the fit sets it), read from the fit's ``--name=value`` arguments.
+_FIT_SETTINGS = ("model.backbone", "model.weights", "data.root", "data.image_size", "data.mean", "data.std")
+
+
+def fit_settings(args: Sequence[str]) -> dict[str, str]:
+    """The settings of a fit with ``args`` that decide how its checkpoint is scored (backbone, weights, data root,
+    image size, normalisation), as option values: each ``--config=FILE``'s (its YAML, read from where the command
+    runs) and each ``--name=value``, the last one winning, as the fit takes them.
 
     Raises:
-        BenchSpecError: the fit reads a ``--config`` file, whose settings (image size, normalisation) this would miss.
+        BenchSpecError: a ``--config`` file that is not there, or given as two arguments (``--config FILE``).
     """
+    found: dict[str, str] = {}
+    for arg in args:
+        if arg == "--config":
+            raise BenchSpecError("give a column's config file as one argument, --config=FILE, in the spec")
+        if arg.startswith("--config="):
+            path = Path(arg.split("=", 1)[1])
+            if not path.is_file():
+                raise BenchSpecError(f"{path}, the config file of the specs' fits, is not there: run from the checkout")
+            config = yaml.safe_load(path.read_text()) or {}
+            for key in _FIT_SETTINGS:
+                section, name = key.split(".")
+                value = (config.get(section) or {}).get(name)
+                if value is not None:
+                    found[key] = option_values(value) if isinstance(value, list) else str(value)
+        elif arg.startswith("--") and "=" in arg and (key := arg[2:].split("=", 1)[0]) in _FIT_SETTINGS:
+            found[key] = arg.split("=", 1)[1]
+    return found
+
+
+def checkpoints(spec: BenchSpec) -> dict[str, list[str]]:
+    """The ``coretune eval`` arguments of each column of ``spec``: the backbone, weights (if any), data root, image
+    size and normalisation (if the fit sets one) its fine-tunings use (:func:`fit_settings`)."""
     found = {}
     for name, dataset_args in spec.datasets.items():
-        args = [*spec.base_args, *dataset_args]
-        if any(a == "--config" or a.startswith("--config=") for a in args):
-            raise BenchSpecError(
-                f"column {name} fits with a --config file, which strength_gain.py does not read: give its data and "
-                "model settings as --name=value arguments in the spec, so the checkpoint is scored as it is fine-tuned"
-            )
-        weights = _option(args, "model.weights")
-        normalisation = [f"--data.{key}={value}" for key in ("mean", "std") if (value := _option(args, f"data.{key}"))]
+        fit = fit_settings([*spec.base_args, *dataset_args])
+        weights = fit.get("model.weights")
         found[name] = [
-            f"--backbone={_option(args, 'model.backbone') or 'resnet18'}",
+            f"--backbone={fit.get('model.backbone', 'resnet18')}",
             *([f"--weights={weights}"] if weights not in (None, "null") else []),
-            f"--data.root={_option(args, 'data.root')}",
-            f"--data.image_size={_option(args, 'data.image_size') or 224}",
-            *normalisation,
+            f"--data.root={fit.get('data.root')}",
+            f"--data.image_size={fit.get('data.image_size', 224)}",
+            *(f"--data.{key}={fit[f'data.{key}']}" for key in ("mean", "std") if f"data.{key}" in fit),
             "--data.batch_size=256",
         ]
     return found
@@ -84,8 +106,8 @@ def checkpoints(spec: BenchSpec) -> dict[str, list[str]]:
 
 def stale(eval_dir: Path, name: str, args: list[str]) -> str | None:
     """Why the column's scores in ``eval_dir`` no longer describe its checkpoint (re-made since, scored before
-    digests were recorded, or at another image size), or None: fine, not scored, or the checkpoint is not on this
-    machine."""
+    digests were recorded, or at another image size or normalisation), or None: fine, not scored, or the checkpoint
+    is not on this machine."""
     weights = _option(args, "weights")  # None: a random initialisation
     digest = weights_digest(weights) if weights is not None and Path(weights).is_file() else None
     for protocol in PROTOCOLS:
@@ -100,6 +122,11 @@ def stale(eval_dir: Path, name: str, args: list[str]) -> str | None:
         size = int(_option(args, "data.image_size") or 224)
         if scored.get("image_size", size) != size:  # older files did not record it
             return f"{path} scored {scored['image_size']}-px images, the column's are {size} px"
+        for key, default in (("mean", IMAGENET_MEAN), ("std", IMAGENET_STD)):  # older files: the ImageNet defaults
+            used = scored.get(key, list(default))
+            wanted = json.loads(given) if (given := _option(args, f"data.{key}")) else list(default)
+            if not np.allclose(used, wanted):
+                return f"{path} scored images normalised with {key} {used}, the column's {key} is {wanted}"
     return None
 
 
@@ -199,7 +226,7 @@ def fragile_pick(knn: dict[str, float], eval_dir: Path, resolution: float = 1.0)
     why = []
     if (gap := knn[first] - knn[second]) < resolution:
         why.append(f"the runner-up {second} is {gap:.2f} pp behind, within the test set's noise")
-    if by_probe not in (None, first):
+    if by_probe is not None and linear[by_probe] > linear[first]:
         why.append(f"the linear probe ranks {by_probe} first ({linear[by_probe]:.2f}% against {linear[first]:.2f}%)")
     return f"note: the pick of {first} is fragile: {'; '.join(why)}" if why else None
 
@@ -521,8 +548,8 @@ def main(argv: list[str] | None = None) -> None:
         table = markdown(rows) + trend_table(trends(rows)) + diverged(lost) + (
             f"\n{args.footnote}\n" if args.footnote else ""
         )
-    except OtherFitArgs as error:  # a run folder started with other fit arguments than its spec's (collect_cells)
-        parser.error(str(error))
+    except (OtherFitArgs, BenchSpecError) as error:  # a run folder started with other fit arguments than its
+        parser.error(str(error))  # spec's (collect_cells), or a spec whose fits cannot be read (fit_settings)
     print(table)
     if args.markdown is not None:
         args.markdown.write_text(table)

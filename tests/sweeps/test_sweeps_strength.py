@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -377,20 +378,46 @@ def test_a_fragile_pick_of_the_strongest_is_noted(strength: ModuleType, tmp_path
     assert strength.fragile_pick({"a": 50.0}, tmp_path) is None
 
 
-def test_columns_are_scored_as_they_are_fine_tuned(strength: ModuleType, tmp_path: Path) -> None:
-    # the fit's normalisation reaches coretune eval; a --config file (whose image size and normalisation the script
-    # cannot see) is refused; a score at another image size than the column's is stale
+def test_columns_are_scored_as_they_are_fine_tuned(
+    strength: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the fit's image size and normalisation, from its --config file or its options (the last one wins), reach
+    # coretune eval; a score at another image size or normalisation than the column's is stale
+    config = tmp_path / "fit.yaml"
+    config.write_text(yaml.safe_dump({"model": {"weights": None}, "data": {"image_size": 48, "mean": [0.5, 0.5, 0.5]}}))
     spec = _spec(tmp_path)
-    normalised = replace(spec, base_args=(*spec.base_args, "--data.mean=[0.5,0.5,0.5]", "--data.std=[0.25,0.25,0.25]"))
-    assert strength.checkpoints(normalised)["strong"][-3:] == [
-        "--data.mean=[0.5,0.5,0.5]", "--data.std=[0.25,0.25,0.25]", "--data.batch_size=256"
+    configured = replace(spec, base_args=(f"--config={config}", *spec.base_args[:1]))
+    assert strength.checkpoints(configured)["strong"] == [
+        "--backbone=resnet18", "--weights=strong.pth", f"--data.root={tmp_path / 'data'}", "--data.image_size=48",
+        "--data.mean=[0.5,0.5,0.5]", "--data.batch_size=256",
     ]  # fmt: skip
-    configured = replace(spec, base_args=(*spec.base_args, "--config=configs/cpu/cifar10.yaml"))
-    with pytest.raises(strength.BenchSpecError, match=r"^column weak fits with a --config file"):
-        strength.checkpoints(configured)
+    overridden = replace(configured, base_args=(*configured.base_args, "--data.image_size=32", "--data.std=[.2,.2,.2]"))
+    assert strength.checkpoints(overridden)["weak"][-4:] == [
+        "--data.image_size=32", "--data.mean=[0.5,0.5,0.5]", "--data.std=[.2,.2,.2]", "--data.batch_size=256"
+    ]  # fmt: skip
+    for args, why in (
+        (("--config", str(config)), "give a column's config file as one argument, --config=FILE"),
+        ((f"--config={tmp_path / 'gone.yaml'}",), "the config file of the specs' fits, is not there"),
+    ):
+        with pytest.raises(strength.BenchSpecError, match=re.escape(why)):
+            strength.checkpoints(replace(spec, base_args=args))
+    # the study's own specs (their --config sets 64 px; their options 32 px, and no normalisation)
+    monkeypatch.chdir(ROOT)
+    for name in ("cifar10_cpu_strength", "cifar10_cpu_strength_1pct"):
+        found = strength.checkpoints(BenchSpec.from_yaml(ROOT / "configs" / "bench" / f"{name}.yaml"))
+        assert found["random"] == [
+            "--backbone=resnet18", "--data.root=/work/data/cifar10", "--data.image_size=32", "--data.batch_size=256"
+        ]  # fmt: skip
+        assert found["simclr_in20"][1] == "--weights=../shared/checkpoints/simclr_resnet18_in20_64px.pth.tar"
     args = strength.checkpoints(spec)["weak"]
-    (tmp_path / "weak-knn.json").write_text(json.dumps({"top1": 0.2, "seed": 0, "image_size": 32}))
+    scores = tmp_path / "weak-knn.json"
+    scores.write_text(json.dumps({"top1": 0.2, "seed": 0}))  # older files: neither size nor normalisation
     assert strength.stale(tmp_path, "weak", args) is None
-    (tmp_path / "weak-knn.json").write_text(json.dumps({"top1": 0.2, "seed": 0, "image_size": 64}))
-    why = f"{tmp_path / 'weak-knn.json'} scored 64-px images, the column's are 32 px"
-    assert strength.stale(tmp_path, "weak", args) == why
+    scores.write_text(json.dumps({"top1": 0.2, "seed": 0, "image_size": 32, "mean": [0.485, 0.456, 0.406]}))
+    assert strength.stale(tmp_path, "weak", args) is None
+    scores.write_text(json.dumps({"top1": 0.2, "seed": 0, "image_size": 64}))
+    assert strength.stale(tmp_path, "weak", args) == f"{scores} scored 64-px images, the column's are 32 px"
+    scores.write_text(json.dumps({"top1": 0.2, "seed": 0, "mean": [0.5, 0.5, 0.5]}))
+    assert strength.stale(tmp_path, "weak", args) == (
+        f"{scores} scored images normalised with mean [0.5, 0.5, 0.5], the column's mean is [0.485, 0.456, 0.406]"
+    )

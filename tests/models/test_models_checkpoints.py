@@ -599,6 +599,9 @@ def test_the_normalisation_a_checkpoint_was_trained_with_is_reported(tmp_path: P
     recorded = {"state_dict": {}, "normalization": {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.2, 0.2]}}
     assert normalization_of(recorded, tmp_path / "w.pth") == ((0.5, 0.4, 0.3), (0.2, 0.2, 0.2))
     assert normalization_of({"state_dict": {}}, tmp_path / "w.pth") is None
+    fitted = {"state_dict": {}, "datamodule_hyper_parameters": {"mean": (0.5, 0.4, 0.3), "std": (0.2, 0.2, 0.2)}}
+    assert normalization_of(fitted, tmp_path / "run.ckpt") == ((0.5, 0.4, 0.3), (0.2, 0.2, 0.2))  # a run's .ckpt
+    assert normalization_of({"datamodule_hyper_parameters": {"root": "data"}}, tmp_path / "run.ckpt") is None
     assert normalization_of({}, "timm:vit_tiny_patch16_224.augreg_in21k") == ((0.5,) * 3, (0.5,) * 3)
     assert normalization_of({}, "timm:resnet18.a1_in1k") == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
     from coretune.pretrain import SimCLR

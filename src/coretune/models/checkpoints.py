@@ -678,11 +678,14 @@ def _resample_position_embeddings(
 
 def normalization_of(raw: Any, weights: str | Path) -> Normalization | None:
     """The input normalisation checkpoint ``raw`` was trained with, when it says: its ``normalization`` entry
-    (``{"mean": […], "std": […]}``, written by ``coretune pretrain``), or a timm name's pretrained config
-    (``timm:vit_base_patch16_224.augreg_in21k`` was trained on inputs scaled to [-1, 1], mean = std = 0.5)."""
-    entry = raw.get("normalization") if isinstance(raw, Mapping) else None
-    if isinstance(entry, Mapping) and {"mean", "std"} <= entry.keys():
-        return tuple(map(float, entry["mean"])), tuple(map(float, entry["std"]))
+    (``{"mean": […], "std": […]}``, written by ``coretune pretrain``), the data module's ``mean`` and ``std`` a
+    Lightning checkpoint of coretune saves (``datamodule_hyper_parameters``: a fine-tuned or pre-training run's
+    ``.ckpt``), or a timm name's pretrained config (``timm:vit_base_patch16_224.augreg_in21k`` was trained on inputs
+    scaled to [-1, 1], mean = std = 0.5)."""
+    for key in ("normalization", "datamodule_hyper_parameters"):
+        entry = raw.get(key) if isinstance(raw, Mapping) else None
+        if isinstance(entry, Mapping) and entry.get("mean") is not None and entry.get("std") is not None:
+            return tuple(map(float, entry["mean"])), tuple(map(float, entry["std"]))
     scheme, _, name = str(weights).partition(":")
     if scheme == "timm" and name:
         from timm.models import get_pretrained_cfg

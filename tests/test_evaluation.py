@@ -91,6 +91,14 @@ def test_linear_probe_picks_the_weight_decay_on_a_holdout(digits) -> None:
         linear_probe(x_train, y_train, weight_decay=[])
 
 
+def test_a_probe_stopped_at_its_iteration_cap_says_so(digits) -> None:
+    x_train, y_train, _, _ = digits
+    capped = linear_probe(x_train, y_train, weight_decay=1e-6, max_iter=3)
+    assert capped.iterations <= 3 and not capped.converged
+    done = linear_probe(x_train, y_train, weight_decay=1e-2)
+    assert done.converged and 0 < done.iterations < 500
+
+
 def test_extract_features_uses_eval_mode_and_restores_it() -> None:
     encoder = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 4), torch.nn.BatchNorm1d(4))
     encoder.train()
@@ -126,7 +134,8 @@ def test_eval_command_scores_a_checkpoint(tmp_path: Path, capsys: pytest.Capture
     assert 0.5 < knn["top1"] <= 1.0  # random conv features of digits are far above chance (10%)
     main(["eval", "linear", *common, "--weight_decay", "[0.001]", "--output", str(tmp_path / "linear.json")])
     linear = json.loads((tmp_path / "linear.json").read_text())
-    assert linear["settings"] == {"weight_decay": 0.001} and 0.5 < linear["top1"] <= linear["top5"]
+    assert linear["settings"]["weight_decay"] == 0.001 and 0.5 < linear["top1"] <= linear["top5"]
+    assert 0 < linear["settings"]["lbfgs_iterations"] < 500  # converged before the cap
     assert "knn small_cnn" in capsys.readouterr().out
     # the record names the very file scored (a path alone does not, once the checkpoint is re-made)
     assert knn["weights_sha256"] == linear["weights_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()

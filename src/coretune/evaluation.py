@@ -15,6 +15,7 @@ runs the whole protocol on an :class:`~coretune.data.ImageClassificationData`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -109,6 +110,8 @@ class LinearProbe(nn.Module):
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
         self.weight_decay = weight_decay
+        self.iterations = 0  # the L-BFGS iterations of its fit (:func:`_fit`)
+        self.converged = True  # False: the fit stopped at its iteration (or evaluation) cap
 
     def forward(self, features: Tensor) -> Tensor:
         return self.linear((features.float() - self.mean) / self.std)
@@ -135,6 +138,10 @@ def _fit(probe: LinearProbe, feats: Tensor, labels: Tensor, max_iter: int) -> Li
 
     with torch.enable_grad():
         optimizer.step(closure)
+    state = optimizer.state_dict()["state"][0]
+    probe.iterations = int(state["n_iter"])
+    # L-BFGS also stops at 1.25 × max_iter loss evaluations (its default max_eval); either cap is no convergence
+    probe.converged = probe.iterations < max_iter and int(state["func_evals"]) < max_iter * 5 // 4
     return probe
 
 
@@ -157,7 +164,8 @@ def linear_probe(
             the training features and scored on the rest; the best (ties: the larger ``λ``) is refitted on
             all of them.
         holdout_fraction: share of each class held out to choose ``λ`` (grid only).
-        max_iter: L-BFGS iterations per fit.
+        max_iter: L-BFGS iterations per fit (the probe records how many it ran, ``iterations``, and whether it
+            stopped before this cap, ``converged``).
         seed: seed of the hold-out split.
     """
     from .data import stratified_split
@@ -239,6 +247,13 @@ def evaluate_encoder(
         return EvalResult("knn", top1, None, len(train_y), len(test_y), used)
     if protocol == "linear":
         probe = linear_probe(train_f, train_y, classes, weight_decay, seed=seed)
+        if not probe.converged:
+            warnings.warn(
+                f"the linear probe's L-BFGS fit (λ = {probe.weight_decay:g}) stopped at its iteration cap after "
+                f"{probe.iterations} iterations, before converging: its top-1 may be a little low",
+                UserWarning,
+                stacklevel=2,
+            )
         with torch.no_grad():
             logits = probe(test_f)
         return EvalResult(
@@ -247,6 +262,6 @@ def evaluate_encoder(
             top_k_accuracy(logits, test_y, 5),
             len(train_y),
             len(test_y),
-            {"weight_decay": probe.weight_decay},
+            {"weight_decay": probe.weight_decay, "lbfgs_iterations": probe.iterations},
         )
     raise ValueError(f"unknown protocol {protocol!r}: choose 'knn' or 'linear'")

@@ -116,9 +116,16 @@ def test_the_run_summary_says_when_best_ckpt_was_chosen_on_the_test_images(
     note = "validation read the test images"
     assert note in capsys.readouterr().out  # no val_fraction, one held-out folder: best.ckpt is test-chosen
     held_out = tmp_path / "held_out"
-    main(fit_args(tree, held_out, "--trainer.max_epochs=1", "--data.val_fraction=0.25"))
+    main(fit_args(tree, held_out, "--trainer.max_epochs=1", "--data.val_fraction=0.25", "--data.label_fraction=0.9"))
     assert json.loads((held_out / "results.json").read_text())["validated_on_test_images"] is False
     assert note not in capsys.readouterr().out
+    # coretune validate of its checkpoint, without the run's config: the checkpoint's label and validation fractions
+    # draw the same held-out split again (only its seed came back, and validate scored the test images)
+    main(["validate", f"--ckpt_path={held_out / 'checkpoints' / 'last.ckpt'}", f"--data.root={tree}",
+          "--data.image_size=32"])  # fmt: skip
+    validated = json.loads((held_out / "val_results.json").read_text())
+    assert validated["validated_on_test_images"] is False
+    assert (validated["data"]["val_fraction"], validated["data"]["label_fraction"]) == (0.25, 0.9)
 
 
 def test_checkpoint_rebuilds_the_model(fitted: tuple[Path, Path]) -> None:

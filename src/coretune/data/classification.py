@@ -92,9 +92,9 @@ class ImageClassificationData(L.LightningDataModule):
             images whose decoding dominates.
     """
 
-    #: Options that drew the run's splits (the seed of the validation split and label subset). A checkpoint keeps them;
-    #: ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
-    split_settings: ClassVar[tuple[str, ...]] = ("seed",)
+    #: Options that drew the run's splits (the label subset and the validation split carved from it, and their seed).
+    #: A checkpoint keeps them; ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
+    split_settings: ClassVar[tuple[str, ...]] = ("seed", "label_fraction", "val_fraction")
 
     def __init__(
         self,

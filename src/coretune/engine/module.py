@@ -581,7 +581,8 @@ class FineTuner(L.LightningModule):
 
     def _split_settings(self, ckpt: Mapping[str, Any]) -> dict[str, Any]:
         """The data options that drew the run's splits (its task's data class's ``split_settings``: the seed; for
-        domain generalization also the unseen domains, held-out fraction and selection rule), as Lightning saved the
+        classification also the label and validation fractions, for domain generalization the unseen domains,
+        held-out fraction and selection rule), as Lightning saved the
         data module's arguments with the checkpoint (``datamodule_hyper_parameters``); empty without them."""
         saved = ckpt.get("datamodule_hyper_parameters")
         names = getattr(self.task.data_class, "split_settings", ())

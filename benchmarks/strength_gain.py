@@ -436,10 +436,11 @@ def _number(value: float) -> str:
 
 
 def markdown(rows: list[Row], baseline: str = "ce") -> str:
-    """The table of :func:`gains`: per label fraction (most labels first), checkpoints from weakest (kNN) up."""
+    """The table of :func:`gains`: per label fraction (most labels first), checkpoints from weakest (kNN) up; each
+    row's two top-1 means are over the seeds both its method and ``baseline`` finished (the gain's n)."""
     lines = [
-        f"| Labels | Checkpoint | kNN top-1 | linear top-1 | {baseline} top-1 | Method | top-1 | paired gain over "
-        f"{baseline} (pp) | Core − ce_mix (pp) |",
+        f"| Labels | Checkpoint | kNN top-1 | linear top-1 | {baseline} top-1 (paired seeds) | Method | top-1 (paired "
+        f"seeds) | paired gain over {baseline} (pp) | Core − ce_mix (pp) |",
         "|:-:|---|:-:|:-:|:-:|---|:-:|:-:|:-:|",
     ]
     for r in sorted(rows, key=lambda r: (-r.label_fraction, r.knn, r.checkpoint, r.method)):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from coretune.sweeps import Cell, compare
@@ -35,6 +36,11 @@ def test_compare_pairs_the_seeds_both_cells_finished() -> None:
     assert (c.paired_t, c.paired_p) == pytest.approx((reference.statistic, reference.pvalue))
     same_gap = compare(Cell("x", "d", 1.0, (2.0, 3.0), (0, 1)), Cell("y", "d", 1.0, (1.0, 2.0), (0, 1)))
     assert same_gap.paired == (1.0, 1.0) and math.isnan(same_gap.paired_t)  # no spread: no t
+    # the same gap read from float32 top-1 values (results.json: 100 × 0.6857 is 68.5699975…): still no t, not 10⁵
+    read = [100 * float(np.float32(v)) for v in (0.6857, 0.6912, 0.6744, 0.6827, 0.6882, 0.6714)]
+    noisy = compare(Cell("x", "d", 1.0, tuple(read[:3]), (0, 1, 2)), Cell("y", "d", 1.0, tuple(read[3:]), (0, 1, 2)))
+    assert noisy.paired == pytest.approx((0.3, 0.3, 0.3), abs=1e-4)
+    assert math.isnan(noisy.paired_t) and math.isnan(noisy.paired_p)
     assert compare(Cell("z", "d", 1.0, (5.0,)), a).paired == ()  # seeds unknown
     with pytest.raises(ValueError, match="2 values but 1 seeds"):
         Cell("x", "d", 1.0, (1.0, 2.0), (0,))

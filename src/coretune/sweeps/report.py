@@ -270,6 +270,8 @@ def _summary_rows(spec: BenchSpec, cells: Cells, layout: TableLayout) -> list[di
             if spec.table == "table6":  # the paper's Appendix D gives standard errors
                 row[f"{col_label} se (%)"] = "" if cell.n < 2 else round(cell.std / math.sqrt(cell.n), 4)
             row[f"{col_label} n"] = cell.n
+            # the seeds whose records are reconstructed (summary.md marks their cells †): space-separated, or empty
+            row[f"{col_label} reconstructed seeds"] = " ".join(map(str, cell.reconstructed))
         if spec.table == "table7":
             row["selection"] = _selection_text(selections.get(name, []))
         rows.append(row)

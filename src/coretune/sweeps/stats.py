@@ -54,8 +54,9 @@ class Comparison:
     subset, the new heads' initialisation, the batches and the augmentations, so the per-seed differences are
     free of that variation. ``paired_t`` = mean / (std / √n) of those differences (n − 1 degrees of freedom) and
     ``paired_p`` its two-sided p-value (:func:`scipy.stats.ttest_rel`); NaN below two pairs or when every pair
-    differs by the same amount. ``paired_seeds``: the seed of each paired difference; ``reconstructed``: the seeds
-    whose record is reconstructed in either cell (the tables mark what rests on them with †).
+    differs by the same amount (to 1e-4 pp: the float32 readings of a test score carry noise below that).
+    ``paired_seeds``: the seed of each paired difference; ``reconstructed``: the seeds whose record is reconstructed
+    in either cell (the tables mark what rests on them with †).
     """
 
     diff: float
@@ -83,7 +84,8 @@ def compare(a: Cell, b: Cell) -> Comparison:
     seeds = tuple(s for s, _, _ in matched)
     rebuilt = tuple(sorted(set(a.reconstructed) | set(b.reconstructed)))
     t, p = math.nan, math.nan
-    if len(paired) >= 2 and float(np.std(paired, ddof=1)) > 0:
+    # equal gaps read from float32 top-1 values differ by ~1e-5 pp, which would give a t of 10⁵: no spread below 1e-4 pp
+    if len(paired) >= 2 and float(np.std(np.round(paired, 4), ddof=1)) > 0:
         from scipy.stats import ttest_rel
 
         test = ttest_rel(*zip(*pairs, strict=True))

@@ -280,3 +280,11 @@ def test_reconstructed_records_are_marked_with_a_dagger_and_a_footnote(
     assert out.count("†") == 8
     runs = {(r["objective"], r["seed"]): r["reconstructed"] for r in csv.DictReader((spec.output / "runs.csv").open())}
     assert runs == {("ce", "0"): "False", ("ce", "1"): "True", ("core", "0"): "False", ("core", "1"): "False"}
+
+
+def test_means_equal_as_shown_are_both_bold(tmp_path: Path) -> None:
+    # 70.00 and 70.00 on the page (69.9967 and 70.0033 in the floats): one bold and not the other read as a ranking
+    spec = spec_of(tmp_path, seeds=[0, 1, 2], datasets={"a": []})
+    fabricate(spec, {("ce", "a", 1.0): [0.69, 0.70, 0.7099], ("core", "a", 1.0): [0.69, 0.70, 0.7101]})
+    markdown, _ = write_summary(spec)
+    assert "| ce | **70.00 ± " in markdown and "| core | **70.00 ± " in markdown

@@ -138,18 +138,20 @@ def _table(
     cells: Cells, layout: TableLayout, corner: str, tails: dict[str, list[str]] | None = None, tail: Sequence[str] = ()
 ) -> list[str]:
     """A markdown table of ``layout``'s rows (under ``corner``) and columns, each cell's mean ± std (n), the best
-    mean per column in bold, then the columns ``tail`` (``tails``: each row's texts in them)."""
+    mean per column in bold (every mean equal to it as shown, to two decimals), then the columns ``tail``
+    (``tails``: each row's texts in them)."""
     cols = [key for key, _ in layout.columns]
     header = [corner, *(label for _, label in layout.columns), *tail]
     best = {}
     for col in cols:
-        means = [cells[(name, *col)].mean for name, _ in layout.rows if cells[(name, *col)].n]
-        best[col] = max(means) if means else math.nan
+        means = [round(cells[(name, *col)].mean, 2) for name, _ in layout.rows if cells[(name, *col)].n]
+        best[col] = max(means) if means else math.nan  # as shown: means equal to two decimals are both bold
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + [":-:"] * (len(header) - 1)) + "|"]
     for name, label in layout.rows:
         row = [cells[(name, *col)] for col in cols]
         texts = [
-            f"**{c.text()}**" if c.n and c.mean == best[col] else c.text() for c, col in zip(row, cols, strict=True)
+            f"**{c.text()}**" if c.n and round(c.mean, 2) == best[col] else c.text()
+            for c, col in zip(row, cols, strict=True)
         ]
         lines.append(f"| {label} | " + " | ".join([*texts, *(tails or {}).get(name, [])]) + " |")
     return lines

@@ -38,6 +38,8 @@ def test_a_run_is_finished_once_results_hold_the_test_results(tmp_path: Path) ->
     assert not run.is_finished()
     run.results.write_text(json.dumps({"best_val_top1": 0.5}))
     assert not run.is_finished()
+    run.results.write_text(json.dumps({"test": {}}))  # no test result: unfinished for the tables too
+    assert not run.is_finished()
     run.results.write_text(json.dumps({"test": {"top1": 0.5}}))
     assert run.is_finished() and run.read_results()["test"] == {"top1": 0.5}
 

@@ -153,9 +153,10 @@ class RunDir:
         return (yaml.safe_load(self.config.read_text()) if self.config.is_file() else None) or {}
 
     def is_finished(self) -> bool:
-        """A run is finished once its ``results.json`` holds the test results (written after training ends)."""
+        """A run is finished once its ``results.json`` holds the test results (written after training ends; an
+        empty ``test`` entry is none, as ``coretune bench``'s tables count it)."""
         try:
-            return "test" in self.read_results()
+            return bool(self.read_results().get("test"))
         except (ValueError, FileNotFoundError):  # damaged (a sweep runs it again, and its fit names the file), gone
             return False
 

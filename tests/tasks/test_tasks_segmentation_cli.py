@@ -72,14 +72,15 @@ def test_test_predict_and_export_follow_the_checkpoint(trained: tuple[Path, Path
         [
             "test",
             f"--ckpt_path={ckpt}",
-            f"--data.root={root}",
-            "--data.eval_mode=whole",
+            f"--data.root={root}",  # no --data.eval_mode: the checkpoint's (whole images), not the default crop
             "--precision=32-true",  # as the fit
             "--output",
             str(tmp_path / "t.json"),
         ]
     )
-    tested = json.loads((tmp_path / "t.json").read_text())["test"]
+    written = json.loads((tmp_path / "t.json").read_text())
+    tested = written["test"]
+    assert written["data"]["eval_mode"] == "whole"
     assert tested["miou"] == pytest.approx(json.loads((run / "results.json").read_text())["test"]["miou"], abs=1e-6)
 
     images = tmp_path / "images"

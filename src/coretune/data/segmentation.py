@@ -435,9 +435,10 @@ class SegmentationData(L.LightningDataModule):
         pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies).
     """
 
-    #: Options that drew the run's splits (the seed of the validation split and label subset). A checkpoint keeps them;
+    #: Options that decide what the run's scores read: the label subset and the validation split carved from it, their
+    #: seed, and how an image is evaluated (``eval_mode``: whole, or its centre crop). A checkpoint keeps them;
     #: ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
-    split_settings: ClassVar[tuple[str, ...]] = ("seed",)
+    split_settings: ClassVar[tuple[str, ...]] = ("seed", "label_fraction", "val_fraction", "eval_mode")
 
     def __init__(
         self,

@@ -174,6 +174,12 @@ def test_predict_reads_new_images_as_the_test_split_does(tree: Path, tmp_path: P
          "unknown test domain(s) ['foto']: the domains under the data root are ['art', 'cartoon', 'photo', 'sketch']"),
         ("one_domain", ["--data.test_domains=art"], "data root ROOT holds one domain folder ('art')"),
         (None, ["--data.batch_size=8"], "batch_size 8 does not split equally over the 3 training domains"),
+        # the loaders read one domain after another: part of them would leave whole domains out of the scores
+        (None, ["--trainer.limit_val_batches=0.5"],
+         "--trainer.limit_val_batches=0.5: domain_generalization scores each domain on all its images, and the "
+         "validation loader reads one domain after another, so part of it would leave whole domains out of the "
+         "score: pass 1.0 (all batches)"),
+        (None, ["--trainer.limit_test_batches=1"], "--trainer.limit_test_batches=1: domain_generalization scores"),
     ],
 )  # fmt: skip
 def test_bad_layouts_are_one_line_errors(change: str | None, args: list[str], message: str, tmp_path: Path) -> None:

@@ -431,15 +431,25 @@ class FineTuner(L.LightningModule):
                 )
 
     def _check_batch_limits(self, datamodule: Any, splits: tuple[str, ...]) -> None:
-        """Refuse, at the start, a fraction ``--trainer.limit_<split>_batches`` in (0, 1) that keeps no batch of a
-        split on the process with the fewest (Lightning refuses it with a traceback when that split's loop starts:
-        the test split's after the whole training, and under DDP on that process alone while the others wait).
+        """Refuse, at the start, a limit of a task's validation or test batches that would leave groups out
+        (:attr:`~coretune.tasks.Task.scores_every_group`: domain generalization), and a fraction
+        ``--trainer.limit_<split>_batches`` in (0, 1) that keeps no batch of a split on the process with the fewest
+        (Lightning refuses it with a traceback when that split's loop starts: the test split's after the whole
+        training, and under DDP on that process alone while the others wait).
 
         Raises:
             ValueError: naming the option, the split's batches and the smallest fraction that keeps one.
         """
         for split in splits:
             limit = getattr(self.trainer, f"limit_{split}_batches", 1.0)
+            # all batches, or none (the split off); an int is a number of batches: 1 is one batch
+            whole = (isinstance(limit, float) and limit == 1.0) or limit == 0
+            if self.task.scores_every_group and split in ("val", "test") and not whole:
+                raise ValueError(
+                    f"--trainer.limit_{split}_batches={limit}: {self.task.name} scores each domain on all its images, "
+                    f"and the {_SPLIT_NAMES[split]} loader reads one domain after another, so part of it would leave "
+                    "whole domains out of the score: pass 1.0 (all batches)"
+                )
             loader = getattr(datamodule, f"{split}_dataloader", None)
             if not isinstance(limit, float) or not 0 < limit < 1 or loader is None:
                 continue

@@ -76,6 +76,9 @@ class Task:
     #: The :class:`~coretune.engine.FineTuner` settings only this task reads, with their defaults: another task
     #: refuses them set to anything else (a setting that would silently do nothing).
     own_settings: ClassVar[Mapping[str, Any]] = {}
+    #: Whether its validation and test scores need every batch: their loaders read one group (domain) after another,
+    #: so ``--trainer.limit_val_batches`` / ``limit_test_batches`` below all of them would leave whole groups out.
+    scores_every_group: ClassVar[bool] = False
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
         """``settings``: the :class:`~coretune.engine.FineTuner` settings (its ``hparams``); a task reads the ones

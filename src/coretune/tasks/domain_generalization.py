@@ -152,6 +152,7 @@ class DomainGeneralizationTask(ClassificationTask):
 
     name = "domain_generalization"
     data_class = DomainGeneralizationData
+    scores_every_group = True
     validation_holdout = "holdout_fraction"  # validation reads the training domains' held-out parts only
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:

@@ -82,6 +82,7 @@ def score(command: Split, args: Sequence[str]) -> Path:
     standalone = scored_folder_options(command, options) if model.task.name == "classification" else None
     data = model.task.data_class(**(standalone or options))
     check_classes(model, data, cfg.ckpt_path)
+    check_unseen_domains(model, data, cfg.ckpt_path)
     trainer = L.Trainer(
         default_root_dir=str(output.parent), precision=cfg.precision, logger=False, enable_checkpointing=False
     )
@@ -148,6 +149,26 @@ def results_output(output: str | None, ckpt: Path, default: Callable[[RunDir], P
             "give another file name"
         )
     return path
+
+
+def check_unseen_domains(model: FineTuner, data: Any, ckpt_path: str) -> None:
+    """Refuse to score as unseen a domain a domain-generalization checkpoint trained on: data holding the
+    checkpoint's unseen domains (``test_domains``) is its data set, whose other domains it trained on; data without
+    them is another data set, all of whose domains are new to it."""
+    trained = model.trained_data.get("test_domains")  # as given: "photo", "art_painting,sketch" or a list
+    trained = [d.strip() for d in trained.split(",")] if isinstance(trained, str) else list(trained or [])
+    root = getattr(data, "root", None)
+    if model.task.name != "domain_generalization" or not trained or root is None or not os.path.isdir(root):
+        return
+    domains = {e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")}
+    if not set(trained) <= domains:
+        return
+    if seen := [d for d in data.test_domains if d not in trained]:
+        raise ValueError(
+            f"checkpoint {ckpt_path} trained on domain(s) {seen} (its unseen domains are {list(trained)}): scored as "
+            f"unseen, their training images would pass for new ones; pass --data.test_domains {','.join(trained)} "
+            "(the checkpoint's, the default), or score a model that held them out"
+        )
 
 
 def check_classes(model: FineTuner, data: Any, ckpt_path: str) -> None:

@@ -121,6 +121,19 @@ def test_each_unseen_domain_the_held_out_parts_and_the_chosen_checkpoint_are_rep
     main(["test", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"--data.root={tree}"])
     last = json.loads((run / "test_results.json").read_text())["test"]["selection"]
     assert last["checkpoint"] == "last.ckpt" and last["epoch"] == 2  # the file it tested, not the rule's best.ckpt
+    # a domain it trained on, named as unseen: refused (its training images would pass for new ones); data without
+    # the checkpoint's unseen domain is another data set, whose domains are all new to the model
+    with pytest.raises(SystemExit) as exit_:
+        main(["test", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"--data.root={tree}",
+              "--data.test_domains=sketch"])  # fmt: skip
+    assert str(exit_.value.code).startswith(
+        f"coretune test: error: checkpoint {run / 'checkpoints' / 'last.ckpt'} trained on domain(s) ['sketch'] (its "
+        "unseen domains are ['photo']): scored as unseen, their training images would pass for new ones; pass "
+        "--data.test_domains photo"
+    )
+    other = Path(shutil.copytree(tree, tmp_path / "other", ignore=shutil.ignore_patterns("photo")))
+    main(["test", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"--data.root={other}",
+          "--data.test_domains=sketch", f"--output={tmp_path / 'other.json'}"])  # fmt: skip
 
 
 @pytest.mark.parametrize("rule", ["test_domain_validation", "last_checkpoint"])

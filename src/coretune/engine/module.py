@@ -549,9 +549,10 @@ class FineTuner(L.LightningModule):
         """The image size and normalisation (``image_size``, ``mean``, ``std``) the model was fine-tuned with, and
         the settings that drew its splits (``seed``; classification and segmentation: ``label_fraction``,
         ``val_fraction``, and segmentation's ``eval_mode``; domain generalization: ``test_domains``,
-        ``holdout_fraction``, ``selection``), as its checkpoint records them (empty for a model not loaded by :meth:`from_checkpoint`, or
-        one saved without a data module): what ``coretune test``, ``validate``, ``eval robust`` and ``predict``
-        evaluate it with unless told otherwise (a run's seed is not in its ``config.yaml``: ``--seed`` sets it)."""
+        ``holdout_fraction``, ``selection``), as its checkpoint records them (empty for a model not loaded by
+        :meth:`from_checkpoint`, or one saved without a data module): what ``coretune test``, ``validate``, ``eval
+        robust`` and ``predict`` evaluate it with unless told otherwise (a run's seed is not in its ``config.yaml``:
+        ``--seed`` sets it)."""
         data = self.checkpoint_info.get("data") or {}
         return {k: list(v) if isinstance(v, tuple | list) else v for k, v in data.items()}
 

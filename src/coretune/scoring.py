@@ -155,13 +155,13 @@ def check_unseen_domains(model: FineTuner, data: Any, ckpt_path: str) -> None:
     """Refuse to score as unseen a domain a domain-generalization checkpoint trained on: data holding the
     checkpoint's unseen domains (``test_domains``) is its data set, whose other domains it trained on; data without
     them is another data set, all of whose domains are new to it."""
-    trained = model.trained_data.get("test_domains")  # as given: "photo", "art_painting,sketch" or a list
-    trained = [d.strip() for d in trained.split(",")] if isinstance(trained, str) else list(trained or [])
+    from .data.domains import domain_folders, domain_list
+
+    trained = domain_list(model.trained_data.get("test_domains"))  # as given: "photo", "art,sketch" or a list
     root = getattr(data, "root", None)
     if model.task.name != "domain_generalization" or not trained or root is None or not os.path.isdir(root):
         return
-    domains = {e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")}
-    if not set(trained) <= domains:
+    if not set(trained) <= set(domain_folders(root)):
         return
     if seen := [d for d in data.test_domains if d not in trained]:
         raise ValueError(

@@ -90,7 +90,7 @@ def read_domains(root: str, on_bad_image: OnBadImage = "error") -> dict[str, Lab
             or the domains' class folders differ (a domain missing a class).
     """
     require_folder(root, "data root")
-    names = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    names = domain_folders(root)
     layout = f"expected the DomainBed layout {root}/<domain>/<class>/<images> with 2 or more domains"
     if len(names) < 2:
         held = f"one domain folder ({names[0]!r})" if names else "no domain folder"
@@ -316,7 +316,7 @@ class DomainGeneralizationData(L.LightningDataModule):
             on_bad_image=on_bad_image, selection=selection,
         )  # fmt: skip
         self.save_hyperparameters()
-        self.root, self.test_domains = root, _domain_list(test_domains)
+        self.root, self.test_domains = root, domain_list(test_domains)
         self.holdout_fraction, self.label_fraction, self.seed = holdout_fraction, label_fraction, seed
         self.image_size, self.batch_size, self.steps_per_epoch = image_size, batch_size, steps_per_epoch
         self.eval_batch_size = eval_batch_size or batch_size
@@ -391,7 +391,7 @@ class DomainGeneralizationData(L.LightningDataModule):
         ``tune`` call it before their first run). Raises :class:`DataError` naming the path and fix."""
         root = self._root()
         require_folder(root, "data root")
-        names = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+        names = domain_folders(root)
         if unknown := [d for d in self.test_domains if d not in names]:
             raise DataError(f"unknown test domain(s) {unknown}: the domains under the data root are {names}")
 
@@ -452,7 +452,12 @@ class DomainGeneralizationData(L.LightningDataModule):
         return loader_options(self.num_workers, self.pin_memory)
 
 
-def _domain_list(value: str | Sequence[str] | None) -> list[str]:
+def domain_folders(root: str) -> list[str]:
+    """The domain folders of a DomainBed tree ``root`` (its sub-folders but hidden ones), sorted: the domains."""
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+
+
+def domain_list(value: str | Sequence[str] | None) -> list[str]:
     """``"photo"``, ``"art_painting,sketch"`` or a list, as a list of names (None: empty)."""
     if value is None:
         return []

@@ -282,6 +282,35 @@ def test_reconstructed_records_are_marked_with_a_dagger_and_a_footnote(
     assert runs == {("ce", "0"): "False", ("ce", "1"): "True", ("core", "0"): "False", ("core", "1"): "False"}
 
 
+def test_the_avg_column_and_the_figures_mark_what_rests_on_reconstructed_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Avg. column (a mean of the row's column means) and bars.png / label_fraction.png showed a reconstructed
+    cell's number unmarked, where the table beside them carries its †."""
+    from matplotlib.figure import Figure
+
+    figures: list[Figure] = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: figures.append(self))
+    spec = spec_of(tmp_path, seeds=[0, 1], datasets={"a": [], "b": []}, label_fractions=[0.1, 1.0])
+    fabricate(spec, {(o, d, f): [0.6, 0.7] for o in ("ce", "core") for d in ("a", "b") for f in (0.1, 1.0)})
+    lost = next(
+        r.run_dir for r in spec.runs() if (r.objective, r.dataset, r.label_fraction, r.seed) == ("ce", "b", 1.0, 1)
+    )
+    results = json.loads((lost / "results.json").read_text())
+    (lost / "results.json").write_text(json.dumps({**results, "reconstructed": "lost; recorded in the docs"}))
+    markdown, _ = write_summary(spec)
+    rows = {line.split(" | ")[0]: line.rsplit(" | ", 1)[1] for line in markdown.splitlines() if line.startswith("| c")}
+    assert rows == {"| ce": "65.00† |", "| core": "65.00 |"}  # Avg.: only ce's rests on the reconstructed run
+    bars, fractions = figures[:2]
+    marks = [t.get_text() for t in bars.axes[0].texts]
+    assert marks == ["†"]  # ce's bar in column (b, 100%)
+    assert [t.get_text() for ax in fractions.axes for t in ax.texts] == ["†"]  # ce's 100% point in panel b
+    for figure in (bars, fractions):
+        assert [t.get_text() for t in figure.texts] == [
+            "† includes reconstructed records (the run's numbers without its files; see summary.md)"
+        ]
+
+
 def test_means_equal_as_shown_are_both_bold(tmp_path: Path) -> None:
     # 70.00 and 70.00 on the page (69.9967 and 70.0033 in the floats): one bold and not the other read as a ranking
     spec = spec_of(tmp_path, seeds=[0, 1, 2], datasets={"a": []})

@@ -33,12 +33,17 @@ def _plot_label(label: str) -> str:
     return label.replace("L^f_con", r"$\mathcal{L}^f_{con}$").replace("L_con", r"$\mathcal{L}_{con}$")
 
 
+#: The footnote of a figure with a bar or point marked †, as summary.md's.
+_RECONSTRUCTED = "† includes reconstructed records (the run's numbers without its files; see summary.md)"
+
+
 def plot_bars(
     spec: BenchSpec, cells: dict[tuple[Any, ...], Cell], layout: TableLayout, title_note: str = ""
 ) -> list[Path]:
     """``bars.png`` (the table's cells, mean ± std, grouped by column; ``title_note`` follows the title, e.g. an
     oracle's mark) and, with several label fractions, ``label_fraction.png``. A cell of one seed has no error bar
-    (its std is unknown, not 0), and its bar is marked ``n=1``."""
+    (its std is unknown, not 0), and its bar is marked ``n=1``; a bar or point resting on reconstructed records is
+    marked †, with a footnote (as in summary.md)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -60,8 +65,10 @@ def plot_bars(
         offset = (i - (len(layout.rows) - 1) / 2) * width
         ax.bar(x + offset, means, width, yerr=stds, capsize=3, label=_plot_label(label))
         for position, col, mean in zip(x + offset, cols, means, strict=True):
-            if cells[(name, *col)].n == 1:
-                ax.text(position, mean, "n=1", ha="center", va="bottom", fontsize=7)
+            cell = cells[(name, *col)]
+            mark = " ".join(["n=1"] * (cell.n == 1) + ["†"] * bool(cell.reconstructed))
+            if mark:
+                ax.text(position, mean, mark, ha="center", va="bottom", fontsize=7)
     if lows:
         ax.set_ylim(bottom=max(0.0, 5 * math.floor(min(lows) / 5) - 5))
     measured = measure_layout(spec.table)  # long column labels (attack and threat model), a long metric text
@@ -72,6 +79,8 @@ def plot_bars(
     ax.set(ylabel=f"{ylabel} (%)", title=f"{spec.name}: mean ± std over seeds{title_note}")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
+    if any(cell.reconstructed for cell in cells.values()):
+        fig.text(0.01, -0.02, _RECONSTRUCTED, fontsize=7, va="top")
     paths.append(spec.output / "bars.png")
     fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -84,12 +93,17 @@ def plot_bars(
                 means, stds = zip(*(stats(name, (dataset, f)) for f in fractions), strict=True)
                 percent = [100 * f for f in fractions]
                 ax.errorbar(percent, means, yerr=stds, marker="o", capsize=3, label=_plot_label(label))
+                for p, m, f in zip(percent, means, fractions, strict=True):
+                    if cells[(name, dataset, f)].reconstructed:
+                        ax.text(p, m, "†", ha="left", va="bottom", fontsize=8)
             ax.set(xlabel="labels used (%)", ylabel=f"{spec_metric_text(spec)} (%)", title=dataset)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         fig.tight_layout()
+        if any(cell.reconstructed for cell in cells.values()):
+            fig.text(0.01, -0.02, _RECONSTRUCTED, fontsize=7, va="top")
         paths.append(spec.output / "label_fraction.png")
-        fig.savefig(paths[-1], dpi=110)
+        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")  # the footnote sits below the axes
         plt.close(fig)
     return paths
 

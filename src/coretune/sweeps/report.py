@@ -117,7 +117,8 @@ def _markdown(spec: BenchSpec, cells: Cells, layout: TableLayout, extra: list[st
         if spec.table == "table7":
             averages[name] = [_seed_average(row).text()]
         else:
-            averages[name] = [f"{np.mean([c.mean for c in row]):.2f}" if all(c.n for c in row) else "–"]
+            rebuilt = "†" if any(c.reconstructed for c in row) else ""  # a mean of means resting on such a cell
+            averages[name] = [f"{np.mean([c.mean for c in row]):.2f}{rebuilt}" if all(c.n for c in row) else "–"]
     lines = [
         f"# {spec.name}",
         "",

@@ -18,6 +18,7 @@ from torchvision.transforms import v2
 
 from .data import IMAGENET_MEAN, IMAGENET_STD, ImageFileDataset
 from .data.datasets import OnBadImage
+from .data.samplers import same_size_batches
 from .engine import FineTuner, atomic_write
 from .models import CheckpointError
 from .runconfig import check_config_task
@@ -105,22 +106,6 @@ def _finite_logits(
             "use an earlier checkpoint of the run, or fine-tune again with a lower learning rate (--model.lr)"
         )
     return logits
-
-
-def same_size_batches(paths: Sequence[str], batch_size: int) -> list[list[int]]:
-    """Batches of the indices of ``paths``, each of images of one width and height (read from the file headers,
-    in order of first appearance), at most ``batch_size`` long: a segmentation model predicts each image at its
-    own size, and images of one size can share a forward pass. A file whose header cannot be read is a batch of
-    its own (reading it then raises the usual error, or it was left out by ``on_bad_image="skip"``)."""
-    groups: dict[object, list[int]] = {}
-    for i, path in enumerate(paths):
-        try:
-            with Image.open(path) as img:
-                key: object = img.size
-        except Exception:  # any unreadable header: the dataset names the problem when it decodes it
-            key = ("unreadable", i)
-        groups.setdefault(key, []).append(i)
-    return [group[i : i + batch_size] for group in groups.values() for i in range(0, len(group), batch_size)]
 
 
 def _mask_name(path: str, base: str | Path) -> Path:

@@ -31,6 +31,7 @@ from coretune.data import (
     segmentation_eval_transform,
     segmentation_train_transform,
 )
+from coretune.data.samplers import same_size_batches
 from segmentation_sets import make_voc_set, save_mask
 
 NO_NORM = {"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
@@ -151,18 +152,65 @@ def test_the_training_loader_is_reproducible(voc_set: Path) -> None:
     assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
 
 
-def test_loader_workers_get_the_transforms_and_the_padding_collate(tmp_path: Path) -> None:
-    """Everything a worker process receives pickles: the v2 transforms (RandomScale included) and
-    pad_collate; whole images of two sizes come out padded to the larger."""
+def test_loader_workers_get_the_transforms_and_the_collates(tmp_path: Path) -> None:
+    """Everything a worker process receives pickles: the v2 transforms (RandomScale included), pad_collate and the
+    same-size batches of whole images."""
     root = make_voc_set(tmp_path / "voc", {"train": 4, "val": 2})
     make_voc_set(root, {"extra": 1}, size=(30, 44), seed=1)
-    (root / "ImageSets" / "Segmentation" / "test.txt").write_text("extra_000\nval_000\n")
+    (root / "ImageSets" / "Segmentation" / "test.txt").write_text("extra_000\nval_000\nval_001\n")
     dm = loaded(root, num_workers=1, eval_mode="whole")
     images, masks = next(iter(dm.train_dataloader()))
     assert (images.shape, masks.shape) == ((4, 3, 32, 32), (4, 32, 32))
-    images, masks = next(iter(dm.test_dataloader()))
-    assert (images.shape, masks.shape) == ((2, 3, 40, 56), (2, 40, 56))
-    assert (masks[0, 30:] == 255).all() and (masks[0, :, 44:] == 255).all()
+    shapes = [(images.shape, masks.shape) for images, masks in dm.test_dataloader()]
+    assert shapes == [((1, 3, 30, 44), (1, 30, 44)), ((2, 3, 40, 56), (2, 40, 56))]
+    images, masks = next(iter(loaded(root, num_workers=1).test_dataloader()))  # centre crops, padded to 32
+    assert (images.shape, masks.shape) == ((3, 3, 32, 32), (3, 32, 32)) and (masks[0, 31] == 255).all()
+
+
+def test_images_of_one_size_share_batches_in_order_and_unreadable_files_stand_alone(tmp_path: Path) -> None:
+    sizes = [(64, 48), (40, 32), (64, 48), (64, 48), (40, 32), (64, 48)]
+    paths = []
+    for i, size in enumerate(sizes):
+        paths.append(str(tmp_path / f"{i}.png"))
+        Image.new("RGB", size).save(paths[-1])
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    paths.insert(2, str(tmp_path / "bad.png"))  # index 2
+    assert same_size_batches(paths, 3) == [[0, 3, 4], [6], [1, 5], [2]]
+    assert same_size_batches(paths, 64) == [[0, 3, 4, 6], [1, 5], [2]]
+    assert same_size_batches([], 4) == []
+
+
+def test_whole_images_are_batched_by_size_so_no_prediction_depends_on_its_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Padded to a batch-mate's size, a whole image was predicted with the padding in view of the network (ASPP's
+    image pooling, the receptive field): its score depended on the evaluation batch size. Each batch now holds
+    images of one size, in list order within a size, each image once; under torch.distributed each process reads
+    every W-th image of the list (as the other evaluation loaders), grouped the same way."""
+    root = make_voc_set(tmp_path / "voc", {"train": 4, "val": 3})
+    make_voc_set(root, {"small": 3}, size=(30, 44), seed=1)
+    order = ["small_000", "val_000", "small_001", "val_001", "val_002", "small_002"]
+    (root / "ImageSets" / "Segmentation" / "test.txt").write_text("\n".join(order) + "\n")
+    dm = loaded(root, eval_mode="whole", eval_batch_size=2, **NO_NORM)
+    single = SegmentationDataset.from_voc(str(root), "test").with_transform(dm.eval_transform)
+    batches = list(dm.test_dataloader())
+    assert [tuple(images.shape) for images, _ in batches] == [
+        (2, 3, 30, 44),
+        (1, 3, 30, 44),
+        (2, 3, 40, 56),
+        (1, 3, 40, 56),
+    ]
+    expected = [single[i] for i in (0, 2, 5, 1, 3, 4)]  # the small images in list order, then the others
+    got = [(image, mask) for images, masks in batches for image, mask in zip(images, masks, strict=True)]
+    assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, expected, strict=True))
+    assert (torch.cat([m.flatten() for _, m in got]) != 255).any()  # not all padding
+    from coretune.data import samplers
+
+    monkeypatch.setattr(samplers, "world_size", lambda: 2)
+    monkeypatch.setattr(samplers, "rank", lambda: 1)
+    loader = dm.test_dataloader()
+    assert list(loader.sampler) == [[1, 3], [5]]  # items 1 3 5 (val_000, val_001, small_002), by size
+    assert len(loader) == 2 and [tuple(images.shape) for images, _ in loader] == [(2, 3, 40, 56), (1, 3, 30, 44)]
 
 
 def test_options_parse_from_the_command_line(voc_set: Path) -> None:

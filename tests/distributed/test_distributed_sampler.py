@@ -115,8 +115,9 @@ def test_evaluation_splits_smaller_than_the_processes_are_refused(
     with pytest.raises(DataError, match=r"^the test split holds 2 image\(s\), fewer than the 3 processes that share"):
         check_shareable(list(range(2)), "test")
     root = make_voc_set(tmp_path / "voc", {"train": 4, "val": 2})
-    with pytest.raises(DataError, match=r"^the evaluation split holds 2 image\(s\)"):
-        SegmentationData(root=str(root), image_size=16, batch_size=2).val_dataloader()
+    for mode in ("center_crop", "whole"):  # whole images: batches of one size, the same check
+        with pytest.raises(DataError, match=r"^the evaluation split holds 2 image\(s\)"):
+            SegmentationData(root=str(root), image_size=16, batch_size=2, eval_mode=mode).val_dataloader()
     data = ImageClassificationData(root=str(image_tree), image_size=16, batch_size=2)  # 12 val images
     monkeypatch.setattr(samplers_module, "world_size", lambda: 13)
     with pytest.raises(DataError, match=r"^the evaluation split holds 12 image\(s\), fewer than the 13 processes"):

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..distributed import rank, world_size
@@ -21,6 +22,7 @@ __all__ = [
     "BalancedDomainSampler",
     "EpochShuffleSampler",
     "ResumableLoader",
+    "SameSizeBatches",
     "SeededItems",
     "balanced_train_loader",
     "check_shareable",
@@ -28,6 +30,8 @@ __all__ = [
     "eval_sampler",
     "item_seed",
     "loader_options",
+    "same_size_batches",
+    "same_size_eval_loader",
     "seeded_train_loader",
     "trained_items",
 ]
@@ -310,3 +314,62 @@ def eval_sampler(dataset: Dataset) -> UnrepeatedDistributedSampler | None:
         return None
     check_shareable(dataset)
     return UnrepeatedDistributedSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=False)
+
+
+def same_size_batches(paths: Sequence[str], batch_size: int) -> list[list[int]]:
+    """Batches of the indices of ``paths``, each of images of one width and height (read from the file headers,
+    in order of first appearance), at most ``batch_size`` long: a segmentation model predicts each image at its
+    own size, and images of one size can share a forward pass. A file whose header cannot be read is a batch of
+    its own (reading it then raises the usual error, or it was left out by ``on_bad_image="skip"``)."""
+    groups: dict[object, list[int]] = {}
+    for i, path in enumerate(paths):
+        try:
+            with Image.open(path) as img:
+                key: object = img.size
+        except Exception:  # any unreadable header: the dataset names the problem when it decodes it
+            key = ("unreadable", i)
+        groups.setdefault(key, []).append(i)
+    return [group[i : i + batch_size] for group in groups.values() for i in range(0, len(group), batch_size)]
+
+
+class SameSizeBatches(DistributedSampler):
+    """An evaluation sampler of whole batches: this process's every W-th item (each item once, as
+    :func:`eval_sampler`), grouped into batches of images of one size (:func:`same_size_batches`). Being a
+    ``DistributedSampler``, Lightning uses it as it is."""
+
+    def __init__(self, paths: Sequence[str], batch_size: int) -> None:
+        super().__init__(range(len(paths)), num_replicas=world_size(), rank=rank(), shuffle=False)  # type: ignore[arg-type]
+        mine = list(range(len(paths)))[self.rank :: self.num_replicas]
+        self.batches = [[mine[i] for i in batch] for batch in same_size_batches([paths[i] for i in mine], batch_size)]
+
+    def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class _Batches(Dataset):
+    """``ds[indices]``: ``collate`` of the base dataset's items ``indices`` (a loader over :class:`SameSizeBatches`
+    with ``batch_size=None``)."""
+
+    def __init__(self, base: Dataset, collate: Any) -> None:
+        self.base, self.collate = base, collate
+
+    def __getitem__(self, indices: list[int]) -> Any:  # type: ignore[override]
+        return self.collate([self.base[i] for i in indices])
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+
+def same_size_eval_loader(
+    dataset: Dataset, paths: Sequence[str], batch_size: int, collate: Any, **loader_options: Any
+) -> DataLoader:
+    """An evaluation loader whose batches hold images of one size (``paths``: each item's image file), so that no
+    image is padded to a batch-mate's size and its prediction does not depend on its batch: in dataset order
+    within each size, each item once, every W-th item under ``torch.distributed`` (:func:`check_shareable`
+    first)."""
+    check_shareable(dataset)
+    sampler = SameSizeBatches(paths, batch_size)
+    return DataLoader(_Batches(dataset, collate), batch_size=None, sampler=sampler, **loader_options)

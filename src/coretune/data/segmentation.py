@@ -34,7 +34,7 @@ from torchvision.transforms.v2 import functional as F
 from .datasets import OnBadImage
 from .errors import DataError
 from .images import IMAGE_EXTENSIONS, find_bad_images, load_rgb, require_folder, warn_skipped
-from .samplers import eval_sampler, seeded_train_loader
+from .samplers import eval_sampler, same_size_eval_loader, seeded_train_loader
 from .splits import stratified_split, stratified_subset
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, normalisation_problems
 
@@ -160,7 +160,7 @@ def segmentation_eval_transform(
 
     ``"center_crop"`` (the paper): the central ``crop_size`` crop, padded where the image is smaller (mask with
     ``ignore_index``); at VOC's 513 px every image (≤ 500 px) is whole, padded. ``"whole"``: the image at its
-    own size (an evaluation loader pads each batch to its largest image, :func:`pad_collate`).
+    own size (an evaluation loader batches images of one size together, :func:`same_size_eval_loader`).
     """
     steps: list[v2.Transform] = [v2.ToImage()]
     if mode == "center_crop":
@@ -409,8 +409,8 @@ class SegmentationData(L.LightningDataModule):
     Loaders: training shuffles in an order fixed by ``(seed, epoch)``, draws each crop's augmentation from
     ``(seed, epoch, index)`` and drops the last incomplete batch when there are 2+ batches (DeepLab's ASPP
     pooling branch has BatchNorm on a 1×1 map: it cannot train on a batch of one). Batches are ``(images
-    (B, 3, H, W) float, masks (B, H, W) int64)``; evaluation batches of whole images are padded to their
-    largest image (:func:`pad_collate`, masks with ``ignore_index``).
+    (B, 3, H, W) float, masks (B, H, W) int64)``; an evaluation batch of whole images holds images of one size
+    (:func:`~coretune.data.samplers.same_size_eval_loader`), so that no prediction depends on its batch-mates.
 
     Args:
         root: Data folder in the PASCAL VOC layout (JPEGImages/, SegmentationClass/, ImageSets/Segmentation/).
@@ -488,6 +488,7 @@ class SegmentationData(L.LightningDataModule):
         self.label_fraction, self.val_fraction, self.seed = label_fraction, val_fraction, seed
         self.mean, self.std = tuple(mean), tuple(std)
         self.ignore_index, self.on_bad_image, self.pin_memory = ignore_index, on_bad_image, pin_memory
+        self.eval_mode = eval_mode
         self.train_transform = segmentation_train_transform(
             image_size, self.mean, self.std, ignore_index, (float(scale_range[0]), float(scale_range[1])), hflip
         )
@@ -632,15 +633,21 @@ class SegmentationData(L.LightningDataModule):
         assert self.test_dataset is not None
         return self._eval_loader(self.test_dataset)
 
-    def _eval_loader(self, dataset: Dataset) -> DataLoader:
-        """In list order, each image once (every W-th under ``torch.distributed``), batches padded to their
-        largest image."""
+    def _eval_loader(self, dataset: SegmentationDataset) -> DataLoader:
+        """In list order, each image once (every W-th under ``torch.distributed``); in ``eval_mode="whole"`` each
+        batch holds images of one size (:func:`same_size_eval_loader`: padded to a batch-mate's size, an image's
+        prediction would depend on its batch), else centre crops padded to ``image_size``."""
+        collate = partial(pad_collate, ignore_index=self.ignore_index)
+        if self.eval_mode == "whole":
+            return same_size_eval_loader(
+                dataset, dataset.images, self.eval_batch_size, collate, **self._loader_options()
+            )
         return DataLoader(
             dataset,
             batch_size=self.eval_batch_size,
             shuffle=False,
             sampler=eval_sampler(dataset),
-            collate_fn=partial(pad_collate, ignore_index=self.ignore_index),
+            collate_fn=collate,
             **self._loader_options(),
         )
 

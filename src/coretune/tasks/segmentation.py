@@ -458,24 +458,28 @@ class SegmentationTask(Task):
     def write_figures(self, module: L.LightningModule, datamodule: Any, run_dir: Path) -> list[Path]:
         """``predictions.png``: the first :attr:`figure_images` validation images, their ground truth and the
         model's prediction (:func:`save_predictions_figure`)."""
-        images, masks = [], []
-        for batch_images, batch_masks in datamodule.val_dataloader():
-            images.append(batch_images)
-            masks.append(batch_masks)
-            if sum(len(m) for m in masks) >= self.figure_images:
-                break
+        images, masks, predicted = [], [], []
+        training = module.training
+        module.eval()
+        with torch.inference_mode():  # batch by batch: a batch holds images of one size, padded only for the figure
+            for batch_images, batch_masks in datamodule.val_dataloader():
+                images.append(batch_images)
+                masks.append(batch_masks)
+                predicted.append(module(batch_images.to(module.device)).argmax(1).cpu())
+                if sum(len(m) for m in masks) >= self.figure_images:
+                    break
+        module.train(training)
         if not images:
             return []
         size = [max(t.shape[-2] for t in masks), max(t.shape[-1] for t in masks)]
-        x = torch.cat([F.pad(t, (0, size[1] - t.shape[-1], 0, size[0] - t.shape[-2])) for t in images])
-        y = torch.cat([F.pad(t, (0, size[1] - t.shape[-1], 0, size[0] - t.shape[-2]), value=self.ignore_index)
-                       for t in masks])  # fmt: skip
-        x, y = x[: self.figure_images], y[: self.figure_images]
-        training = module.training
-        module.eval()
-        with torch.inference_mode():
-            predictions = module(x.to(module.device)).argmax(1).cpu()
-        module.train(training)
+
+        def padded(tensors: list[Tensor], fill: float) -> Tensor:
+            pads = [(0, size[1] - t.shape[-1], 0, size[0] - t.shape[-2]) for t in tensors]
+            return torch.cat([F.pad(t, pad, value=fill) for t, pad in zip(tensors, pads, strict=True)])
+
+        n = self.figure_images
+        x, y = padded(images, 0.0)[:n], padded(masks, self.ignore_index)[:n]
+        predictions = padded(predicted, self.ignore_index)[:n]
         path = Path(run_dir) / "predictions.png"
         save_predictions_figure(
             x, y, predictions, path, datamodule.mean, datamodule.std, getattr(module, "class_names", None)

@@ -147,7 +147,7 @@ def test_the_oracle_and_the_last_checkpoint_test_the_last_weights(
     if rule == "test_domain_validation":
         assert selection["oracle"] is True and selection["name"] == "test-domain validation set (oracle)"
         assert selection["score"] == results["test"]["test_domain_val_top1"]
-        assert "ORACLE: chosen with the unseen domains' images" in out
+        assert "ORACLE: its score reads the unseen domains' held-out images" in out
     else:
         assert selection["oracle"] is False and "ORACLE" not in out
 

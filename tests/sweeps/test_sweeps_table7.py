@@ -89,7 +89,7 @@ def test_an_oracle_selection_is_marked_in_every_output(tmp_path: Path, monkeypat
     monkeypatch.setattr(report, "plot_bars", lambda spec, cells, layout, note="": titles.append(note) or [])
     markdown, _ = write_summary(spec)
     assert titles == [" (ORACLE model selection)"]  # bars.png's title
-    marked = "Model selection: test-domain validation set (oracle). **ORACLE**: checkpoints scored with the unseen "
+    marked = "Model selection: test-domain validation set (oracle). **ORACLE**: each run tests its last checkpoint and "
     assert marked in markdown
     with (spec.output / "summary.csv").open(newline="") as f:
         assert [r["selection"] for r in csv.DictReader(f)] == ["ORACLE: test-domain validation set (oracle)"] * 2

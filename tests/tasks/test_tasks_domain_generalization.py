@@ -82,7 +82,8 @@ def test_results_report_each_group_and_the_chosen_checkpoint(rule: str) -> None:
     if rule == "test_domain_validation":
         assert selection["oracle"] is True and selection["name"] == "test-domain validation set (oracle)"
         assert selection["checkpoint"] == "last.ckpt" and selection["score"] == 0.75
-        assert line.endswith("(last.ckpt, epoch 4, step 400) — ORACLE: chosen with the unseen domains' images")
+        oracle = "ORACLE: its score reads the unseen domains' held-out images"
+        assert line.endswith(f"(last.ckpt, epoch 4, step 400) — {oracle}")
     else:
         assert selection["oracle"] is False and "ORACLE" not in line
         assert selection["score"] == pytest.approx(0.75)

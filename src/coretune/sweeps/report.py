@@ -97,7 +97,8 @@ def _selection_note(spec: BenchSpec) -> list[str]:
         detail = "; ".join(part for part in (tested, chosen) if part)
         described.append(f"{name}{f' ({detail})' if detail else ''}")
     oracle = (
-        " **ORACLE**: checkpoints scored with the unseen domains' own held-out images, not a fair comparison with "
+        " **ORACLE**: each run tests its last checkpoint and is scored with the unseen domains' own held-out images "
+        "(DomainBed's test-domain validation); runs compared or chosen by that score are not a fair comparison with "
         "methods that never see them."
         if any(oracle for oracle, _, _ in rules.values())
         else ""

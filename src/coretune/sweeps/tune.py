@@ -8,13 +8,15 @@ part of the training set, the held-out folder being the test split; segmentation
 ``val.txt``/``test.txt`` being the test split) or ``--data.holdout_fraction`` (domain generalization: each
 training domain's held-out part; the unseen domains are the test). Selection never reads the test split. A trial's
 value is the **final** epoch's ``val/<monitor>`` of the task (``val/top1``; ``val/miou`` for segmentation: the
-weights the run keeps and tests), not the best epoch's: picking the best epoch would be a second selection on the
-same split. ``--repeats K`` scores a trial by the mean over K fits with seeds
-``seed … seed+K-1`` — each holds out another stratified split and starts from another initialisation (repeated
-hold-out) — so a choice rests on K validation splits instead of one. The study lives in a database
-(``sqlite:///<output>/study.db`` by default; any SQLAlchemy URL): re-running the command resumes it (finished
-trials are kept, failed or interrupted grid points run again), and several ``coretune tune`` processes — on one or
-many machines — given the same ``--storage`` and ``--study_name`` share the work.
+weights the run keeps, which classification and segmentation test), not the best epoch's: picking the best epoch
+would be a second selection on the same split. (A domain-generalization trial still tests the checkpoint its
+``--data.selection`` rule picks: by default ``best.ckpt``, chosen on the same held-out parts.) ``--repeats K``
+scores a trial by the mean over K fits with seeds ``seed … seed+K-1`` — each holds out another stratified split and
+starts from another initialisation (repeated hold-out) — so a choice rests on K validation splits instead of one.
+The study lives in a database (``sqlite:///<output>/study.db`` by default; any SQLAlchemy URL): re-running the
+command resumes it (finished trials are kept, failed or interrupted grid points run again), and several
+``coretune tune`` processes — on one or many machines — given the same ``--storage`` and ``--study_name`` share
+the work.
 
 A fit that diverged or collapsed (``coretune fit`` recorded ``diverged`` or ``collapsed`` in its ``results.json``)
 is a result, not a failure: its trial fails with the user attribute ``diverged`` (the fit's message), is listed

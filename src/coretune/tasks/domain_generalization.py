@@ -132,7 +132,7 @@ def summary_text(test: dict[str, Any]) -> str:
     where = f"{selection['checkpoint']}" + (
         f", epoch {selection['epoch'] + 1}, step {selection['step']}" if "epoch" in selection else ""
     )
-    oracle = " — ORACLE: chosen with the unseen domains' images" if selection["oracle"] else ""
+    oracle = " — ORACLE: its score reads the unseen domains' held-out images" if selection["oracle"] else ""
     return (
         f"unseen domain(s): {unseen}; training domains' held-out parts: {heldout}; selection: {selection['name']} "
         f"({where}){oracle}"

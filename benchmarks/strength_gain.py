@@ -231,6 +231,25 @@ def fragile_pick(knn: dict[str, float], eval_dir: Path, resolution: float = 1.0)
     return f"note: the pick of {first} is fragile: {'; '.join(why)}" if why else None
 
 
+def pick_text(specs: Sequence[BenchSpec], eval_dir: Path, rows: Sequence[Row]) -> str:
+    """The table's record of which checkpoints the fewer-labels rows cover and of the pick of the strongest by kNN
+    top-1 (the 1% spec's column beside the floor), with :func:`fragile_pick`'s note; empty before every column is
+    scored."""
+    every = list(columns_of(specs))
+    knn = {name: top1 for name in every if not math.isnan(top1 := _top1(eval_dir, name, "knn"))}
+    if not knn or len(knn) < len(every):
+        return ""
+    strongest = max(knn, key=knn.__getitem__)
+    lines = [f"\nStrongest checkpoint by kNN top-1: {strongest} ({knn[strongest]:.2f}%)."]
+    most = max((r.label_fraction for r in rows), default=1.0)
+    for fraction in sorted({r.label_fraction for r in rows if r.label_fraction < most}, reverse=True):
+        covered = sorted({r.checkpoint for r in rows if r.label_fraction == fraction}, key=knn.__getitem__)
+        lines.append(f"{100 * fraction:g}% of the labels: {', '.join(covered)}.")
+    if note := fragile_pick(knn, eval_dir):
+        lines.append(note.replace("note: the pick", "Note: the pick", 1) + ".")
+    return " ".join(lines) + "\n"
+
+
 def _top1(eval_dir: Path, name: str, protocol: str) -> float:
     """The checkpoint's frozen-feature top-1 (%) under ``protocol`` (``evaluate``'s file), NaN if not scored."""
     path = eval_dir / f"{name}-{protocol}.json"
@@ -546,9 +565,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rows = gains(specs, args.eval_dir)
         lost = diverged_runs(specs)
-        table = markdown(rows) + trend_table(trends(rows)) + diverged(lost) + (
-            f"\n{args.footnote}\n" if args.footnote else ""
-        )
+        table = markdown(rows) + trend_table(trends(rows)) + pick_text(specs, args.eval_dir, rows) + diverged(lost)
+        table += f"\n{args.footnote}\n" if args.footnote else ""
     except (OtherFitArgs, BenchSpecError) as error:  # a run folder started with other fit arguments than its
         parser.error(str(error))  # spec's (collect_cells), or a spec whose fits cannot be read (fit_settings)
     print(table)

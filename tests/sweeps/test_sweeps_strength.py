@@ -378,6 +378,30 @@ def test_a_fragile_pick_of_the_strongest_is_noted(strength: ModuleType, tmp_path
     assert strength.fragile_pick({"a": 50.0}, tmp_path) is None
 
 
+def test_the_table_names_the_strongest_pick_its_fewer_labels_columns_and_a_fragile_pick(
+    strength: ModuleType, tmp_path: Path
+) -> None:
+    """The note ``evaluate`` prints when the pick of the 1% column is fragile reached only the queue's log: the
+    committed table now says which columns the fewer-labels rows cover, and why the pick may be fragile."""
+    ten, one, out = _spec(tmp_path), _spec(tmp_path, "one", 0.01), tmp_path / "eval"
+    fabricate(ten, {(o, d, 0.1): v for (o, d), v in TOP1.items()})
+    fabricate(one, {(o, "strong", 0.01): v for (o, d), v in TOP1.items() if d == "strong"} | {
+        (o, "weak", 0.01): [None] * 3 for o in ("ce", "ce_mix", "core")})  # fmt: skip
+    out.mkdir()
+    (out / "weak-knn.json").write_text(json.dumps({"top1": 0.2, "seed": 0}))
+    rows = strength.gains([ten, one], out)
+    assert strength.pick_text([ten, one], out, rows) == ""  # strong not scored: no pick yet
+    (out / "strong-knn.json").write_text(json.dumps({"top1": 0.6, "seed": 0}))
+    rows = strength.gains([ten, one], out)
+    text = "\nStrongest checkpoint by kNN top-1: strong (60.00%). 1% of the labels: strong.\n"
+    assert strength.pick_text([ten, one], out, rows) == text
+    for name, top1 in (("weak", 0.7), ("strong", 0.5)):  # the probe ranks weak first
+        (out / f"{name}-linear.json").write_text(json.dumps({"top1": top1}))
+    assert strength.pick_text([ten, one], out, rows) == text.replace(
+        ".\n", ". Note: the pick of strong is fragile: the linear probe ranks weak first (70.00% against 50.00%).\n"
+    )
+
+
 def test_columns_are_scored_as_they_are_fine_tuned(
     strength: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

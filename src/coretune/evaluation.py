@@ -232,10 +232,8 @@ def evaluate_encoder(
     augmentation) are the kNN memory bank / probe training set; its test split is scored. ``seed``: the linear
     probe's hold-out split (:func:`linear_probe`).
     """
-    from .data.transforms import eval_draft_size
-
     data.setup("fit")
-    train_set = data.train_dataset.with_transform(data.eval_transform, eval_draft_size(data.image_size))
+    train_set = data.train_as_evaluated()
     loader = DataLoader(train_set, batch_size=data.eval_batch_size, num_workers=data.num_workers)
     train_f, train_y = extract_features(encoder, loader, device)
     test_f, test_y = extract_features(encoder, data.test_dataloader(), device)

@@ -258,3 +258,28 @@ def test_test_domains_take_a_name_a_comma_list_or_a_list(tree: Path) -> None:
     module(tree, "photo").check_folders()
     with pytest.raises(DataError, match=r"unknown test domain\(s\) \['foto'\]"):
         module(tree, "foto").check_folders()
+
+
+def test_cache_images_decodes_each_part_at_the_size_its_split_reads(tmp_path: Path) -> None:
+    """Cached, every image was decoded at the training crops' JPEG draft size, so the evaluation splits of a JPEG
+    data set read other pixels than without the cache (a scale-dependent test accuracy)."""
+    import numpy as np
+
+    tree = make_domain_tree(tmp_path / "dg", per_class=2)
+    rng = np.random.default_rng(0)
+    for domain in STYLES:
+        for path in (tree / domain).rglob("*.png"):  # JPEGs large enough for draft-mode decoding
+            Image.fromarray(rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)).save(path.with_suffix(".jpg"))
+            path.unlink()
+    plain, cached = module(tree, image_size=64), module(tree, image_size=64, cache_images=True)  # drafts 1/2, 1/4
+    for data in (plain, cached):
+        data.setup()
+    for split in ("train_dataset", "val_dataset", "test_dataset"):
+        a, b = getattr(plain, split), getattr(cached, split)
+        assert len(a) == len(b) and len(a.paths) == len(a) and b.paths == []  # cached: every pixel in memory
+        for i in range(len(a)):
+            torch.manual_seed(i)  # the training crops draw alike
+            x = a[i]
+            torch.manual_seed(i)
+            y = b[i]
+            assert torch.equal(x[0], y[0]) and x[1:] == y[1:], (split, i)

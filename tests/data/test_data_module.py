@@ -167,6 +167,26 @@ def test_cache_images_gives_the_same_batches_and_reads_no_file_after_setup(tmp_p
     assert len(plain) == len(again) and all(torch.equal(a, b) for a, b in zip(plain, again, strict=True))
 
 
+def test_the_training_items_as_evaluated_are_the_same_cached_or_not(tmp_path: Path) -> None:
+    """``coretune eval``'s kNN bank and probe set read the training split through the evaluation transform; cached,
+    they came from the training crops' JPEG draft decode (other pixels than the test split's reading)."""
+    from image_trees import make_image_tree
+
+    root = make_image_tree(tmp_path / "noise", per_class=2, val_per_class=1)
+    rng = np.random.default_rng(0)
+    for path in (root / "train").rglob("*.png"):  # JPEGs large enough for draft-mode decoding
+        Image.fromarray(rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)).save(path.with_suffix(".jpg"))
+        path.unlink()
+    options = {"image_size": 16, "crop_scale": (0.08, 1.0)}  # drafts: 1/4 scale for training crops, 1/8 eval
+    plain, cached = module(root, **options).train_as_evaluated(), module(root, cache_images=True, **options)
+    bank = cached.train_as_evaluated()
+    assert bank.paths is None and len(bank) == len(plain) == 6
+    assert all(torch.equal(plain[i][0], bank[i][0]) and plain[i][1] == bank[i][1] for i in range(6))
+    # what the bank read before: the cached training split (training draft) through the evaluation transform
+    before = cached.train_dataset.with_transform(cached.eval_transform, cached.eval_draft)
+    assert not all(torch.equal(plain[i][0], before[i][0]) for i in range(6))
+
+
 def test_cache_images_decodes_a_folder_that_is_both_validation_and_test_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

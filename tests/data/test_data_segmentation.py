@@ -204,6 +204,9 @@ def test_whole_images_are_batched_by_size_so_no_prediction_depends_on_its_batch(
     got = [(image, mask) for images, masks in batches for image, mask in zip(images, masks, strict=True)]
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, expected, strict=True))
     assert (torch.cat([m.flatten() for _, m in got]) != 255).any()  # not all padding
+    # --trainer.overfit_batches: Lightning re-reads the loader's dataset with a SequentialSampler, item by item
+    images, masks = dm.test_dataloader().dataset[1]
+    assert torch.equal(images[0], single[1][0]) and images.shape == (1, 3, 40, 56) and masks.shape == (1, 40, 56)
     from coretune.data import samplers
 
     monkeypatch.setattr(samplers, "world_size", lambda: 2)

@@ -365,6 +365,25 @@ def test_coretune_test_fails_on_non_finite_or_collapsed_outputs(tree: Path, tmp_
     )
 
 
+def test_the_collapse_watch_compares_images_and_logits_of_one_size() -> None:
+    """Whole-image segmentation batches images of one size: an epoch's batches differ in shape, and the watch
+    compared each with the epoch's first image (a crash). Each image is now compared with the first of its size;
+    sizes alone judge nothing."""
+    from coretune.engine.module import _OutputWatch
+
+    def watched(*batches: tuple[torch.Tensor, torch.Tensor]) -> bool:
+        watch = _OutputWatch()
+        for x, logits in batches:
+            watch.update(x, logits)
+        return watch.collapsed()
+
+    small, large = torch.rand(2, 3, 4, 6), torch.rand(3, 3, 8, 10)
+    constant = {x.shape[-1]: torch.ones(len(x), 5, *x.shape[-2:]) for x in (small, large)}
+    assert watched((small, constant[6]), (large, constant[10]))  # the same logits for every image of a size
+    assert not watched((small, torch.rand(2, 5, 4, 6)), (large, torch.rand(3, 5, 8, 10)))  # a working model
+    assert not watched((small[:1], constant[6][:1]), (large[:1], constant[10][:1]))  # one image a size: not judged
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_nan_or_inf_features_raise_naming_the_step(bad: float) -> None:
     model = FineTuner(objectives.create("core"), backbone="small_cnn")

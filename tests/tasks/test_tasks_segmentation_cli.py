@@ -65,6 +65,29 @@ def test_a_tiny_voc_set_trains_well_above_chance(trained: tuple[Path, Path]) -> 
     assert config["model"]["task"] == "segmentation" and config["data"]["eval_mode"] == "whole"
 
 
+def test_whole_images_of_several_sizes_score_the_same_whatever_the_batch_size(tmp_path: Path) -> None:
+    """Padded to a batch-mate's size, a whole image's prediction depended on its batch, and with batches of one size
+    the output watch compared images of two sizes (a crash); fit, validate and test now run on a set of two image
+    sizes, and the test MIoU is the same at evaluation batches of 1 and of 6 (row 199)."""
+    root = make_voc_set(tmp_path / "voc", {"train": 8, "val": 3})
+    make_voc_set(root, {"small": 3}, size=(30, 44), seed=1)
+    order = ["small_000", "val_000", "small_001", "val_001", "val_002", "small_002"]
+    (root / "ImageSets" / "Segmentation" / "val.txt").write_text("\n".join(order) + "\n")
+    run = tmp_path / "run"
+    main(["fit", *SEG, f"--data.root={root}", f"--run_dir={run}", "--data.eval_mode=whole",
+          "--data.eval_batch_size=4", "--trainer.precision=32-true", *TINY])  # fmt: skip
+    fitted = json.loads((run / "results.json").read_text())["test"]
+    scores = []
+    for size in (1, 6):
+        out = tmp_path / f"test{size}.json"
+        main(["test", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"--data.root={root}",
+              f"--data.eval_batch_size={size}", "--precision=32-true", "--output", str(out)])  # fmt: skip
+        scores.append(json.loads(out.read_text())["test"])
+    assert scores[0]["miou"] == pytest.approx(scores[1]["miou"], abs=1e-6)
+    assert scores[0]["miou"] == pytest.approx(fitted["miou"], abs=1e-6)
+    assert scores[0]["pixel_acc"] == pytest.approx(scores[1]["pixel_acc"], abs=1e-6)
+
+
 def test_test_predict_and_export_follow_the_checkpoint(trained: tuple[Path, Path], tmp_path: Path) -> None:
     root, run = trained
     ckpt = run / "checkpoints" / "last.ckpt"

@@ -142,6 +142,7 @@ class ImageClassificationData(L.LightningDataModule):
         self.val_dataset: LabeledImageDataset | None = None
         self.test_dataset: LabeledImageDataset | None = None
         self._class_names: list[str] | None = None
+        self._train_files: LabeledImageDataset | None = None
 
     # -- set-up ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -172,6 +173,7 @@ class ImageClassificationData(L.LightningDataModule):
         else:
             val, test = _first(held_val, held_test), _first(held_test, held_val)
         self.validates_on_test = val is not None and val is test
+        self._train_files = train  # the training items before any transform or decoding (train_as_evaluated)
         self.train_dataset = train.with_transform(
             self.train_transform, train_draft_size(self.image_size, self.crop_scale)
         )
@@ -185,6 +187,15 @@ class ImageClassificationData(L.LightningDataModule):
             elif self.test_dataset is not None:
                 self.test_dataset = self.test_dataset.decoded()
         self._class_names = list(names)
+
+    def train_as_evaluated(self) -> LabeledImageDataset:
+        """The training split's items read as the evaluation splits read theirs (the evaluation transform at its
+        draft size; decoded into memory with ``cache_images``, at that size and not the training crops'), for
+        frozen-feature scoring (``coretune eval``'s kNN bank and probe training set)."""
+        self.setup()
+        assert self._train_files is not None
+        items = self._train_files.with_transform(self.eval_transform, self.eval_draft)
+        return items.decoded() if self.cache_images else items
 
     def check_folders(self) -> None:
         """Check, reading no image, that the configured data folders exist (``coretune bench`` and ``tune`` call it

@@ -274,7 +274,8 @@ class DomainGeneralizationData(L.LightningDataModule):
         on_bad_image: Unreadable image files: "error" stops at the first with its path; "skip" decodes every
             file at setup, leaves the bad ones out and warns once.
         pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies).
-        cache_images: Decode every image file once at setup and keep the pixels in memory.
+        cache_images: Decode every image file once at setup and keep the pixels in memory (each at the size its
+            split reads: training crops' or evaluation's).
         selection: Model selection, as DomainBed names it: training_domain_validation (the checkpoint with the best
             mean accuracy on the training domains' held-out parts), test_domain_validation (the oracle: the last
             checkpoint, scored on the unseen domains' held-out parts; marked as an oracle in every output) or
@@ -354,11 +355,15 @@ class DomainGeneralizationData(L.LightningDataModule):
         domains = read_domains(self._root(), self.on_bad_image)
         split = split_domains(domains, self.test_domains, self.holdout_fraction, self.seed, self.label_fraction)
         names = list(domains)
-        if self.cache_images:  # decoded once, at the training crops' draft size
-            domains = {name: ds.with_transform(None, self._train_draft()).decoded() for name, ds in domains.items()}
+        decoded: dict[tuple[str, Part, int], LabeledImageDataset] = {}
 
         def part(name: str, which: Part, transform: Any, draft: int) -> LabeledImageDataset:
-            return domains[name].subset(split.parts[name][which]).with_transform(transform, draft)
+            items = domains[name].subset(split.parts[name][which])
+            if self.cache_images:  # each part decoded once, at the draft size its reads use (training or evaluation)
+                if (name, which, draft) not in decoded:
+                    decoded[(name, which, draft)] = items.with_transform(None, draft).decoded()
+                items = decoded[(name, which, draft)]
+            return items.with_transform(transform, draft)
 
         draft = self._train_draft()
         self.train_dataset = GroupedItems(

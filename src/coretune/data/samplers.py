@@ -356,8 +356,9 @@ class _Batches(Dataset):
     def __init__(self, base: Dataset, collate: Any) -> None:
         self.base, self.collate = base, collate
 
-    def __getitem__(self, indices: list[int]) -> Any:  # type: ignore[override]
-        return self.collate([self.base[i] for i in indices])
+    def __getitem__(self, indices: list[int] | int) -> Any:  # type: ignore[override]
+        # one index: Lightning's --trainer.overfit_batches replaces the sampler by a SequentialSampler of items
+        return self.collate([self.base[i] for i in ([indices] if isinstance(indices, int) else indices)])
 
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]

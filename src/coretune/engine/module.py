@@ -85,12 +85,14 @@ class _OutputWatch:
     diverging step) and predicts one class for everything, yet ends with a plausible accuracy (the share of that
     class). The rule is exact equality over the whole epoch, on 2 or more differing images, so a working model is
     never flagged: two different images giving bit-identical logits does not happen by chance, and an epoch of
-    identical images (a blank test set) is never judged. A diverged model whose logits still differ between images
+    identical images (a blank test set) is never judged. Images are compared with the epoch's first image of their
+    size, and their logits with its logits (whole-image segmentation batches images of one size, batch by batch):
+    images of different sizes alone are not judged. A diverged model whose logits still differ between images
     shows in their size instead (:data:`LOGIT_LIMIT`). Flags are kept as tensors: no device sync per batch.
     """
 
-    def __init__(self, x: Tensor, logits: Tensor) -> None:
-        self.image, self.logits = x[0], logits[0]  # the epoch's first image and its logits
+    def __init__(self) -> None:
+        self.first: dict[tuple[int, ...], tuple[Tensor, Tensor]] = {}  # per image shape: its first image, logits
         self.images_differ: Tensor | bool = False
         self.logits_differ: Tensor | bool = False
         self.largest: Tensor | float = 0.0
@@ -98,14 +100,20 @@ class _OutputWatch:
         self.nonfinite: str | None = None  # the epoch's first non-finite loss, described
 
     def update(self, x: Tensor, logits: Tensor) -> None:
-        self.images_differ = (x != self.image).any() | self.images_differ
-        self.logits_differ = (logits != self.logits).any() | self.logits_differ
+        image, first = self.first.setdefault(tuple(x.shape[1:]), (x[0], logits[0]))
+        self.images_differ = (x != image).any() | self.images_differ
+        self.logits_differ = (logits != first).any() | self.logits_differ
         # NaN counts as infinite: a NaN only on pixels the loss ignores leaves the loss finite (segmentation)
         self.largest = torch.clamp(logits.abs().amax().float().nan_to_num(math.inf, math.inf), min=self.largest)
         self.count += len(x)
 
     def collapsed(self) -> bool:
         return bool(self.images_differ) and not bool(self.logits_differ)
+
+    @property
+    def logits(self) -> Tensor:
+        """The epoch's first image's logits (what a collapsed model gives every image of that size)."""
+        return next(iter(self.first.values()))[1]
 
 
 def _train_features(features: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
@@ -719,7 +727,7 @@ class FineTuner(L.LightningModule):
         non-finite ``stage`` loss: it raises at the epoch's end, where every process decides together (under DDP
         the processes may hold different numbers of evaluation batches, so no per-batch collective)."""
         if batch_idx == 0 or self._watch is None:
-            self._watch = _OutputWatch(x, logits.detach())
+            self._watch = _OutputWatch()
         if self._watch.nonfinite is None and not torch.isfinite(loss):
             self._watch.nonfinite = (
                 f"the {stage} loss is {float(loss)}{f' on process {rank()}' if world_size() > 1 else ''} at epoch "

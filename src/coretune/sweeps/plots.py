@@ -64,11 +64,11 @@ def plot_bars(
         lows += [m if math.isnan(s) else m - s for m, s in zip(means, stds, strict=True) if not math.isnan(m)]
         offset = (i - (len(layout.rows) - 1) / 2) * width
         ax.bar(x + offset, means, width, yerr=stds, capsize=3, label=_plot_label(label))
-        for position, col, mean in zip(x + offset, cols, means, strict=True):
+        for position, col, mean, std in zip(x + offset, cols, means, stds, strict=True):
             cell = cells[(name, *col)]
             mark = " ".join(["n=1"] * (cell.n == 1) + ["†"] * bool(cell.reconstructed))
-            if mark:
-                ax.text(position, mean, mark, ha="center", va="bottom", fontsize=7)
+            if mark:  # above the error bar, where there is one
+                ax.text(position, mean if math.isnan(std) else mean + std, mark, ha="center", va="bottom", fontsize=7)
     if lows:
         ax.set_ylim(bottom=max(0.0, 5 * math.floor(min(lows) / 5) - 5))
     measured = measure_layout(spec.table)  # long column labels (attack and threat model), a long metric text
@@ -79,8 +79,8 @@ def plot_bars(
     ax.set(ylabel=f"{ylabel} (%)", title=f"{spec.name}: mean ± std over seeds{title_note}")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
-    if any(cell.reconstructed for cell in cells.values()):
-        fig.text(0.01, -0.02, _RECONSTRUCTED, fontsize=7, va="top")
+    if any(cell.reconstructed for cell in cells.values()):  # below the (rotated, for measures) column labels
+        ax.text(0.0, -0.3 if measured else -0.12, _RECONSTRUCTED, transform=ax.transAxes, fontsize=7, va="top")
     paths.append(spec.output / "bars.png")
     fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)

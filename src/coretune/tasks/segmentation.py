@@ -456,17 +456,19 @@ class SegmentationTask(Task):
         )
 
     def write_figures(self, module: L.LightningModule, datamodule: Any, run_dir: Path) -> list[Path]:
-        """``predictions.png``: the first :attr:`figure_images` validation images, their ground truth and the
-        model's prediction (:func:`save_predictions_figure`)."""
+        """``predictions.png``: the first :attr:`figure_images` validation images in loader order (with
+        ``eval_mode whole``, the first images of the first size), their ground truth and the model's prediction
+        (:func:`save_predictions_figure`), predicted batch by batch and padded for the figure only."""
         images, masks, predicted = [], [], []
         training = module.training
         module.eval()
         with torch.inference_mode():  # batch by batch: a batch holds images of one size, padded only for the figure
             for batch_images, batch_masks in datamodule.val_dataloader():
-                images.append(batch_images)
-                masks.append(batch_masks)
-                predicted.append(module(batch_images.to(module.device)).argmax(1).cpu())
-                if sum(len(m) for m in masks) >= self.figure_images:
+                wanted = self.figure_images - sum(len(m) for m in masks)
+                images.append(batch_images[:wanted])
+                masks.append(batch_masks[:wanted])
+                predicted.append(module(images[-1].to(module.device)).argmax(1).cpu())
+                if wanted <= len(batch_images):
                     break
         module.train(training)
         if not images:
@@ -477,9 +479,7 @@ class SegmentationTask(Task):
             pads = [(0, size[1] - t.shape[-1], 0, size[0] - t.shape[-2]) for t in tensors]
             return torch.cat([F.pad(t, pad, value=fill) for t, pad in zip(tensors, pads, strict=True)])
 
-        n = self.figure_images
-        x, y = padded(images, 0.0)[:n], padded(masks, self.ignore_index)[:n]
-        predictions = padded(predicted, self.ignore_index)[:n]
+        x, y, predictions = padded(images, 0.0), padded(masks, self.ignore_index), padded(predicted, self.ignore_index)
         path = Path(run_dir) / "predictions.png"
         save_predictions_figure(
             x, y, predictions, path, datamodule.mean, datamodule.std, getattr(module, "class_names", None)

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import math
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -175,6 +176,20 @@ def test_eval_refuses_a_test_split_that_reads_the_training_folder(tmp_path: Path
         refused = r"coretune eval: error: coretune eval scores the test split, which reads the training folder here: "
         with pytest.raises(SystemExit, match=refused + r".* pass --data.test_dir \(or a val/ or test/ folder"):
             main(["eval", "knn", "--backbone", "small_cnn", "--data.root", str(root), flag, str(root / "train")])
+
+
+def test_eval_refuses_test_images_that_are_training_files(tmp_path: Path) -> None:
+    """A test class folder symlinked to its training folder passed the folder check (row 201)."""
+    root = _digit_folder(tmp_path / "digits")
+    shutil.rmtree(root / "test" / "3")
+    (root / "test" / "3").symlink_to(root / "train" / "3", target_is_directory=True)
+    shared = sorted((root / "test" / "3").iterdir())
+    refused = (
+        rf"coretune eval: error: {len(shared)} of the test split's images are training images too \(the same files, "
+        rf"e\.g\. {re.escape(str(shared[0]))}\): .* \(a symlink into it counts\)$"
+    )
+    with pytest.raises(SystemExit, match=refused):
+        main(["eval", "knn", "--backbone", "small_cnn", "--data.root", str(root), "--data.image_size", "8"])
 
 
 def test_eval_warns_when_the_data_is_normalised_otherwise_than_the_weights_were_trained(tmp_path: Path) -> None:

@@ -294,6 +294,12 @@ def evaluate(args: list[str]) -> None:
             "in the kNN memory bank (matching itself) and in the probe's training set, and the score would measure "
             "nothing; pass --data.test_dir (or a val/ or test/ folder beside train/) with images kept out of training"
         )
+    if shared := data.test_files_in_training():
+        raise DataError(
+            f"{len(shared)} of the test split's images are training images too (the same files, e.g. {shared[0]}): "
+            "each would find itself in the kNN memory bank and be in the probe's training set; keep the test images "
+            "out of the training folder (a symlink into it counts)"
+        )
     backbone = cfg.backbone or _stored_backbone(cfg.weights)
     digest = weights_digest(cfg.weights)  # of the file read next (it may be re-made while this runs)
     torch.manual_seed(cfg.seed)  # a random initialisation is the same network on every call

@@ -365,6 +365,26 @@ def test_coretune_test_fails_on_non_finite_or_collapsed_outputs(tree: Path, tmp_
     )
 
 
+def test_fit_warns_when_test_images_are_training_files(tree: Path, tmp_path: Path) -> None:
+    """A test class folder symlinked to its training folder: the test score is partly a training accuracy (row
+    201); coretune eval refuses it (tests/test_evaluation.py)."""
+    root = copy_tree(tree, tmp_path)
+    (root / "test").mkdir()
+    (root / "test" / "cat").symlink_to(root / "train" / "cat", target_is_directory=True)
+    for name in ("dog", "eel"):
+        shutil.copytree(root / "val" / name, root / "test" / name)
+    first = sorted((root / "test" / "cat").iterdir())[0]
+    with pytest.warns(UserWarning, match=rf"^12 of the 20 test images are training images too \(the same files, e\.g\. "
+                      rf"{re.escape(str(first))}\): the test score is partly a training accuracy"):  # fmt: skip
+        main(fit_args(root, tmp_path / "run"))
+    (root / "test" / "cat").unlink()  # the symlink
+    shutil.copytree(root / "val" / "cat", root / "test" / "cat")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(fit_args(root, tmp_path / "run2"))
+    assert not [w for w in caught if "are training images too" in str(w.message)]
+
+
 def test_the_collapse_watch_compares_images_and_logits_of_one_size() -> None:
     """Whole-image segmentation batches images of one size: an epoch's batches differ in shape, and the watch
     compared each with the epoch's first image (a crash). Each image is now compared with the first of its size;

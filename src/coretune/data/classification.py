@@ -143,6 +143,7 @@ class ImageClassificationData(L.LightningDataModule):
         self.test_dataset: LabeledImageDataset | None = None
         self._class_names: list[str] | None = None
         self._train_files: LabeledImageDataset | None = None
+        self._test_files: LabeledImageDataset | None = None
 
     # -- set-up ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -173,7 +174,8 @@ class ImageClassificationData(L.LightningDataModule):
         else:
             val, test = _first(held_val, held_test), _first(held_test, held_val)
         self.validates_on_test = val is not None and val is test
-        self._train_files = train  # the training items before any transform or decoding (train_as_evaluated)
+        # the training and test items before any transform or decoding (train_as_evaluated, test_files_in_training)
+        self._train_files, self._test_files = train, test
         self.train_dataset = train.with_transform(
             self.train_transform, train_draft_size(self.image_size, self.crop_scale)
         )
@@ -196,6 +198,25 @@ class ImageClassificationData(L.LightningDataModule):
         assert self._train_files is not None
         items = self._train_files.with_transform(self.eval_transform, self.eval_draft)
         return items.decoded() if self.cache_images else items
+
+    def test_files_in_training(self) -> list[str]:
+        """The test split's image files that the training split also reads (the same file in the same real folder:
+        a class folder symlinked into train/, a test folder inside it; a file symlinked alone is not followed, to
+        keep this cheap on a million images), in test order; none for in-memory data."""
+        self.setup()
+        train, test = self._train_files, self._test_files
+        if train is None or test is None or train.paths is None or test.paths is None:
+            return []
+        folders: dict[str, str] = {}
+
+        def real(path: str) -> str:
+            folder, _, name = path.rpartition(os.sep)
+            if folder not in folders:
+                folders[folder] = os.path.realpath(folder)
+            return f"{folders[folder]}{os.sep}{name}"
+
+        trained = {real(path) for path in train.paths}
+        return [path for path in test.paths if real(path) in trained]
 
     def check_folders(self) -> None:
         """Check, reading no image, that the configured data folders exist (``coretune bench`` and ``tune`` call it

@@ -428,6 +428,7 @@ class FineTuner(L.LightningModule):
             self.objective.attach_backbone(self.backbone)
             self._warn_memory_spans_epoch(datamodule)
             self._warn_other_normalization(datamodule)
+            self._warn_test_in_training(datamodule)
             views = self.objective.input_views
             if datamodule is not None and hasattr(datamodule, "train_views"):
                 datamodule.train_views = views  # also back to 1 when a data module is reused for another method
@@ -486,6 +487,18 @@ class FineTuner(L.LightningModule):
         used = getattr(datamodule, "mean", None), getattr(datamodule, "std", None)
         if (why := other_normalisation(trained, *used, self.hparams.weights)) is not None:
             rank_zero_warn(why)
+
+    def _warn_test_in_training(self, datamodule: Any) -> None:
+        """Warn when test images are training images too (``test_files_in_training``: a test folder inside the
+        training folder, a class folder symlinked into it): the test score is then partly a training accuracy."""
+        shared = datamodule.test_files_in_training() if hasattr(datamodule, "test_files_in_training") else []
+        if shared:
+            tested = len(getattr(datamodule, "test_dataset", None) or shared)
+            rank_zero_warn(
+                f"{len(shared)} of the {tested} test images are training images too (the same files, e.g. "
+                f"{shared[0]}): the test score is partly a training accuracy; keep the test images out of the "
+                "training folder (a symlink into it counts)"
+            )
 
     def _warn_memory_spans_epoch(self, datamodule: Any) -> None:
         """Warn when a cross-batch memory holds an epoch of rows (issue 40): the images come back in a fresh order

@@ -232,7 +232,7 @@ def evaluate_encoder(
     augmentation) are the kNN memory bank / probe training set; its test split is scored. ``seed``: the linear
     probe's hold-out split (:func:`linear_probe`).
     """
-    data.setup("fit")
+    data.setup("test")  # with cache_images: the test split decoded, and the training split as evaluated below
     train_set = data.train_as_evaluated()
     loader = DataLoader(train_set, batch_size=data.eval_batch_size, num_workers=data.num_workers)
     train_f, train_y = extract_features(encoder, loader, device)

@@ -182,9 +182,12 @@ def test_the_training_items_as_evaluated_are_the_same_cached_or_not(tmp_path: Pa
     bank = cached.train_as_evaluated()
     assert bank.paths is None and len(bank) == len(plain) == 6
     assert all(torch.equal(plain[i][0], bank[i][0]) and plain[i][1] == bank[i][1] for i in range(6))
+    assert cached.train_dataset.paths is not None  # set up for testing: no training-draft decode beside it
     # what the bank read before: the cached training split (training draft) through the evaluation transform
-    before = cached.train_dataset.with_transform(cached.eval_transform, cached.eval_draft)
-    assert not all(torch.equal(plain[i][0], before[i][0]) for i in range(6))
+    fitted = module(root, cache_images=True, **options)
+    fitted.setup("fit")
+    before = fitted.train_dataset.with_transform(fitted.eval_transform, fitted.eval_draft)
+    assert before.paths is None and not all(torch.equal(plain[i][0], before[i][0]) for i in range(6))
 
 
 def test_cache_images_decodes_a_folder_that_is_both_validation_and_test_once(

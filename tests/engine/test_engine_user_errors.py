@@ -402,6 +402,15 @@ def test_the_collapse_watch_compares_images_and_logits_of_one_size() -> None:
     assert watched((small, constant[6]), (large, constant[10]))  # the same logits for every image of a size
     assert not watched((small, torch.rand(2, 5, 4, 6)), (large, torch.rand(3, 5, 8, 10)))  # a working model
     assert not watched((small[:1], constant[6][:1]), (large[:1], constant[10][:1]))  # one image a size: not judged
+    # bounded: copies (not views of whole batches) of the first SHAPES sizes' first image and logits; later sizes
+    # are judged within their batch
+    watch = _OutputWatch()
+    for side in range(4, 4 + _OutputWatch.SHAPES + 3):
+        x = torch.rand(2, 3, side, side)
+        watch.update(x, torch.rand(2, 5, side, side))
+    assert len(watch.first) == _OutputWatch.SHAPES and watch.first[(3, 4, 4)][0].untyped_storage().nbytes() == 4 * 48
+    late = torch.rand(2, 3, 20, 20)
+    assert watched((late, torch.ones(2, 5, 20, 20))) and not watched((late, torch.rand(2, 5, 20, 20)))
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])

@@ -155,7 +155,10 @@ class ImageClassificationData(L.LightningDataModule):
         return eval_transform(image_size, tuple(mean), tuple(std)), eval_draft_size(image_size)
 
     def setup(self, stage: str | None = None) -> None:
-        """Read the splits, subsample and split them (once: later calls, for any stage, do nothing)."""
+        """Read the splits, subsample and split them (once: later calls, for any stage, do nothing). With
+        ``cache_images``, decode the splits ``stage`` reads (``"test"``: the test split only; ``"validate"``: the
+        validation split; ``"fit"`` or None: all three) — a module set up for one stage and then used for another
+        reads the other splits' files as it goes."""
         if self._class_names is not None:
             return
         train, held_val, held_test = self._read_splits()
@@ -181,20 +184,24 @@ class ImageClassificationData(L.LightningDataModule):
         )
         self.val_dataset = val.with_transform(self.eval_transform, self.eval_draft) if val is not None else None
         self.test_dataset = test.with_transform(self.eval_transform, self.eval_draft) if test is not None else None
+        reads = {"test": ("test",), "validate": ("val",), "predict": ()}.get(stage or "fit", ("train", "val", "test"))
         if self.cache_images:  # after with_transform: decoded at each split's draft size, as an access would
-            self.train_dataset = self.train_dataset.decoded()
-            self.val_dataset = self.val_dataset.decoded() if self.val_dataset is not None else None
+            if "train" in reads:
+                self.train_dataset = self.train_dataset.decoded()
+            if self.val_dataset is not None and ("val" in reads or (self.validates_on_test and "test" in reads)):
+                self.val_dataset = self.val_dataset.decoded()
             if self.validates_on_test:  # one folder, one transform: decoded once
                 self.test_dataset = self.val_dataset
-            elif self.test_dataset is not None:
+            elif self.test_dataset is not None and "test" in reads:
                 self.test_dataset = self.test_dataset.decoded()
         self._class_names = list(names)
 
     def train_as_evaluated(self) -> LabeledImageDataset:
         """The training split's items read as the evaluation splits read theirs (the evaluation transform at its
         draft size; decoded into memory with ``cache_images``, at that size and not the training crops'), for
-        frozen-feature scoring (``coretune eval``'s kNN bank and probe training set)."""
-        self.setup()
+        frozen-feature scoring (``coretune eval``'s kNN bank and probe training set, after ``setup("test")``, which
+        decodes no training image)."""
+        self.setup("test")
         assert self._train_files is not None
         items = self._train_files.with_transform(self.eval_transform, self.eval_draft)
         return items.decoded() if self.cache_images else items
@@ -203,7 +210,7 @@ class ImageClassificationData(L.LightningDataModule):
         """The test split's image files that the training split also reads (the same file in the same real folder:
         a class folder symlinked into train/, a test folder inside it; a file symlinked alone is not followed, to
         keep this cheap on a million images), in test order; none for in-memory data."""
-        self.setup()
+        self.setup("test")
         train, test = self._train_files, self._test_files
         if train is None or test is None or train.paths is None or test.paths is None:
             return []

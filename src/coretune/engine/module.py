@@ -83,13 +83,16 @@ class _OutputWatch:
 
     A classifier whose outputs no longer depend on its input has collapsed (dead or saturated activations after a
     diverging step) and predicts one class for everything, yet ends with a plausible accuracy (the share of that
-    class). The rule is exact equality over the whole epoch, on 2 or more differing images, so a working model is
-    never flagged: two different images giving bit-identical logits does not happen by chance, and an epoch of
-    identical images (a blank test set) is never judged. Images are compared with the epoch's first image of their
-    size, and their logits with its logits (whole-image segmentation batches images of one size, batch by batch):
-    images of different sizes alone are not judged. A diverged model whose logits still differ between images
-    shows in their size instead (:data:`LOGIT_LIMIT`). Flags are kept as tensors: no device sync per batch.
+    class). The rule is exact equality, on 2 or more differing images, so a working model is never flagged: two
+    different images giving bit-identical logits does not happen by chance, and an epoch of identical images (a
+    blank test set) is never judged. Images are compared within their batch and with the epoch's first image of
+    their size, kept (copied) for the first :attr:`SHAPES` sizes only: whole-image segmentation batches images of
+    one size, and a data set of hundreds of sizes would otherwise hold an image and its per-pixel logits for each.
+    A diverged model whose logits still differ between images shows in their size instead (:data:`LOGIT_LIMIT`).
+    Flags are kept as tensors: no device sync per batch.
     """
+
+    SHAPES = 4
 
     def __init__(self) -> None:
         self.first: dict[tuple[int, ...], tuple[Tensor, Tensor]] = {}  # per image shape: its first image, logits
@@ -100,7 +103,10 @@ class _OutputWatch:
         self.nonfinite: str | None = None  # the epoch's first non-finite loss, described
 
     def update(self, x: Tensor, logits: Tensor) -> None:
-        image, first = self.first.setdefault(tuple(x.shape[1:]), (x[0], logits[0]))
+        shape = tuple(x.shape[1:])
+        if shape not in self.first and len(self.first) < self.SHAPES:
+            self.first[shape] = (x[0].clone(), logits[0].clone())  # copies: a view would keep the whole batch
+        image, first = self.first.get(shape, (x[0], logits[0]))  # beyond the kept sizes: within the batch only
         self.images_differ = (x != image).any() | self.images_differ
         self.logits_differ = (logits != first).any() | self.logits_differ
         # NaN counts as infinite: a NaN only on pixels the loss ignores leaves the loss finite (segmentation)
@@ -764,15 +770,23 @@ class FineTuner(L.LightningModule):
                 f"{self.global_step} (that process's error names the batch)"
             )
             raise NonFiniteLossError(f"{what}. Check the pre-trained weights, {self._diverged_fix()}")
-        collapsed = watch is not None and watch.collapsed()
-        if self.trainer.strategy.reduce_boolean_decision(collapsed, all=True) and watch is not None:
-            scores = watch.logits.float().reshape(len(watch.logits), -1).mean(1)  # (K,) also for per-pixel logits
-            row = ", ".join(f"{v:.4g}" for v in scores.tolist()[:5])
-            name = self.class_names[int(scores.argmax())] if self.class_names else "?"
+        # over every process's images: some differ and no logits differ (a process may have judged nothing: its
+        # images all of different sizes, or none); every process decides alike and raises together
+        strategy = self.trainer.strategy
+        images_differ = strategy.reduce_boolean_decision(watch is not None and bool(watch.images_differ), all=False)
+        logits_differ = strategy.reduce_boolean_decision(watch is not None and bool(watch.logits_differ), all=False)
+        if images_differ and not logits_differ:
+            seen = ""
+            if watch is not None and watch.first:
+                scores = watch.logits.float().reshape(len(watch.logits), -1).mean(1)  # (K,) also per-pixel logits
+                row = ", ".join(f"{v:.4g}" for v in scores.tolist()[:5])
+                name = self.class_names[int(scores.argmax())] if self.class_names else "?"
+                more = ", …" if len(watch.logits) > 5 else ""
+                seen = f" ({row}{more}), so it predicts class {name!r} for every image"
+            count = f"all {watch.count} " if watch is not None and world_size() == 1 else "all "
             raise NonFiniteLossError(
-                f"the model collapsed at epoch {self.current_epoch}, step {self.global_step}: all {watch.count} "
-                f"{stage} images get the same logits ({row}{', …' if len(watch.logits) > 5 else ''}), so it predicts "
-                f"class {name!r} for every image. Check the pre-trained weights, {self._diverged_fix()}"
+                f"the model collapsed at epoch {self.current_epoch}, step {self.global_step}: {count}{stage} images "
+                f"get the same logits{seen}. Check the pre-trained weights, {self._diverged_fix()}"
             )
         mine = torch.as_tensor(0.0 if watch is None else watch.largest, dtype=torch.float32, device=self.device)
         largest = float(self.trainer.strategy.reduce(mine, reduce_op="max"))  # over every process's epoch

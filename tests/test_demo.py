@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 from sklearn.datasets import load_digits
 
 from coretune.cli import main
@@ -23,6 +24,27 @@ def test_write_digits_is_a_stratified_image_folder_and_idempotent(tmp_path: Path
     stamp = train[0].stat().st_mtime_ns
     write_digits(tmp_path / "data")
     assert train[0].stat().st_mtime_ns == stamp  # a complete tree is kept
+
+
+def test_the_demo_remakes_only_folders_it_made(tmp_path: Path) -> None:
+    """``--output runs`` removed runs/data and runs/pretrain (the study's pre-trainings) to write its own: a folder
+    without the demo's marker is now refused and kept."""
+    theirs = tmp_path / "runs" / "data"
+    (theirs / "cifar10").mkdir(parents=True)
+    (theirs / "cifar10" / "keep.png").write_bytes(b"x")
+    with pytest.raises(ValueError, match=r"data exists and was not made by coretune demo \(it has no \.coretune-demo"):
+        write_digits(theirs)
+    assert (theirs / "cifar10" / "keep.png").read_bytes() == b"x"
+    ours = write_digits(tmp_path / "demo" / "data", per_class=5)
+    assert (ours / ".coretune-demo").is_file()
+    write_digits(ours, per_class=6)  # other arguments: its own folder, remade
+    assert len(list(ours.glob("*/*/*.png"))) == 60 and (ours / ".coretune-demo").is_file()
+    with pytest.raises(SystemExit, match=r"^coretune demo: error: .*pretrain exists and was not made by coretune demo"):
+        (tmp_path / "runs" / "pretrain").mkdir()
+        (tmp_path / "runs" / "pretrain" / "run").mkdir()
+        (tmp_path / "runs" / "data").rename(tmp_path / "other")  # the data step passes; pretrain/ is refused
+        main(["demo", "--output", str(tmp_path / "runs"), "--fast", "--no_progress"])
+    assert (tmp_path / "runs" / "pretrain" / "run").is_dir()
 
 
 def test_fast_demo_runs_the_whole_pipeline(tmp_path: Path, capsys) -> None:

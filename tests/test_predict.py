@@ -68,3 +68,27 @@ def test_segmentation_predicts_photos_stored_sideways_on_their_stored_pixels(seg
           "--batch_size=2"])  # fmt: skip
     for name in ("landscape", "portrait"):  # masks of the stored size, as the model was trained and ground truth is
         assert Image.open(tmp_path / "masks" / f"{name}.png").size == (48, 32)
+
+
+def test_an_output_that_would_replace_inputs_or_run_files_is_refused(segmenter: Path, tmp_path: Path) -> None:
+    """``--output`` naming the input folder wrote each mask ``a.png`` over the input image ``a.png``; one inside it
+    was read back as images by the next run; a CSV could replace the checkpoint or a run's results.json."""
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.new("RGB", (32, 32), (90, 120, 150)).save(images / "a.png")
+    before = (images / "a.png").read_bytes()
+    run = segmenter.parent.parent
+    cases = {
+        str(images): "is inside the input folder",
+        str(images / "masks"): "is inside the input folder",
+        str(segmenter): "is the checkpoint itself",
+        str(run / "results.json"): "would replace results.json, a run's weights or record",
+    }
+    for output, why in cases.items():
+        message = error(["predict", f"--ckpt_path={segmenter}", f"--input={images}", f"--output={output}"])
+        assert message.startswith(f"--output {output} {why}"), message
+    message = error(["predict", f"--ckpt_path={segmenter}", f"--input={images / 'a.png'}", f"--output={images}"])
+    assert message == f"--output {images}: the mask a.png would replace the input image; pass another --output"
+    assert (images / "a.png").read_bytes() == before and sorted(p.name for p in images.iterdir()) == ["a.png"]
+    main(["predict", f"--ckpt_path={segmenter}", f"--input={images / 'a.png'}", f"--output={tmp_path / 'masks'}"])
+    assert (tmp_path / "masks" / "a.png").is_file()

@@ -107,6 +107,25 @@ def test_autoattack_runs_locally_and_breaks_an_undefended_model() -> None:
     assert report.steps is None and all(r.step_size is None for r in report.results)  # parameter-free
 
 
+@pytest.mark.parametrize(("classes", "targets"), [(10, 9), (100, 9), (3, 2)])
+def test_autoattack_is_the_standard_version_of_the_reference_implementation(classes: int, targets: int) -> None:
+    """torchattacks' AutoAttack ran APGD, APGD-T and FAB with 10 iterations (its defaults) and, on 100 classes, 99
+    targets: a weaker, slower attack than standard AutoAttack's 100 iterations and 9 targets."""
+    import torchattacks
+
+    from coretune.robustness import AUTOATTACK, standard_autoattack
+
+    chain = standard_autoattack(torchattacks, trained_digits_cnn(), "linf", 8 / 255, classes, seed=0)
+    apgd, apgdt, fab, square = chain.attacks
+    assert [type(a).__name__ for a in chain.attacks] == ["APGD", "APGDT", "FAB", "Square"]
+    assert (apgd.steps, apgdt.steps, fab.steps, apgd.loss, fab.multi_targeted) == (100, 100, 100, "ce", True)
+    assert (apgdt.n_target_classes, fab.n_target_classes) == (targets, targets)
+    assert all(a.n_restarts == 1 and a.eps == 8 / 255 and a.norm == "Linf" for a in chain.attacks)
+    assert square.n_queries == 5000 and not square.rescale_schedule
+    report = robust_accuracy(trained_digits_cnn(), _digits_loader(8), [("linf", 0.3)], attack="autoattack")
+    assert report.implementation == AUTOATTACK and RobustnessReport.from_json(report.to_json()) == report
+
+
 def test_the_report_round_trips_through_json_and_prints_one_line_per_accuracy() -> None:
     model, loader = trained_digits_cnn(), _digits_loader(50)
     report = robust_accuracy(model, loader, [("linf", 8 / 255), ("l2", 0.5)], seed=3)

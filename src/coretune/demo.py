@@ -85,7 +85,9 @@ def write_digits(root: str | Path, test_fraction: float = 0.2, seed: int = 0, pe
     marker, stamp = root / ".complete", f"digits test_fraction={test_fraction} seed={seed} per_class={per_class}"
     if marker.is_file() and marker.read_text() == stamp:
         return root
-    shutil.rmtree(root, ignore_errors=True)
+    if marker.is_file() and marker.read_text().startswith("digits "):  # written before the demo marked its folders
+        (root / _MARKER).touch()
+    _fresh(root)
     digits = load_digits()
     rows = np.arange(len(digits.target))
     if per_class is not None:
@@ -126,10 +128,27 @@ def _demo_environment(num_threads: int | None) -> Iterator[None]:
             logger.setLevel(level)
 
 
-def _fresh(run_dir: Path) -> Path:
-    """Remove a previous demo run of the same name so its checkpoints and metrics do not mix in."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return run_dir
+_MARKER = ".coretune-demo"
+"""The file in every folder the demo makes: the only folders it removes to make them again."""
+
+
+def _fresh(folder: Path) -> Path:
+    """An empty ``folder`` marked as the demo's: a previous demo folder of the same name is removed so its
+    checkpoints and metrics do not mix in; a folder the demo did not make (no :data:`_MARKER`; ``--output`` naming
+    a folder of other runs) is refused, never deleted.
+
+    Raises:
+        ValueError: ``folder`` holds files and was not made by the demo.
+    """
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / _MARKER).is_file():
+        raise ValueError(
+            f"{folder} exists and was not made by coretune demo (it has no {_MARKER} file), which would replace it: "
+            "pass another --output (a new or empty folder), or delete that folder first"
+        )
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    (folder / _MARKER).write_text("made by coretune demo; it deletes and remakes this folder on its next run\n")
+    return folder
 
 
 def _knn_top1(weights: str | None, data_dir: Path, image_size: int) -> float:

@@ -16,7 +16,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from .data import IMAGENET_MEAN, IMAGENET_STD, ImageFileDataset
+from .data import IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, ImageFileDataset
 from .data.datasets import OnBadImage
 from .data.samplers import same_size_batches
 from .engine import FineTuner, atomic_write
@@ -65,6 +65,7 @@ def predict_folder(
     for config in config_files:
         check_config_task(config, model.task.name, str(ckpt_path))
     output = Path(output if output is not None else default_output(model.task.name))
+    check_output(output, folder, ckpt_path, model.task.name)
     if model.task.name == "segmentation":
         if image_size is not None:
             raise ValueError(
@@ -91,6 +92,42 @@ def predict_folder(
             for i, p, c, row in zip(indices.tolist(), pred.tolist(), conf.tolist(), probs.tolist(), strict=True):
                 writer.writerow([dataset.paths[i], names[p], f"{c:.6f}", *(f"{x:.6f}" for x in row)])
     return output
+
+
+_RUN_FILES = ("results.json", "test_results.json", "val_results.json", "config.yaml", "metrics.csv")
+_WEIGHT_SUFFIXES = (".ckpt", ".pth", ".pt", ".tar", ".safetensors", ".bin")
+
+
+def check_output(output: Path, folder: str | Path, ckpt_path: str | Path, task: str) -> None:
+    """Refuse an ``output`` that would replace what ``coretune predict`` reads or a run's files: the checkpoint, an
+    existing weights file or run record (``results.json`` … beside a ``checkpoints/`` folder), an input image, or
+    (segmentation) a mask folder that is the input folder or inside it (its masks would replace input images of
+    the same name, and be read as images by the next run).
+
+    Raises:
+        ValueError: naming ``output`` and what it would replace.
+    """
+    out, source = Path(os.path.realpath(output)), Path(os.path.realpath(folder))
+    fix = "pass another --output"
+    if out == Path(os.path.realpath(ckpt_path)):
+        raise ValueError(f"--output {output} is the checkpoint itself: {fix}")
+    if out.is_file() and (
+        out.suffix.lower() in _WEIGHT_SUFFIXES or (out.name in _RUN_FILES and (out.parent / "checkpoints").is_dir())
+    ):
+        raise ValueError(f"--output {output} would replace {out.name}, a run's weights or record: {fix}")
+    if (out == source and not source.is_dir()) or (
+        source.is_dir() and out.suffix.lower() in IMAGE_EXTENSIONS and source in out.parents
+    ):
+        raise ValueError(f"--output {output} would replace an input image: {fix}")
+    if task == "segmentation":
+        base = source if source.is_dir() else source.parent
+        if source.is_dir() and (out == base or base in out.parents):
+            raise ValueError(
+                f"--output {output} is inside the input folder {folder}: its masks would replace input images of the "
+                f"same name and be read as images by the next run; {fix} outside it"
+            )
+        if not source.is_dir() and out / f"{source.stem}.png" == source:
+            raise ValueError(f"--output {output}: the mask {source.stem}.png would replace the input image; {fix}")
 
 
 def _finite_logits(

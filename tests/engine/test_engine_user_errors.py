@@ -365,6 +365,35 @@ def test_coretune_test_fails_on_non_finite_or_collapsed_outputs(tree: Path, tmp_
     )
 
 
+def test_a_run_without_last_ckpt_is_not_overwritten_by_a_new_fit(tree: Path, tmp_path: Path) -> None:
+    """A finished run copied back without its checkpoints (docs/experiments.md's rsync --exclude checkpoints/), or
+    one holding only best.ckpt, was started over silently: its results.json lost its test entry at once, its
+    config.yaml and metrics.csv were overwritten. A fit that stopped before its first checkpoint still starts over
+    (coretune bench re-runs such runs)."""
+    run = tmp_path / "run"
+    main(fit_args(tree, run))
+    results = (run / "results.json").read_text()
+    shutil.rmtree(run / "checkpoints")
+    message = error(fit_args(tree, run, "--model.lr=0.5"))
+    assert message == (
+        f"{run} holds a run (test results) but no last.ckpt to resume it from: a new fit there would overwrite its "
+        "results and metrics. Pass another --run_dir, resume it from one of its checkpoints with --ckpt_path, or "
+        "delete that folder to start over"
+    )
+    assert (run / "results.json").read_text() == results
+    (run / "results.json").unlink()
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "best.ckpt").write_bytes(b"")
+    assert "holds a run (checkpoints/best.ckpt) but no last.ckpt" in error(fit_args(tree, run))
+    shutil.rmtree(run / "checkpoints")  # config.yaml and metrics.csv of a fit that never saved a checkpoint
+    main(fit_args(tree, run))
+    assert json.loads((run / "results.json").read_text())["test"]
+    # a remote checkpoint: Lightning would unpickle it (weights_only=False for http)
+    message = error(fit_args(tree, tmp_path / "new", "--ckpt_path=https://example.org/last.ckpt"))
+    assert message.startswith("--ckpt_path https://example.org/last.ckpt is a remote file: coretune resumes only")
+    assert not (tmp_path / "new").exists()
+
+
 def test_fit_warns_when_test_images_are_training_files(tree: Path, tmp_path: Path) -> None:
     """A test class folder symlinked to its training folder: the test score is partly a training accuracy (row
     201); coretune eval refuses it (tests/test_evaluation.py)."""

@@ -224,6 +224,16 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
     return list(allowed)
 
 
+def _held_results(run: RunDir) -> str:
+    """What a run directory without ``last.ckpt`` holds that a new fit would overwrite (test results, checkpoints),
+    described; empty when nothing: a fit that stopped before its first checkpoint (its ``config.yaml`` and partial
+    ``metrics.csv`` are started over, as ``coretune bench`` re-runs it) or that diverged (re-fitted with a fix, its
+    record is replaced, as before)."""
+    held = ["test results"] if run.is_finished() else []
+    held += [f"checkpoints/{p.name}" for p in sorted(run.checkpoints.glob("*.ckpt"))]
+    return ", ".join(held)
+
+
 def resolve_run_dir(config: Any, default_name: str) -> None:
     """Settle a CLI run's directory in its parsed ``config`` (``run_dir``, ``trainer``, ``ckpt_path``).
 
@@ -232,16 +242,28 @@ def resolve_run_dir(config: Any, default_name: str) -> None:
     ``default_root_dir``.
     Without ``--ckpt_path``, a run directory that holds ``checkpoints/last.ckpt`` is resumed from it: re-running
     a command continues its run (a finished run is only tested again) instead of starting over and overwriting its
-    checkpoints and metrics. Lightning's "checkpoint directory exists and is not empty" warning is then expected
-    and silenced.
+    checkpoints and metrics; one that holds test results or other checkpoints but no
+    ``last.ckpt`` (copied back without its checkpoints, say) is refused (``ValueError``). Lightning's "checkpoint
+    directory exists and is not empty" warning is then expected and silenced.
     """
     if config.get("run_dir") is None:
         parent = config["trainer"].get("default_root_dir") or "runs"
         config["run_dir"] = str(Path(parent) / f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     config["trainer"]["default_root_dir"] = config["run_dir"]
-    last = RunDir(config["run_dir"]).last_checkpoint
-    if config.get("ckpt_path") is None and last.is_file():
-        config["ckpt_path"] = str(last)
+    run = RunDir(config["run_dir"])
+    if "://" in str(config.get("ckpt_path") or ""):  # Lightning reads http(s) checkpoints with weights_only=False
+        raise ValueError(
+            f"--ckpt_path {config['ckpt_path']} is a remote file: coretune resumes only from local checkpoints, read "
+            "weights-only (a remote one would be unpickled, which can run code): download it and pass its path"
+        )
+    if config.get("ckpt_path") is None and run.last_checkpoint.is_file():
+        config["ckpt_path"] = str(run.last_checkpoint)
+    if config.get("ckpt_path") is None and (held := _held_results(run)):
+        raise ValueError(
+            f"{run.path} holds a run ({held}) but no {run.last_checkpoint.name} to resume it from: a new fit there "
+            "would overwrite its results and metrics. Pass another --run_dir, resume it from one of its checkpoints "
+            "with --ckpt_path, or delete that folder to start over"
+        )
     if config.get("ckpt_path") is not None:
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 

@@ -200,6 +200,24 @@ def test_an_output_that_is_a_file_is_one_line_and_left_alone(checkpoint: Path, t
     assert output.read_bytes() == b"mine"
 
 
+@pytest.mark.parametrize(
+    "files", [{"config.json": '{"model_type": "resnet"}'}, {"model.safetensors": "weights"}, {"config.json": "{"}]
+)
+def test_a_folder_of_another_models_files_is_refused_and_left_alone(
+    checkpoint: Path, tmp_path: Path, files: dict[str, str]
+) -> None:
+    """An export replaced a Hugging Face model folder's config.json and model.safetensors."""
+    output = tmp_path / "hf-model"
+    output.mkdir()
+    for name, text in files.items():
+        (output / name).write_text(text)
+    assert error(["export", f"--ckpt_path={checkpoint}", f"--output={output}"]) == (
+        f"--output {output} holds another model's files (its config.json, or model files, are not a coretune "
+        "export's), which the export would replace: pass another --output folder"
+    )
+    assert {p.name: p.read_text() for p in output.iterdir()} == files
+
+
 def test_missing_onnx_packages_are_one_line_naming_the_extra(
     checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

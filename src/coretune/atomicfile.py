@@ -10,19 +10,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "new_file_mode"]
 
 
 @contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
     """Open a temporary file beside ``path`` for writing (``mode`` ``"w"`` or ``"wb"``, ``kwargs`` as for
     ``open``); when the block ends without an error, ``fsync`` it and ``os.replace`` it onto ``path``, else remove it.
-    ``path`` thus holds either its old content or the complete new one, never a part."""
+    ``path`` thus holds either its old content or the complete new one, never a part. The file gets the mode a
+    plain ``open`` would give it (``0o666`` less the umask; an existing ``path``'s own mode), not ``mkstemp``'s
+    owner-only ``0o600``, so that runs stay readable by the group that shares them."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # a name of its own: processes on other hosts sharing the folder may have this pid
     handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
+    try:
+        os.fchmod(handle, path.stat().st_mode & 0o7777 if path.exists() else new_file_mode())
+    finally:
+        os.close(handle)
     tmp = Path(name)
     try:
         with open(tmp, mode, **kwargs) as f:
@@ -33,3 +38,10 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Ite
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def new_file_mode() -> int:
+    """The mode ``open`` gives a new file: ``0o666`` less the process's umask (read by setting it, then restored)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask

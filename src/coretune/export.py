@@ -169,6 +169,7 @@ def export_checkpoint(
         raise ValueError(
             f"--output {output} is a file: give a folder (the export writes its model files and config.json into it)"
         )
+    _check_replaceable(Path(output))
     if "onnx" in formats:
         _require_onnx()
     model = FineTuner.from_checkpoint(ckpt_path).eval()
@@ -265,6 +266,25 @@ def _write_formats(
     written.append("config.json")  # last: it lists the formats written
     (folder / written[-1]).write_text(json.dumps(config, indent=2) + "\n")
     return written
+
+
+def _check_replaceable(output: Path) -> None:
+    """Refuse an ``output`` folder holding another model's files (a ``config.json`` that is not a coretune export's,
+    or model files without one, e.g. a Hugging Face model folder): an export replaces its ``config.json`` and model
+    files."""
+    config, models = output / "config.json", [output / name for name in EXPORT_FORMATS.values()]
+    if config.is_file():
+        try:
+            ours = json.loads(config.read_text()).get("format") == EXPORT_FORMAT
+        except (ValueError, AttributeError):
+            ours = False
+    else:
+        ours = not any(path.exists() for path in models)
+    if not ours:
+        raise ValueError(
+            f"--output {output} holds another model's files (its config.json, or model files, are not a coretune "
+            "export's), which the export would replace: pass another --output folder"
+        )
 
 
 def _move_in(staging: Path, output: Path, names: Sequence[str]) -> None:

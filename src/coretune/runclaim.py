@@ -120,6 +120,9 @@ def _write(path: Path, claim: RunClaim, exclusive: bool) -> bool:
     """Write ``claim`` to ``path`` complete or not at all: a temporary file, then hard-linked into place when
     ``exclusive`` (fails if ``path`` exists: returns False) or renamed over it otherwise."""
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False) as f:
+        mask = os.umask(0o022)  # this module also runs alone (loaded by path), so not atomicfile.new_file_mode
+        os.umask(mask)
+        os.fchmod(f.fileno(), 0o666 & ~mask)  # readable as a plain open's file, not NamedTemporaryFile's 0o600
         f.write(json.dumps({"pid": claim.pid, "host": claim.host, "started": claim.started}) + "\n")
     tmp = Path(f.name)
     try:

@@ -808,6 +808,10 @@ def test_a_resume_may_extend_the_run_and_config_yaml_says_what_ran(
     assert config["model"]["lr"] == 0.01 and config["data"]["batch_size"] == 8
     main(["fit", f"--config={run / 'config.yaml'}"])  # the fix the refusal names: the run's own settings
     assert [int(r["epoch"]) for r in read_metrics(run / "metrics.csv")] == [0, 1]
+    # shortened below what it trained: config.yaml would record 1 epoch of a run that trained 2
+    message = error(fit_args(tree, run, "--trainer.max_epochs=1", "--data.num_workers=1"))
+    assert "trainer.max_epochs 1 is below the 2 epoch(s) the checkpoint has reached" in message
+    assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["max_epochs"] == 2
 
 
 def test_data_normalised_otherwise_than_the_weights_were_trained_is_warned_about(tree: Path, tmp_path: Path) -> None:

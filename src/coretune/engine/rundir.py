@@ -206,6 +206,11 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
         may, may_not = setting_changes(settings, current)
         allowed |= dict.fromkeys(may + [c for c in may_not if c.startswith("model.weights ") and same_file])
         refused |= dict.fromkeys(c for c in may_not if not (c.startswith("model.weights ") and same_file))
+    epochs = _flat(current).get("trainer.max_epochs")
+    done = checkpoint.get("epoch") if isinstance(checkpoint, Mapping) else None
+    if isinstance(epochs, int) and epochs >= 0 and isinstance(done, int) and epochs < done + 1:
+        # the checkpoint was saved during (or at the end of) 0-based epoch `done`: that many epochs and more trained
+        refused[f"trainer.max_epochs {epochs} is below the {done + 1} epoch(s) the checkpoint has reached"] = None
     if (
         digests is not None
         and digests[1] is not None

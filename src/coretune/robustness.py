@@ -455,7 +455,9 @@ def evaluate_robust(args: Sequence[str]) -> Path:
         "data": cfg.data.as_dict(),
         "split": "test",
         "sample": None if cfg.max_images is None else {"max_images": cfg.max_images, "seed": cfg.seed},
-        "adversarial_training": model.checkpoint_info.get("adversarial"),  # how the model was trained (None: clean)
+        # how the model was trained: its adversarial settings, "enable": false for a clean fit (None: recorded before
+        # the option)
+        "adversarial_training": model.checkpoint_info.get("adversarial"),
         "reports": [asdict(report) for report in reports],
     }
     with atomic_write(output) as f:

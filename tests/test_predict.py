@@ -92,3 +92,21 @@ def test_an_output_that_would_replace_inputs_or_run_files_is_refused(segmenter: 
     assert (images / "a.png").read_bytes() == before and sorted(p.name for p in images.iterdir()) == ["a.png"]
     main(["predict", f"--ckpt_path={segmenter}", f"--input={images / 'a.png'}", f"--output={tmp_path / 'masks'}"])
     assert (tmp_path / "masks" / "a.png").is_file()
+
+
+def test_a_checkpoint_without_data_settings_predicts_with_a_warning(segmenter: Path, tmp_path: Path) -> None:
+    """A model saved without coretune's data module: predict fell back to ImageNet's normalisation silently."""
+    import torch
+
+    checkpoint = torch.load(segmenter, weights_only=True)
+    checkpoint["coretune"].pop("data", None)
+    checkpoint.pop("datamodule_hyper_parameters", None)
+    bare = tmp_path / "bare.ckpt"
+    torch.save(checkpoint, bare)
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.new("RGB", (32, 32), (90, 120, 150)).save(images / "a.png")
+    with pytest.warns(UserWarning, match=rf"^checkpoint {bare} does not record its mean, std: predicting with "
+                      r"ImageNet's normalisation, which may not be what the model was trained on$"):  # fmt: skip
+        main(["predict", f"--ckpt_path={bare}", f"--input={images}", f"--output={tmp_path / 'masks'}"])
+    assert (tmp_path / "masks" / "a.png").is_file()

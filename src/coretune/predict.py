@@ -7,6 +7,7 @@ import csv
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def predict_folder(
         return predict_masks(model, ckpt_path, folder, output, num_workers, on_bad_image, overlay, batch_size)
     if overlay:
         raise ValueError("--overlay true is for segmentation checkpoints (it draws masks over images): drop it")
-    data = model.trained_data
+    data = _trained_data(model, ckpt_path, ("mean", "std") if image_size else ("image_size", "mean", "std"))
     size = image_size or data.get("image_size") or 224
     mean, std = tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD))
     transform, draft = model.task.image_transform(size, mean, std)  # as the task's test split reads images
@@ -92,6 +93,23 @@ def predict_folder(
             for i, p, c, row in zip(indices.tolist(), pred.tolist(), conf.tolist(), probs.tolist(), strict=True):
                 writer.writerow([dataset.paths[i], names[p], f"{c:.6f}", *(f"{x:.6f}" for x in row)])
     return output
+
+
+def _trained_data(model: FineTuner, ckpt_path: str | Path, needed: Sequence[str]) -> dict:
+    """The checkpoint's image size and normalisation (:attr:`FineTuner.trained_data`), with a warning when it
+    does not record the ``needed`` ones (a model saved without coretune's data module): the defaults, 224 px and
+    ImageNet's normalisation, may not be what it was trained on."""
+    data = model.trained_data
+    missing = [key for key in needed if key not in data]
+    if missing:
+        warnings.warn(
+            f"checkpoint {ckpt_path} does not record its {', '.join(missing)}: predicting with "
+            f"{'224 px and ' if 'image_size' in missing else ''}ImageNet's normalisation, which may not be what the "
+            f"model was trained on{' (pass --image_size)' if 'image_size' in missing else ''}",
+            UserWarning,
+            stacklevel=3,
+        )
+    return data
 
 
 _RUN_FILES = ("results.json", "test_results.json", "val_results.json", "config.yaml", "metrics.csv")
@@ -180,7 +198,7 @@ def predict_masks(
     The files are written into a temporary folder beside ``output`` and moved into it once every image is done:
     an error leaves ``output`` as it was. Two images whose files would have one name (``a.jpg`` and ``a.png``)
     are refused (``ValueError``) before anything is written."""
-    data = model.trained_data
+    data = _trained_data(model, ckpt_path, ("mean", "std"))  # each image at its own size
     mean, std = tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD))
     transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
     # the stored pixels, as the model was trained and same_size_batches groups them (by their headers' sizes)

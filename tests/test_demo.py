@@ -9,7 +9,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 from coretune.cli import main
-from coretune.demo import write_digits
+from coretune.demo import _adopt_earlier_demo, write_digits
 from coretune.models import create_backbone, load_pretrained
 
 
@@ -67,3 +67,10 @@ def test_fast_demo_runs_the_whole_pipeline(tmp_path: Path, capsys) -> None:
     assert "| CE-tuning |" in markdown and "| Core-tuning |" in markdown
     out = capsys.readouterr().out
     assert "Core-tuning" in out and str(output / "summary.md") in out.replace("\n", "")
+    # an output written before the demo marked its folders: adopted (make demo re-runs over it after an upgrade)
+    for marker in output.rglob(".coretune-demo"):
+        marker.unlink()
+    _adopt_earlier_demo(output)
+    marked = sorted(p.parent.relative_to(output).as_posix() for p in output.rglob(".coretune-demo"))
+    assert marked == ["data", "finetune/ce-seed0", "finetune/ce-seed1", "finetune/core-seed0", "finetune/core-seed1",
+                      "pretrain"]  # fmt: skip

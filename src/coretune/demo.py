@@ -132,6 +132,21 @@ _MARKER = ".coretune-demo"
 """The file in every folder the demo makes: the only folders it removes to make them again."""
 
 
+def _adopt_earlier_demo(output: Path) -> None:
+    """Mark the folders of a demo run before the demo marked its folders (its ``summary.json`` names its
+    ``pretrain_dir``), so that ``make demo`` re-runs over them after an upgrade."""
+    try:
+        summary = json.loads((output / "summary.json").read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(summary, dict) or "pretrain_dir" not in summary or "methods" not in summary:
+        return
+    finetuned = output / "finetune"
+    for folder in [output / "data", output / "pretrain", *(finetuned.iterdir() if finetuned.is_dir() else [])]:
+        if folder.is_dir() and not (folder / _MARKER).exists():
+            (folder / _MARKER).write_text("made by coretune demo (an earlier version)\n")
+
+
 def _fresh(folder: Path) -> Path:
     """An empty ``folder`` marked as the demo's: a previous demo folder of the same name is removed so its
     checkpoints and metrics do not mix in; a folder the demo did not make (no :data:`_MARKER`; ``--output`` naming
@@ -195,6 +210,7 @@ def run_demo(
     with _demo_environment(num_threads):
         console = Console()
         output = Path(output)
+        _adopt_earlier_demo(output)
         data_dir = write_digits(output / "data", per_class=FAST_PER_CLASS if fast else None)
         settings = {
             "seeds": seeds,

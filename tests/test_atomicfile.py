@@ -22,6 +22,11 @@ def test_a_new_file_gets_the_umask_mode_and_an_existing_one_keeps_its_own(tmp_pa
         with atomic_write(tmp_path / "results.json") as f:
             f.write("{}\n")
         assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o664
+        (tmp_path / "results.json").chmod(0o444)  # read-only: the new content is written before its mode is set
+        with atomic_write(tmp_path / "results.json") as f:
+            f.write("{}\n\n")
+        assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o444
+        assert (tmp_path / "results.json").read_text() == "{}\n\n"
     finally:
         os.umask(previous)
 

@@ -213,7 +213,8 @@ def test_a_folder_of_another_models_files_is_refused_and_left_alone(
         (output / name).write_text(text)
     assert error(["export", f"--ckpt_path={checkpoint}", f"--output={output}"]) == (
         f"--output {output} holds another model's files (its config.json, or model files, are not a coretune "
-        "export's), which the export would replace: pass another --output folder"
+        "export's), which the export would replace: pass another --output folder (an interrupted coretune export "
+        "leaves model files without config.json: delete them)"
     )
     assert {p.name: p.read_text() for p in output.iterdir()} == files
 

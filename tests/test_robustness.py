@@ -107,7 +107,7 @@ def test_autoattack_runs_locally_and_breaks_an_undefended_model() -> None:
     assert report.steps is None and all(r.step_size is None for r in report.results)  # parameter-free
 
 
-@pytest.mark.parametrize(("classes", "targets"), [(10, 9), (100, 9), (3, 2)])
+@pytest.mark.parametrize(("classes", "targets"), [(10, 9), (100, 9), (4, 3)])
 def test_autoattack_is_the_standard_version_of_the_reference_implementation(classes: int, targets: int) -> None:
     """torchattacks' AutoAttack ran APGD, APGD-T and FAB with 10 iterations (its defaults) and, on 100 classes, 99
     targets: a weaker, slower attack than standard AutoAttack's 100 iterations and 9 targets."""
@@ -124,6 +124,8 @@ def test_autoattack_is_the_standard_version_of_the_reference_implementation(clas
     assert square.n_queries == 5000 and not square.rescale_schedule
     report = robust_accuracy(trained_digits_cnn(), _digits_loader(8), [("linf", 0.3)], attack="autoattack")
     assert report.implementation == AUTOATTACK and RobustnessReport.from_json(report.to_json()) == report
+    with pytest.raises(ValueError, match=r"^AutoAttack needs a model of 4 or more classes .* has 3: use --attack pgd"):
+        standard_autoattack(torchattacks, trained_digits_cnn(), "linf", 8 / 255, 3, seed=0)
 
 
 def test_the_report_round_trips_through_json_and_prints_one_line_per_accuracy() -> None:

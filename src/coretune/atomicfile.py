@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
 __all__ = ["atomic_write", "new_file_mode"]
+
+
+_UMASK_LOCK = threading.Lock()
 
 
 @contextmanager
@@ -19,20 +23,22 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Ite
     ``open``); when the block ends without an error, ``fsync`` it and ``os.replace`` it onto ``path``, else remove it.
     ``path`` thus holds either its old content or the complete new one, never a part. The file gets the mode a
     plain ``open`` would give it (``0o666`` less the umask; an existing ``path``'s own mode), not ``mkstemp``'s
-    owner-only ``0o600``, so that runs stay readable by the group that shares them."""
+    owner-only ``0o600``, so that runs stay readable by the group that shares them (where the file system allows
+    it: a failed ``chmod`` keeps ``0o600``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # a name of its own: processes on other hosts sharing the folder may have this pid
     handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(handle, path.stat().st_mode & 0o7777 if path.exists() else new_file_mode())
-    finally:
-        os.close(handle)
     tmp = Path(name)
     try:
-        with open(tmp, mode, **kwargs) as f:
+        with os.fdopen(handle, mode, **kwargs) as f:
             yield f
             f.flush()
+            with suppress(OSError):  # after writing: a read-only old file's mode must not stop the write
+                try:
+                    os.fchmod(f.fileno(), path.stat().st_mode & 0o7777)
+                except FileNotFoundError:
+                    os.fchmod(f.fileno(), new_file_mode())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -41,7 +47,13 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Ite
 
 
 def new_file_mode() -> int:
-    """The mode ``open`` gives a new file: ``0o666`` less the process's umask (read by setting it, then restored)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
+    """The mode ``open`` gives a new file: ``0o666`` less the process's umask (Linux: read from
+    ``/proc/self/status``; elsewhere set and restored under a lock, the umask being the whole process's)."""
+    with suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
     return 0o666 & ~mask

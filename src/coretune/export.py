@@ -283,7 +283,8 @@ def _check_replaceable(output: Path) -> None:
     if not ours:
         raise ValueError(
             f"--output {output} holds another model's files (its config.json, or model files, are not a coretune "
-            "export's), which the export would replace: pass another --output folder"
+            "export's), which the export would replace: pass another --output folder (an interrupted coretune export "
+            "leaves model files without config.json: delete them)"
         )
 
 

@@ -112,7 +112,10 @@ def _trained_data(model: FineTuner, ckpt_path: str | Path, needed: Sequence[str]
     return data
 
 
-_RUN_FILES = ("results.json", "test_results.json", "val_results.json", "config.yaml", "metrics.csv")
+_RUN_FILES = (
+    "results.json", "test_results.json", "val_results.json", "config.yaml", "metrics.csv", "fit_args.json",
+    "robust_results.json", "log.txt",
+)  # fmt: skip
 _WEIGHT_SUFFIXES = (".ckpt", ".pth", ".pt", ".tar", ".safetensors", ".bin")
 
 
@@ -129,8 +132,9 @@ def check_output(output: Path, folder: str | Path, ckpt_path: str | Path, task: 
     fix = "pass another --output"
     if out == Path(os.path.realpath(ckpt_path)):
         raise ValueError(f"--output {output} is the checkpoint itself: {fix}")
+    run_file = out.name in _RUN_FILES or out.name.startswith("robust_results")
     if out.is_file() and (
-        out.suffix.lower() in _WEIGHT_SUFFIXES or (out.name in _RUN_FILES and (out.parent / "checkpoints").is_dir())
+        out.suffix.lower() in _WEIGHT_SUFFIXES or (run_file and (out.parent / "results.json").is_file())
     ):
         raise ValueError(f"--output {output} would replace {out.name}, a run's weights or record: {fix}")
     if (out == source and not source.is_dir()) or (

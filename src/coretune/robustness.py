@@ -11,7 +11,7 @@ images the model still classifies correctly after the attack. Three attacks meas
   the reference code's settings (:func:`standard_autoattack`), parameter-free, so ``steps`` and ``step_size`` do
   not apply. It runs locally; nothing is downloaded. (Until stop 50 this was ``torchattacks.AutoAttack``, whose
   APGD, APGD-T and FAB run 10 iterations, the library's defaults: a weaker attack than standard AutoAttack, so
-  robust accuracies scored with it are upper bounds; those records say ``implementation: null``. The reference
+  robust accuracies scored with it are upper bounds; those records have no ``implementation`` entry. The reference
   ``autoattack`` package that torchattacks' wheel ships no longer imports with this torch.)
 
 The paper reports robust accuracies of 69–75% at ℓ∞ 8/255 on CIFAR-10, where PGD adversarial training in the
@@ -178,8 +178,18 @@ def standard_autoattack(torchattacks: Any, model: nn.Module, norm: str, eps: flo
     attacks: APGD-CE, then APGD-T and FAB-T over the ``min(9, num_classes - 1)`` most likely other classes, each of
     100 iterations and one restart, then Square of 5,000 queries (no rescaled schedule), each on the images the
     ones before left correctly classified. ``torchattacks.AutoAttack`` builds the same chain with the library's
-    default 10 iterations, and with ``num_classes - 1`` targets."""
+    default 10 iterations, ``num_classes - 1`` targets and Square's rescaled schedule (its ``p`` falls twice as
+    fast).
+
+    Raises:
+        ValueError: fewer than 4 classes (the targeted DLR loss needs them).
+    """
     ta, norm = torchattacks, {"linf": "Linf", "l2": "L2"}[norm]
+    if num_classes < 4:  # APGD-T's targeted DLR loss reads the 3rd and 4th largest logits
+        raise ValueError(
+            f"AutoAttack needs a model of 4 or more classes (its targeted attacks' DLR loss), this one has "
+            f"{num_classes}: use --attack pgd"
+        )
     common = {"norm": norm, "eps": eps, "n_restarts": 1, "seed": seed}
     attacks = [
         ta.APGD(model, steps=100, loss="ce", **common),
@@ -426,6 +436,7 @@ def evaluate_robust(args: Sequence[str]) -> Path:
     options = cfg.data.as_dict()
     options = scored_folder_options("test", options) or options  # one labelled folder needs no training data
     data = ImageClassificationData(**{**options, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)})
+    data.setup("test")  # with cache_images: the test split decoded, no training image
     check_classes(model, data, cfg.ckpt_path)
     loader = data.test_dataloader()
     if cfg.max_images is not None and cfg.max_images >= len(loader.dataset):  # type: ignore[arg-type]

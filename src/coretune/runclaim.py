@@ -116,13 +116,21 @@ def live_claim(run_dir: str | Path) -> RunClaim | None:
     return claim if claim is not None and claim.alive() else None
 
 
+def _umask() -> int:
+    """The process's umask, from ``/proc/self/status`` (this module also runs alone, loaded by path, so not
+    ``atomicfile.new_file_mode``; without ``/proc`` the claim keeps ``0o600``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Umask:"):
+            return int(line.split()[1], 8)
+    raise ValueError("no Umask line")
+
+
 def _write(path: Path, claim: RunClaim, exclusive: bool) -> bool:
     """Write ``claim`` to ``path`` complete or not at all: a temporary file, then hard-linked into place when
     ``exclusive`` (fails if ``path`` exists: returns False) or renamed over it otherwise."""
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False) as f:
-        mask = os.umask(0o022)  # this module also runs alone (loaded by path), so not atomicfile.new_file_mode
-        os.umask(mask)
-        os.fchmod(f.fileno(), 0o666 & ~mask)  # readable as a plain open's file, not NamedTemporaryFile's 0o600
+        with suppress(OSError, ValueError):  # readable as a plain open's file, not NamedTemporaryFile's 0o600
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
         f.write(json.dumps({"pid": claim.pid, "host": claim.host, "started": claim.started}) + "\n")
     tmp = Path(f.name)
     try:

@@ -230,13 +230,13 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
 
 
 def _held_results(run: RunDir) -> str:
-    """What a run directory without ``last.ckpt`` holds that a new fit would overwrite (test results, checkpoints),
-    described; empty when nothing: a fit that stopped before its first checkpoint (its ``config.yaml`` and partial
-    ``metrics.csv`` are started over, as ``coretune bench`` re-runs it) or that diverged (re-fitted with a fix, its
-    record is replaced, as before)."""
-    held = ["test results"] if run.is_finished() else []
-    held += [f"checkpoints/{p.name}" for p in sorted(run.checkpoints.glob("*.ckpt"))]
-    return ", ".join(held)
+    """What a finished run directory without ``last.ckpt`` holds that a new fit would overwrite (its test results,
+    and any checkpoints), described; empty for an unfinished run: one that stopped before saving ``last.ckpt``
+    (killed between its best and last checkpoints, or at a mid-epoch validation: ``coretune bench`` re-runs it from
+    the start) or that diverged (re-fitted with a fix, its record is replaced)."""
+    if not run.is_finished():
+        return ""
+    return ", ".join(["test results", *(f"checkpoints/{p.name}" for p in sorted(run.checkpoints.glob("*.ckpt")))])
 
 
 def resolve_run_dir(config: Any, default_name: str) -> None:
@@ -247,8 +247,8 @@ def resolve_run_dir(config: Any, default_name: str) -> None:
     ``default_root_dir``.
     Without ``--ckpt_path``, a run directory that holds ``checkpoints/last.ckpt`` is resumed from it: re-running
     a command continues its run (a finished run is only tested again) instead of starting over and overwriting its
-    checkpoints and metrics; one that holds test results or other checkpoints but no
-    ``last.ckpt`` (copied back without its checkpoints, say) is refused (``ValueError``). Lightning's "checkpoint
+    checkpoints and metrics; a finished one (test results) without ``last.ckpt`` (copied back without its
+    checkpoints, say) is refused (``ValueError``). Lightning's "checkpoint
     directory exists and is not empty" warning is then expected and silenced.
     """
     if config.get("run_dir") is None:

@@ -129,6 +129,9 @@ class BestCheckpoint(ModelCheckpoint):
             monitor=f"val/{TASKS[DEFAULT_TASK].monitor}",
             mode="max",
             auto_insert_metric_name=False,
+            # one best.ckpt: a run started over beside an earlier best.ckpt (killed between its best and last
+            # checkpoints) replaces it, instead of writing best-v1.ckpt while domain generalization tests best.ckpt
+            enable_version_counter=False,
         )
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -29,9 +29,10 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Ite
     path.parent.mkdir(parents=True, exist_ok=True)
     # a name of its own: processes on other hosts sharing the folder may have this pid
     handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
     tmp = Path(name)
     try:
-        with os.fdopen(handle, mode, **kwargs) as f:
+        with open(tmp, mode, **kwargs) as f:  # owner-writable until written: its final mode is set below
             yield f
             f.flush()
             with suppress(OSError):  # after writing: a read-only old file's mode must not stop the write

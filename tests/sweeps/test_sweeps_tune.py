@@ -163,6 +163,27 @@ def test_resume_keeps_finished_trials_and_retries_failed_ones(
         tune([data_arg], objective="ce_con_mixh", **grid, seed=1, study_name="other")
 
 
+def test_tied_trials_choose_the_earliest_and_best_yaml_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
+) -> None:
+    """Optuna's best_trial picks among equal values in storage order; ties are common on small validation splits."""
+
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
+        finish(run_dir, [0.1, 0.6])  # every point: 0.6
+        return 0
+
+    monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
+    study = tune([data_arg], eta=[1.0, 10.0], alpha=[0.5], val_fraction=0.3, output=tmp_path)
+    first = min(study.trials, key=lambda t: t.number)
+    best_yaml = (tmp_path / "best.yaml").read_text()
+    assert yaml.safe_load(best_yaml)["objective"]["init_args"]["eta"] == first.params["eta"]
+    other = 10 if first.params["eta"] == 1.0 else 1
+    assert (
+        f"# TIE: eta {first.params['eta']:g} alpha 0.5 (the earliest trial, chosen) and eta {other} alpha 0.5 reach "
+        "the same value." in best_yaml
+    )
+
+
 def test_a_grid_point_another_worker_runs_fails_its_trial_and_the_study_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
 ) -> None:

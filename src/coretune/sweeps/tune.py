@@ -554,7 +554,19 @@ def _write_outputs(
                 "(--trainer.gradient_clip_val 1.0) in the fit arguments, and tune into a new --output"
             )
         raise TrialFailed(f"no trial of study {study.study_name!r} finished: see the logs under {output / 'trials'}")
-    best = study.best_trial
+    best = best_trial(study)
+    ties = sorted(
+        (t.params["eta"], t.params["alpha"])
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.value == best.value and t.number != best.number
+    )
+    tied = (
+        f"# TIE: eta {best.params['eta']:g} alpha {best.params['alpha']:g} (the earliest trial, chosen) and "
+        + ", ".join(f"eta {e:g} alpha {a:g}" for e, a in ties)
+        + " reach the same value.\n"
+        if ties
+        else ""
+    )
     findings = "".join(
         f"# DIVERGED: eta {e:g} alpha {a:g}: {message}\n" for (e, a), message in sorted(diverged.items())
     )
@@ -580,11 +592,19 @@ def _write_outputs(
         f"# selected by the final-epoch val/{task.monitor} = {best.value:.4f} on a {val_fraction:g} validation split "
         f"of the training set{_per_seed_note(best)} (trial run directory: {best.user_attrs.get('run_dir')}).\n"
         f"# Use it with: coretune fit --config YOUR_CONFIG.yaml --config best.yaml{_final_fit_note(task)}.\n"
-        f"{findings}{partial}{_ADVERSARIAL_NOTE if adversarial else ''}"
+        f"{tied}{findings}{partial}{_ADVERSARIAL_NOTE if adversarial else ''}"
     )
     body = yaml.safe_dump({"objective": {"class_path": class_path, "init_args": init_args}}, sort_keys=False)
     with atomic_write(output / "best.yaml") as f:  # whole: a sweep or a person reads it
         f.write(header + body)
+
+
+def best_trial(study: Any) -> Any:
+    """The finished trial of the highest value, the earliest among equal values (Optuna's ``best_trial`` picks
+    among ties in storage order; small validation splits tie often)."""
+    from optuna.trial import TrialState
+
+    return max(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: (t.value, -t.number))
 
 
 def _trial_objective(run_dir: str | None) -> dict[str, Any] | None:
@@ -695,7 +715,7 @@ def main(args: list[str]) -> None:
         )
     except KeyboardInterrupt:  # a second Ctrl+C
         raise SweepInterrupted(signal.SIGINT, _interrupted_message(signal.SIGINT)) from None
-    best, label = study.best_trial, TASKS[study.user_attrs.get("task", DEFAULT_TASK)].monitor_label
+    best, label = best_trial(study), TASKS[study.user_attrs.get("task", DEFAULT_TASK)].monitor_label
     Console().print(
         f"best: η = {best.params['eta']:g}, α = {best.params['alpha']:g} (final val {label} "
         f"{100 * best.value:.2f}%, trial {best.number}); wrote {Path(cfg.output) / 'best.yaml'} and "

@@ -431,6 +431,17 @@ def test_refuses_fit_arguments_that_leave_the_final_epoch_unvalidated(
     ):
         tune(fit_args, output=tmp_path, eta=[1.0], alpha=[1.0])
     assert launched == [] and not (tmp_path / "study.db").exists()
+    # part of the validation split, or a checkpoint to resume every trial from: refused the same way
+    base = [*TINY_FIT, f"--data.root={image_tree}"]
+    (tmp_path / "resume.yaml").write_text(f"ckpt_path: {tmp_path / 'x.ckpt'}\n")  # in a config: not the flag
+    for extra, match in [
+        ("--trainer.limit_val_batches=0.5", r"^--trainer\.limit_val_batches=0\.5 would score each trial on part"),
+        ("--trainer.limit_val_batches=1", r"^--trainer\.limit_val_batches=1 would score each trial on part"),
+        (f"--config={tmp_path / 'resume.yaml'}", r"^the fit arguments set ckpt_path .*x\.ckpt: each trial is a new"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            tune([*base, extra], output=tmp_path, eta=[1.0], alpha=[1.0])
+    assert launched == [] and not (tmp_path / "study.db").exists()
 
 
 def test_refuses_fit_arguments_fit_would_refuse(

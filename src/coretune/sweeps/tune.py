@@ -145,6 +145,17 @@ def _check_trial_args(fit_args: list[str], objective: str, val_fraction: float) 
         raise ValueError(
             f"coretune tune scores each trial by its final epoch's validation {task.monitor_label}, but {problem}"
         )
+    limit = (config.get("trainer") or {}).get("limit_val_batches")
+    if limit is not None and (isinstance(limit, int) or limit != 1.0):
+        raise ValueError(
+            f"--trainer.limit_val_batches={limit} would score each trial on part of its validation split: drop it "
+            "(or pass 1.0) so that every trial is chosen on the whole split"
+        )
+    if config.get("ckpt_path") is not None:
+        raise ValueError(
+            f"the fit arguments set ckpt_path {config['ckpt_path']}: each trial is a new fit in its own folder; drop "
+            "it (an interrupted study resumes its trials itself)"
+        )
     return task, holdout, bool((config.get("adversarial") or {}).get("enable"))
 
 

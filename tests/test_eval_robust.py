@@ -90,7 +90,7 @@ def test_autoattack_a_config_and_a_chosen_threat_model(fitted_greys: tuple[Path,
     out = tmp_path / "aa.json"
     args = ["eval", "robust", f"--config={config}", f"--ckpt={ckpt}", "--threat_models", "linf:8/255",
             "--max_images=12", f"--output={out}"]  # fmt: skip
-    assert error([*args, "--attack", "autoattack"]) == (
+    assert error([*args, "--attack", "[pgd, autoattack]"]) == (
         "AutoAttack needs a model of 4 or more classes (its targeted attacks' DLR loss), this one has 3: use "
         "--attack pgd"
     )

@@ -102,10 +102,11 @@ def _trained_data(model: FineTuner, ckpt_path: str | Path, needed: Sequence[str]
     data = model.trained_data
     missing = [key for key in needed if key not in data]
     if missing:
+        used = [*(["224 px"] * ("image_size" in missing)), *(["ImageNet's normalisation"] * ("mean" in missing))]
         warnings.warn(
             f"checkpoint {ckpt_path} does not record its {', '.join(missing)}: predicting with "
-            f"{'224 px and ' if 'image_size' in missing else ''}ImageNet's normalisation, which may not be what the "
-            f"model was trained on{' (pass --image_size)' if 'image_size' in missing else ''}",
+            f"{' and '.join(used)}, which may not be what the model was trained on"
+            f"{' (pass --image_size)' if 'image_size' in missing else ''}",
             UserWarning,
             stacklevel=3,
         )
@@ -121,7 +122,8 @@ _WEIGHT_SUFFIXES = (".ckpt", ".pth", ".pt", ".tar", ".safetensors", ".bin")
 
 def check_output(output: Path, folder: str | Path, ckpt_path: str | Path, task: str) -> None:
     """Refuse an ``output`` that would replace what ``coretune predict`` reads or a run's files: the checkpoint, an
-    existing weights file or run record (``results.json`` … beside a ``checkpoints/`` folder), an input image, or
+    existing weights file or run record (``results.json``, ``config.yaml`` … in a run folder: beside a
+    ``results.json`` or a ``checkpoints/`` folder), an input image, or
     (segmentation) a mask folder that is the input folder or inside it (its masks would replace input images of
     the same name, and be read as images by the next run).
 
@@ -133,9 +135,8 @@ def check_output(output: Path, folder: str | Path, ckpt_path: str | Path, task: 
     if out == Path(os.path.realpath(ckpt_path)):
         raise ValueError(f"--output {output} is the checkpoint itself: {fix}")
     run_file = out.name in _RUN_FILES or out.name.startswith("robust_results")
-    if out.is_file() and (
-        out.suffix.lower() in _WEIGHT_SUFFIXES or (run_file and (out.parent / "results.json").is_file())
-    ):
+    in_run = (out.parent / "results.json").is_file() or (out.parent / "checkpoints").is_dir()  # finished or going
+    if out.is_file() and (out.suffix.lower() in _WEIGHT_SUFFIXES or (run_file and in_run)):
         raise ValueError(f"--output {output} would replace {out.name}, a run's weights or record: {fix}")
     if (out == source and not source.is_dir()) or (
         source.is_dir() and out.suffix.lower() in IMAGE_EXTENSIONS and source in out.parents

@@ -173,6 +173,16 @@ AUTOATTACK = "standard AutoAttack: APGD-CE, APGD-T, FAB-T of 100 iterations (9 t
 """What ``RobustnessReport.implementation`` records for ``attack="autoattack"``."""
 
 
+def check_autoattack_classes(num_classes: int) -> None:
+    """Raise ``ValueError`` for a model of fewer than 4 classes: APGD-T's targeted DLR loss reads the 3rd and 4th
+    largest logits."""
+    if num_classes < 4:
+        raise ValueError(
+            f"AutoAttack needs a model of 4 or more classes (its targeted attacks' DLR loss), this one has "
+            f"{num_classes}: use --attack pgd"
+        )
+
+
 def standard_autoattack(torchattacks: Any, model: nn.Module, norm: str, eps: float, num_classes: int, seed: int) -> Any:
     """Standard AutoAttack (Croce & Hein, 2020; the reference code's ``version="standard"``) from torchattacks'
     attacks: APGD-CE, then APGD-T and FAB-T over the ``min(9, num_classes - 1)`` most likely other classes, each of
@@ -185,11 +195,7 @@ def standard_autoattack(torchattacks: Any, model: nn.Module, norm: str, eps: flo
         ValueError: fewer than 4 classes (the targeted DLR loss needs them).
     """
     ta, norm = torchattacks, {"linf": "Linf", "l2": "L2"}[norm]
-    if num_classes < 4:  # APGD-T's targeted DLR loss reads the 3rd and 4th largest logits
-        raise ValueError(
-            f"AutoAttack needs a model of 4 or more classes (its targeted attacks' DLR loss), this one has "
-            f"{num_classes}: use --attack pgd"
-        )
+    check_autoattack_classes(num_classes)
     common = {"norm": norm, "eps": eps, "n_restarts": 1, "seed": seed}
     attacks = [
         ta.APGD(model, steps=100, loss="ce", **common),
@@ -433,6 +439,8 @@ def evaluate_robust(args: Sequence[str]) -> Path:
     # the checkpoint's settings as defaults: the command line still wins
     cfg = parse_with_config(parser, args, task=model.task.name, checkpoint=cfg.ckpt_path)
     check(cfg)
+    if "autoattack" in cfg.attack:  # before any attack runs: a PGD listed first would run for hours, then stop
+        check_autoattack_classes(model.num_classes or 0)
     options = cfg.data.as_dict()
     options = scored_folder_options("test", options) or options  # one labelled folder needs no training data
     data = ImageClassificationData(**{**options, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)})

@@ -210,7 +210,10 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
     done = checkpoint.get("epoch") if isinstance(checkpoint, Mapping) else None
     if isinstance(epochs, int) and epochs >= 0 and isinstance(done, int) and epochs < done + 1:
         # the checkpoint was saved during (or at the end of) 0-based epoch `done`: that many epochs and more trained
-        refused[f"trainer.max_epochs {epochs} is below the {done + 1} epoch(s) the checkpoint has reached"] = None
+        refused[
+            f"trainer.max_epochs {epochs} is below the {done + 1} epoch(s) the checkpoint has reached (pass "
+            f"--trainer.max_epochs {done + 1} or more)"
+        ] = None
     if (
         digests is not None
         and digests[1] is not None

@@ -567,9 +567,12 @@ def _write_outputs(
         raise TrialFailed(f"no trial of study {study.study_name!r} finished: see the logs under {output / 'trials'}")
     best = best_trial(study)
     ties = sorted(
-        (t.params["eta"], t.params["alpha"])
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.value == best.value and t.number != best.number
+        {
+            (t.params["eta"], t.params["alpha"])
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if round(t.value, 9) == round(best.value, 9)
+        }
+        - {(best.params["eta"], best.params["alpha"])}  # a point two workers both finished is one point
     )
     tied = (
         f"# TIE: eta {best.params['eta']:g} alpha {best.params['alpha']:g} (the earliest trial, chosen) and "
@@ -615,7 +618,8 @@ def best_trial(study: Any) -> Any:
     among ties in storage order; small validation splits tie often)."""
     from optuna.trial import TrialState
 
-    return max(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: (t.value, -t.number))
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return max(trials, key=lambda t: (round(t.value, 9), -t.number))  # a mean of seeds in another order: one value
 
 
 def _trial_objective(run_dir: str | None) -> dict[str, Any] | None:

@@ -142,6 +142,8 @@ def check_output(output: Path, folder: str | Path, ckpt_path: str | Path, task: 
         source.is_dir() and out.suffix.lower() in IMAGE_EXTENSIONS and source in out.parents
     ):
         raise ValueError(f"--output {output} would replace an input image: {fix}")
+    if task != "segmentation" and out.is_dir():
+        raise ValueError(f"--output {output} is a folder: classification writes one CSV file; give its path")
     if task == "segmentation":
         base = source if source.is_dir() else source.parent
         if source.is_dir() and (out == base or base in out.parents):

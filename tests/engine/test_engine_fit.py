@@ -204,6 +204,8 @@ def test_test_predict_export_round_trip(fitted: tuple[Path, Path], tmp_path: Pat
     main(["predict", f"--ckpt_path={ckpt}", f"--input={files.paths[1]}", f"--output={out}"])  # one image file
     (row,) = csv.DictReader(out.open())
     assert row["path"] == files.paths[1] and row["prediction"] == rows[1]["prediction"]
+    with pytest.raises(SystemExit, match=r"is a folder: classification writes one CSV file; give its path$"):
+        main(["predict", f"--ckpt_path={ckpt}", f"--input={files.paths[1]}", f"--output={tmp_path}"])  # before work
 
     main(["export", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'export'}"])
     net, config = load_exported(tmp_path / "export")

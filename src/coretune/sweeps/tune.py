@@ -154,7 +154,7 @@ def _check_trial_args(fit_args: list[str], objective: str, val_fraction: float) 
     if config.get("ckpt_path") is not None:
         raise ValueError(
             f"the fit arguments set ckpt_path {config['ckpt_path']}: each trial is a new fit in its own folder; drop "
-            "it (an interrupted study resumes its trials itself)"
+            "it (delete the ckpt_path line of a run's config.yaml; an interrupted study resumes its trials itself)"
         )
     return task, holdout, bool((config.get("adversarial") or {}).get("enable"))
 

@@ -81,9 +81,9 @@ def score(command: Split, args: Sequence[str]) -> Path:
     options = cfg.data.as_dict()
     standalone = scored_folder_options(command, options) if model.task.name == "classification" else None
     data = model.task.data_class(**(standalone or options))
+    check_unseen_domains(model, data, cfg.ckpt_path)  # reads folder names only: before any image is read
     data.setup("test" if command == "test" else "validate")  # with cache_images: only the split it scores decoded
     check_classes(model, data, cfg.ckpt_path)
-    check_unseen_domains(model, data, cfg.ckpt_path)
     trainer = L.Trainer(
         default_root_dir=str(output.parent), precision=cfg.precision, logger=False, enable_checkpointing=False
     )

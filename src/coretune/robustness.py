@@ -373,9 +373,8 @@ def robust_parser() -> ArgumentParser:
         type=list[str] | str,
         default=["pgd", "torchattacks-pgd"],
         help="The attacks, each reported: pgd (coretune's PGD), torchattacks-pgd (torchattacks' PGD / PGDL2, the "
-        "referee) and autoattack (standard AutoAttack at the reference code's settings, parameter-free; slow "
-        "on a CPU: see "
-        "--max_images). E.g. --attack autoattack or --attack '[pgd, autoattack]'.",
+        "referee) and autoattack (standard AutoAttack at the reference code's settings, parameter-free; slow on a "
+        "CPU: see --max_images). E.g. --attack autoattack or --attack '[pgd, autoattack]'.",
     )
     parser.add_argument(
         "--threat_models",

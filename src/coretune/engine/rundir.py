@@ -251,8 +251,8 @@ def resolve_run_dir(config: Any, default_name: str) -> None:
     Without ``--ckpt_path``, a run directory that holds ``checkpoints/last.ckpt`` is resumed from it: re-running
     a command continues its run (a finished run is only tested again) instead of starting over and overwriting its
     checkpoints and metrics; a finished one (test results) without ``last.ckpt`` (copied back without its
-    checkpoints, say) is refused (``ValueError``). Lightning's "checkpoint
-    directory exists and is not empty" warning is then expected and silenced.
+    checkpoints, say) is refused (``ValueError``). Lightning's "checkpoint directory exists and is not empty"
+    warning is then expected and silenced.
     """
     if config.get("run_dir") is None:
         parent = config["trainer"].get("default_root_dir") or "runs"

@@ -406,6 +406,7 @@ class Trend:
     p: float  # NaN when the line fits the means exactly (no residual to test against)
     checkpoints: int
     pairs: int  # the paired seeds behind the checkpoints' means
+    left_out: int = 0  # scored checkpoints with fewer paired seeds than the series' most (an unfinished column)
 
 
 def trends(rows: Sequence[Row], baseline: str = "ce") -> list[Trend]:
@@ -413,18 +414,23 @@ def trends(rows: Sequence[Row], baseline: str = "ce") -> list[Trend]:
     checkpoints ``i``, the least-squares slope ``b`` of ``mean gain_i = a + b·knn_i + e_i``, its standard error and
     the two-sided p of ``b = 0`` (t with ``n − 2`` degrees of freedom, ``n`` checkpoints). The checkpoints are the
     replicates: a checkpoint's seeds share its own distance from the line, which more seeds do not average away, so
-    a fit through every seed would count them as evidence they are not."""
+    a fit through every seed would count them as evidence they are not. For the same reason each mean must rest on
+    as many paired seeds as the series' best: a checkpoint with fewer (a column still running) is left out and
+    counted (``left_out``), not fitted as a full replicate."""
     from scipy.stats import linregress
 
     found = []
     for (comparison, fraction), points in sorted(_series(rows, baseline).items(), key=lambda i: (-i[0][1], i[0][0])):
-        means = [(x, gain) for x, gain in points if not math.isnan(x) and gain.pairs]
+        scored = [(x, gain) for x, gain in points if not math.isnan(x) and gain.pairs]
+        most = max((gain.pairs for _, gain in scored), default=0)
+        means = [(x, gain) for x, gain in scored if gain.pairs == most]
         if len({x for x, _ in means}) < 3:
             continue
         fit = linregress([x for x, _ in means], [gain.mean for _, gain in means])
         p = float(fit.pvalue) if fit.stderr > 1e-12 else math.nan
         found.append(Trend(
-            comparison, fraction, 10 * fit.slope, 10 * fit.stderr, p, len(means), sum(g.pairs for _, g in means)
+            comparison, fraction, 10 * fit.slope, 10 * fit.stderr, p, len(means), sum(g.pairs for _, g in means),
+            len(scored) - len(means),
         ))  # fmt: skip
     return found
 
@@ -444,7 +450,8 @@ def trend_table(found: Sequence[Trend]) -> str:
     ]
     lines += [
         f"| {100 * t.label_fraction:g}% | {t.comparison} | {t.slope:+.2f} ± {t.slope_se:.2f} | "
-        f"{'–' if math.isnan(t.p) else _p(t.p)} | {t.checkpoints} ({t.pairs}) |"
+        f"{'–' if math.isnan(t.p) else _p(t.p)} | {t.checkpoints} ({t.pairs})"
+        f"{f'; {t.left_out} with fewer paired seeds left out' if t.left_out else ''} |"
         for t in found
     ]
     return "\n".join(lines) + "\n"

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from coretune.cli import main
 from coretune.engine import FineTuner
 from coretune.export import (
+    CHECK_TOLERANCE,
     ExportedClassifier,
     _classifier_program,
     _computes_eager,
@@ -219,14 +221,63 @@ def test_a_folder_of_another_models_files_is_refused_and_left_alone(
     assert {p.name: p.read_text() for p in output.iterdir()} == files
 
 
+@pytest.mark.parametrize("package", ["onnxscript", "onnxruntime"])
 def test_missing_onnx_packages_are_one_line_naming_the_extra(
-    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, package: str
 ) -> None:
-    monkeypatch.setitem(sys.modules, "onnxscript", None)  # `import onnxscript` raises ImportError
-    expected = "ONNX export needs the onnx extra (onnxscript is not installed): pip install 'coretune[onnx]'"
+    monkeypatch.setitem(sys.modules, package, None)  # `import PACKAGE` raises ImportError
+    expected = f"ONNX export needs the onnx extra ({package} is not installed): pip install 'coretune[onnx]'"
     for option in ("--format=pt2,onnx", "--onnx=true"):
         assert error(["export", f"--ckpt_path={checkpoint}", f"--output={tmp_path / 'export'}", option]) == expected
         assert not (tmp_path / "export").exists()  # refused before anything is written
+
+
+def test_every_file_written_is_read_back_and_checked_against_the_checkpoint(checkpoint: Path, tmp_path: Path) -> None:
+    """config.json records the check: the images' shapes, the tolerance and each format's largest logit difference
+    from the checkpoint's model, read back from the files written."""
+    export(checkpoint, tmp_path, "--format=safetensors,pt2,torchscript,onnx")
+    check = json.loads((tmp_path / "config.json").read_text())["check"]
+    assert check["images"] == [[1, 3, 32, 32], [2, 3, 64, 48]] and check["tolerance"] == CHECK_TOLERANCE
+    differences = check["max_abs_logit_difference"]
+    assert list(differences) == ["safetensors", "pt2", "torchscript", "onnx"]
+    assert all(0 <= d < 1e-4 for d in differences.values()), differences
+
+
+def _off_by_one(net: torch.nn.Module) -> torch.nn.Module:
+    """``net`` whose logits are all one higher (a wrong graph or wrong weights written)."""
+
+    class OffByOne(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            return self.net(images) + 1
+
+    return OffByOne().eval()
+
+
+@pytest.mark.parametrize("fault", ["safetensors", "torchscript"])
+def test_a_file_that_does_not_compute_the_checkpoints_logits_fails_the_export_and_writes_nothing(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    out = tmp_path / "export"
+    export(checkpoint, out, "--format=safetensors,torchscript")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    if fault == "safetensors":  # the classifier's bias written one higher
+
+        def save(tensors: dict[str, torch.Tensor], path: str) -> None:
+            save_file({k: v + 1 if k == "classifier.bias" else v for k, v in tensors.items()}, path)
+
+        monkeypatch.setattr("coretune.export.save_file", save)
+    else:
+        trace = torch.jit.trace
+        monkeypatch.setattr(torch.jit, "trace", lambda net, images: trace(_off_by_one(net), images))
+    message = error(["export", f"--ckpt_path={checkpoint}", f"--output={out}", "--format=safetensors,torchscript"])
+    name = "model.safetensors" if fault == "safetensors" else "model.torchscript.pt"
+    assert message.startswith(f"export check failed: {name} read back computes logits 1 away from the checkpoint's")
+    assert "so nothing was written and --output is as it was" in message
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_load_exported_names_the_missing_weights(checkpoint: Path, tmp_path: Path) -> None:

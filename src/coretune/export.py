@@ -47,6 +47,9 @@ EXPORT_FORMATS: dict[str, str] = {
 }
 #: What ``coretune export`` writes without ``--format``.
 DEFAULT_FORMATS: tuple[str, ...] = ("safetensors", "pt2", "torchscript")
+#: How far a written file's logits may lie from the checkpoint's model's, relative to the largest logit (at least 1):
+#: float32 kernels of another runtime differ by ~1e-6 of it; a wrong graph or weights by far more.
+CHECK_TOLERANCE = 1e-3
 
 
 class ExportedClassifier(nn.Module):
@@ -80,6 +83,7 @@ def _require_onnx() -> None:
     """Refuse the ONNX format before anything is written when the exporter's packages are missing."""
     try:
         import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401  (each written model.onnx is run: _check_written)
         import onnxscript  # noqa: F401
     except ImportError as err:
         raise RuntimeError(
@@ -160,9 +164,11 @@ def export_checkpoint(
     8), smaller inputs fail its guard. ``config.json`` records the formats written and the ``input_shape`` they
     take (``"batch"``, ``"height"``, ``"width"`` where any size goes). ``config_files``: the ``--config`` files the
     options came from, refused when they record another task than the checkpoint's. Every option is checked before
-    anything is written. The files are written into a temporary folder inside ``output`` and moved into it once every
-    format is done: an error leaves ``output`` as it was, and afterwards it holds no file of a format not written
-    this time (an earlier export's).
+    anything is written. Every file written is read back and run against the checkpoint's model before it reaches
+    ``output`` (``config.json``'s ``check``: the images, the tolerance and each format's largest logit difference);
+    a file beyond :data:`CHECK_TOLERANCE` fails the export. The files are written into a temporary folder inside
+    ``output`` and moved into it once every format is done: an error leaves ``output`` as it was, and afterwards it
+    holds no file of a format not written this time (an earlier export's).
     """
     formats = check_formats(formats)
     if Path(output).exists() and not Path(output).is_dir():
@@ -219,6 +225,7 @@ def _write_formats(
     """Write ``net`` in ``formats`` and then ``config`` (its ``input_shape`` completed) into ``folder``; return the
     names of the files written, in order."""
     written: list[str] = []
+    reference = net
     if "safetensors" in formats:
         written.append(EXPORT_FORMATS["safetensors"])
         save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()}, str(folder / written[-1]))
@@ -263,9 +270,64 @@ def _write_formats(
             )
     if not any_size:
         config["input_shape"] = ["batch", 3, size, size]
+    config["check"] = _check_written(folder, config, reference, size, any_size)
     written.append("config.json")  # last: it lists the formats written
     (folder / written[-1]).write_text(json.dumps(config, indent=2) + "\n")
     return written
+
+
+def _check_written(folder: Path, config: dict, reference: nn.Module, size: int, any_size: bool) -> dict:
+    """Load each model file of ``config["formats"]`` back from ``folder`` and run it against ``reference`` (the
+    checkpoint's model, eager, float32) on seeded random images: one at the training size and two at another size
+    (at the training size when the export keeps it). Return the images' shapes, :data:`CHECK_TOLERANCE` and each
+    format's largest logit difference (``config.json``'s ``check``); ``ValueError`` naming the file whose logits lie
+    further than the tolerance allows, before anything reaches the output folder."""
+    weights = folder / EXPORT_FORMATS["safetensors"]
+    runners: dict[str, Callable[[Tensor], Tensor]] = {}
+    for name in config["formats"]:
+        path = folder / EXPORT_FORMATS[name]
+        if name == "safetensors":
+            runners[name] = _rebuild(config, weights)
+        elif name == "pt2":
+            runners[name] = torch.export.load(path).module()
+        elif name == "torchscript":
+            with warnings.catch_warnings():  # the format asked for: not torch's deprecation notice
+                warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
+                runners[name] = torch.jit.load(str(path))
+        else:
+            runners[name] = _onnx_runner(path)
+    other = (2, 3, 2 * size, size + size // 2) if any_size else (2, 3, size, size)
+    shapes = [(1, 3, size, size), other]
+    generator = torch.Generator().manual_seed(0)
+    differences = dict.fromkeys(runners, 0.0)
+    with torch.no_grad():
+        for shape in shapes:
+            images = torch.randn(shape, generator=generator)
+            expected = reference(images)
+            allowed = CHECK_TOLERANCE * max(1.0, expected.abs().max().item())
+            for name, run in runners.items():
+                difference = (run(images).float() - expected).abs().max().item()
+                differences[name] = max(differences[name], difference)
+                if not difference <= allowed:  # NaN too
+                    raise ValueError(
+                        f"export check failed: {EXPORT_FORMATS[name]} read back computes logits {difference:.3g} "
+                        f"away from the checkpoint's model on images of shape {list(shape)} (allowed {allowed:.3g}), "
+                        "so nothing was written and --output is as it was. Export the other formats (--format) and "
+                        "report this with the checkpoint's backbone and the installed torch version"
+                    )
+    return {
+        "images": [list(shape) for shape in shapes],
+        "tolerance": CHECK_TOLERANCE,
+        "max_abs_logit_difference": differences,
+    }
+
+
+def _onnx_runner(path: Path) -> Callable[[Tensor], Tensor]:
+    """``model.onnx`` as a function of a tensor, run by onnxruntime on the CPU."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return lambda images: torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
 
 
 def _check_replaceable(output: Path) -> None:
@@ -314,6 +376,11 @@ def load_exported(folder: str | Path) -> tuple[nn.Module, dict]:
     config = json.loads(config_path.read_text())
     if config.get("format") != EXPORT_FORMAT:
         raise ValueError(f"{config_path} has format {config.get('format')!r}, expected {EXPORT_FORMAT!r}")
+    return _rebuild(config, weights_path), config
+
+
+def _rebuild(config: dict, weights_path: Path) -> nn.Module:
+    """The model ``config`` describes with the weights of ``weights_path`` (strict load), in eval mode."""
     net: nn.Module
     if config.get("task") == "segmentation":
         net = create_deeplabv3(config["backbone"], config["num_classes"], config["output_stride"], verbose=False)
@@ -322,4 +389,4 @@ def load_exported(folder: str | Path) -> tuple[nn.Module, dict]:
             create_backbone(config["backbone"]), nn.Linear(config["feature_dim"], config["num_classes"])
         )
     net.load_state_dict(load_file(str(weights_path)))
-    return net.eval(), config
+    return net.eval()

@@ -26,7 +26,7 @@ from coretune.objectives import CETuning
 from coretune.rundir import RunDir
 from coretune.tasks import Batch, DomainGeneralizationTask
 from domain_trees import make_domain_tree
-from fit_flags import QUIET
+from fit_flags import QUIET, error
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -150,6 +150,30 @@ def test_the_oracle_and_the_last_checkpoint_test_the_last_weights(
         assert "ORACLE: its score reads the unseen domains' held-out images" in out
     else:
         assert selection["oracle"] is False and "ORACLE" not in out
+
+
+def test_a_fit_that_chooses_no_best_ckpt_does_not_test_an_earlier_one(tree: Path, tmp_path: Path) -> None:
+    """The training-domain rule tests the best.ckpt validation chose: without validation it is refused before
+    training, and a fit that validated never (check_val_every_n_epoch beyond its epochs) does not test the best.ckpt
+    an earlier, unfinished run left in the folder (a start-over)."""
+    base = ["fit", *TINY, f"--data.root={tree}", "--data.test_domains=photo", "--trainer.max_epochs=1"]
+    assert error([*base, f"--run_dir={tmp_path / 'none'}", "--trainer.limit_val_batches=0"]) == (
+        "--trainer.limit_val_batches 0 runs no validation, but this fit ends by testing the checkpoints/best.ckpt "
+        "that validation chooses (--data.selection training_domain_validation): drop --trainer.limit_val_batches 0, "
+        "or test the last weights (--data.selection last_checkpoint)"
+    )
+    assert not (tmp_path / "none").exists()
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "best.ckpt").write_bytes(b"an earlier run's")
+    last = run / "checkpoints" / "last.ckpt"
+    assert error([*base, f"--run_dir={run}", "--trainer.check_val_every_n_epoch=5"]) == (
+        "no validation chose a checkpoints/best.ckpt in this fit (the file there is an earlier run's; "
+        "check_val_every_n_epoch beyond max_epochs?), and this fit ends by testing it (--data.selection "
+        f"training_domain_validation): the trained weights are in {last}; test them with coretune test --ckpt_path "
+        f"{last}, or re-run the fit so that it validates"
+    )
+    assert last.is_file() and "test" not in json.loads((run / "results.json").read_text())
 
 
 def test_predict_reads_new_images_as_the_test_split_does(tree: Path, tmp_path: Path) -> None:

@@ -34,7 +34,14 @@ from .checkpoint_io import with_atomic_io
 from .loggers import LOGGER_ALIAS, expand_config_loggers, logger_args, place_loggers
 from .module import FineTuner
 from .rundir import RunDirCLI
-from .trainer import check_trainer_options, default_callbacks, default_precision, own_guard, quiet_lightning
+from .trainer import (
+    BestCheckpoint,
+    check_trainer_options,
+    default_callbacks,
+    default_precision,
+    own_guard,
+    quiet_lightning,
+)
 
 __all__ = ["FitArgsError", "FitCLI", "fit", "resolved_fit_config", "task_of_args", "translate_args"]
 
@@ -261,6 +268,14 @@ class FitCLI(RunDirCLI):
         """The task's check of the data settings, before any data is read (the model checks again once it is), and
         that the test the fit ends with has images (else it failed after the last epoch)."""
         self.model.task.check_data(self.datamodule, "fit")
+        run = RunDir(self.trainer.default_root_dir)
+        tests_best = self.model.task.test_checkpoint(run.path) == str(run.best_checkpoint)
+        if tests_best and self.trainer.limit_val_batches == 0:
+            raise ValueError(
+                f"--trainer.limit_val_batches 0 runs no validation, but this fit ends by testing the {_BEST} that "
+                f"validation chooses ({_selection_hint(self.datamodule)}): drop --trainer.limit_val_batches 0, or "
+                "test the last weights (--data.selection last_checkpoint)"
+            )
         if callable(require := getattr(self.datamodule, "require_test_split", None)):
             require(
                 "no images to test on: --data.val_fraction holds out part of train/ for validation, and coretune "
@@ -270,10 +285,29 @@ class FitCLI(RunDirCLI):
     def after_fit(self) -> None:
         if self.trainer.interrupted:
             return
-        tested = self.model.task.test_checkpoint(Path(self.trainer.default_root_dir))
+        run = RunDir(self.trainer.default_root_dir)
+        tested = self.model.task.test_checkpoint(run.path)
+        bests = [c for c in self.trainer.checkpoint_callbacks if isinstance(c, BestCheckpoint)]
+        if tested == str(run.best_checkpoint) and bests and not any(c.best_model_path for c in bests):
+            found = "the file there is an earlier run's" if run.best_checkpoint.is_file() else "there is none"
+            raise ValueError(
+                f"no validation chose a {_BEST} in this fit ({found}; check_val_every_n_epoch beyond max_epochs?), "
+                f"and this fit ends by testing it ({_selection_hint(self.datamodule)}): the trained weights are "
+                f"in {run.last_checkpoint}; test them with coretune test --ckpt_path {run.last_checkpoint}, or "
+                "re-run the fit so that it validates"
+            )
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=tested, verbose=False)
         if self.trainer.is_global_zero:
             _print_run_summary(Path(self.trainer.default_root_dir), self.model.task)
+
+
+_BEST = "checkpoints/best.ckpt"
+
+
+def _selection_hint(datamodule: Any) -> str:
+    """The option that makes the fit test ``best.ckpt``, for the messages of :class:`FitCLI`."""
+    selection = getattr(datamodule, "selection", None)
+    return f"--data.selection {selection}" if selection else "the task's model selection"
 
 
 def _print_run_summary(run_dir: Path, task: Task | None = None) -> None:

@@ -270,3 +270,24 @@ def test_before_any_run_finished_the_table_has_its_clean_column(tmp_path: Path) 
     markdown = (tmp_path / "out" / "summary.md").read_text()
     assert "| Method | clean |\n|---|:-:|\n| ce | – |\n| at_ce_linf | – |\n" in markdown
     assert "finished run(s) have no robust_results" not in markdown
+
+
+def test_a_pgd_with_another_step_size_gets_its_own_column(tmp_path: Path) -> None:
+    """Two files scoring PGD-10 at ℓ∞ 4/255, one with the default step size 2.5·ε/steps = 1/255 (recorded as a
+    number) and one with 2/255: each keeps its column, the second labelled with its step size (the first file's value
+    was kept for both)."""
+    from coretune.sweeps.measures import robust_measures
+
+    (tmp_path / "results.json").write_text(json.dumps({"test": {"top1": 0.8}}))
+    for name, step, accuracy in (
+        ("robust_results.json", 2.5 * 4 / 255 / 10, 0.4),
+        ("robust_results_a2.json", 2 / 255, 0.3),
+    ):
+        results = [{"norm": "linf", "eps": 4 / 255, "accuracy": accuracy, "step_size": step}]
+        reports = [{"attack": "pgd", "num_images": 100, "clean_accuracy": 0.8, "results": results, "steps": 10}]
+        (tmp_path / name).write_text(json.dumps({"checkpoint": "last.ckpt", "sample": None, "reports": reports}))
+    assert robust_measures(tmp_path, {}) == {
+        "clean": ("clean", 80.0),
+        "pgd-10 ℓ∞ 4/255": ("pgd-10 ℓ∞ 4/255", 40.0),
+        "pgd-10 ℓ∞ 4/255 α 2/255": ("pgd-10 ℓ∞ 4/255 α 2/255", 30.0),
+    }

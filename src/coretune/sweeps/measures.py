@@ -6,6 +6,7 @@ robust accuracy per attack and threat model, from ``coretune eval robust``'s ``r
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,8 @@ def attack_label(report: dict[str, Any]) -> str:
 def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
     """Clean accuracy and each (attack, threat model)'s robust accuracy (%) in a run's ``robust_results*.json``
     (``robust_results.json`` first, then the others by name). Columns are labelled ``pgd-10 ℓ∞ 4/255`` (attack and
-    steps, as ``coretune eval robust`` prints them, then the threat model); nothing without such files. ``clean`` is
+    steps, as ``coretune eval robust`` prints them, then the threat model, then `` α 1/255`` for a step size other
+    than the default); nothing without such files. ``clean`` is
     the clean accuracy of the report scored on the most images of the whole test set (the first such). A file
     scored on a random sample of N images (``--max_images``, as AutoAttack is) has its own columns, ``clean [N
     images]`` and ``autoattack ℓ∞ 4/255 [N images]``: a sample's numbers sit beside other attacks' on the same
@@ -80,7 +82,8 @@ def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
                     clean = (report["num_images"], 100 * float(report["clean_accuracy"]))
                 attack = attack_label(report)
                 for result in report["results"]:
-                    label = f"{attack} {format_threat(result['norm'], result['eps'])}{on}"
+                    threat = format_threat(result["norm"], result["eps"])
+                    label = f"{attack} {threat}{_step_text(result, report.get('steps'))}{on}"
                     values.setdefault(label, (label, 100 * float(result["accuracy"])))
         except BenchSpecError:
             raise
@@ -90,6 +93,17 @@ def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
                 "with coretune eval robust --output, or move it out of the run directory"
             ) from None
     return {"clean": ("clean", clean[1]), **values} if clean is not None else values
+
+
+def _step_text(result: dict[str, Any], steps: int | None) -> str:
+    """`` α 1/255`` for a PGD result whose step size is not the default ``2.5·ε/steps``, so that two files scored
+    with other step sizes get a column each; empty for the default and for AutoAttack (no step size)."""
+    from ..robustness import format_threat
+
+    step, eps = result.get("step_size"), float(result["eps"])
+    if step is None or not steps or math.isclose(float(step), 2.5 * eps / steps, rel_tol=1e-6):
+        return ""
+    return f" α {format_threat(result['norm'], float(step)).split(' ', 1)[1]}"
 
 
 def _check_scored_weights(path: Path, scored: dict[str, Any], final: str | None) -> None:

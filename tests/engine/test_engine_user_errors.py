@@ -1286,6 +1286,27 @@ def test_the_guard_reads_the_classifiers_cross_entropy_from_the_training_steps(t
     assert guard._ce_sum / guard._ce_rows == pytest.approx(float(trainer.callback_metrics["train/ce"]), rel=1e-4)
 
 
+def test_under_adversarial_training_the_guard_counts_the_rows_train_top1_scores(tree: Path, tmp_path: Path) -> None:
+    """Clean + adversarial rows (2B a batch): the labels the chance floor's 3σ bound counts are the rows train/top1
+    and the mean cross-entropy cover (it counted the B clean labels: a bound √2 too wide)."""
+    import lightning as L
+
+    from coretune.adversarial import AdversarialTraining
+    from coretune.data import ImageClassificationData
+    from coretune.engine import ChanceLevelGuard
+
+    guard = ChanceLevelGuard(tmp_path / "run")
+    adversarial = AdversarialTraining(enable=True, steps=1)
+    model = FineTuner(objectives.create("ce"), backbone="small_cnn", adversarial=adversarial)
+    trainer = L.Trainer(
+        default_root_dir=tmp_path / "run", max_epochs=1, limit_val_batches=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[guard],
+    )  # fmt: skip
+    data = ImageClassificationData(root=str(tree), image_size=16, batch_size=8)
+    trainer.fit(model, datamodule=data)
+    assert guard._ce_rows == int(guard._counts.sum()) == 2 * 8 * trainer.global_step  # full batches of 8
+
+
 @pytest.mark.parametrize(("min_fraction", "first"), [(0.1, 2), (0.5, 3)])
 def test_chance_level_warns_once_then_stops_after_patience_epochs(
     tree: Path, tmp_path: Path, min_fraction: float, first: int

@@ -411,6 +411,8 @@ class ChanceLevelGuard(L.Callback):
     ) -> None:
         task = getattr(pl_module, "task", None)
         labels = task.unpack(batch).targets if task is not None else None
+        if isinstance(outputs, dict) and isinstance(outputs.get("targets"), torch.Tensor):
+            labels = outputs["targets"]  # the rows train/top1 scores (adversarial training: clean + adversarial)
         classes = getattr(pl_module, "num_classes", None)
         if not isinstance(labels, torch.Tensor) or labels.dim() != 1 or not classes:
             return

@@ -149,8 +149,13 @@ NOT_A_RADIUS = "PGD {name} must be a number or a fraction in [0, 1] pixel units 
         ({"steps": 2.5}, "PGD steps must be a whole number, got 2.5"),
         (
             {"eps": 8},
-            "PGD linf eps must be <= 1 in [0, 1] pixel units, got 8: a ball that holds every image. Write "
+            "PGD linf eps must be < 1 in [0, 1] pixel units, got 8: a ball that holds every image. Write "
             "grey levels as a fraction (8/255)",
+        ),
+        (
+            {"eps": 1},  # one grey level meant: the whole cube is the ball
+            "PGD linf eps must be < 1 in [0, 1] pixel units, got 1: a ball that holds every image. Write "
+            "grey levels as a fraction (1/255)",
         ),
         ({"step_size": 0.0}, "PGD step_size must be > 0 (or None for 2.5·eps/steps), got 0.0"),
         ({"step_size": -1.0}, "PGD step_size must be > 0 (or None for 2.5·eps/steps), got -1.0"),
@@ -200,7 +205,7 @@ def test_normalised_images_are_refused_with_the_fix() -> None:
 )
 def test_radii_are_numbers_or_the_fractions_papers_write(value: float | str, radius: float) -> None:
     assert pixel_radius(value) == radius and type(pixel_radius(value)) is float
-    attack = PGD(eps=value, step_size=value)
+    attack = PGD("l2" if radius >= 1 else "linf", eps=value, step_size=value)  # an ℓ∞ ball of 1 is refused
     assert (attack.eps, attack.step_size) == (radius, radius)
 
 

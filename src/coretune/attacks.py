@@ -120,7 +120,7 @@ class PGD:
     Args:
         norm: ``"linf"`` or ``"l2"``.
         eps: the radius ε >= 0 of the ball, in ``[0, 1]`` pixel units (ε = 0 returns the clean images); a number
-            or a fraction (``"8/255"``, :func:`pixel_radius`). An ℓ∞ radius above 1 (``8`` for ``8/255``) is
+            or a fraction (``"8/255"``, :func:`pixel_radius`). An ℓ∞ radius of 1 or more (``8`` for ``8/255``) is
             refused, and so is an ℓ2 radius above an image's diameter ``√(C·H·W)`` when attacking: either ball
             holds every image.
         steps: number of ascent steps, a whole number >= 1.
@@ -142,9 +142,9 @@ class PGD:
             raise ValueError(f"PGD norm must be one of {', '.join(NORMS)}; got {norm!r}")
         if not (math.isfinite(eps) and eps >= 0):
             raise ValueError(f"PGD eps must be a finite radius >= 0 in [0, 1] pixel units (e.g. 8/255), got {eps:g}")
-        if norm == "linf" and eps > 1:
+        if norm == "linf" and eps >= 1:
             raise ValueError(
-                f"PGD linf eps must be <= 1 in [0, 1] pixel units, got {eps:g}: a ball that holds every image. Write "
+                f"PGD linf eps must be < 1 in [0, 1] pixel units, got {eps:g}: a ball that holds every image. Write "
                 f"grey levels as a fraction ({eps:g}/255)"
             )
         if isinstance(steps, bool) or not float(steps).is_integer():

@@ -70,6 +70,7 @@ def test_fast_demo_runs_the_whole_pipeline(tmp_path: Path, capsys) -> None:
     # an output written before the demo marked its folders: adopted (make demo re-runs over it after an upgrade)
     for marker in output.rglob(".coretune-demo"):
         marker.unlink()
+    (output / "finetune" / "my-run").mkdir()  # a user's own folder there: not the demo's to delete later
     _adopt_earlier_demo(output)
     marked = sorted(p.parent.relative_to(output).as_posix() for p in output.rglob(".coretune-demo"))
     assert marked == ["data", "finetune/ce-seed0", "finetune/ce-seed1", "finetune/core-seed0", "finetune/core-seed1",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import shutil
 import statistics
 import time
@@ -134,7 +135,8 @@ _MARKER = ".coretune-demo"
 
 def _adopt_earlier_demo(output: Path) -> None:
     """Mark the folders of a demo run before the demo marked its folders (its ``summary.json`` names its
-    ``pretrain_dir``), so that ``make demo`` re-runs over them after an upgrade."""
+    ``pretrain_dir``), so that ``make demo`` re-runs over them after an upgrade: ``data``, ``pretrain`` and the
+    ``finetune/<objective>-seed<k>`` folders of its methods, not other folders a user put there."""
     try:
         summary = json.loads((output / "summary.json").read_text())
     except (OSError, ValueError):
@@ -142,7 +144,9 @@ def _adopt_earlier_demo(output: Path) -> None:
     if not isinstance(summary, dict) or "pretrain_dir" not in summary or "methods" not in summary:
         return
     finetuned = output / "finetune"
-    for folder in [output / "data", output / "pretrain", *(finetuned.iterdir() if finetuned.is_dir() else [])]:
+    runs = re.compile(rf"({'|'.join(objective for _, objective in METHODS)})-seed\d+")
+    ours = [f for f in finetuned.iterdir() if runs.fullmatch(f.name)] if finetuned.is_dir() else []
+    for folder in [output / "data", output / "pretrain", *ours]:
         if folder.is_dir() and not (folder / _MARKER).exists():
             (folder / _MARKER).write_text("made by coretune demo (an earlier version)\n")
 

@@ -7,7 +7,6 @@ import csv
 import json
 import math
 import numbers
-import os
 import platform
 import subprocess
 import time
@@ -256,13 +255,10 @@ class RunArtifacts(L.Callback):
         path = RunDir(self.run_dir(trainer)).metrics
         rows = [r for r in read_metrics(path) if int(r["epoch"]) < trainer.current_epoch] + [row]
         fields = list(dict.fromkeys(k for r in rows for k in r))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with tmp.open("w", newline="") as f:
+        with atomic_write(path, newline="") as f:  # whole: sweeps and the curve read it while the run goes on
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(tmp, path)
         if trainer.progress_bar_callback is None:
             rank_zero_info(epoch_summary(row, trainer.max_epochs, task_of(pl_module).summary_keys))
 

@@ -384,14 +384,14 @@ def diverged(runs: Sequence[tuple[str, str, float, int, str]]) -> str:
     return "\n".join(["", "Diverged or collapsed (not in the gains):", *lines, ""]) if lines else ""
 
 
-def _series(rows: Sequence[Row], baseline: str = "ce") -> dict[tuple[str, float], list[tuple[float, Gain]]]:
-    """The figure's lines: per (comparison, label fraction), each checkpoint's kNN top-1 and paired gain; the
+def _series(rows: Sequence[Row], baseline: str = "ce") -> dict[tuple[str, float], list[tuple[str, float, Gain]]]:
+    """The figure's lines: per (comparison, label fraction), each checkpoint's name, kNN top-1 and paired gain; the
     comparisons are each method against ``baseline`` and Core-tuning against ``ce_mix``."""
-    series: dict[tuple[str, float], list[tuple[float, Gain]]] = {}
+    series: dict[tuple[str, float], list[tuple[str, float, Gain]]] = {}
     for r in rows:
-        series.setdefault((f"{r.method} − {baseline}", r.label_fraction), []).append((r.knn, r.gain))
+        series.setdefault((f"{r.method} − {baseline}", r.label_fraction), []).append((r.checkpoint, r.knn, r.gain))
         if r.beyond_mix is not None:
-            series.setdefault(("core − ce_mix", r.label_fraction), []).append((r.knn, r.beyond_mix))
+            series.setdefault(("core − ce_mix", r.label_fraction), []).append((r.checkpoint, r.knn, r.beyond_mix))
     return series
 
 
@@ -406,32 +406,43 @@ class Trend:
     p: float  # NaN when the line fits the means exactly (no residual to test against)
     checkpoints: int
     pairs: int  # the paired seeds behind the checkpoints' means
-    left_out: int = 0  # scored checkpoints with fewer paired seeds than the series' most (an unfinished column)
+    left_out: int = 0  # scored checkpoints with fewer paired seeds than the series' most and no diverged run
 
 
-def trends(rows: Sequence[Row], baseline: str = "ce") -> list[Trend]:
+def trends(
+    rows: Sequence[Row], baseline: str = "ce", diverged: Sequence[tuple[str, str, float, int, str]] = ()
+) -> list[Trend]:
     """Does a gain grow with the checkpoint's strength? Per comparison and label fraction with at least 3 scored
     checkpoints ``i``, the least-squares slope ``b`` of ``mean gain_i = a + b·knn_i + e_i``, its standard error and
     the two-sided p of ``b = 0`` (t with ``n − 2`` degrees of freedom, ``n`` checkpoints). The checkpoints are the
     replicates: a checkpoint's seeds share its own distance from the line, which more seeds do not average away, so
-    a fit through every seed would count them as evidence they are not. For the same reason each mean must rest on
-    as many paired seeds as the series' best: a checkpoint with fewer (a column still running) is left out and
-    counted (``left_out``), not fitted as a full replicate."""
+    a fit through every seed would count them as evidence they are not. For the same reason a checkpoint with fewer
+    paired seeds than the series' most and no diverged run among them (``diverged``: :func:`diverged_runs`; a
+    column still running) is left out and counted (``left_out``), not fitted as a full replicate; one whose seeds
+    diverged stays in (the divergence is a finding about it, named under the table). Fewer than 3 checkpoints left:
+    the trend's numbers are NaN, its counts still shown."""
     from scipy.stats import linregress
 
+    lost = {(column, method, fraction) for column, method, fraction, _, _ in diverged}
     found = []
     for (comparison, fraction), points in sorted(_series(rows, baseline).items(), key=lambda i: (-i[0][1], i[0][0])):
-        scored = [(x, gain) for x, gain in points if not math.isnan(x) and gain.pairs]
-        most = max((gain.pairs for _, gain in scored), default=0)
-        means = [(x, gain) for x, gain in scored if gain.pairs == most]
+        scored = [(name, x, gain) for name, x, gain in points if not math.isnan(x) and gain.pairs]
+        if len({x for _, x, _ in scored}) < 3:
+            continue
+        most = max(gain.pairs for _, _, gain in scored)
+        methods = comparison.split(" − ")
+        means = [
+            (x, gain)
+            for name, x, gain in scored
+            if gain.pairs == most or any((name, m, fraction) in lost for m in methods)
+        ]
+        pairs, left_out = sum(g.pairs for _, g in means), len(scored) - len(means)
         if len({x for x, _ in means}) < 3:
+            found.append(Trend(comparison, fraction, math.nan, math.nan, math.nan, len(means), pairs, left_out))
             continue
         fit = linregress([x for x, _ in means], [gain.mean for _, gain in means])
         p = float(fit.pvalue) if fit.stderr > 1e-12 else math.nan
-        found.append(Trend(
-            comparison, fraction, 10 * fit.slope, 10 * fit.stderr, p, len(means), sum(g.pairs for _, g in means),
-            len(scored) - len(means),
-        ))  # fmt: skip
+        found.append(Trend(comparison, fraction, 10 * fit.slope, 10 * fit.stderr, p, len(means), pairs, left_out))
     return found
 
 
@@ -449,7 +460,8 @@ def trend_table(found: Sequence[Trend]) -> str:
         "|:-:|---|:-:|:-:|:-:|",
     ]
     lines += [
-        f"| {100 * t.label_fraction:g}% | {t.comparison} | {t.slope:+.2f} ± {t.slope_se:.2f} | "
+        f"| {100 * t.label_fraction:g}% | {t.comparison} | "
+        f"{'– (fewer than 3 checkpoints)' if math.isnan(t.slope) else f'{t.slope:+.2f} ± {t.slope_se:.2f}'} | "
         f"{'–' if math.isnan(t.p) else _p(t.p)} | {t.checkpoints} ({t.pairs})"
         f"{f'; {t.left_out} with fewer paired seeds left out' if t.left_out else ''} |"
         for t in found
@@ -497,13 +509,13 @@ def figure(
     import matplotlib.pyplot as plt
 
     series = _series(rows, baseline)
-    most = max((g.pairs for points in series.values() for _, g in points), default=0)
+    most = max((g.pairs for points in series.values() for _, _, g in points), default=0)
     fig, ax = plt.subplots(figsize=(9.2, 4.6))
     colours = {f"ce_mix − {baseline}": "C0", f"core − {baseline}": "C1", "core − ce_mix": "black"}
     for label, _ in series:  # another method of a spec: a colour of its own, never one of the three above
         colours.setdefault(label, f"C{len(colours) - 1}")
     for (label, fraction), points in sorted(series.items(), key=lambda item: (-item[0][1], item[0][0])):
-        shown = sorted(((x, g) for x, g in points if not math.isnan(x) and g.pairs), key=lambda p: p[0])
+        shown = sorted(((x, g) for _, x, g in points if not math.isnan(x) and g.pairs), key=lambda p: p[0])
         if not shown:
             continue
         lost = sum(1 for _, m, f, _, _ in diverged if f == fraction and m in label.split(" − "))
@@ -572,7 +584,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rows = gains(specs, args.eval_dir)
         lost = diverged_runs(specs)
-        table = markdown(rows) + trend_table(trends(rows)) + pick_text(specs, args.eval_dir, rows) + diverged(lost)
+        table = markdown(rows) + trend_table(trends(rows, diverged=lost)) + pick_text(specs, args.eval_dir, rows)
+        table += diverged(lost)
         table += f"\n{args.footnote}\n" if args.footnote else ""
     except (OtherFitArgs, BenchSpecError) as error:  # a run folder started with other fit arguments than its
         parser.error(str(error))  # spec's (collect_cells), or a spec whose fits cannot be read (fit_settings)

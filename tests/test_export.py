@@ -17,6 +17,7 @@ from coretune.cli import main
 from coretune.engine import FineTuner
 from coretune.export import (
     CHECK_TOLERANCE,
+    EXPORT_FORMAT,
     ExportedClassifier,
     _classifier_program,
     _computes_eager,
@@ -278,6 +279,24 @@ def test_a_file_that_does_not_compute_the_checkpoints_logits_fails_the_export_an
     assert message.startswith(f"export check failed: {name} read back computes logits 1 away from the checkpoint's")
     assert "so nothing was written and --output is as it was" in message
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_load_exported_builds_the_backbone_with_its_constructor_options(tmp_path: Path) -> None:
+    """A ViT fine-tuned with ``--model.backbone_args '{img_size: 32}'`` has 4 + 1 position embeddings, not 196 + 1:
+    config.json records the options and the weights load into the model they built (the export's check reads
+    model.safetensors back this way)."""
+    vit = create_backbone("timm/vit_tiny_patch16_224", verbose=False, img_size=32)
+    net = ExportedClassifier(vit, torch.nn.Linear(vit.feature_dim, 3)).eval()
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    config = {
+        "format": EXPORT_FORMAT, "task": "classification", "backbone": "timm/vit_tiny_patch16_224",
+        "backbone_args": {"img_size": 32}, "feature_dim": vit.feature_dim, "num_classes": 3,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded, _ = load_exported(tmp_path)
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(images), net(images))
 
 
 def test_load_exported_names_the_missing_weights(checkpoint: Path, tmp_path: Path) -> None:

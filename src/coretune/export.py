@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -23,7 +24,7 @@ from torch.export import ExportedProgram
 from torch.fx.experimental import _config as fx_config
 
 from .engine import FineTuner
-from .models import DeepLabV3, create_backbone, create_deeplabv3
+from .models import DeepLabV3, create_backbone, create_dilated_backbone
 from .models.segmentation import AtrousConv2d
 from .runconfig import check_config_task
 
@@ -198,6 +199,7 @@ def export_checkpoint(
         "task": model.task.name,
         **({"output_stride": model.hparams.output_stride} if segmentation else {}),
         "backbone": model.hparams.backbone,
+        "backbone_args": dict(model.hparams.get("backbone_args") or {}),  # the constructor's: load_exported's too
         "feature_dim": model.backbone.feature_dim,
         "num_classes": model.num_classes,
         "class_names": model.class_names,
@@ -246,6 +248,7 @@ def _write_formats(
     if "pt2" in formats:
         written.append(EXPORT_FORMATS["pt2"])
         torch.export.save(program, folder / written[-1])
+    program = None  # the check loads each file back: one copy of the weights at a time beside the reference
     if "torchscript" in formats:
         with torch.no_grad(), warnings.catch_warnings():  # the format asked for: not torch's deprecation notice
             warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
@@ -254,6 +257,7 @@ def _write_formats(
             any_size = any_size and (segmentation or _computes_eager(scripted, net, size))
         written.append(EXPORT_FORMATS["torchscript"])
         scripted.save(str(folder / written[-1]))
+        del scripted
     if "onnx" in formats:
         written.append(EXPORT_FORMATS["onnx"])
         with _size_oblivious() if not segmentation else contextlib.nullcontext():
@@ -270,56 +274,80 @@ def _write_formats(
             )
     if not any_size:
         config["input_shape"] = ["batch", 3, size, size]
-    config["check"] = _check_written(folder, config, reference, size, any_size)
+    config["check"] = _check_written(folder, config, reference, size, any_size, segmentation)
     written.append("config.json")  # last: it lists the formats written
     (folder / written[-1]).write_text(json.dumps(config, indent=2) + "\n")
     return written
 
 
-def _check_written(folder: Path, config: dict, reference: nn.Module, size: int, any_size: bool) -> dict:
-    """Load each model file of ``config["formats"]`` back from ``folder`` and run it against ``reference`` (the
-    checkpoint's model, eager, float32) on seeded random images: one at the training size and two at another size
-    (at the training size when the export keeps it). Return the images' shapes, :data:`CHECK_TOLERANCE` and each
-    format's largest logit difference (``config.json``'s ``check``); ``ValueError`` naming the file whose logits lie
-    further than the tolerance allows, before anything reaches the output folder."""
-    weights = folder / EXPORT_FORMATS["safetensors"]
-    runners: dict[str, Callable[[Tensor], Tensor]] = {}
-    for name in config["formats"]:
-        path = folder / EXPORT_FORMATS[name]
-        if name == "safetensors":
-            runners[name] = _rebuild(config, weights)
-        elif name == "pt2":
-            runners[name] = torch.export.load(path).module()
-        elif name == "torchscript":
-            with warnings.catch_warnings():  # the format asked for: not torch's deprecation notice
-                warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
-                runners[name] = torch.jit.load(str(path))
-        else:
-            runners[name] = _onnx_runner(path)
-    other = (2, 3, 2 * size, size + size // 2) if any_size else (2, 3, size, size)
-    shapes = [(1, 3, size, size), other]
+def _check_written(
+    folder: Path, config: dict, reference: nn.Module, size: int, any_size: bool, segmentation: bool
+) -> dict:
+    """Load each model file of ``config["formats"]`` back from ``folder``, one at a time, and run it against
+    ``reference`` (the checkpoint's model, eager, float32) on seeded random images: one at the training size and two
+    at another size (a classifier's: twice the height, 1.5 times the width; a segmentation model's: 16 and a quarter
+    more, which keeps a large crop affordable; the training size when the export keeps it). Return the images'
+    shapes, :data:`CHECK_TOLERANCE` and each format's largest logit difference (``config.json``'s ``check``);
+    ``ValueError`` naming the file that cannot be read back or run, or whose logits lie further than the tolerance
+    allows, before anything reaches the output folder."""
+    if not any_size:
+        other = (2, 3, size, size)
+    elif segmentation:
+        other = (2, 3, size + 16, size + size // 4)
+    else:
+        other = (2, 3, 2 * size, size + size // 2)
     generator = torch.Generator().manual_seed(0)
-    differences = dict.fromkeys(runners, 0.0)
     with torch.no_grad():
-        for shape in shapes:
-            images = torch.randn(shape, generator=generator)
-            expected = reference(images)
+        cases = [
+            (images, reference(images))
+            for images in (torch.randn(s, generator=generator) for s in ((1, 3, size, size), other))
+        ]
+    differences: dict[str, float] = {}
+    for name in config["formats"]:
+        file = EXPORT_FORMATS[name]
+        fails = f"export check failed: {file} read back"
+        fix = (
+            "so nothing was written and --output is as it was. Export the other formats (--format) and report this "
+            "with the checkpoint's backbone and the installed torch version"
+        )
+        try:
+            run = _load_written(name, folder, config)
+            with torch.no_grad():
+                outputs = [run(images).float() for images, _ in cases]
+        except Exception as err:  # any failure of the file written is the export's, named as such
+            raise ValueError(
+                f"{fails} fails ({type(err).__name__}: {' '.join(str(err).split())[:300]}), {fix}"
+            ) from err
+        del run
+        differences[name] = 0.0
+        for (images, expected), output in zip(cases, outputs, strict=True):
             allowed = CHECK_TOLERANCE * max(1.0, expected.abs().max().item())
-            for name, run in runners.items():
-                difference = (run(images).float() - expected).abs().max().item()
-                differences[name] = max(differences[name], difference)
-                if not difference <= allowed:  # NaN too
-                    raise ValueError(
-                        f"export check failed: {EXPORT_FORMATS[name]} read back computes logits {difference:.3g} "
-                        f"away from the checkpoint's model on images of shape {list(shape)} (allowed {allowed:.3g}), "
-                        "so nothing was written and --output is as it was. Export the other formats (--format) and "
-                        "report this with the checkpoint's backbone and the installed torch version"
-                    )
+            difference = (output - expected).abs().max().item() if output.shape == expected.shape else math.inf
+            differences[name] = max(differences[name], difference)
+            if not difference <= allowed:  # NaN too
+                raise ValueError(
+                    f"{fails} computes logits {difference:.3g} away from the checkpoint's model on images of shape "
+                    f"{list(images.shape)} (allowed {allowed:.3g}), {fix}"
+                )
     return {
-        "images": [list(shape) for shape in shapes],
+        "images": [list(images.shape) for images, _ in cases],
         "tolerance": CHECK_TOLERANCE,
         "max_abs_logit_difference": differences,
     }
+
+
+def _load_written(name: str, folder: Path, config: dict) -> Callable[[Tensor], Tensor]:
+    """The file of format ``name`` in ``folder``, loaded back as its users load it, as a function of images."""
+    path = folder / EXPORT_FORMATS[name]
+    if name == "safetensors":
+        return _rebuild(config, path)
+    if name == "pt2":
+        return torch.export.load(path).module()
+    if name == "torchscript":
+        with warnings.catch_warnings():  # the format asked for: not torch's deprecation notice
+            warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
+            return torch.jit.load(str(path))
+    return _onnx_runner(path)
 
 
 def _onnx_runner(path: Path) -> Callable[[Tensor], Tensor]:
@@ -382,11 +410,16 @@ def load_exported(folder: str | Path) -> tuple[nn.Module, dict]:
 def _rebuild(config: dict, weights_path: Path) -> nn.Module:
     """The model ``config`` describes with the weights of ``weights_path`` (strict load), in eval mode."""
     net: nn.Module
+    options = config.get("backbone_args") or {}  # exports before it was recorded: none
     if config.get("task") == "segmentation":
-        net = create_deeplabv3(config["backbone"], config["num_classes"], config["output_stride"], verbose=False)
+        stride = config["output_stride"]
+        net = DeepLabV3(
+            create_dilated_backbone(config["backbone"], stride, verbose=False, **options), config["num_classes"], stride
+        )
     else:
         net = ExportedClassifier(
-            create_backbone(config["backbone"]), nn.Linear(config["feature_dim"], config["num_classes"])
+            create_backbone(config["backbone"], verbose=False, **options),
+            nn.Linear(config["feature_dim"], config["num_classes"]),
         )
     net.load_state_dict(load_file(str(weights_path)))
     return net.eval()

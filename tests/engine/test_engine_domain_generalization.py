@@ -152,28 +152,42 @@ def test_the_oracle_and_the_last_checkpoint_test_the_last_weights(
         assert selection["oracle"] is False and "ORACLE" not in out
 
 
-def test_a_fit_that_chooses_no_best_ckpt_does_not_test_an_earlier_one(tree: Path, tmp_path: Path) -> None:
-    """The training-domain rule tests the best.ckpt validation chose: without validation it is refused before
-    training, and a fit that validated never (check_val_every_n_epoch beyond its epochs) does not test the best.ckpt
-    an earlier, unfinished run left in the folder (a start-over)."""
-    base = ["fit", *TINY, f"--data.root={tree}", "--data.test_domains=photo", "--trainer.max_epochs=1"]
-    assert error([*base, f"--run_dir={tmp_path / 'none'}", "--trainer.limit_val_batches=0"]) == (
-        "--trainer.limit_val_batches 0 runs no validation, but this fit ends by testing the checkpoints/best.ckpt "
-        "that validation chooses (--data.selection training_domain_validation): drop --trainer.limit_val_batches 0, "
-        "or test the last weights (--data.selection last_checkpoint)"
+@pytest.mark.parametrize("never", ["--trainer.limit_val_batches=0", "--trainer.check_val_every_n_epoch=2"])
+def test_a_fit_that_would_never_validate_is_refused_before_training(never: str, tree: Path, tmp_path: Path) -> None:
+    """The training-domain rule tests the best.ckpt validation chooses: a fit that cannot validate is refused before
+    any training (it tested an earlier run's best.ckpt, or failed on a missing file after training)."""
+    what = "--trainer.limit_val_batches 0" if "limit" in never else (
+        "--trainer.check_val_every_n_epoch 2 beyond --trainer.max_epochs 1"
     )
-    assert not (tmp_path / "none").exists()
     run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "checkpoints" / "best.ckpt").write_bytes(b"an earlier run's")
-    last = run / "checkpoints" / "last.ckpt"
-    assert error([*base, f"--run_dir={run}", "--trainer.check_val_every_n_epoch=5"]) == (
-        "no validation chose a checkpoints/best.ckpt in this fit (the file there is an earlier run's; "
-        "check_val_every_n_epoch beyond max_epochs?), and this fit ends by testing it (--data.selection "
-        f"training_domain_validation): the trained weights are in {last}; test them with coretune test --ckpt_path "
-        f"{last}, or re-run the fit so that it validates"
+    assert error(["fit", *TINY, f"--data.root={tree}", "--data.test_domains=photo", "--trainer.max_epochs=1",
+                  f"--run_dir={run}", never]) == (
+        f"{what} runs no validation, but this fit ends by testing the checkpoints/best.ckpt that validation chooses "
+        "(--data.selection training_domain_validation): let it validate, or test the last weights (--data.selection "
+        "last_checkpoint)"
+    )  # fmt: skip
+    assert not run.exists()
+
+
+def test_a_fit_never_tests_another_runs_best_ckpt(tree: Path, tmp_path: Path) -> None:
+    """A finished run re-run in its folder is tested again from its own best.ckpt; resumed into another folder
+    without validating (``--ckpt_path`` of the first run's last.ckpt, nothing left to train), the best.ckpt the
+    restored callback names is the first run's, and the new folder's (an earlier, unfinished run's) is not tested."""
+    first = tmp_path / "first"
+    tested = fit(tree, first, "--trainer.max_epochs=1")["test"]
+    assert fit(tree, first, "--trainer.max_epochs=1")["test"] == tested  # re-run: tested again, same checkpoint
+    second = tmp_path / "second"
+    (second / "checkpoints").mkdir(parents=True)
+    (second / "checkpoints" / "best.ckpt").write_bytes(b"an earlier run's")
+    last = first / "checkpoints" / "last.ckpt"  # nothing left to train: no last.ckpt in the second folder
+    args = [f"--ckpt_path={last}", f"--run_dir={second}", "--trainer.max_epochs=1"]
+    assert error(["fit", *TINY, f"--data.root={tree}", "--data.test_domains=photo", *args]) == (
+        "no validation of this run chose its checkpoints/best.ckpt (the file there is an earlier run's), and this "
+        "fit ends by testing it (--data.selection training_domain_validation): the trained weights are in "
+        f"{last}; test them with coretune test --ckpt_path {last}, or fit again into a new --run_dir with "
+        "--trainer.check_val_every_n_epoch at most --trainer.max_epochs"
     )
-    assert last.is_file() and "test" not in json.loads((run / "results.json").read_text())
+    assert (second / "checkpoints" / "best.ckpt").read_bytes() == b"an earlier run's"
 
 
 def test_predict_reads_new_images_as_the_test_split_does(tree: Path, tmp_path: Path) -> None:

@@ -362,6 +362,17 @@ def test_the_trend_is_the_least_squares_line_of_the_checkpoints_mean_gains(stren
     assert f"| 10% | core − ce | {10 * b:+.2f} ± {10 * se:.2f} | {p:.3f} | 3 (9){left_out} |" in table
     assert f"| 10% | core − ce_mix | +0.50 ± 0.00 | – | 3 (9){left_out} |" in table
     assert strength.trend_table([]) == ""
+    # a seed of c55 diverged: a finding about that checkpoint, not an unfinished column: it stays in the fit
+    (kept, _) = strength.trends(rows, diverged=[("c55", "core", 0.1, 2, "")])
+    assert (kept.comparison, kept.checkpoints, kept.pairs, kept.left_out) == ("core − ce", 4, 11, 0)
+    # two of three checkpoints still running: no line through one, the counts still shown
+    few = [r for r in rows if r.knn in (20.0, 55.0) or (r.knn == 40.0 and r.label_fraction == 0.1)]
+    few = [strength.Row(**{**r.__dict__, "gain": gain(0.0, 1.0)}) if r.knn == 40.0 else r for r in few]
+    (short,) = [t for t in strength.trends(few) if t.comparison == "core − ce"]
+    assert math.isnan(short.slope) and (short.checkpoints, short.left_out) == (1, 2)
+    assert "| 10% | core − ce | – (fewer than 3 checkpoints) | – | 1 (3); 2 with fewer paired seeds left out |" in (
+        strength.trend_table([short])
+    )
 
 
 def test_a_fragile_pick_of_the_strongest_is_noted(strength: ModuleType, tmp_path: Path) -> None:

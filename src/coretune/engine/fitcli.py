@@ -270,11 +270,17 @@ class FitCLI(RunDirCLI):
         self.model.task.check_data(self.datamodule, "fit")
         run = RunDir(self.trainer.default_root_dir)
         tests_best = self.model.task.test_checkpoint(run.path) == str(run.best_checkpoint)
+        every, epochs = self.trainer.check_val_every_n_epoch, self.trainer.max_epochs
+        never = f"--trainer.check_val_every_n_epoch {every} beyond --trainer.max_epochs {epochs}"
         if tests_best and self.trainer.limit_val_batches == 0:
+            never = "--trainer.limit_val_batches 0"
+        elif not (tests_best and self._get(self.config, "ckpt_path") is None and every and 0 < (epochs or 0) < every):
+            never = ""
+        if never:
             raise ValueError(
-                f"--trainer.limit_val_batches 0 runs no validation, but this fit ends by testing the {_BEST} that "
-                f"validation chooses ({_selection_hint(self.datamodule)}): drop --trainer.limit_val_batches 0, or "
-                "test the last weights (--data.selection last_checkpoint)"
+                f"{never} runs no validation, but this fit ends by testing the {_BEST} that validation chooses "
+                f"({_selection_hint(self.datamodule)}): let it validate, or test the last weights (--data.selection "
+                "last_checkpoint)"
             )
         if callable(require := getattr(self.datamodule, "require_test_split", None)):
             require(
@@ -287,14 +293,15 @@ class FitCLI(RunDirCLI):
             return
         run = RunDir(self.trainer.default_root_dir)
         tested = self.model.task.test_checkpoint(run.path)
-        bests = [c for c in self.trainer.checkpoint_callbacks if isinstance(c, BestCheckpoint)]
-        if tested == str(run.best_checkpoint) and bests and not any(c.best_model_path for c in bests):
+        if tested == str(run.best_checkpoint) and not _chose_best(self.trainer, run):
             found = "the file there is an earlier run's" if run.best_checkpoint.is_file() else "there is none"
+            resumed = self.trainer.ckpt_path
+            weights = run.last_checkpoint if run.last_checkpoint.is_file() or not resumed else Path(resumed)
             raise ValueError(
-                f"no validation chose a {_BEST} in this fit ({found}; check_val_every_n_epoch beyond max_epochs?), "
-                f"and this fit ends by testing it ({_selection_hint(self.datamodule)}): the trained weights are "
-                f"in {run.last_checkpoint}; test them with coretune test --ckpt_path {run.last_checkpoint}, or "
-                "re-run the fit so that it validates"
+                f"no validation of this run chose its {_BEST} ({found}), and this fit ends by testing it "
+                f"({_selection_hint(self.datamodule)}): the trained weights are in {weights}; test them with "
+                f"coretune test --ckpt_path {weights}, or fit again into a new --run_dir with "
+                "--trainer.check_val_every_n_epoch at most --trainer.max_epochs"
             )
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=tested, verbose=False)
         if self.trainer.is_global_zero:
@@ -302,6 +309,21 @@ class FitCLI(RunDirCLI):
 
 
 _BEST = "checkpoints/best.ckpt"
+
+
+def _chose_best(trainer: Any, run: RunDir) -> bool:
+    """Whether this run's validation chose ``run``'s ``best.ckpt``: a :class:`BestCheckpoint` of ``trainer`` saved it
+    in this fit or, resumed from this run's own checkpoints, in an earlier one (the run may have moved since). A
+    best checkpoint restored from another run's checkpoint (``--ckpt_path`` of another folder) is that run's. True
+    when no :class:`BestCheckpoint` keeps one (the caller's own callbacks)."""
+    bests = [c for c in trainer.checkpoint_callbacks if isinstance(c, BestCheckpoint)]
+    if not bests:
+        return True
+    resumed = trainer.ckpt_path is not None and Path(trainer.ckpt_path).resolve().parent == run.checkpoints.resolve()
+    for best in (Path(c.best_model_path) for c in bests if c.best_model_path):
+        if best.resolve() == run.best_checkpoint.resolve() or (resumed and best.name == run.best_checkpoint.name):
+            return True
+    return False
 
 
 def _selection_hint(datamodule: Any) -> str:

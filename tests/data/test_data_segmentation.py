@@ -378,6 +378,28 @@ def test_list_file_naming_a_missing_image_is_named(voc_set: Path) -> None:
     assert "add the image or remove the line" in message
 
 
+def test_an_image_listed_twice_is_named(voc_set: Path) -> None:
+    # VOC's and SBD's lists joined naively: a repeat counts twice an epoch and can be both fitted and held out
+    list_file = voc_set / "ImageSets" / "Segmentation" / "train.txt"
+    list_file.write_text(list_file.read_text() + "train_002\ntrain_005\ntrain_002\n")
+    assert one_line_error("more than once", voc_set, val_fraction=0.25) == (
+        f"list file {list_file} names image 'train_002' more than once (3 repeated line(s)): list each image once "
+        "(sort -u), or a repeat counts twice an epoch and may land in both the fitted and the held-out part"
+    )
+
+
+def test_test_images_that_are_training_images_are_found(voc_set: Path) -> None:
+    """An id in both train.txt and the evaluation list (or an image symlinked to a training one): the same file read
+    by both splits; the fit warns as a classification fit does."""
+    assert data(voc_set).test_files_in_training() == []
+    lists = voc_set / "ImageSets" / "Segmentation"
+    (lists / "val.txt").write_text("val_000\ntrain_003\nval_001\n")
+    (voc_set / "JPEGImages" / "val_001.jpg").unlink()
+    (voc_set / "JPEGImages" / "val_001.jpg").symlink_to(voc_set / "JPEGImages" / "train_004.jpg")
+    images = voc_set / "JPEGImages"
+    assert data(voc_set).test_files_in_training() == [str(images / "train_003.jpg"), str(images / "val_001.jpg")]
+
+
 @pytest.mark.parametrize("folder", ["JPEGImages", "SegmentationClass", "ImageSets"])
 def test_missing_folders_are_named(voc_set: Path, folder: str) -> None:
     shutil.rmtree(voc_set / folder)

@@ -16,6 +16,7 @@ Batches are ``(images (B, 3, H, W) float, masks (B, H, W) int64)``.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -236,10 +237,20 @@ def _require_layout(root: str) -> None:
 
 
 def _read_ids(list_file: str) -> list[str]:
+    """The image ids of ``list_file``, one a line; :class:`DataError` for none, or for an id listed twice (lists
+    joined naively, as VOC's and SBD's: the image would count twice an epoch and, with ``val_fraction``, could be
+    trained on and validated on)."""
     with open(list_file, encoding="utf-8") as f:
         ids = [line.split()[0] for line in f if line.strip()]
     if not ids:
         raise DataError(f"list file {list_file} names no image: put one image id (file name without extension) a line")
+    if repeats := len(ids) - len(set(ids)):
+        first = next(i for i, n in Counter(ids).items() if n > 1)
+        raise DataError(
+            f"list file {list_file} names image {first!r} more than once ({repeats} repeated line(s)): "
+            "list each image once (sort -u), or a repeat counts twice an epoch and may land in both the fitted and "
+            "the held-out part"
+        )
     return ids
 
 
@@ -537,6 +548,17 @@ class SegmentationData(L.LightningDataModule):
         self.val_dataset = val.with_transform(self.eval_transform)
         self.test_dataset = self.val_dataset if self.validates_on_test else test.with_transform(self.eval_transform)
         self._class_names = names
+
+    def test_files_in_training(self) -> list[str]:
+        """The test split's image files that the training split also reads (the same real file: an id in both
+        ``train.txt`` and the test list, or a symlinked image), in test order (as
+        :meth:`ImageClassificationData.test_files_in_training
+        <coretune.data.ImageClassificationData.test_files_in_training>`)."""
+        self.setup("test")
+        if self.train_dataset is None or self.test_dataset is None:
+            return []
+        trained = {os.path.realpath(path) for path in self.train_dataset.images}
+        return [path for path in self.test_dataset.images if os.path.realpath(path) in trained]
 
     def check_folders(self) -> None:
         """Check, reading no image, that the VOC-layout folders and list files exist (as

@@ -399,7 +399,7 @@ def test_a_run_without_last_ckpt_is_not_overwritten_by_a_new_fit(tree: Path, tmp
 
 def test_fit_warns_when_test_images_are_training_files(tree: Path, tmp_path: Path) -> None:
     """A test class folder symlinked to its training folder: the test score is partly a training accuracy (row
-    201); coretune eval refuses it (tests/test_evaluation.py)."""
+    201); coretune eval refuses it (tests/test_evaluation.py). A validation folder's likewise (row 212)."""
     root = copy_tree(tree, tmp_path)
     (root / "test").mkdir()
     (root / "test" / "cat").symlink_to(root / "train" / "cat", target_is_directory=True)
@@ -415,6 +415,13 @@ def test_fit_warns_when_test_images_are_training_files(tree: Path, tmp_path: Pat
         warnings.simplefilter("always")
         main(fit_args(root, tmp_path / "run2"))
     assert not [w for w in caught if "are training images too" in str(w.message)]
+    # a validation folder of its own (beside test/) holding training files: best.ckpt chosen on training accuracy
+    shutil.rmtree(root / "val" / "cat")
+    (root / "val" / "cat").symlink_to(root / "train" / "cat", target_is_directory=True)
+    first = sorted((root / "val" / "cat").iterdir())[0]
+    with pytest.warns(UserWarning, match=rf"^12 of the 20 validation images are training images too \(the same "
+                      rf"files, e\.g\. {re.escape(str(first))}\): best\.ckpt is chosen partly on training accuracy"):
+        main(fit_args(root, tmp_path / "run3"))  # fmt: skip
 
 
 def test_the_collapse_watch_compares_images_and_logits_of_one_size() -> None:

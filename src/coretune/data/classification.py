@@ -144,6 +144,7 @@ class ImageClassificationData(L.LightningDataModule):
         self._class_names: list[str] | None = None
         self._train_files: LabeledImageDataset | None = None
         self._test_files: LabeledImageDataset | None = None
+        self._val_files: LabeledImageDataset | None = None
 
     # -- set-up ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -177,8 +178,9 @@ class ImageClassificationData(L.LightningDataModule):
         else:
             val, test = _first(held_val, held_test), _first(held_test, held_val)
         self.validates_on_test = val is not None and val is test
-        # the training and test items before any transform or decoding (train_as_evaluated, test_files_in_training)
+        # the items before any transform or decoding (train_as_evaluated, test_files_in_training)
         self._train_files, self._test_files = train, test
+        self._val_files = val if self.val_fraction == 0 and not self.validates_on_test else None  # a folder of its own
         self.train_dataset = train.with_transform(
             self.train_transform, train_draft_size(self.image_size, self.crop_scale)
         )
@@ -211,19 +213,14 @@ class ImageClassificationData(L.LightningDataModule):
         a class folder symlinked into train/, a test folder inside it; a file symlinked alone is not followed, to
         keep this cheap on a million images), in test order; none for in-memory data."""
         self.setup("test")
-        train, test = self._train_files, self._test_files
-        if train is None or test is None or train.paths is None or test.paths is None:
-            return []
-        folders: dict[str, str] = {}
+        return _shared_files(self._test_files, self._train_files)
 
-        def real(path: str) -> str:
-            folder, _, name = path.rpartition(os.sep)
-            if folder not in folders:
-                folders[folder] = os.path.realpath(folder)
-            return f"{folders[folder]}{os.sep}{name}"
-
-        trained = {real(path) for path in train.paths}
-        return [path for path in test.paths if real(path) in trained]
+    def val_files_in_training(self) -> list[str]:
+        """:meth:`test_files_in_training` for a validation folder of its own (``val/`` beside a ``test/``): the
+        images that would choose ``best.ckpt`` on training accuracy; none when validation is carved from the
+        training images (``val_fraction``) or is the test split."""
+        self.setup("test")
+        return _shared_files(self._val_files, self._train_files)
 
     def check_folders(self) -> None:
         """Check, reading no image, that the configured data folders exist (``coretune bench`` and ``tune`` call it
@@ -466,6 +463,22 @@ def _class_mismatch(train: list[str], other: list[str], train_dir: str, folder: 
         f"class folders of {split} ({folder}) differ from train ({train_dir}): {'; '.join(parts)} — both "
         "need the same class sub-folders (rename, add or remove folders)"
     )
+
+
+def _shared_files(scored: LabeledImageDataset | None, train: LabeledImageDataset | None) -> list[str]:
+    """The files of ``scored`` that ``train`` reads too (the same name in the same real folder), in order."""
+    if train is None or scored is None or train.paths is None or scored.paths is None:
+        return []
+    folders: dict[str, str] = {}
+
+    def real(path: str) -> str:
+        folder, _, name = path.rpartition(os.sep)
+        if folder not in folders:
+            folders[folder] = os.path.realpath(folder)
+        return f"{folders[folder]}{os.sep}{name}"
+
+    trained = {real(path) for path in train.paths}
+    return [path for path in scored.paths if real(path) in trained]
 
 
 def _first(*datasets: LabeledImageDataset | None) -> LabeledImageDataset | None:

@@ -34,6 +34,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import yaml
@@ -256,6 +257,9 @@ def _top1(eval_dir: Path, name: str, protocol: str) -> float:
     return 100 * float(json.loads(path.read_text())["top1"]) if path.is_file() else math.nan
 
 
+Axis = Literal["knn", "linear"]
+
+
 @dataclass(frozen=True)
 class Gain:
     """Paired (same-seed) differences of a method's top-1 from a reference method's: mean, sample std, pairs, the
@@ -384,36 +388,49 @@ def diverged(runs: Sequence[tuple[str, str, float, int, str]]) -> str:
     return "\n".join(["", "Diverged or collapsed (not in the gains):", *lines, ""]) if lines else ""
 
 
-def _series(rows: Sequence[Row], baseline: str = "ce") -> dict[tuple[str, float], list[tuple[str, float, Gain]]]:
-    """The figure's lines: per (comparison, label fraction), each checkpoint's name, kNN top-1 and paired gain; the
-    comparisons are each method against ``baseline`` and Core-tuning against ``ce_mix``."""
+def _series(
+    rows: Sequence[Row], baseline: str = "ce", axis: Axis = "knn"
+) -> dict[tuple[str, float], list[tuple[str, float, Gain]]]:
+    """The figure's lines: per (comparison, label fraction), each checkpoint's name, frozen score (``axis``: kNN or
+    linear-probe top-1) and paired gain; the comparisons are each method against ``baseline`` and Core-tuning against
+    ``ce_mix``."""
     series: dict[tuple[str, float], list[tuple[str, float, Gain]]] = {}
     for r in rows:
-        series.setdefault((f"{r.method} − {baseline}", r.label_fraction), []).append((r.checkpoint, r.knn, r.gain))
+        x = getattr(r, axis)
+        series.setdefault((f"{r.method} − {baseline}", r.label_fraction), []).append((r.checkpoint, x, r.gain))
         if r.beyond_mix is not None:
-            series.setdefault(("core − ce_mix", r.label_fraction), []).append((r.checkpoint, r.knn, r.beyond_mix))
+            series.setdefault(("core − ce_mix", r.label_fraction), []).append((r.checkpoint, x, r.beyond_mix))
     return series
+
+
+#: The frozen scores a trend is fitted against (:class:`Row`'s fields) and their names in the trend table.
+AXES = {"knn": "kNN", "linear": "linear probe"}
 
 
 @dataclass(frozen=True)
 class Trend:
-    """A paired difference's least-squares line against the checkpoints' kNN top-1 (:func:`trends`)."""
+    """A paired difference's least-squares line against the checkpoints' frozen score (:func:`trends`)."""
 
     comparison: str
     label_fraction: float
-    slope: float  # pp of gain per 10 points of kNN top-1
+    slope: float  # pp of gain per 10 points of the frozen score
     slope_se: float
     p: float  # NaN when the line fits the means exactly (no residual to test against)
     checkpoints: int
     pairs: int  # the paired seeds behind the checkpoints' means
     left_out: int = 0  # scored checkpoints with fewer paired seeds than the series' most and no diverged run
+    axis: str = "knn"  # the frozen score: kNN or linear-probe top-1 (AXES)
 
 
 def trends(
-    rows: Sequence[Row], baseline: str = "ce", diverged: Sequence[tuple[str, str, float, int, str]] = ()
+    rows: Sequence[Row],
+    baseline: str = "ce",
+    diverged: Sequence[tuple[str, str, float, int, str]] = (),
+    axis: Axis = "knn",
 ) -> list[Trend]:
     """Does a gain grow with the checkpoint's strength? Per comparison and label fraction with at least 3 scored
-    checkpoints ``i``, the least-squares slope ``b`` of ``mean gain_i = a + b·knn_i + e_i``, its standard error and
+    checkpoints ``i``, the least-squares slope ``b`` of ``mean gain_i = a + b·x_i + e_i`` (``x``: the ``axis``
+    score, kNN or linear-probe top-1, in %), its standard error and
     the two-sided p of ``b = 0`` (t with ``n − 2`` degrees of freedom, ``n`` checkpoints). The checkpoints are the
     replicates: a checkpoint's seeds share its own distance from the line, which more seeds do not average away, so
     a fit through every seed would count them as evidence they are not. For the same reason a checkpoint with fewer
@@ -425,7 +442,8 @@ def trends(
 
     lost = {(column, method, fraction) for column, method, fraction, _, _ in diverged}
     found = []
-    for (comparison, fraction), points in sorted(_series(rows, baseline).items(), key=lambda i: (-i[0][1], i[0][0])):
+    series = sorted(_series(rows, baseline, axis).items(), key=lambda i: (-i[0][1], i[0][0]))
+    for (comparison, fraction), points in series:
         scored = [(name, x, gain) for name, x, gain in points if not math.isnan(x) and gain.pairs]
         if len({x for _, x, _ in scored}) < 3:
             continue
@@ -438,11 +456,11 @@ def trends(
         ]
         pairs, left_out = sum(g.pairs for _, g in means), len(scored) - len(means)
         if len({x for x, _ in means}) < 3:
-            found.append(Trend(comparison, fraction, math.nan, math.nan, math.nan, len(means), pairs, left_out))
+            found.append(Trend(comparison, fraction, math.nan, math.nan, math.nan, len(means), pairs, left_out, axis))
             continue
         fit = linregress([x for x, _ in means], [gain.mean for _, gain in means])
         p = float(fit.pvalue) if fit.stderr > 1e-12 else math.nan
-        found.append(Trend(comparison, fraction, 10 * fit.slope, 10 * fit.stderr, p, len(means), pairs, left_out))
+        found.append(Trend(comparison, fraction, 10 * fit.slope, 10 * fit.stderr, p, len(means), pairs, left_out, axis))
     return found
 
 
@@ -453,14 +471,14 @@ def trend_table(found: Sequence[Trend]) -> str:
     lines = [
         "",
         "Trend with the checkpoint's strength: least-squares slope of the checkpoints' mean paired gains against "
-        "their kNN top-1, in pp per 10 points of kNN, ± its standard error; p of a zero slope with (checkpoints − 2) "
-        "degrees of freedom.",
+        "their frozen score (kNN or linear-probe top-1), in pp per 10 points of that score, ± its standard error; p "
+        "of a zero slope with (checkpoints − 2) degrees of freedom.",
         "",
-        "| Labels | Comparison | slope (pp per 10 kNN points) | p | checkpoints (paired seeds) |",
-        "|:-:|---|:-:|:-:|:-:|",
+        "| Labels | Comparison | against | slope (pp per 10 points) | p | checkpoints (paired seeds) |",
+        "|:-:|---|---|:-:|:-:|:-:|",
     ]
     lines += [
-        f"| {100 * t.label_fraction:g}% | {t.comparison} | "
+        f"| {100 * t.label_fraction:g}% | {t.comparison} | {AXES[t.axis]} | "
         f"{'– (fewer than 3 checkpoints)' if math.isnan(t.slope) else f'{t.slope:+.2f} ± {t.slope_se:.2f}'} | "
         f"{'–' if math.isnan(t.p) else _p(t.p)} | {t.checkpoints} ({t.pairs})"
         f"{f'; {t.left_out} with fewer paired seeds left out' if t.left_out else ''} |"
@@ -584,7 +602,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rows = gains(specs, args.eval_dir)
         lost = diverged_runs(specs)
-        table = markdown(rows) + trend_table(trends(rows, diverged=lost)) + pick_text(specs, args.eval_dir, rows)
+        found = [t for axis in ("knn", "linear") for t in trends(rows, diverged=lost, axis=axis)]
+        table = markdown(rows) + trend_table(found) + pick_text(specs, args.eval_dir, rows)
         table += diverged(lost)
         table += f"\n{args.footnote}\n" if args.footnote else ""
     except (OtherFitArgs, BenchSpecError) as error:  # a run folder started with other fit arguments than its

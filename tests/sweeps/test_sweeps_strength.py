@@ -359,8 +359,8 @@ def test_the_trend_is_the_least_squares_line_of_the_checkpoints_mean_gains(stren
     assert exact.slope == pytest.approx(0.5) and math.isnan(exact.p)
     table = strength.trend_table(list(found.values()))
     left_out = "; 1 with fewer paired seeds left out"
-    assert f"| 10% | core − ce | {10 * b:+.2f} ± {10 * se:.2f} | {p:.3f} | 3 (9){left_out} |" in table
-    assert f"| 10% | core − ce_mix | +0.50 ± 0.00 | – | 3 (9){left_out} |" in table
+    assert f"| 10% | core − ce | kNN | {10 * b:+.2f} ± {10 * se:.2f} | {p:.3f} | 3 (9){left_out} |" in table
+    assert f"| 10% | core − ce_mix | kNN | +0.50 ± 0.00 | – | 3 (9){left_out} |" in table
     assert strength.trend_table([]) == ""
     # a seed of c55 diverged: a finding about that checkpoint, not an unfinished column: it stays in the fit
     (kept, _) = strength.trends(rows, diverged=[("c55", "core", 0.1, 2, "")])
@@ -370,9 +370,15 @@ def test_the_trend_is_the_least_squares_line_of_the_checkpoints_mean_gains(stren
     few = [strength.Row(**{**r.__dict__, "gain": gain(0.0, 1.0)}) if r.knn == 40.0 else r for r in few]
     (short,) = [t for t in strength.trends(few) if t.comparison == "core − ce"]
     assert math.isnan(short.slope) and (short.checkpoints, short.left_out) == (1, 2)
-    assert "| 10% | core − ce | – (fewer than 3 checkpoints) | – | 1 (3); 2 with fewer paired seeds left out |" in (
-        strength.trend_table([short])
-    )
+    short_line = "| 10% | core − ce | kNN | – (fewer than 3 checkpoints) | – | 1 (3); 2 with fewer paired seeds left "
+    short_line += "out |"
+    assert short_line in strength.trend_table([short])
+    # against the linear probe (here the kNN shifted by 5 points: the same slope), named as such
+    shifted = [strength.Row(**{**r.__dict__, "linear": r.knn + 5}) for r in rows]
+    (probe, _) = strength.trends(shifted, axis="linear")
+    assert (probe.axis, probe.slope, probe.p) == pytest.approx(("linear", 10 * b, p))
+    assert f"| 10% | core − ce | linear probe | {10 * b:+.2f} ± " in strength.trend_table([probe])
+    assert strength.trends(rows, axis="linear") == []  # no probe scores: no trend
 
 
 def test_a_fragile_pick_of_the_strongest_is_noted(strength: ModuleType, tmp_path: Path) -> None:

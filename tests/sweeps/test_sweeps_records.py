@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sweep_helpers import fabricate, spec_of
 
-from coretune.sweeps import BenchSpecError, final_val_top1, format_duration, training_time_left, write_summary
+from coretune.sweeps import (
+    BenchSpecError,
+    Run,
+    collect_cells,
+    final_val_top1,
+    format_duration,
+    training_time_left,
+    write_summary,
+)
 from coretune.sweeps.spec import check_val_split
 
 
@@ -119,3 +128,29 @@ def test_training_time_left_needs_a_timed_epoch_and_a_length(tmp_path: Path) -> 
 )  # fmt: skip
 def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+def test_runs_of_one_weights_path_that_started_from_different_files_are_refused(tmp_path: Path) -> None:
+    """A checkpoint re-made between runs (same --model.weights path, another SHA-256 in results.json): the table
+    would pair runs that did not start from one file."""
+    from coretune.sweeps import BenchSpecError
+
+    spec = spec_of(tmp_path, objectives=[{"name": "ce", "args": ["--model.weights=ckpt.pth"]}, "core"], seeds=[0, 1])
+    fabricate(spec, {("ce", "tiny", 1.0): [0.5, 0.6], ("core", "tiny", 1.0): [0.55, 0.65]})
+
+    def record(run: Run, digest: str | None) -> None:
+        results = run.run_dir / "results.json"
+        results.write_text(json.dumps({**json.loads(results.read_text()), "weights_sha256": digest}))
+
+    for run in spec.runs():
+        record(run, "a" * 64 if run.objective == "ce" else None)
+    cells, _ = collect_cells(spec)  # one file: fine (core names no --model.weights: not compared)
+    assert cells[("ce", "tiny", 1.0)].values == (50.0, 60.0)
+    record(next(r for r in spec.runs() if (r.objective, r.seed) == ("ce", 1)), "b" * 64)
+    with pytest.raises(
+        BenchSpecError,
+        match=r"the runs that name --model.weights ckpt.pth started from 2 different "
+        r"files \(aaaaaaaaaaaa… for tiny/ce/frac1/seed0; bbbbbbbbbbbb… for tiny/ce/frac1/seed1\)",
+    ):
+        collect_cells(spec)  # fmt: skip
+    collect_cells(spec, other_args="list")  # --status still lists them

@@ -120,8 +120,9 @@ def test_table8_from_exported_records_is_clean_and_robust_accuracy_per_attack(
     # the sample's columns apart from the whole test set's: AutoAttack beside coretune's PGD on the same 200 images
     assert (
         "| Method | clean | pgd-10 ℓ∞ 4/255 | pgd-10 ℓ2 0.5 | torchattacks-pgd-10 ℓ∞ 4/255 "
-        "| torchattacks-pgd-10 ℓ2 0.5 | clean [200 images] | pgd-10 ℓ∞ 4/255 [200 images] | pgd-10 ℓ2 0.5 [200 images] "
-        "| autoattack ℓ∞ 4/255 [200 images] | autoattack ℓ2 0.5 [200 images] |"
+        "| torchattacks-pgd-10 ℓ2 0.5 | clean [200 images, seed 0] | pgd-10 ℓ∞ 4/255 [200 images, seed 0] "
+        "| pgd-10 ℓ2 0.5 [200 images, seed 0] | autoattack ℓ∞ 4/255 [200 images, seed 0] "
+        "| autoattack ℓ2 0.5 [200 images, seed 0] |"
     ) in markdown
     # clean: the PGD report's (10,000 images), not the sample's; ℓ∞ 1, 2, 3; torchattacks 1 point lower; on the
     # sample: clean 81, 80, 85, PGD 5 points above AutoAttack's 0, 0, 0 and 5, 6, 7
@@ -147,7 +148,7 @@ def test_table8_from_exported_records_is_clean_and_robust_accuracy_per_attack(
     assert "| clean | at_core_linf | -9.00 | 3.65 | yes | -8.00 / -8.00 | – |" in markdown  # seed 2 unscored
     summary = json.loads((spec.output / "summary.json").read_text())
     at_ce = summary["rows"][1]
-    assert at_ce["objective"] == "at_ce_linf" and at_ce["columns"]["autoattack ℓ∞ 4/255 [200 images]"][
+    assert at_ce["objective"] == "at_ce_linf" and at_ce["columns"]["autoattack ℓ∞ 4/255 [200 images, seed 0]"][
         "values"
     ] == pytest.approx([35, 36, 37])
     assert {p.name for p in spec.output.iterdir()} >= {"summary.json", "bars.png", "runs.csv", "summary.csv"}
@@ -187,8 +188,18 @@ def test_a_robust_results_file_of_weights_the_run_trained_on_from_is_refused(tmp
         main(["bench", str(spec_file), "--aggregate_only"])
     assert str(info.value.code) == (
         f"coretune bench: error: {stale} scored {spec.runs()[0].run_dir / 'checkpoints/last.ckpt'} as it was before "
-        "the run trained on (its SHA-256 differs from the final last.ckpt's in results.json): score it again with "
-        "coretune eval robust, or move the file out of the run directory"
+        "the run trained on (its SHA-256 differs from the final last.ckpt's in results.json): score the run's "
+        "last.ckpt with coretune eval robust, or move the file out of the run directory"
+    )
+    # scored on another checkpoint (best.ckpt): its clean and robust accuracy are not the tested model's
+    best = spec.runs()[0].run_dir / "checkpoints/best.ckpt"
+    stale.write_text(json.dumps({**json.loads(stale.read_text()), "checkpoint": str(best)}))
+    with pytest.raises(SystemExit) as info:
+        main(["bench", str(spec_file), "--aggregate_only"])
+    assert str(info.value.code) == (
+        f"coretune bench: error: {stale} scored {best} (its SHA-256 differs from the final last.ckpt's in "
+        "results.json, whose test the table reports): score the run's last.ckpt with coretune eval robust, or move "
+        "the file out of the run directory"
     )
 
 

@@ -4,6 +4,7 @@ validated top-1 per epoch into curves."""
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from ..rundir import RunDir
 from .records import OtherFitArgs, RunRecord, check_run_args, run_progress, run_score_name, run_top1
-from .spec import BenchSpec, Run
+from .spec import BenchSpec, BenchSpecError, Run
 from .stats import Cell
 
 __all__ = ["CurvePoint", "ValidatedOn", "collect_cells", "collect_curves", "validated_on_of"]
@@ -62,6 +63,8 @@ def collect_cells(
     def position(run: Run) -> tuple[int, int, float, int]:
         return datasets.index(run.dataset), names.index(run.objective), run.label_fraction, run.seed
 
+    started_from: dict[str, dict[str, list[str]]] = {}  # --model.weights → SHA-256 of the file → runs
+
     for run in sorted(spec.runs(), key=position):
         key = (run.objective, run.dataset, run.label_fraction)
         values.setdefault(key, [])
@@ -95,6 +98,8 @@ def collect_cells(
         progress = f"{results.get('epochs', '')} epochs" if test else run_progress(run.run_dir)
         top1 = run_top1(run.run_dir, spec.metric) if test else None
         reconstructed = bool(results.get("reconstructed"))
+        if top1 is not None and (weights := _weights_arg(run.args)) and (digest := results.get("weights_sha256")):
+            started_from.setdefault(weights, {}).setdefault(digest, []).append(run.label)
         if top1 is not None:
             values[key].append(top1)
             seeds[key].append(run.seed)
@@ -120,8 +125,34 @@ def collect_cells(
                 selection=_selection_text(test.get("selection")),
             )
         )
+    if other_args == "refuse":
+        _check_one_file_per_weights(started_from)
     cells = {key: Cell(*key, tuple(v), tuple(seeds[key]), tuple(rebuilt.get(key, ()))) for key, v in values.items()}
     return cells, rows
+
+
+def _weights_arg(args: Sequence[str]) -> str | None:
+    """The ``--model.weights`` a run's fit arguments name (``--model.weights=F`` or ``--model.weights F``)."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--model.weights="):
+            return arg.split("=", 1)[1]
+        if arg == "--model.weights" and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def _check_one_file_per_weights(started_from: dict[str, dict[str, list[str]]]) -> None:
+    """Refuse a table whose finished runs name one ``--model.weights`` path but recorded different files there
+    (``results.json``'s ``weights_sha256``): the file was re-made or replaced between runs, so the runs side by side
+    (and the paired differences) did not start from one checkpoint."""
+    for weights, digests in started_from.items():
+        if len(digests) > 1:
+            found = "; ".join(f"{digest[:12]}… for {', '.join(runs[:3])}" for digest, runs in digests.items())
+            raise BenchSpecError(
+                f"the runs that name --model.weights {weights} started from {len(digests)} different files ({found}): "
+                "the file was replaced between runs. Move the runs of the other file aside and run them again from "
+                "one file"
+            )
 
 
 def _selection_text(selection: Any) -> str | None:

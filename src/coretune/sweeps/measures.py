@@ -73,9 +73,11 @@ def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
         try:
             scored = json.loads(path.read_text())
             _check_scored_weights(path, scored, final)
-            sampled = scored.get("sample") is not None
+            sample = scored.get("sample")
             for report in scored["reports"]:
-                on = f" [{report['num_images']} images]" if sampled else ""
+                # a sample is its size and seed: another seed's images are another sample, never paired with it
+                on = f" [{report['num_images']} images, seed {sample.get('seed')}]" if sample is not None else ""
+                sampled = sample is not None
                 if sampled:
                     values.setdefault(f"clean{on}", (f"clean{on}", 100 * float(report["clean_accuracy"])))
                 elif clean is None or report["num_images"] > clean[0]:
@@ -107,15 +109,19 @@ def _step_text(result: dict[str, Any], steps: int | None) -> str:
 
 
 def _check_scored_weights(path: Path, scored: dict[str, Any], final: str | None) -> None:
-    """Refuse a robustness file scored on the run's ``last.ckpt`` when that file has changed since (the run was
-    resumed or extended after the scoring): its numbers are another model's than the run's test. Files and
-    results without the digests (older versions) are taken as they are."""
+    """Refuse a robustness file scored on other weights than the run's final ``last.ckpt`` (whose test the table
+    reports): ``last.ckpt`` as it was before the run was resumed or extended, or another checkpoint
+    (``best.ckpt``, another run's). Files and results without the digests (older versions) are taken as they are."""
     digest, checkpoint = scored.get("checkpoint_sha256"), str(scored.get("checkpoint", ""))
-    if digest and final and Path(checkpoint).name == "last.ckpt" and digest != final:
+    if digest and final and digest != final:
+        what = (
+            "as it was before the run trained on (its SHA-256 differs from the final last.ckpt's in results.json)"
+            if Path(checkpoint).name == "last.ckpt"
+            else "(its SHA-256 differs from the final last.ckpt's in results.json, whose test the table reports)"
+        )
         raise BenchSpecError(
-            f"{path} scored {checkpoint} as it was before the run trained on (its SHA-256 differs from the final "
-            "last.ckpt's in results.json): score it again with coretune eval robust, or move the file out of the "
-            "run directory"
+            f"{path} scored {checkpoint} {what}: score the run's last.ckpt with coretune eval robust, or move the file "
+            "out of the run directory"
         )
 
 

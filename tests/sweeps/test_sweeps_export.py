@@ -40,6 +40,14 @@ def test_export_keeps_the_records_of_finished_runs_which_count_when_copied_back(
         ["d/ce/frac1/seed0/robust_results.json", "d/ce/frac1/seed0/robust_results_autoattack.json"]
         + [f"d/ce/frac1/seed{s}/{f}" for s in (0, 1) for f in ("metrics.csv", "results.json")]
     )
+    # a robustness file moved out of the run (bench refuses it in a table): the next export drops its copy
+    (spec.runs()[0].run_dir / "robust_results_autoattack.json").rename(tmp_path / "aside.json")
+    (records / "d/ce/frac1/seed0/notes.txt").write_text("mine")  # not a record file: kept
+    main(["bench", str(config), "--export", str(records), "--only_seeds=[0]"])
+    assert sorted(p.name for p in (records / "d/ce/frac1/seed0").iterdir()) == [
+        "metrics.csv", "notes.txt", "results.json", "robust_results.json"
+    ]  # fmt: skip
+    capsys.readouterr()
     main(["bench", str(config), "--export", str(records), "--only_seeds=[1]"])
     assert "copied the records of 1 finished or diverged run(s)" in capsys.readouterr().out
     assert not (spec.output / "summary.md").exists()  # --export alone runs and writes nothing else

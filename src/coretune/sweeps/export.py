@@ -18,7 +18,8 @@ def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
     (its ``results.json`` says so: a result too), into ``dest``, in the layout of ``spec.output`` and without
     checkpoints or logs: a few KB per run to keep (in git, say) after the output folder is gone. Copying them back
     into ``spec.output`` makes the sweep skip those runs, count the finished ones in its tables and list the
-    diverged ones under them.
+    diverged ones under them. A run's folder under ``dest`` then holds its records as they are now: a record file
+    of an earlier export that the run no longer has (a ``robust_results*.json`` moved out of it) is removed.
 
     Returns the run directories written under ``dest``."""
     dest = Path(dest)
@@ -31,8 +32,12 @@ def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
         check_run_args(run.args, run.run_dir)  # a record of other settings than the spec's would mislead
         target = dest / run.run_dir.relative_to(spec.output)
         target.mkdir(parents=True, exist_ok=True)
-        for source in RunDir(run.run_dir).records():
-            if source.is_file():
-                shutil.copy2(source, target / source.name)
+        sources = [source for source in RunDir(run.run_dir).records() if source.is_file()]
+        for source in sources:
+            shutil.copy2(source, target / source.name)
+        kept = {source.name for source in sources}
+        for stale in RunDir(target).records():  # an earlier export's record the run no longer has (a file moved out)
+            if stale.name not in kept:
+                stale.unlink(missing_ok=True)
         written.append(target)
     return written

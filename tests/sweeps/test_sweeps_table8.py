@@ -151,6 +151,9 @@ def test_table8_from_exported_records_is_clean_and_robust_accuracy_per_attack(
     assert at_ce["objective"] == "at_ce_linf" and at_ce["columns"]["autoattack ℓ∞ 4/255 [200 images, seed 0]"][
         "values"
     ] == pytest.approx([35, 36, 37])
+    # each difference names the seeds it pairs (at_core_linf's seed 2 is unscored) and none is reconstructed
+    clean = {(d["column"], d["method"]): d for d in summary["differences"]}[("clean", "at_core_linf")]
+    assert (clean["paired_seeds"], clean["reconstructed_seeds"], clean["paired_pp"]) == ([0, 1], [], [-8.0, -8.0])
     assert {p.name for p in spec.output.iterdir()} >= {"summary.json", "bars.png", "runs.csv", "summary.csv"}
 
 

@@ -305,6 +305,8 @@ def _summary_json(spec: BenchSpec, cells: Cells, layout: TableLayout, rows: dict
             "method": label,
             "diff_pp": c.diff,
             "paired_pp": list(c.paired),
+            "paired_seeds": list(c.paired_seeds),
+            "reconstructed_seeds": list(c.reconstructed),  # the tables' †: seeds whose record is reconstructed
             "paired_t": None if math.isnan(c.paired_t) else c.paired_t,
             "paired_p": None if math.isnan(c.paired_p) else c.paired_p,
         }

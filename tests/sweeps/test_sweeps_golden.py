@@ -57,4 +57,3 @@ def test_a_damaged_record_is_one_line_naming_it(tmp_path: Path, capsys: pytest.C
     with pytest.raises(SystemExit) as info:
         aggregate("cifar10-cpu-1pct", tmp_path, capsys, damage=damaged)
     assert str(info.value.code).startswith(f"coretune bench: error: {damaged} is not valid JSON (")
-

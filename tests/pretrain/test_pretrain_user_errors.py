@@ -83,12 +83,15 @@ def _fit_root(root: Path, *held_out: str) -> Path:
          r"--model\.bn_splits 6 or fewer \(1: no Shuffle BN\)$"),
         (IMAGES, ["--snapshot_epochs=[1,3]"], r"--snapshot_epochs \[1, 3\]: \[3\] never end in this run; give epoch "
          r"counts from 1 to --trainer.max_epochs \(1\)$"),
+        (IMAGES, ["--method=moco_v2", "--model.queue_size=8", "--model.bn_splits=2", "--trainer.precision=bf16-true"],
+         r"MoCo's key encoder moves by \(1 − key_momentum\) of its distance to the query encoder each step, which "
+         r"--trainer\.precision bf16-true \(half-precision weights\) rounds away: use bf16-mixed or 16-mixed"),
     ],
     ids=[
         "missing-folder", "empty-folder", "one-image", "corrupt-image", "fit-root-with-test",
         "fit-root-with-val-and-test", "batch-of-1", "bad-augmentation", "std-0", "mean-std-0-255", "unknown-method",
         "bad-temperature", "missing-init-weights", "unknown-backbone", "queue-too-long", "bn-splits-of-one-image",
-        "bn-splits-beyond-the-batch", "bn-splits-beyond-all-images", "snapshot-beyond-the-run",
+        "bn-splits-beyond-the-batch", "bn-splits-beyond-all-images", "snapshot-beyond-the-run", "moco-half-weights",
     ],
 )  # fmt: skip
 def test_user_errors_are_one_line(make_root: object, extra: list[str], message: str, tmp_path: Path) -> None:
@@ -98,6 +101,42 @@ def test_user_errors_are_one_line(make_root: object, extra: list[str], message: 
     text = str(stop.value.code)
     assert text.startswith("coretune pretrain: error: ") and "\n" not in text, text
     assert re.search(message, text), text
+
+
+def test_a_distributed_batch_larger_than_the_images_is_refused(
+    images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 2 processes × batch 8 > 12 images: the sampler would pad the order with repeats, each image among its own
+    # negatives (one process takes one batch of all 12 instead)
+    import coretune.pretrain.module as pretrain_module
+
+    monkeypatch.setattr(pretrain_module, "world_size", lambda: 2)
+    with pytest.raises(SystemExit) as stop:
+        main(pretrain_args(images, tmp_path / "run", "--data.batch_size=8"))
+    assert str(stop.value.code) == (
+        "coretune pretrain: error: 12 training images fill less than one global batch of 2 processes × "
+        "--data.batch_size 8, so batches would repeat images, each image's views then among its own negatives: pass "
+        "--data.batch_size 6 or less"
+    )
+
+
+def test_moco_follows_the_query_encoder_once_per_optimiser_step(
+    images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``accumulate_grad_batches 2`` the query encoder changes every second batch: the key encoder's momentum
+    update follows each optimiser step once (it followed every batch: momentum 0.99² per step)."""
+    from coretune.pretrain import MoCoV2, PretrainData, make_pretrain_trainer
+
+    updates = []
+    model = MoCoV2(backbone="small_cnn", proj_dim=16, queue_size=8, bn_splits=2)
+    update = model._momentum_update
+    monkeypatch.setattr(model, "_momentum_update", lambda: updates.append(model.global_step) or update())
+    trainer = make_pretrain_trainer(
+        tmp_path / "run", max_epochs=2, accumulate_grad_batches=2, enable_progress_bar=False,
+        enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=PretrainData(str(images), image_size=16, batch_size=4))  # 3 batches an epoch
+    assert updates == list(range(trainer.global_step)) and trainer.global_step == 4
 
 
 def test_a_run_directory_another_process_is_running_is_refused(

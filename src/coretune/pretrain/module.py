@@ -15,6 +15,7 @@ other tools read:
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from ..distributed import listed, rank, ranks_where, world_size
@@ -119,8 +121,18 @@ class ContrastivePretrainer(L.LightningModule):
         return self.projector(self.backbone(self._views(x)))
 
     def setup(self, stage: str) -> None:
-        if (example := example_image(getattr(self.trainer, "datamodule", None))) is not None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if (example := example_image(datamodule)) is not None:
             self.example_input_array = example
+        dataset, batch_size = getattr(datamodule, "train_dataset", None), getattr(datamodule, "batch_size", None)
+        processes = world_size()
+        if processes > 1 and dataset is not None and batch_size is not None and len(dataset) < processes * batch_size:
+            # the distributed sampler pads the order by repeating images: an image's views among its own negatives
+            raise ValueError(
+                f"{len(dataset)} training images fill less than one global batch of {processes} processes × "
+                f"--data.batch_size {batch_size}, so batches would repeat images, each image's views then among its "
+                f"own negatives: pass --data.batch_size {len(dataset) // processes} or less"
+            )
 
     def contrastive_loss(self, view1: Tensor, view2: Tensor) -> Tensor:
         raise NotImplementedError
@@ -286,9 +298,17 @@ class MoCoV2(ContrastivePretrainer):
         self.momentum_backbone = copy.deepcopy(self.backbone).requires_grad_(False)
         self.momentum_projector = copy.deepcopy(self.projector).requires_grad_(False)
         self.queue = KeyQueue(proj_dim, queue_size)
+        self._updated_at: int | None = None  # the optimiser step the key encoder last followed the query encoder at
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
+        precision = str(getattr(self.trainer, "precision", ""))
+        if precision.endswith("-true") and precision != "32-true" and precision != "64-true":
+            raise ValueError(
+                f"MoCo's key encoder moves by (1 − key_momentum) of its distance to the query encoder each step, "
+                f"which --trainer.precision {precision} (half-precision weights) rounds away: use bf16-mixed or "
+                "16-mixed (float32 weights, half-precision compute)"
+            )
         datamodule = getattr(self.trainer, "datamodule", None)
         dataset = getattr(datamodule, "train_dataset", None)
         if dataset is not None and self.queue.size > len(dataset):
@@ -338,7 +358,10 @@ class MoCoV2(ContrastivePretrainer):
         return torch.nn.functional.normalize(k.float(), dim=1)[torch.argsort(perm)]
 
     def contrastive_loss(self, view1: Tensor, view2: Tensor) -> Tensor:
-        self._momentum_update()
+        step = self.trainer.global_step if self._trainer is not None else None
+        if step is None or step != self._updated_at:  # once per optimiser step (accumulate_grad_batches: not per batch)
+            self._momentum_update()
+            self._updated_at = step
         q = self(view1)
         k = self.keys(view2)
         loss = moco_infonce(q, k, self.queue.queue.clone(), self.hparams.temperature)
@@ -381,6 +404,14 @@ class ExportPretrained(Callback):
         return self.path if self.path is not None else Path(trainer.default_root_dir) / PRETRAINED_FILENAME
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        steps, length = trainer.fit_loop.epoch_loop.batch_progress.current.completed, trainer.num_training_batches
+        if math.isfinite(length) and steps < length:  # a stop inside the epoch (max_time, max_steps): not epoch E's
+            rank_zero_warn(
+                f"pre-training stopped inside epoch {trainer.current_epoch + 1} ({steps} of {int(length)} steps): "
+                f"{self.target(trainer).name} keeps the encoder of the last complete epoch, and no snapshot of this "
+                "epoch is written"
+            )
+            return
         if trainer.is_global_zero and isinstance(pl_module, ContrastivePretrainer):
             checkpoint, target = pl_module.pretrained_checkpoint(), self.target(trainer)
             data = trainer.datamodule

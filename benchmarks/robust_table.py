@@ -10,7 +10,7 @@ scored yet, two commands on its ``checkpoints/last.ckpt`` (the final model, as t
 
 - both PGD-10s (coretune's and torchattacks', the referee) on the whole test set → ``RUN/robust_results.json``;
 - AutoAttack, and coretune's PGD-10 beside it, on ``--autoattack_images`` test images drawn at random (seed 0: the
-  same images for every run) → ``RUN/robust_results_autoattack.json`` (the table's ``[200 images]`` columns)
+  same images for every run) → ``RUN/robust_results_autoattack.json`` (the table's ``[200 images, seed 0]`` columns)
 
 at ``--threat_models`` (default ℓ∞ 4/255 and ℓ2 0.5, the two the paper trains and attacks with); and on a run trained
 without adversarial examples, the issue's sanity check: coretune's PGD-10 at ℓ∞ 8/255, which an undefended model must

@@ -237,7 +237,9 @@ def test_every_file_written_is_read_back_and_checked_against_the_checkpoint(chec
     """config.json records the check: the images' shapes, the tolerance and each format's largest logit difference
     from the checkpoint's model, read back from the files written."""
     export(checkpoint, tmp_path, "--format=safetensors,pt2,torchscript,onnx")
-    check = json.loads((tmp_path / "config.json").read_text())["check"]
+    config = json.loads((tmp_path / "config.json").read_text())
+    check = config["check"]
+    assert config["backbone_args"] == {}  # the constructor's options, load_exported's too
     assert check["images"] == [[1, 3, 32, 32], [2, 3, 64, 48]] and check["tolerance"] == CHECK_TOLERANCE
     differences = check["max_abs_logit_difference"]
     assert list(differences) == ["safetensors", "pt2", "torchscript", "onnx"]

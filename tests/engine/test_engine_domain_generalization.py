@@ -184,7 +184,8 @@ def test_a_fit_never_tests_another_runs_best_ckpt(tree: Path, tmp_path: Path) ->
     assert error(["fit", *TINY, f"--data.root={tree}", "--data.test_domains=photo", *args]) == (
         "no validation of this run chose its checkpoints/best.ckpt (the file there is an earlier run's), and this "
         "fit ends by testing it (--data.selection training_domain_validation): the trained weights are in "
-        f"{last}; test them with coretune test --ckpt_path {last}, or fit again into a new --run_dir with "
+        f"{last}; test them with coretune test --ckpt_path {last} (the best checkpoint the resumed run chose is "
+        f"{(first / 'checkpoints' / 'best.ckpt').resolve()}: test that one), or fit again into a new --run_dir with "
         "--trainer.check_val_every_n_epoch at most --trainer.max_epochs"
     )
     assert (second / "checkpoints" / "best.ckpt").read_bytes() == b"an earlier run's"

@@ -281,17 +281,22 @@ def test_snapshot_epochs_keep_the_encoder_of_those_epochs_beside_the_final_one(t
 
 def test_a_stop_inside_an_epoch_writes_no_snapshot_of_it(tmp_path: Path) -> None:
     """``--trainer.max_steps 4`` (3 steps an epoch) stops inside epoch 2: its snapshot is not written from a third of
-    it, and pretrained.pth.tar keeps epoch 1's encoder, with a warning."""
+    it; pretrained.pth.tar holds the encoder as it stopped, labelled with 1 complete epoch and 4 steps."""
     from fit_flags import pretrain_args
 
     run = tmp_path / "run"
     args = pretrain_args(make_image_folder(tmp_path / "images"), run, "--trainer.max_epochs=2",
                          "--snapshot_epochs=[1, 2]", "--trainer.max_steps=4")  # fmt: skip
     with pytest.warns(UserWarning, match=r"pre-training stopped inside epoch 2 \(1 of 3 steps\): pretrained\.pth\.tar "
-                      r"keeps the encoder of the last complete epoch, and no snapshot of this epoch is written"):
+                      r"holds the encoder as it stopped \(its 'epoch' counts the 1 complete epoch\(s\), 'steps' the 4 "
+                      r"optimiser steps\) and no snapshot of epoch 2 is written"):
         main(args)  # fmt: skip
     assert sorted(p.name for p in run.glob("pretrained*")) == ["pretrained-epoch1.pth.tar", PRETRAINED_FILENAME]
-    assert torch.load(run / PRETRAINED_FILENAME, weights_only=True)["epoch"] == 1
+    stopped = torch.load(run / PRETRAINED_FILENAME, weights_only=True)
+    assert (stopped["epoch"], stopped["steps"]) == (1, 4)
+    first = torch.load(run / "pretrained-epoch1.pth.tar", weights_only=True)
+    assert "steps" not in first  # a complete epoch's file as before
+    assert not all(torch.equal(first["state_dict"][k], v) for k, v in stopped["state_dict"].items())
 
 
 def test_the_fine_tune_hint_names_a_normalisation_of_its_own(

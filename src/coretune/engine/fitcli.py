@@ -297,10 +297,12 @@ class FitCLI(RunDirCLI):
             found = "the file there is an earlier run's" if run.best_checkpoint.is_file() else "there is none"
             resumed = self.trainer.ckpt_path
             weights = run.last_checkpoint if run.last_checkpoint.is_file() or not resumed else Path(resumed)
+            chosen = [c.best_model_path for c in self.trainer.checkpoint_callbacks if getattr(c, "best_model_path", "")]
+            other = f" (the best checkpoint the resumed run chose is {chosen[0]}: test that one)" if chosen else ""
             raise ValueError(
                 f"no validation of this run chose its {_BEST} ({found}), and this fit ends by testing it "
                 f"({_selection_hint(self.datamodule)}): the trained weights are in {weights}; test them with "
-                f"coretune test --ckpt_path {weights}, or fit again into a new --run_dir with "
+                f"coretune test --ckpt_path {weights}{other}, or fit again into a new --run_dir with "
                 "--trainer.check_val_every_n_epoch at most --trainer.max_epochs"
             )
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=tested, verbose=False)

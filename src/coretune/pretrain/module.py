@@ -127,11 +127,13 @@ class ContrastivePretrainer(L.LightningModule):
         dataset, batch_size = getattr(datamodule, "train_dataset", None), getattr(datamodule, "batch_size", None)
         processes = world_size()
         if processes > 1 and dataset is not None and batch_size is not None and len(dataset) < processes * batch_size:
+            most = len(dataset) // processes
+            fix = f"pass --data.batch_size {most} or less" if most >= 2 else "add images, or run on fewer processes"
             # the distributed sampler pads the order by repeating images: an image's views among its own negatives
             raise ValueError(
                 f"{len(dataset)} training images fill less than one global batch of {processes} processes × "
                 f"--data.batch_size {batch_size}, so batches would repeat images, each image's views then among its "
-                f"own negatives: pass --data.batch_size {len(dataset) // processes} or less"
+                f"own negatives: {fix}"
             )
 
     def contrastive_loss(self, view1: Tensor, view2: Tensor) -> Tensor:
@@ -394,7 +396,9 @@ class ExportPretrained(Callback):
     """Atomically write :meth:`ContrastivePretrainer.pretrained_checkpoint`, with the data's input normalisation
     (``normalization``: ``{"mean": […], "std": […]}``), to ``path`` after every epoch
     (default ``<run dir>/pretrained.pth.tar``), and keep a copy, ``pretrained-epoch<E>.pth.tar`` beside it, after each
-    epoch ``E`` of ``snapshot_epochs`` (counted from 1): encoders of graded strength from one run."""
+    epoch ``E`` of ``snapshot_epochs`` (counted from 1): encoders of graded strength from one run. An epoch a stop
+    cut short (``max_time``, ``max_steps``) gets no snapshot; ``pretrained.pth.tar`` then holds the encoder as it
+    stopped, its ``epoch`` the complete epochs and ``steps`` the optimiser steps."""
 
     def __init__(self, path: str | Path | None = None, snapshot_epochs: Sequence[int] = ()) -> None:
         self.path = Path(path) if path is not None else None
@@ -405,15 +409,18 @@ class ExportPretrained(Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         steps, length = trainer.fit_loop.epoch_loop.batch_progress.current.completed, trainer.num_training_batches
-        if math.isfinite(length) and steps < length:  # a stop inside the epoch (max_time, max_steps): not epoch E's
+        epoch, complete = trainer.current_epoch + 1, not (math.isfinite(length) and steps < length)
+        if not complete:  # a stop inside the epoch (max_time, max_steps): the weights are not epoch E's
             rank_zero_warn(
-                f"pre-training stopped inside epoch {trainer.current_epoch + 1} ({steps} of {int(length)} steps): "
-                f"{self.target(trainer).name} keeps the encoder of the last complete epoch, and no snapshot of this "
-                "epoch is written"
+                f"pre-training stopped inside epoch {epoch} ({steps} of {int(length)} steps): "
+                f"{self.target(trainer).name} holds the encoder as it stopped (its 'epoch' counts the {epoch - 1} "
+                f"complete epoch(s), 'steps' the {trainer.global_step} optimiser steps) and no snapshot of epoch "
+                f"{epoch} is written"
             )
-            return
         if trainer.is_global_zero and isinstance(pl_module, ContrastivePretrainer):
             checkpoint, target = pl_module.pretrained_checkpoint(), self.target(trainer)
+            if not complete:  # (a complete epoch's file stays as it was: re-made checkpoints compare by SHA-256)
+                checkpoint["epoch"], checkpoint["steps"] = epoch - 1, trainer.global_step
             data = trainer.datamodule
             if hasattr(data, "mean") and hasattr(data, "std"):  # for fine-tuning to check it feeds the same scale
                 checkpoint["normalization"] = {
@@ -421,8 +428,8 @@ class ExportPretrained(Callback):
                     "std": [float(v) for v in data.std],
                 }
             atomic_torch_save(checkpoint, target)
-            if trainer.current_epoch + 1 in self.snapshot_epochs:
-                atomic_torch_save(checkpoint, snapshot_path(target, trainer.current_epoch + 1))
+            if complete and epoch in self.snapshot_epochs:
+                atomic_torch_save(checkpoint, snapshot_path(target, epoch))
 
 
 def snapshot_path(pretrained: Path, epoch: int) -> Path:

@@ -132,13 +132,15 @@ def collect_cells(
 
 
 def _weights_arg(args: Sequence[str]) -> str | None:
-    """The ``--model.weights`` a run's fit arguments name (``--model.weights=F`` or ``--model.weights F``)."""
+    """The ``--model.weights`` a run's fit arguments name (``--model.weights=F`` or ``--model.weights F``; the last
+    one given, which the parser keeps)."""
+    found = None
     for i, arg in enumerate(args):
         if arg.startswith("--model.weights="):
-            return arg.split("=", 1)[1]
-        if arg == "--model.weights" and i + 1 < len(args):
-            return args[i + 1]
-    return None
+            found = arg.split("=", 1)[1]
+        elif arg == "--model.weights" and i + 1 < len(args):
+            found = args[i + 1]
+    return found
 
 
 def _check_one_file_per_weights(started_from: dict[str, dict[str, list[str]]]) -> None:

@@ -18,8 +18,8 @@ def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
     (its ``results.json`` says so: a result too), into ``dest``, in the layout of ``spec.output`` and without
     checkpoints or logs: a few KB per run to keep (in git, say) after the output folder is gone. Copying them back
     into ``spec.output`` makes the sweep skip those runs, count the finished ones in its tables and list the
-    diverged ones under them. A run's folder under ``dest`` then holds its records as they are now: a record file
-    of an earlier export that the run no longer has (a ``robust_results*.json`` moved out of it) is removed.
+    diverged ones under them. A ``robust_results*.json`` of an earlier export that the run no longer has (moved out
+    of it, as a table refusing it says to) is removed from ``dest``; the other record files are only replaced.
 
     Returns the run directories written under ``dest``."""
     dest = Path(dest)
@@ -36,8 +36,8 @@ def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
         for source in sources:
             shutil.copy2(source, target / source.name)
         kept = {source.name for source in sources}
-        for stale in RunDir(target).records():  # an earlier export's record the run no longer has (a file moved out)
+        for stale in target.glob("robust_results*.json"):  # an earlier export's the run no longer has (moved out)
             if stale.name not in kept:
-                stale.unlink(missing_ok=True)
+                stale.unlink()
         written.append(target)
     return written

@@ -59,11 +59,11 @@ def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
     """Clean accuracy and each (attack, threat model)'s robust accuracy (%) in a run's ``robust_results*.json``
     (``robust_results.json`` first, then the others by name). Columns are labelled ``pgd-10 ℓ∞ 4/255`` (attack and
     steps, as ``coretune eval robust`` prints them, then the threat model, then `` α 1/255`` for a step size other
-    than the default); nothing without such files. ``clean`` is
-    the clean accuracy of the report scored on the most images of the whole test set (the first such). A file
-    scored on a random sample of N images (``--max_images``, as AutoAttack is) has its own columns, ``clean [N
-    images]`` and ``autoattack ℓ∞ 4/255 [N images]``: a sample's numbers sit beside other attacks' on the same
-    sample, never in a column of the whole test set."""
+    than the default); nothing without such files. ``clean`` is the clean accuracy of the report scored on the most
+    images of the whole test set (the first such). A file scored on a random sample of N images (``--max_images``,
+    as AutoAttack is) has its own columns, ``clean [N images, seed S]`` and ``autoattack ℓ∞ 4/255 [N images, seed
+    S]``: a sample's numbers sit beside other attacks' on the same sample (size and seed), never in a column of the
+    whole test set."""
     from ..robustness import format_threat
 
     clean: tuple[int, float] | None = None

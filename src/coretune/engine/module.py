@@ -498,22 +498,18 @@ class FineTuner(L.LightningModule):
         """Warn when test images are training images too (``test_files_in_training``: a test folder inside the
         training folder, a class folder symlinked into it): the test score is then partly a training accuracy; and
         when a validation folder's are (``val_files_in_training``): ``best.ckpt`` is then chosen on them."""
-        shared = datamodule.test_files_in_training() if hasattr(datamodule, "test_files_in_training") else []
-        if shared:
-            tested = len(getattr(datamodule, "test_dataset", None) or shared)
-            rank_zero_warn(
-                f"{len(shared)} of the {tested} test images are training images too (the same files, e.g. "
-                f"{shared[0]}): the test score is partly a training accuracy; keep the test images out of the "
-                "training folder (a symlink into it counts)"
-            )
-        shared = datamodule.val_files_in_training() if hasattr(datamodule, "val_files_in_training") else []
-        if shared:
-            validated = len(getattr(datamodule, "val_dataset", None) or shared)
-            rank_zero_warn(
-                f"{len(shared)} of the {validated} validation images are training images too (the same files, e.g. "
-                f"{shared[0]}): best.ckpt is chosen partly on training accuracy; keep the validation images out of the "
-                "training folder (a symlink into it counts)"
-            )
+        for split, name, consequence in (
+            ("test", "test", "the test score is partly a training accuracy"),
+            ("val", "validation", "best.ckpt is chosen partly on training accuracy"),
+        ):
+            shared = getattr(datamodule, f"{split}_files_in_training", list)()
+            if shared:
+                scored = len(getattr(datamodule, f"{split}_dataset", None) or shared)
+                rank_zero_warn(
+                    f"{len(shared)} of the {scored} {name} images are training images too (the same files, e.g. "
+                    f"{shared[0]}): {consequence}; keep the {name} images out of the training folder (a symlink "
+                    "into it counts)"
+                )
 
     def _warn_memory_spans_epoch(self, datamodule: Any) -> None:
         """Warn when a cross-batch memory holds an epoch of rows (issue 40): the images come back in a fresh order

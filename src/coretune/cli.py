@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import sys
-from pathlib import Path
 
 from .arguments import ArgumentParser
 
@@ -278,13 +277,20 @@ def evaluate(args: list[str]) -> None:
 
     from .data import DataError, ImageClassificationData
     from .data.transforms import other_normalisation
+    from .engine import atomic_write
     from .evaluation import evaluate_encoder
     from .models import create_backbone, weights_digest
-    from .runconfig import parse_with_config
+    from .outputs import check_file_output, data_paths
+    from .runconfig import config_files, parse_with_config
+    from .scoring import written_by
 
     cfg = parse_with_config(_eval_parser(), args)
     if cfg.backbone is None and cfg.weights is None:
         raise ValueError("pass --backbone (and --weights for a pre-trained checkpoint)")
+    if cfg.output:  # before any image is read or weights loaded
+        reads = [("the weights", cfg.weights), *(("a --config file", path) for path in config_files(args))]
+        ours = written_by("backbone", "weights", "protocol", "top1")
+        check_file_output(cfg.output, "eval", reads=reads, data=data_paths(cfg.data.as_dict()), ours=ours)
     data = ImageClassificationData(**cfg.data.as_dict())
     data.check_folders()  # before hours of feature extraction, not after
     data.require_test_split("no images to score: coretune eval fits on the training features and scores")
@@ -330,8 +336,8 @@ def evaluate(args: list[str]) -> None:
     if cfg.output:
         recorded = {"backbone": backbone, "weights": cfg.weights, "weights_sha256": digest}
         recorded |= {"image_size": data.image_size, "mean": list(data.mean), "std": list(data.std)}  # as scored
-        Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.output).write_text(json.dumps({**recorded, "seed": cfg.seed, **result.__dict__}, indent=2) + "\n")
+        with atomic_write(cfg.output) as f:
+            f.write(json.dumps({**recorded, "seed": cfg.seed, **result.__dict__}, indent=2) + "\n")
 
 
 def demo(args: list[str]) -> None:

@@ -26,6 +26,7 @@ from torch.fx.experimental import _config as fx_config
 from .engine import FineTuner
 from .models import DeepLabV3, create_backbone, create_dilated_backbone
 from .models.segmentation import AtrousConv2d
+from .outputs import check_folder_output, trained_data_paths
 from .runconfig import check_config_task
 
 __all__ = [
@@ -177,6 +178,12 @@ def export_checkpoint(
             f"--output {output} is a file: give a folder (the export writes its model files and config.json into it)"
         )
     _check_replaceable(Path(output))
+    reads = [("the checkpoint", ckpt_path), *(("a --config file", path) for path in config_files)]
+    # a folder holding an earlier export (its config.json, checked above) may take this one
+    check_folder_output(
+        output, "export", reads=reads, data=trained_data_paths(ckpt_path),  # not into the data it was trained on
+        ours=lambda folder: (folder / "config.json").is_file(),
+    )  # fmt: skip
     if "onnx" in formats:
         _require_onnx()
     model = FineTuner.from_checkpoint(ckpt_path).eval()

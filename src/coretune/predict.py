@@ -17,11 +17,12 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from .data import IMAGE_EXTENSIONS, IMAGENET_MEAN, IMAGENET_STD, ImageFileDataset
+from .data import IMAGENET_MEAN, IMAGENET_STD, ImageFileDataset
 from .data.datasets import OnBadImage
 from .data.samplers import same_size_batches
 from .engine import FineTuner, atomic_write
 from .models import CheckpointError
+from .outputs import check_file_output, check_folder_output, check_output_path, mark_folder, trained_data_paths
 from .runconfig import check_config_task
 from .tasks.segmentation import colorize, save_palette_mask
 
@@ -62,11 +63,14 @@ def predict_folder(
         DataError: the folder holds no image, or an unreadable one (``on_bad_image="error"``).
         ValueError: a ``config_files`` entry is another task's, or an option does not apply to the task.
     """
+    reads = [("the checkpoint", ckpt_path), *(("a --config file", path) for path in config_files)]
+    trained = trained_data_paths(ckpt_path)
+    check_output_path(output, "predict", reads=reads, data=[Path(folder), *trained])  # before the checkpoint is read
     model = FineTuner.from_checkpoint(ckpt_path).eval()
     for config in config_files:
         check_config_task(config, model.task.name, str(ckpt_path))
     output = Path(output if output is not None else default_output(model.task.name))
-    check_output(output, folder, ckpt_path, model.task.name)
+    check_output(output, folder, reads, model.task.name, trained)
     if model.task.name == "segmentation":
         if image_size is not None:
             raise ValueError(
@@ -85,7 +89,7 @@ def predict_folder(
     names = model.class_names
     with atomic_write(output, newline="") as f, torch.inference_mode():
         writer = csv.writer(f)
-        writer.writerow(["path", "prediction", "confidence", *(f"p_{n}" for n in names)])
+        writer.writerow([*CSV_HEADER, *(f"p_{n}" for n in names)])
         for images, indices in loader:
             logits = _finite_logits(model, images, ckpt_path, dataset.paths, indices)
             probs = torch.softmax(logits, dim=1)
@@ -113,46 +117,39 @@ def _trained_data(model: FineTuner, ckpt_path: str | Path, needed: Sequence[str]
     return data
 
 
-_RUN_FILES = (
-    "results.json", "test_results.json", "val_results.json", "config.yaml", "metrics.csv", "fit_args.json",
-    "robust_results.json", "log.txt",
-)  # fmt: skip
-_WEIGHT_SUFFIXES = (".ckpt", ".pth", ".pt", ".tar", ".safetensors", ".bin")
+CSV_HEADER = ("path", "prediction", "confidence")
+"""The first columns of the CSV ``coretune predict`` writes: how it tells its own file (which it may replace)."""
 
 
-def check_output(output: Path, folder: str | Path, ckpt_path: str | Path, task: str) -> None:
-    """Refuse an ``output`` that would replace what ``coretune predict`` reads or a run's files: the checkpoint, an
-    existing weights file or run record (``results.json``, ``config.yaml`` … in a run folder: beside a
-    ``results.json`` or a ``checkpoints/`` folder), an input image, or
-    (segmentation) a mask folder that is the input folder or inside it (its masks would replace input images of
-    the same name, and be read as images by the next run).
+def _our_csv(path: Path) -> bool:
+    try:
+        with path.open(newline="") as f:
+            return tuple(next(csv.reader(f), ())[: len(CSV_HEADER)]) == CSV_HEADER
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+
+
+def check_output(
+    output: Path, folder: str | Path, reads: Sequence[tuple[str, str | Path]], task: str, trained: Sequence[Path]
+) -> None:
+    """Refuse an ``output`` that would replace what ``coretune predict`` did not make
+    (:mod:`coretune.outputs`): an input (the checkpoint, a ``--config`` file, the input folder or anything in it,
+    the data the checkpoint was trained on, ``trained``), a run's files, a file that is not an earlier predictions
+    CSV (classification), or a folder that is neither new, empty nor an earlier ``coretune predict``'s masks
+    (segmentation: its ``.coretune-predict`` marker).
 
     Raises:
         ValueError: naming ``output`` and what it would replace.
     """
-    out, source = Path(os.path.realpath(output)), Path(os.path.realpath(folder))
-    fix = "pass another --output"
-    if out == Path(os.path.realpath(ckpt_path)):
-        raise ValueError(f"--output {output} is the checkpoint itself: {fix}")
-    run_file = out.name in _RUN_FILES or out.name.startswith("robust_results")
-    in_run = (out.parent / "results.json").is_file() or (out.parent / "checkpoints").is_dir()  # finished or going
-    if out.is_file() and (out.suffix.lower() in _WEIGHT_SUFFIXES or (run_file and in_run)):
-        raise ValueError(f"--output {output} would replace {out.name}, a run's weights or record: {fix}")
-    if (out == source and not source.is_dir()) or (
-        source.is_dir() and out.suffix.lower() in IMAGE_EXTENSIONS and source in out.parents
-    ):
-        raise ValueError(f"--output {output} would replace an input image: {fix}")
-    if task != "segmentation" and out.is_dir():
-        raise ValueError(f"--output {output} is a folder: classification writes one CSV file; give its path")
-    if task == "segmentation":
-        base = source if source.is_dir() else source.parent
-        if source.is_dir() and (out == base or base in out.parents):
-            raise ValueError(
-                f"--output {output} is inside the input folder {folder}: its masks would replace input images of the "
-                f"same name and be read as images by the next run; {fix} outside it"
-            )
-        if not source.is_dir() and out / f"{source.stem}.png" == source:
-            raise ValueError(f"--output {output}: the mask {source.stem}.png would replace the input image; {fix}")
+    data = [Path(folder), *trained]
+    if task != "segmentation":
+        check_file_output(output, "predict", reads=reads, data=data, ours=_our_csv)
+        return
+    check_folder_output(output, "predict", reads=reads, data=data)
+    source = Path(os.path.realpath(folder))
+    if not source.is_dir() and Path(os.path.realpath(output)) / f"{source.stem}.png" == source:
+        raise ValueError(f"--output {output}: the mask {source.stem}.png would replace the input image; pass another "
+                         "--output")  # fmt: skip
 
 
 def _finite_logits(
@@ -231,6 +228,7 @@ def predict_masks(
                         blend = (0.5 * rgb + 0.5 * colorize(mask)).round().astype(np.uint8)
                         Image.fromarray(blend).save(staging / f"{name}_overlay.png")
                         written.append(Path(f"{name}_overlay.png"))
+        mark_folder(output, "predict")
         for relative in written:
             (output / relative).parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging / relative, output / relative)

@@ -47,8 +47,9 @@ from .attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode, 
 from .data import ImageClassificationData
 from .engine import FineTuner, atomic_write
 from .models import weights_digest
-from .runconfig import add_config_argument, parse_with_config
-from .scoring import check_classes, results_output, scored_folder_options
+from .outputs import data_paths
+from .runconfig import add_config_argument, config_files, parse_with_config
+from .scoring import check_classes, results_output, scored_folder_options, written_by
 from .tasks import ClassificationTask
 
 __all__ = [
@@ -428,7 +429,10 @@ def evaluate_robust(args: Sequence[str]) -> Path:
     parser = robust_parser()
     cfg = parse_with_config(parser, args)
     check(cfg)
-    output = results_output(cfg.output, Path(cfg.ckpt_path).resolve(), attrgetter("robust_results"), "eval robust")
+    ckpt, results = Path(cfg.ckpt_path).resolve(), attrgetter("robust_results")
+    reads = [("the checkpoint", cfg.ckpt_path), *(("a --config file", path) for path in config_files(args))]
+    ours = written_by("checkpoint", "data", "reports")
+    results_output(cfg.output, ckpt, results, "eval robust", reads=reads, ours=ours)  # before the checkpoint is read
     model = FineTuner.from_checkpoint(cfg.ckpt_path)
     if model.task.name != ClassificationTask.name:
         raise ValueError(
@@ -438,6 +442,9 @@ def evaluate_robust(args: Sequence[str]) -> Path:
     # the checkpoint's settings as defaults: the command line still wins
     cfg = parse_with_config(parser, args, task=model.task.name, checkpoint=cfg.ckpt_path)
     check(cfg)
+    output = results_output(
+        cfg.output, ckpt, results, "eval robust", reads=reads, data=data_paths(cfg.data.as_dict()), ours=ours
+    )
     if "autoattack" in cfg.attack:  # before any attack runs: a PGD listed first would run for hours, then stop
         check_autoattack_classes(model.num_classes or 0)
     options = cfg.data.as_dict()

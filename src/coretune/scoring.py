@@ -22,11 +22,12 @@ from typing import Any, Literal
 
 from .arguments import ArgumentParser
 from .engine import FineTuner, atomic_write, default_precision
-from .runconfig import add_config_argument, parse_with_config
+from .outputs import check_file_output, data_paths, trained_data_paths
+from .runconfig import add_config_argument, config_files, parse_with_config
 from .rundir import RunDir
 from .tasks import DEFAULT_TASK, TASKS, Task
 
-__all__ = ["Split", "check_classes", "results_output", "score", "score_parser"]
+__all__ = ["Split", "arg_value", "check_classes", "results_output", "score", "score_parser", "written_by"]
 
 Split = Literal["test", "validate"]
 
@@ -65,19 +66,23 @@ def score(command: Split, args: Sequence[str]) -> Path:
     """Run ``coretune test`` or ``coretune validate`` with ``args``; print and return the results file."""
     import lightning as L
 
-    ckpt_path = _ckpt_path_arg(args)
+    ckpt_path = arg_value(args, "--ckpt_path")
     if ckpt_path is None:  # the parser's own error (or --help)
         parse_with_config(score_parser(command), args)
         raise ValueError("pass --ckpt_path, a .ckpt written by coretune fit")
     ckpt = Path(ckpt_path).resolve()
+    results = attrgetter("test_results" if command == "test" else "val_results")
+    reads = [("the checkpoint", ckpt_path), *(("a --config file", path) for path in config_files(args))]
+    ours = written_by("checkpoint", "data", command)
+    # before the checkpoint is loaded: the output as given (the data it reads is known once parsed)
+    results_output(arg_value(args, "--output"), ckpt, results, command, reads=reads, ours=ours)
     model = FineTuner.from_checkpoint(ckpt_path)
     parser = score_parser(command, model.task)
     parser.set_defaults({f"data.{key}": value for key, value in model.trained_data.items()})
     # the checkpoint's settings as defaults: the command line still wins
     cfg = parse_with_config(parser, args, task=model.task.name, checkpoint=ckpt_path)
-    output = results_output(
-        cfg.output, ckpt, attrgetter("test_results" if command == "test" else "val_results"), command
-    )
+    data_read = [*data_paths(cfg.data.as_dict()), *trained_data_paths(ckpt)]
+    output = results_output(cfg.output, ckpt, results, command, reads=reads, data=data_read, ours=ours)
     options = cfg.data.as_dict()
     standalone = scored_folder_options(command, options) if model.task.name == "classification" else None
     data = model.task.data_class(**(standalone or options))
@@ -129,27 +134,48 @@ def scored_folder_options(command: Split, options: dict[str, Any]) -> dict[str, 
             "label_fraction": 1.0, "val_fraction": 0.0, "cache_images": False}  # fmt: skip
 
 
-def _ckpt_path_arg(args: Sequence[str]) -> str | None:
-    """The value of the last ``--ckpt_path`` in ``args`` (the checkpoint, whose task decides the data options)."""
+def arg_value(args: Sequence[str], option: str) -> str | None:
+    """The value of the last ``option`` in ``args`` (``--ckpt_path``: the checkpoint, whose task decides the data
+    options; ``--output``, checked before the checkpoint is read)."""
     found = None
     for arg, following in zip(args, [*args[1:], None], strict=True):
         key, eq, value = arg.partition("=")
-        if key == "--ckpt_path":
+        if key == option:
             found = value if eq else following
     return found
 
 
-def results_output(output: str | None, ckpt: Path, default: Callable[[RunDir], Path], command: str) -> Path:
+def written_by(*keys: str) -> Callable[[Path], bool]:
+    """Whether a file is a JSON object holding ``keys``: how a command tells the results files it wrote (which it
+    may replace) from anything else (:func:`coretune.outputs.check_file_output`'s ``ours``)."""
+
+    def ours(path: Path) -> bool:
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            return False
+        return isinstance(found, dict) and all(key in found for key in keys)
+
+    return ours
+
+
+def results_output(
+    output: str | None,
+    ckpt: Path,
+    default: Callable[[RunDir], Path],
+    command: str,
+    *,
+    reads: Sequence[tuple[str, str | None]] = (),
+    data: Sequence[Path] = (),
+    ours: Callable[[Path], bool] = lambda _: False,
+) -> Path:
     """The file a command that scores checkpoint ``ckpt`` writes: ``output``, else ``default`` of the checkpoint's
-    run directory; never the fit's ``results.json`` (``ValueError``)."""
+    run directory (a name the command owns there), checked (:func:`coretune.outputs.check_file_output`): never an
+    input, data, a run's other files or a file the command did not write, and in a writable folder."""
     run = RunDir.of_checkpoint(ckpt)
-    path = Path(output) if output else default(run)
-    if path.name == run.results.name and path.is_file():
-        raise ValueError(
-            f"--output {path} would overwrite a fit's results.json, which coretune {command} leaves as it is: "
-            "give another file name"
-        )
-    return path
+    owned = default(run)
+    path = Path(output) if output else owned
+    return check_file_output(path, command, reads=reads, data=data, owns=[owned.name], ours=ours)
 
 
 def check_unseen_domains(model: FineTuner, data: Any, ckpt_path: str) -> None:

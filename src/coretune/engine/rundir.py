@@ -23,10 +23,11 @@ from ..arguments import OneLineErrors
 from ..atomicfile import atomic_write
 from ..distributed import is_launching_process
 from ..models import CheckpointError, UnreadableCheckpointError, load_checkpoint_file, weights_digest
+from ..outputs import check_folder_output, data_paths, mark_folder, marked_by_another
 from ..runclaim import fit_claim
 from ..rundir import RunDir
 
-__all__ = ["RESUMABLE_CHANGES", "RunDirCLI", "check_resume", "resolve_run_dir", "setting_changes"]
+__all__ = ["RESUMABLE_CHANGES", "RunDirCLI", "check_resume", "check_run_dir", "resolve_run_dir", "setting_changes"]
 
 _WHERE = frozenset({"ckpt_path", "weights_only", "run_dir", "trainer.default_root_dir", "trainer.logger"})
 """Where a run resumes from and writes to, and logs to (``trainer.logger`` and its settings, which may be added,
@@ -276,6 +277,34 @@ def resolve_run_dir(config: Any, default_name: str) -> None:
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 
+def _made_by_a_run(command: str) -> Callable[[Path], bool]:
+    """Whether a folder without ``coretune <command>``'s marker is a run of it all the same: made before runs were
+    marked (its checkpoints, results, claim, or a sweep's fit arguments), and marked by no other command."""
+
+    def ours(folder: Path) -> bool:
+        if marked_by_another(folder, command):
+            return False  # another command's folder: a pre-training run, a sweep's output, a prediction …
+        run = RunDir(folder)
+        return any(path.exists() for path in (run.checkpoints, run.results, run.claim, run.fit_args))
+
+    return ours
+
+
+def check_run_dir(config: Mapping[str, Any], current: Mapping[str, Any], command: str) -> None:
+    """Refuse, before anything is read or written, a ``--run_dir`` that ``coretune <command>`` would write into but
+    did not make (:func:`coretune.outputs.check_folder_output`): a folder of other files (a user's own
+    ``config.yaml`` and ``metrics.csv``), the data it reads or a folder inside it, an input, another command's
+    folder, or an unwritable one. ``current`` is the configuration as ``config.yaml`` records it."""
+    flat = _flat(current)
+    reads = [("a --config file", str(path)) for path in config.get("config") or []]
+    reads += [("the pre-trained weights (--model.weights)", flat.get("model.weights"))]
+    reads += [("the checkpoint (--ckpt_path)", config.get("ckpt_path"))]
+    reads = [(what, path) for what, path in reads if isinstance(path, str)]
+    data = data_paths(current.get("data") if isinstance(current.get("data"), Mapping) else None)
+    check_folder_output(config["run_dir"], command, option="--run_dir", reads=reads, data=data,
+                        ours=_made_by_a_run(command))  # fmt: skip
+
+
 class SaveConfigOnFitStart(SaveConfigCallback):
     """LightningCLI's ``config.yaml``, written once the run's checkpoint is restored (``on_fit_start``) instead of at
     set-up: a resume refused while loading its checkpoint (the data gained a class) leaves the file as it was. It
@@ -399,6 +428,8 @@ class RunDirCLI(LightningCLI):
         found = config.get("ckpt_path") is None
         resolve_run_dir(config, default_name)
         found = found and config.get("ckpt_path") is not None
+        current = yaml.safe_load(self._parser(self.subcommand).dump(config, skip_unset=False))
+        check_run_dir(config, current, self.command)
         if is_launching_process():
             remover = None
             if not Path(config["run_dir"]).exists():
@@ -408,7 +439,8 @@ class RunDirCLI(LightningCLI):
             self._hold.enter_context(fit_claim(config["run_dir"]))
             if remover is not None:
                 remover.claimed = True
-        changes = check_resume(config, yaml.safe_load(self._parser(self.subcommand).dump(config, skip_unset=False)))
+            mark_folder(config["run_dir"], self.command)
+        changes = check_resume(config, current)
         if found or changes:
             changed = f" with {'; '.join(changes)}" if changes else ""
             rank_zero_info(

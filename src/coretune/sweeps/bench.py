@@ -15,8 +15,10 @@ set (``--data.val_fraction``), for studies that must not look at the test split.
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Any
 
+from ..outputs import check_folder_output, data_paths_in_args, mark_folder, marked_by_another
 from ..rundir import RunDir
 from .export import export_records
 from .launch import SweepInterrupted, run_sweep
@@ -100,6 +102,20 @@ def _parser() -> Any:
     return parser
 
 
+def holds_runs(folder: Path) -> bool:
+    """Whether ``folder`` is a sweep's output (or records exported from one) made before sweeps marked their
+    folders: its run directories (``<dataset>/<objective>/frac<f>/seed<k>``) or its summary, and no other command's
+    marker."""
+    if marked_by_another(folder, "bench"):
+        return False
+    return any(folder.glob("summary.*")) or any(path.is_dir() for path in folder.glob("*/*/frac*/seed*"))
+
+
+def _data_read(spec: BenchSpec) -> list[Path]:
+    """The data folders and files the spec's fits read (the paths among their ``--data.*`` options)."""
+    return list(dict.fromkeys(path for run in spec.runs() for path in data_paths_in_args(run.args)))
+
+
 def main(args: list[str]) -> None:
     from rich.console import Console
 
@@ -114,6 +130,12 @@ def main(args: list[str]) -> None:
     if cfg.status:
         print_status(subset, console, whole=spec)
         return
+    reads, data = [("the spec", cfg.config)], _data_read(spec)
+    if cfg.export is not None:
+        check_folder_output(cfg.export, "bench", option="--export", reads=reads, data=data, ours=holds_runs)
+    elif not cfg.dry_run:
+        check_folder_output(spec.output, "bench", option="the spec's output", reads=reads, data=data, ours=holds_runs)
+        mark_folder(spec.output, "bench")
     if cfg.export is not None:
         if cfg.aggregate_only:
             _print_summary(spec, console)

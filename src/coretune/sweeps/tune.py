@@ -50,6 +50,7 @@ from typing import Any, Literal
 import yaml
 
 from ..atomicfile import atomic_write
+from ..outputs import check_folder_output, data_paths_in_args, mark_folder, marked_by_another
 from ..runclaim import RunInUse
 from ..rundir import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task, get_task
@@ -341,7 +342,8 @@ def tune(
     if storage is not None:
         _check_storage(storage)
     output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
+    check_folder_output(output, "tune", data=data_paths_in_args(fit_args), ours=_holds_a_study)
+    mark_folder(output, "tune")
     storage = storage or f"sqlite:///{output / 'study.db'}"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -700,6 +702,14 @@ def _parser() -> Any:
         "tensorboard, csv or wandb (offline).",
     )
     return parser
+
+
+def _holds_a_study(folder: Path) -> bool:
+    """Whether ``folder`` is a ``coretune tune`` output made before it marked its folders (its study, trials or
+    results), and no other command's."""
+    if marked_by_another(folder, "tune"):
+        return False
+    return any((folder / name).exists() for name in ("study.db", "trials", "trials.csv", "best.yaml"))
 
 
 def main(args: list[str]) -> None:

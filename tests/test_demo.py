@@ -39,7 +39,8 @@ def test_the_demo_remakes_only_folders_it_made(tmp_path: Path) -> None:
     assert (ours / ".coretune-demo").is_file()
     write_digits(ours, per_class=6)  # other arguments: its own folder, remade
     assert len(list(ours.glob("*/*/*.png"))) == 60 and (ours / ".coretune-demo").is_file()
-    with pytest.raises(SystemExit, match=r"^coretune demo: error: .*pretrain exists and was not made by coretune demo"):
+    # a folder of other runs as --output: refused whole, before anything is written (issue 60)
+    with pytest.raises(SystemExit, match=r"^coretune demo: error: --output .*runs holds files coretune demo did not"):
         (tmp_path / "runs" / "pretrain").mkdir()
         (tmp_path / "runs" / "pretrain" / "run").mkdir()
         (tmp_path / "runs" / "data").rename(tmp_path / "other")  # the data step passes; pretrain/ is refused

@@ -45,13 +45,16 @@ def test_two_images_of_one_mask_name_are_refused_and_the_output_is_left_alone(
         Image.new("RGB", (32, 32), (90, 120, 150)).save(images / "sub" / name)
     (output / "sub").mkdir(parents=True)
     (output / "sub" / "b.png").write_bytes(b"an earlier mask")
+    (output / ".coretune-predict").write_text("")  # an earlier prediction's folder
     first, second = sorted(names)
     assert error(["predict", f"--ckpt_path={segmenter}", f"--input={images}", f"--output={output}", *options]) == (
         f"images {images / 'sub' / first} and {images / 'sub' / second} would both be written to {output / target} "
         "(each image's files are named after it without its extension): rename one of them"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "masks"]  # no staging folder left
-    assert [p.relative_to(output) for p in output.rglob("*")] == [Path("sub"), Path("sub/b.png")]
+    assert sorted(p.relative_to(output) for p in output.rglob("*")) == [
+        Path(".coretune-predict"), Path("sub"), Path("sub/b.png")
+    ]
     assert (output / "sub" / "b.png").read_bytes() == b"an earlier mask"
 
 
@@ -79,16 +82,16 @@ def test_an_output_that_would_replace_inputs_or_run_files_is_refused(segmenter: 
     before = (images / "a.png").read_bytes()
     run = segmenter.parent.parent
     cases = {
-        str(images): "is inside the input folder",
-        str(images / "masks"): "is inside the input folder",
-        str(segmenter): "is the checkpoint itself",
-        str(run / "results.json"): "would replace results.json, a run's weights or record",
+        str(images): f"is inside {images}, data this command reads",
+        str(images / "masks"): f"is inside {images}, data this command reads",
+        str(segmenter): "is the checkpoint this command reads",
+        str(run / "results.json"): "is a file: coretune predict fills a folder",
     }
     for output, why in cases.items():
         message = error(["predict", f"--ckpt_path={segmenter}", f"--input={images}", f"--output={output}"])
         assert message.startswith(f"--output {output} {why}"), message
     message = error(["predict", f"--ckpt_path={segmenter}", f"--input={images / 'a.png'}", f"--output={images}"])
-    assert message == f"--output {images}: the mask a.png would replace the input image; pass another --output"
+    assert message.startswith(f"--output {images} holds files coretune predict did not make"), message
     assert (images / "a.png").read_bytes() == before and sorted(p.name for p in images.iterdir()) == ["a.png"]
     main(["predict", f"--ckpt_path={segmenter}", f"--input={images / 'a.png'}", f"--output={tmp_path / 'masks'}"])
     assert (tmp_path / "masks" / "a.png").is_file()

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .outputs import check_folder_output, mark_folder
+
 __all__ = ["DemoResult", "MethodResult", "main", "run_demo", "write_digits"]
 
 METHODS = (("CE-tuning", "ce"), ("Core-tuning", "core"))
@@ -133,6 +135,16 @@ _MARKER = ".coretune-demo"
 """The file in every folder the demo makes: the only folders it removes to make them again."""
 
 
+def _an_earlier_demo(output: Path) -> bool:
+    """Whether ``output`` holds a demo from before the demo marked its output folder: its ``summary.json`` (naming
+    its ``pretrain_dir``) or a folder it marked."""
+    try:
+        summary = json.loads((output / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = None
+    return (isinstance(summary, dict) and "pretrain_dir" in summary) or any(output.glob(f"*/{_MARKER}"))
+
+
 def _adopt_earlier_demo(output: Path) -> None:
     """Mark the folders of a demo run before the demo marked its folders (its ``summary.json`` names its
     ``pretrain_dir``), so that ``make demo`` re-runs over them after an upgrade: ``data``, ``pretrain`` and the
@@ -214,7 +226,9 @@ def run_demo(
     with _demo_environment(num_threads):
         console = Console()
         output = Path(output)
+        check_folder_output(output, "demo", ours=_an_earlier_demo)
         _adopt_earlier_demo(output)
+        mark_folder(output, "demo")
         data_dir = write_digits(output / "data", per_class=FAST_PER_CLASS if fast else None)
         settings = {
             "seeds": seeds,

@@ -131,7 +131,7 @@ def _check_not_input(path: Path, option: str, given: str, reads: Inputs, data: I
         if _inside(real, _real(folder)):
             raise ValueError(
                 f"{option} {given} is inside {folder}, data this command reads (images, masks or lists there would "
-                f"be replaced, or read as data next time): pass an {option} outside the data"
+                f"be replaced, or read as data next time): choose an output outside the data"
             )
 
 
@@ -157,7 +157,7 @@ def check_writable(path: str | os.PathLike[str], option: str, given: str) -> Non
     except OSError as err:
         reason = err.strerror or type(err).__name__
         raise ValueError(
-            f"{option} {given}: cannot write into {folder} ({reason}); nothing was run: pass an {option} in a "
+            f"{option} {given}: cannot write into {folder} ({reason}); nothing was run: choose an output in a "
             "writable folder"
         ) from None
     os.close(handle)

@@ -191,12 +191,12 @@ def test_predict_keeps_its_old_output_when_an_image_is_bad_or_skips_it(tree: Pat
     bad.write_bytes(bad.read_bytes()[:60])  # the 6th of 12 images is truncated
     out = tmp_path / "out" / "preds.csv"
     out.parent.mkdir()
-    out.write_text("the previous predictions\n")
+    out.write_text("path,prediction,confidence\nthe previous predictions\n")
     args = ["predict", f"--ckpt_path={ckpt}", f"--input={images}", f"--output={out}", "--batch_size=4"]
     assert error(args) == (
         f"cannot decode image {bad}: image file is truncated; fix or remove it, or pass --data.on_bad_image skip"
     )
-    assert out.read_text() == "the previous predictions\n"  # was: a header and the 4 rows before the bad batch
+    assert out.read_text() == "path,prediction,confidence\nthe previous predictions\n"  # was: a header and the 4 rows before the bad batch
     assert [p.name for p in out.parent.iterdir()] == ["preds.csv"]  # no temporary file left
     for option in ("--on_bad_image=skip", "--data.on_bad_image=skip"):  # the second is what the message says
         with pytest.warns(SkippedImagesWarning, match=rf"^skipped 1 unreadable image file\(s\) of 12 .*{bad.name}"):
@@ -649,7 +649,7 @@ def test_predict_refuses_nan_weights_or_outputs_and_keeps_its_old_output(tree: P
     # a diverged run's checkpoint gave rows like `cat,nan,nan,nan` and exit 0
     nan = fine_tuned_checkpoint(tmp_path / "nan.ckpt", 3, lambda s: s["objective.classifier.weight"].fill_(math.nan))
     out = tmp_path / "p.csv"
-    out.write_text("the previous predictions\n")
+    out.write_text("path,prediction,confidence\nthe previous predictions\n")
     assert error(command("predict", nan, tree, tmp_path)) == (
         f"checkpoint {nan} holds NaN or infinite weights (1 of 26 tensors, e.g. objective.classifier.weight): the run "
         "that wrote it diverged; use an earlier checkpoint, or fine-tune again with a lower learning rate (--model.lr)"
@@ -660,7 +660,7 @@ def test_predict_refuses_nan_weights_or_outputs_and_keeps_its_old_output(tree: P
         f"checkpoint {huge} gives NaN or infinite outputs for {first} (and 11 more of its batch): its weights "
         "overflow; use an earlier checkpoint of the run, or fine-tune again with a lower learning rate (--model.lr)"
     )
-    assert out.read_text() == "the previous predictions\n"
+    assert out.read_text() == "path,prediction,confidence\nthe previous predictions\n"
 
 
 def crafted(ckpt: dict[str, Any], case: str) -> None:

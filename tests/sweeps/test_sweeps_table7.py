@@ -23,7 +23,8 @@ DOMAINS = ("art", "cartoon", "photo", "sketch")
 
 
 def dg_spec(tmp_path: Path, objectives: list[str] | None = None) -> BenchSpec:
-    datasets = {d: [f"--data.root={tmp_path}", f"--data.test_domains={d}"] for d in DOMAINS}
+    (tmp_path / "pacs").mkdir(exist_ok=True)  # the data root: the output is not inside it
+    datasets = {d: [f"--data.root={tmp_path / 'pacs'}", f"--data.test_domains={d}"] for d in DOMAINS}
     return BenchSpec.from_dict(
         {
             "output": str(tmp_path / "out"),

@@ -169,6 +169,7 @@ def test_a_fit_that_would_never_validate_is_refused_before_training(never: str, 
     assert not run.exists()
 
 
+@pytest.mark.filterwarnings("ignore:`ModelCheckpoint\\(monitor='val/top1'\\)` could not find")  # last_checkpoint
 @pytest.mark.parametrize(
     ("options", "first"),
     [(["--trainer.max_steps=2"], 3), (["--trainer.max_steps=5", "--trainer.check_val_every_n_epoch=2"], 6)],

@@ -3,6 +3,7 @@ of a command."""
 
 from pathlib import Path
 
+import lightning as L
 import pytest
 
 from coretune.cli import main
@@ -46,3 +47,11 @@ def error(args: list[str]) -> str:
     assert message.startswith(prefix), message
     assert "\n" not in message and "Traceback" not in message, message
     return message[len(prefix) :]
+
+
+class StopBeforeTraining(L.Callback):
+    """Stops a fit at its start, before its first optimiser step: a run that trained nothing
+    (``--trainer.callbacks+=fit_flags.StopBeforeTraining``)."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.should_stop = True

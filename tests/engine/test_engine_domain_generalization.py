@@ -169,6 +169,30 @@ def test_a_fit_that_would_never_validate_is_refused_before_training(never: str, 
     assert not run.exists()
 
 
+@pytest.mark.filterwarnings("ignore:`ModelCheckpoint\\(monitor='val/top1'\\)` could not find")  # last_checkpoint
+@pytest.mark.parametrize(
+    ("options", "first"),
+    [(["--trainer.max_steps=2"], 3), (["--trainer.max_steps=5", "--trainer.check_val_every_n_epoch=2"], 6)],
+)
+def test_a_fit_whose_max_steps_end_before_its_first_validation_is_refused_before_training(
+    options: list[str], first: int, tree: Path, tmp_path: Path
+) -> None:
+    """--trainer.max_steps 2 of an epoch's 3 steps trained, then failed: "no validation … chose its
+    checkpoints/best.ckpt … (the best checkpoint the resumed run chose is …/last.ckpt …)", of a run never resumed."""
+    run = tmp_path / "run"
+    steps = options[0].partition("=")[2]
+    assert error(["fit", *TINY, f"--data.root={tree}", "--data.test_domains=photo", f"--run_dir={run}", *options]) == (
+        f"--trainer.max_steps {steps} ends this fit before its first validation, after {first} optimiser steps, so no "
+        "validation would choose the checkpoints/best.ckpt it ends by testing (--data.selection "
+        f"training_domain_validation): pass --trainer.max_steps {first} or more, or test the last weights "
+        "(--data.selection last_checkpoint)"
+    )
+    assert not run.exists()
+    # the fix it names: the last weights, tested after the steps asked for
+    selection = fit(tree, run, *options, "--data.selection=last_checkpoint")["test"]["selection"]
+    assert selection["checkpoint"] == "last.ckpt" and selection["step"] == int(steps)
+
+
 def test_a_fit_never_tests_another_runs_best_ckpt(tree: Path, tmp_path: Path) -> None:
     """A finished run re-run in its folder is tested again from its own best.ckpt; resumed into another folder
     without validating (``--ckpt_path`` of the first run's last.ckpt, nothing left to train), the best.ckpt the

@@ -3,13 +3,17 @@
 import itertools
 import math
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 import pytest
 import torch
 
 from coretune.cli import main
-from coretune.engine import build_optimizer, lr_factor
+from coretune.data import ImageClassificationData
+from coretune.engine import FineTuner, build_optimizer, lr_factor, make_trainer, read_metrics
 from coretune.engine.optim import optimizer_problems
+from coretune.objectives import create
 from fit_flags import QUIET, TINY_FIT
 
 
@@ -82,3 +86,42 @@ def test_l2sp_and_delta_train_without_weight_decay(objective: str, decay: float,
     state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     groups = state["optimizer_states"][0]["param_groups"]
     assert len(groups) == 2 and [g["weight_decay"] for g in groups] == [decay, decay]
+
+
+class FirstStepLr(L.Callback):
+    """Records the heads' learning rate of each optimiser step a fit takes (before the step)."""
+
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        self.lrs.append(optimizer.param_groups[-1]["lr"])
+
+
+@pytest.mark.parametrize("command", ["fit", "pretrain"])
+def test_an_extended_run_steps_at_its_stretched_schedules_lr_from_the_first_step(command: str, tmp_path: Path) -> None:
+    """A finished 2-epoch run (4 steps an epoch), extended to 4: its cosine schedule stretches to 16 steps, and the
+    first step after the resume runs at its value for step 8, lr/2, as metrics.csv records for epoch 3. It ran at
+    the restored lr of the old schedule's end, 0.0, and metrics.csv said 0.0."""
+    from coretune.pretrain import PretrainData, SimCLR, make_pretrain_trainer
+    from image_trees import make_image_folder, make_image_tree
+
+    if command == "fit":
+        data = ImageClassificationData(root=str(make_image_tree(tmp_path / "data")), image_size=16, batch_size=8)
+        new_model = lambda: FineTuner(create("ce"), backbone="small_cnn")  # noqa: E731
+        trainer = lambda epochs, *cb: make_trainer(tmp_path / "run", progress=False, max_epochs=epochs,  # noqa: E731
+                                                   enable_model_summary=False, callbacks=list(cb))  # fmt: skip
+    else:
+        data = PretrainData(root=str(make_image_folder(tmp_path / "data", n=16)), image_size=16, batch_size=4)
+        new_model = lambda: SimCLR(backbone="small_cnn", proj_dim=16)  # noqa: E731
+        trainer = lambda epochs, *cb: make_pretrain_trainer(tmp_path / "run", max_epochs=epochs,  # noqa: E731
+            enable_progress_bar=False, enable_model_summary=False, callbacks=list(cb))  # fmt: skip
+    lr = new_model().hparams.lr
+    trainer(2).fit(new_model(), datamodule=data)
+    steps = FirstStepLr()
+    trainer(4, steps).fit(new_model(), datamodule=data, ckpt_path=str(tmp_path / "run" / "checkpoints" / "last.ckpt"))
+    assert steps.lrs[0] == pytest.approx(lr * lr_factor(8, 16)) == pytest.approx(lr / 2)
+    assert steps.lrs[1:4] == pytest.approx([lr * lr_factor(s, 16) for s in (9, 10, 11)])
+    rows = read_metrics(tmp_path / "run" / "metrics.csv")
+    assert [int(r["step"]) for r in rows] == [4, 8, 12, 16]
+    assert float(rows[2]["lr"]) == pytest.approx(lr / 2)

@@ -341,9 +341,10 @@ def test_a_model_whose_outputs_do_not_depend_on_the_images_fails(tree: Path, tmp
     main(fit_args(tree, tmp_path / "run"))  # fitted again into it, with working weights: no stale record
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert "test" in results and "diverged" not in results
-    # an epoch of identical images is not judged: a blank test set gives one prediction legitimately
+    # an epoch of identical images is not judged: a blank test set gives one prediction legitimately (a blank
+    # training set is refused before training: test_engine_preflight.py)
     blank = copy_tree(tree, tmp_path)
-    for image in blank.glob("*/*/*.png"):
+    for image in blank.glob("val/*/*.png"):
         Image.new("RGB", (32, 32), (128, 64, 32)).save(image)
     main(fit_args(blank, tmp_path / "blank"))
 
@@ -1116,8 +1117,11 @@ def test_a_run_whose_training_accuracy_collapses_to_chance_fails(tree: Path, tmp
     message = error(args)
     assert re.fullmatch(
         r"the training top-1 is \d+\.\d% at epoch 6, step 54: chance level \(a model that learned nothing scores "
-        r"33\.3% on these labels\), at the end of training: the run collapsed or is not learning\. Clip the "
-        r"gradients \(--trainer\.gradient_clip_val 1\.0\) or lower the learning rate \(--model\.lr\); "
+        r"33\.3% on these labels\), at the end of training: the run collapsed or is not learning, and its training "
+        r"loss never fell below that of guessing the class frequencies \(cross-entropy 1\.1\): check that the "
+        r"training images hold signal \(not blank or all alike\) and that their labels match them, and the "
+        r"pre-trained weights; if they do, clip the gradients \(--trainer\.gradient_clip_val 1\.0\) or lower the "
+        r"learning rate \(--model\.lr\); "
         r"docs/results\.md, section 7\. If it learns slowly on purpose, give it more time with a guard of your own: "
         r"--trainer\.callbacks\+=coretune\.engine\.ChanceLevelGuard --trainer\.callbacks\.min_fraction 0\.5 \(or "
         r"--trainer\.callbacks\.stop false to only warn\)",

@@ -335,13 +335,20 @@ def chance_verdict(top1: float, counts: torch.Tensor, mean_ce: float | None = No
     learned_nothing = f"a model that learned nothing scores {100 * floor:.1f}% on these labels"
     if top1 <= floor + 3 * math.sqrt(floor * (1 - floor) / seen):
         return f"chance level ({learned_nothing})"
-    entropy = float(-(shares * shares.log()).sum())
+    entropy = guessing_entropy(counts)
     if mean_ce is not None and top1 <= min(2 * floor, (1 + floor) / 2) and mean_ce >= 0.95 * entropy:
         return (
             f"no better than chance: its cross-entropy {mean_ce:.3g} is at least 95% of that of guessing the class "
             f"frequencies ({entropy:.3g}), and {learned_nothing}"
         )
     return None
+
+
+def guessing_entropy(counts: torch.Tensor) -> float:
+    """The cross-entropy of predicting the class frequencies of labels counted ``counts`` per class: their entropy
+    ``H = -Σ p_k ln p_k`` (a model that learned nothing from the images gets no lower)."""
+    shares = counts[counts > 0].double() / int(counts.sum())
+    return float(-(shares * shares.log()).sum())
 
 
 def _whole(value: object) -> bool:
@@ -397,6 +404,11 @@ class ChanceLevelGuard(L.Callback):
         self._ce_rows = 0
         self._streak = 0
         self._warned = False
+        self._loss_fell = False  # an epoch's training cross-entropy fell below that of guessing (this fit)
+        self._guessing = math.nan
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._loss_fell, self._guessing = False, math.nan
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._counts = None
@@ -424,6 +436,8 @@ class ChanceLevelGuard(L.Callback):
         if top1 is None or self._counts is None or trainer.sanity_checking:
             return
         mean_ce = float(self._ce_sum) / self._ce_rows if self._ce_rows else None
+        self._guessing = guessing_entropy(self._counts)
+        self._loss_fell = self._loss_fell or mean_ce is None or mean_ce < 0.95 * self._guessing
         verdict = chance_verdict(float(top1), self._counts, mean_ce)
         total = trainer.estimated_stepping_batches  # inf for an unbounded run
         first_step = max(self.min_steps, self.min_fraction * total if math.isfinite(total) else 0)
@@ -439,8 +453,8 @@ class ChanceLevelGuard(L.Callback):
             f"{verdict}"  # not None: every process found its epoch at chance (all=True)
         )
         fix = (
-            "the run collapsed or is not learning. Clip the gradients (--trainer.gradient_clip_val 1.0) or lower the "
-            "learning rate (--model.lr); docs/results.md, section 7"
+            f"the run collapsed or is not learning{self._no_signal()} the gradients (--trainer.gradient_clip_val 1.0) "
+            "or lower the learning rate (--model.lr); docs/results.md, section 7"
         )
         if self.stop:
             fix += (
@@ -460,3 +474,14 @@ class ChanceLevelGuard(L.Callback):
         if not self._warned:
             self._warned = True
             rank_zero_warn(f"{what}: {fix}")
+
+    def _no_signal(self) -> str:
+        """When no epoch's training loss fell below guessing's: the data, or the weights, as causes before the
+        optimisation (the images may hold no signal, as images all alike, or labels that do not depend on them)."""
+        if self._loss_fell or not self._guessing > 0:
+            return ". Clip"
+        return (
+            f", and its training loss never fell below that of guessing the class frequencies (cross-entropy "
+            f"{self._guessing:.3g}): check that the training images hold signal (not blank or all alike) and that "
+            "their labels match them, and the pre-trained weights; if they do, clip"
+        )

@@ -33,6 +33,7 @@ from ..tasks import DEFAULT_TASK, TASKS, Task
 from .checkpoint_io import with_atomic_io
 from .loggers import LOGGER_ALIAS, expand_config_loggers, logger_args, place_loggers
 from .module import FineTuner
+from .preflight import check_validates_before_max_steps
 from .rundir import RunDirCLI
 from .trainer import (
     BestCheckpoint,
@@ -247,7 +248,7 @@ class FitCLI(RunDirCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
-        check_trainer_options(config["trainer"])
+        check_trainer_options(config["trainer"], (config.get("model") or {}).get("schedule"))
         self.settle_run_dir(str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower())
         place_loggers(config, resuming=config.get("ckpt_path") is not None)
 
@@ -282,6 +283,8 @@ class FitCLI(RunDirCLI):
                 f"({_selection_hint(self.datamodule)}): let it validate, or test the last weights (--data.selection "
                 "last_checkpoint)"
             )
+        if tests_best and self._get(self.config, "ckpt_path") is None:
+            check_validates_before_max_steps(self.trainer, self.datamodule, _selection_hint(self.datamodule), _BEST)
         if callable(require := getattr(self.datamodule, "require_test_split", None)):
             require(
                 "no images to test on: --data.val_fraction holds out part of train/ for validation, and coretune "
@@ -291,13 +294,21 @@ class FitCLI(RunDirCLI):
     def after_fit(self) -> None:
         if self.trainer.interrupted:
             return
+        if self.trainer.global_step == 0:  # stopped before its first step (a callback's stop): nothing trained
+            raise ValueError(
+                "this fit ran no optimiser step, so there is no trained model to test (the untrained one would be "
+                "recorded as its result): let it train, e.g. --trainer.max_epochs 1 or more"
+            )
         run = RunDir(self.trainer.default_root_dir)
         tested = self.model.task.test_checkpoint(run.path)
         if tested == str(run.best_checkpoint) and not _chose_best(self.trainer, run):
             found = "the file there is an earlier run's" if run.best_checkpoint.is_file() else "there is none"
             resumed = self.trainer.ckpt_path
             weights = run.last_checkpoint if run.last_checkpoint.is_file() or not resumed else Path(resumed)
-            chosen = [c.best_model_path for c in self.trainer.checkpoint_callbacks if getattr(c, "best_model_path", "")]
+            # the best.ckpt a BestCheckpoint restored from the checkpoint this fit resumed from (not last.ckpt, which
+            # a ModelCheckpoint without a monitor also calls its best_model_path)
+            bests = [c for c in self.trainer.checkpoint_callbacks if isinstance(c, BestCheckpoint)]
+            chosen = [c.best_model_path for c in bests if c.best_model_path] if resumed else []
             other = f" (the best checkpoint the resumed run chose is {chosen[0]}: test that one)" if chosen else ""
             raise ValueError(
                 f"no validation of this run chose its {_BEST} ({found}), and this fit ends by testing it "
@@ -401,7 +412,8 @@ def resolved_fit_config(args: Sequence[str]) -> dict[str, Any]:
         raise FitArgsError(" ".join(str(error).split())) from None
     config = yaml.safe_load(out.getvalue()) or {}
     try:
-        check_trainer_options(config.get("trainer") or {})  # fit checks them after --print_config would exit
+        # fit checks them after --print_config would exit
+        check_trainer_options(config.get("trainer") or {}, (config.get("model") or {}).get("schedule"))
         _check_local_paths(config)
     except ValueError as error:
         raise FitArgsError(" ".join(str(error).split())) from None

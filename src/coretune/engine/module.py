@@ -25,7 +25,16 @@ from ..objectives import get as get_objective
 from ..tasks import TASKS, Batch, ClassificationTask
 from ..tasks.segmentation import ImageLabelRule
 from .adversarial import AdversarialBatches
-from .optim import OptimizerName, Schedule, build_optimizer, diverged_fix, lr_factor, optimizer_problems
+from .optim import (
+    OptimizerName,
+    Schedule,
+    build_optimizer,
+    build_schedule,
+    diverged_fix,
+    optimizer_problems,
+    resume_schedule,
+)
+from .preflight import check_images_vary
 
 __all__ = ["BatchTransform", "FineTuner", "NonFiniteLossError", "run_seed", "step_seed"]
 
@@ -432,6 +441,7 @@ class FineTuner(L.LightningModule):
                     "(mean and std attributes): use coretune's ImageClassificationData"
                 )
             self.objective.attach_backbone(self.backbone)
+            check_images_vary(datamodule)
             self._warn_memory_spans_epoch(datamodule)
             self._warn_other_normalization(datamodule)
             self._warn_test_in_training(datamodule)
@@ -820,15 +830,11 @@ class FineTuner(L.LightningModule):
             hp.nesterov,
             hp.weight_decay if self.objective.optimizer_weight_decay is None else self.objective.optimizer_weight_decay,
         )
-        total = int(self.trainer.estimated_stepping_batches)
-        steps_per_epoch = total / max(1, self.trainer.max_epochs or 1)
-        warmup = round(hp.warmup_epochs * steps_per_epoch)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step, total, hp.schedule, warmup)
-        )
+        scheduler = build_schedule(optimizer, self.trainer, hp.warmup_epochs, hp.schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_train_start(self) -> None:
+        resume_schedule(self.trainer)  # a run extended on resume: the stretched schedule's lr from its first step
         if self.trainer.ckpt_path is None:  # a resumed run restores what prepare() computed
             loader = self.trainer.datamodule.train_dataloader() if self.trainer.datamodule is not None else []
             batches = map(self.task.unpack, loader)

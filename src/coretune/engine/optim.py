@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-__all__ = ["EXPONENTIAL_FINAL_FACTOR", "Schedule", "build_optimizer", "diverged_fix", "lr_factor", "optimizer_problems"]
+__all__ = [
+    "EXPONENTIAL_FINAL_FACTOR",
+    "Schedule",
+    "build_optimizer",
+    "build_schedule",
+    "diverged_fix",
+    "lr_factor",
+    "optimizer_problems",
+    "resume_schedule",
+    "schedule_steps",
+    "unbounded_schedule_problem",
+]
 
 OptimizerName = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["cosine", "linear", "poly", "constant", "exponential"]
@@ -72,6 +83,67 @@ def lr_factor(step: int, total_steps: int, schedule: Schedule = "cosine", warmup
     if schedule == "exponential":
         return EXPONENTIAL_FINAL_FACTOR**progress
     raise ValueError(f"unknown schedule {schedule!r}; choose 'cosine', 'linear', 'poly', 'constant' or 'exponential'")
+
+
+def unbounded_schedule_problem(schedule: str) -> str | None:
+    """Why a run without an epoch or step limit cannot follow ``schedule`` (the rest of a sentence that names the
+    options that leave it unbounded, with the fixes), or None for a schedule that needs no length (``constant``)."""
+    if schedule == "constant":
+        return None
+    return (
+        f"and no --trainer.max_steps give the {schedule} learning-rate schedule no length to decay over: pass "
+        "--trainer.max_steps N (the run and its schedule end after N optimiser steps), a number of epochs "
+        "(--trainer.max_epochs N), or --model.schedule constant"
+    )
+
+
+def schedule_steps(trainer: Any, warmup_epochs: float, schedule: Schedule) -> tuple[int, int]:
+    """The optimiser steps of a Lightning ``trainer``'s run (the schedule's length) and of its warm-up,
+    ``warmup_epochs`` × the steps of one epoch of its training loader (not of the run's length over its epochs: a
+    ``max_steps`` that ends the run early, or an unbounded ``max_epochs -1``, leaves an epoch's steps as they are).
+
+    Raises:
+        ValueError: the run has no length (``max_epochs -1`` without ``max_steps``) and ``schedule`` needs one.
+    """
+    total = trainer.estimated_stepping_batches  # inf: max_epochs -1 without max_steps
+    if not math.isfinite(total) or total < 0:
+        if (problem := unbounded_schedule_problem(schedule)) is not None:
+            raise ValueError(f"--trainer.max_epochs {trainer.max_epochs} (no epoch limit) {problem}")
+        total = 0  # a constant schedule never reads it
+    if trainer.train_dataloader is None:  # max_epochs -1: Lightning knows the length without the loader
+        trainer.fit_loop.setup_data()
+    batches = trainer.num_training_batches
+    per_epoch = (
+        math.ceil(batches / max(1, trainer.accumulate_grad_batches))
+        if math.isfinite(batches)
+        else total / max(1, trainer.max_epochs or 1)  # an iterable loader of unknown length
+    )
+    return int(total), round(warmup_epochs * per_epoch)
+
+
+def build_schedule(
+    optimizer: torch.optim.Optimizer, trainer: Any, warmup_epochs: float, schedule: Schedule
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The per-step ``LambdaLR`` of ``schedule`` over a Lightning ``trainer``'s run, after a linear warm-up of
+    ``warmup_epochs`` (:func:`schedule_steps`, which raises ``ValueError`` for a run without a length)."""
+    total, warmup = schedule_steps(trainer, warmup_epochs, schedule)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, schedule, warmup))
+
+
+def resume_schedule(trainer: Any) -> None:
+    """Set the learning rate of each group a ``LambdaLR`` of ``trainer`` schedules to the schedule's value at the
+    step the scheduler has reached. A resumed run restores its optimiser's last learning rate, of the schedule it
+    was saved with; a run extended (a larger ``--trainer.max_epochs``) has a stretched schedule, whose value the
+    first step after the resume must use (the restored one of a finished run is the old schedule's end: 0)."""
+    for config in trainer.lr_scheduler_configs:
+        scheduler = config.scheduler
+        if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+            continue
+        step = scheduler.last_epoch
+        lrs = [base * f(step) for base, f in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+        for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        scheduler._last_lr = lrs  # what get_last_lr() reports
 
 
 def diverged_fix(precision: str | None) -> str:

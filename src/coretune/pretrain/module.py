@@ -34,12 +34,12 @@ from ..engine import (
     atomic_torch_save,
     build_optimizer,
     default_precision,
-    lr_factor,
     with_atomic_io,
 )
 from ..engine.loggers import LogRunSettings
 from ..engine.module import example_image
-from ..engine.optim import OptimizerName, Schedule, diverged_fix, optimizer_problems
+from ..engine.optim import OptimizerName, Schedule, build_schedule, diverged_fix, optimizer_problems, resume_schedule
+from ..engine.preflight import check_images_vary
 from ..heads import ProjectionHead
 from ..models import create_backbone
 from ..rundir import RunDir
@@ -125,6 +125,8 @@ class ContrastivePretrainer(L.LightningModule):
         if (example := example_image(datamodule)) is not None:
             self.example_input_array = example
         dataset, batch_size = getattr(datamodule, "train_dataset", None), getattr(datamodule, "batch_size", None)
+        if stage == "fit":
+            check_images_vary(datamodule, ("training",))
         processes = world_size()
         if processes > 1 and dataset is not None and batch_size is not None and len(dataset) < processes * batch_size:
             most = len(dataset) // processes
@@ -153,15 +155,14 @@ class ContrastivePretrainer(L.LightningModule):
         self.log("train/loss", loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=view1.shape[0])
         return loss
 
+    def on_train_start(self) -> None:
+        resume_schedule(self.trainer)  # a run extended on resume: the stretched schedule's lr from its first step
+
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         params = [p for p in self.parameters() if p.requires_grad]
         optimizer = build_optimizer([(params, hp.lr)], hp.optimizer, hp.momentum, False, hp.weight_decay)
-        total = int(self.trainer.estimated_stepping_batches)
-        warmup = round(hp.warmup_epochs * total / max(1, self.trainer.max_epochs or 1))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step, total, hp.schedule, warmup)
-        )
+        scheduler = build_schedule(optimizer, self.trainer, hp.warmup_epochs, hp.schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def pretrained_checkpoint(self) -> dict[str, Any]:

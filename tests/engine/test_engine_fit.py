@@ -204,7 +204,7 @@ def test_test_predict_export_round_trip(fitted: tuple[Path, Path], tmp_path: Pat
     main(["predict", f"--ckpt_path={ckpt}", f"--input={files.paths[1]}", f"--output={out}"])  # one image file
     (row,) = csv.DictReader(out.open())
     assert row["path"] == files.paths[1] and row["prediction"] == rows[1]["prediction"]
-    with pytest.raises(SystemExit, match=r"is a folder: classification writes one CSV file; give its path$"):
+    with pytest.raises(SystemExit, match=r"is a folder: coretune predict writes one file there; give its path$"):
         main(["predict", f"--ckpt_path={ckpt}", f"--input={files.paths[1]}", f"--output={tmp_path}"])  # before work
 
     main(["export", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'export'}"])
@@ -237,7 +237,7 @@ def test_coretune_test_writes_its_own_results_and_leaves_the_fits(
     assert written["checkpoint"] == str(ckpt) and written["data"]["root"] == str(other)
     assert sum(map(sum, written["test"]["confusion_matrix"])) == 6  # the other tree's 3 × 2 validation images
     message = (
-        f"--output {run / 'results.json'} would overwrite a fit's results.json, which coretune test leaves as it is"
+        f"--output {run / 'results.json'} is the run file results.json of {run}, which coretune test does not write"
     )
     with pytest.raises(SystemExit, match=re.escape(message)):
         main(["test", f"--ckpt_path={ckpt}", f"--data.root={other}", f"--output={run / 'results.json'}"])

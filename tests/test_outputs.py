@@ -37,12 +37,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"tmp": tmp, "data": data, "voc": voc, "run": run, "seg": seg}
 
 
-def _digests(root: Path) -> dict[str, str]:
-    return {
-        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(root.rglob("*"))
-        if path.is_file()
-    }
+def _digests(root: Path) -> dict[str, object]:
+    """Each file under ``root``: its SHA-256 (files over 1 MB, checkpoints: that of their first MB with their inode,
+    size and modification time, which any write or replacement changes)."""
+    found: dict[str, object] = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            stat = path.stat()
+            with path.open("rb") as f:
+                digest = hashlib.sha256(f.read(1 << 20)).hexdigest()
+            found[str(path.relative_to(root))] = (
+                digest if stat.st_size <= 1 << 20 else (digest, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            )
+    return found
 
 
 @contextmanager

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .arguments import ArgumentParser
+from .atomicfile import strict_json
 
 __all__ = ["main"]
 
@@ -264,7 +265,6 @@ def _stored_backbone(weights: str) -> str:
 
 
 def evaluate(args: list[str]) -> None:
-    import json
     import warnings
 
     if args[:1] == ["robust"]:
@@ -331,7 +331,7 @@ def evaluate(args: list[str]) -> None:
         recorded = {"backbone": backbone, "weights": cfg.weights, "weights_sha256": digest}
         recorded |= {"image_size": data.image_size, "mean": list(data.mean), "std": list(data.std)}  # as scored
         Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.output).write_text(json.dumps({**recorded, "seed": cfg.seed, **result.__dict__}, indent=2) + "\n")
+        Path(cfg.output).write_text(strict_json({**recorded, "seed": cfg.seed, **result.__dict__}, indent=2) + "\n")
 
 
 def demo(args: list[str]) -> None:

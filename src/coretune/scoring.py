@@ -13,7 +13,6 @@ class folders stand in ``DIR`` itself (or in ``DIR/test``, ``DIR/val``, with no 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from operator import attrgetter
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .arguments import ArgumentParser
+from .atomicfile import strict_json
 from .engine import FineTuner, atomic_write, default_precision
 from .runconfig import add_config_argument, parse_with_config
 from .rundir import RunDir
@@ -97,7 +97,7 @@ def score(command: Split, args: Sequence[str]) -> Path:
         (logged,) = trainer.validate(model, datamodule=data, verbose=False)
         results["validate"] = {key.removeprefix("val/"): value for key, value in logged.items()}
         results["validated_on_test_images"] = None if standalone else data.validates_on_test
-    text = json.dumps(results, indent=2, sort_keys=True) + "\n"
+    text = strict_json(results, indent=2, sort_keys=True) + "\n"
     with atomic_write(output) as f:
         f.write(text)
     if command == "validate":

@@ -61,6 +61,12 @@ class AdversarialTraining:
             self.attack = PGD(norm, eps, steps, step_size, random_start)
         except ValueError as err:
             raise ValueError(f"invalid adversarial-training settings: {err}") from None
+        if enable and self.attack.eps == 0:
+            raise ValueError(
+                "invalid adversarial-training settings: PGD eps 0 leaves every image as it is, so adversarial training "
+                f"would be CE-tuning on each batch twice at {steps + 1}× the cost: give eps > 0 (e.g. 8/255), or drop "
+                "--adversarial.enable"
+            )
         self.enable = enable
         self.norm, self.eps, self.steps = norm, self.attack.eps, steps
         self.step_size = None if step_size is None else self.attack.step_size

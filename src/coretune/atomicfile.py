@@ -1,8 +1,11 @@
 """Files written whole: a reader (another process, a sweep, a person) sees the old content or the new one, never
-a part, even after a crash or a full disk."""
+a part, even after a crash or a full disk; and the strict JSON text every JSON file of the project holds
+(:func:`strict_json`)."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import tempfile
 import threading
@@ -11,7 +14,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_write", "new_file_mode"]
+__all__ = ["atomic_write", "finite_or_none", "new_file_mode", "strict_json"]
 
 
 _UMASK_LOCK = threading.Lock()
@@ -58,3 +61,21 @@ def new_file_mode() -> int:
         mask = os.umask(0o022)
         os.umask(mask)
     return 0o666 & ~mask
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every non-finite float in it (NaN, ±infinity; also inside dicts, lists and tuples) replaced by
+    ``None``: an undefined score (the MIoU of a split without a scored pixel) is missing, not a number."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(item) for item in value]
+    return value
+
+
+def strict_json(value: Any, **kwargs: Any) -> str:
+    """``json.dumps(value, **kwargs)`` as strict JSON, which any parser reads: non-finite floats as ``null``
+    (:func:`finite_or_none`), never the ``NaN``/``Infinity`` tokens Python's ``json`` writes by default."""
+    return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)

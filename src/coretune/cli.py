@@ -10,6 +10,7 @@ import errno
 import sys
 
 from .arguments import ArgumentParser
+from .atomicfile import strict_json
 
 __all__ = ["main"]
 
@@ -263,7 +264,6 @@ def _stored_backbone(weights: str) -> str:
 
 
 def evaluate(args: list[str]) -> None:
-    import json
     import warnings
 
     if args[:1] == ["robust"]:
@@ -337,7 +337,7 @@ def evaluate(args: list[str]) -> None:
         recorded = {"backbone": backbone, "weights": cfg.weights, "weights_sha256": digest}
         recorded |= {"image_size": data.image_size, "mean": list(data.mean), "std": list(data.std)}  # as scored
         with atomic_write(cfg.output) as f:
-            f.write(json.dumps({**recorded, "seed": cfg.seed, **result.__dict__}, indent=2) + "\n")
+            f.write(strict_json({**recorded, "seed": cfg.seed, **result.__dict__}, indent=2) + "\n")
 
 
 def demo(args: list[str]) -> None:

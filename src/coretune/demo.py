@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .atomicfile import strict_json
 from .outputs import check_folder_output, mark_folder
 
 __all__ = ["DemoResult", "MethodResult", "main", "run_demo", "write_digits"]
@@ -373,7 +374,7 @@ def _report(demo: DemoResult, console: Any) -> None:
     summary = asdict(demo)
     for entry, m in zip(summary["methods"], demo.methods, strict=True):
         entry.update(mean_top1=m.mean, std_top1=m.std)
-    (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (output / "summary.json").write_text(strict_json(summary, indent=2) + "\n")
     (output / "summary.md").write_text(_summary_markdown(demo))
     console.print(f"pre-training run: {demo.pretrain_dir} (pretrained.pth.tar, metrics.csv, learning_curve.png)")
     console.print(

@@ -23,6 +23,7 @@ from torch._dynamo.exc import UserError
 from torch.export import ExportedProgram
 from torch.fx.experimental import _config as fx_config
 
+from .atomicfile import strict_json
 from .engine import FineTuner
 from .models import DeepLabV3, create_backbone, create_dilated_backbone
 from .models.segmentation import AtrousConv2d
@@ -283,7 +284,7 @@ def _write_formats(
         config["input_shape"] = ["batch", 3, size, size]
     config["check"] = _check_written(folder, config, reference, size, any_size, segmentation)
     written.append("config.json")  # last: it lists the formats written
-    (folder / written[-1]).write_text(json.dumps(config, indent=2) + "\n")
+    (folder / written[-1]).write_text(strict_json(config, indent=2) + "\n")
     return written
 
 

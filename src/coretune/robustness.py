@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, IterableDataset, Subset
 
 from .arguments import ArgumentParser
+from .atomicfile import strict_json
 from .attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode, pixel_radius
 from .data import ImageClassificationData
 from .engine import FineTuner, atomic_write
@@ -118,7 +119,7 @@ class RobustnessReport:
     implementation: str | None = None  # AutoAttack's (AUTOATTACK); None in records before stop 50 (torchattacks')
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, ensure_ascii=False)
+        return strict_json(asdict(self), indent=2, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, text: str) -> RobustnessReport:
@@ -486,7 +487,7 @@ def evaluate_robust(args: Sequence[str]) -> Path:
         "reports": [asdict(report) for report in reports],
     }
     with atomic_write(output) as f:
-        f.write(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+        f.write(strict_json(results, indent=2, ensure_ascii=False) + "\n")
     print(f"{cfg.ckpt_path}: {reports[0].num_images} test images, seed {cfg.seed}")
     print("\n".join(comparison_lines(reports)))
     print(f"robust results: {output}")

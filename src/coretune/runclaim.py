@@ -131,7 +131,7 @@ def _write(path: Path, claim: RunClaim, exclusive: bool) -> bool:
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name + ".", suffix=".tmp", delete=False) as f:
         with suppress(OSError, ValueError):  # readable as a plain open's file, not NamedTemporaryFile's 0o600
             os.fchmod(f.fileno(), 0o666 & ~_umask())
-        f.write(json.dumps({"pid": claim.pid, "host": claim.host, "started": claim.started}) + "\n")
+        f.write(json.dumps({"pid": claim.pid, "host": claim.host, "started": claim.started}, allow_nan=False) + "\n")
     tmp = Path(f.name)
     try:
         if not exclusive:

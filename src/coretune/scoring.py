@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .arguments import ArgumentParser
+from .atomicfile import strict_json
 from .engine import FineTuner, atomic_write, default_precision
 from .outputs import check_file_output, data_paths, trained_data_paths
 from .runconfig import add_config_argument, config_files, parse_with_config
@@ -102,7 +103,7 @@ def score(command: Split, args: Sequence[str]) -> Path:
         (logged,) = trainer.validate(model, datamodule=data, verbose=False)
         results["validate"] = {key.removeprefix("val/"): value for key, value in logged.items()}
         results["validated_on_test_images"] = None if standalone else data.validates_on_test
-    text = json.dumps(results, indent=2, sort_keys=True) + "\n"
+    text = strict_json(results, indent=2, sort_keys=True) + "\n"
     with atomic_write(output) as f:
         f.write(text)
     if command == "validate":

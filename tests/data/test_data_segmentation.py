@@ -361,7 +361,9 @@ def test_mask_value_out_of_range_is_named(voc_set: Path) -> None:
     (voc_set / "classes.txt").write_text("a\nb\nc\nd\n")  # 4 names: the same check
     one_line_error(re.escape(f"mask {mask} holds value 9"), voc_set)
     (voc_set / "classes.txt").unlink()
-    assert data(voc_set).num_classes == 10  # inferred: the largest value + 1
+    # inferred, classes 4–8 would never occur: refused (it was a silent 10-class model); a given count takes it
+    one_line_error(re.escape(f"mask {mask} holds value 9, but no mask holds 4–8: inferred from the masks"), voc_set)
+    assert data(voc_set, num_classes=10).num_classes == 10
 
 
 def test_missing_mask_is_named(voc_set: Path) -> None:

@@ -185,6 +185,10 @@ class PoisonOneProcess(L.Callback):
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         if self.stage == "validation" and trainer.global_rank == 1 and not trainer.sanity_checking:
             batch[0].fill_(float("nan"))
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if self.stage == "test" and trainer.global_rank == 1:
+            batch[0].fill_(float("nan"))
 """
 
 
@@ -214,8 +218,16 @@ class PoisonOneProcess(L.Callback):
             "the validation loss is nan on process 1 at epoch 0, step 3 (batch 0; 4 of 4 images have non-finite "
             "logits). Check",
         ),
+        (  # the final test of the fit: rank 0 records it, the run is a result that a sweep does not run again
+            "test",
+            "ce",
+            "the test loss is not finite on process 1 at epoch 1, step 3 (that process's error names the batch). "
+            "Check the pre-trained weights",
+            "the test loss is nan on process 1 at epoch 1, step 3 (batch 0; 4 of 4 images have non-finite logits). "
+            "Check",
+        ),
     ],
-    ids=["training", "training-gathered", "validation"],
+    ids=["training", "training-gathered", "validation", "test"],
 )
 def test_a_loss_that_is_nan_on_one_process_stops_every_process_and_rank_0_records_it(
     stage: str, objective: str, process_0: str, process_1: str, tmp_path: Path

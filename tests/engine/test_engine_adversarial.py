@@ -202,3 +202,33 @@ def test_bi_tuning_keys_an_adversarial_row_with_its_clean_sources_view(
         b = len(features) // 2
         assert len(inputs) == 2 * b and torch.equal(inputs[b:], inputs[:b])
         assert not torch.equal(features[b:], features[:b])  # the query rows differ: clean, then attacked
+
+
+def test_adversarial_settings_without_enable_and_eps_0_are_refused(tree: Path, tmp_path: Path) -> None:
+    """`--adversarial.eps 8/255 --adversarial.steps 3` without `--adversarial.enable true` trained clean without a
+    word (row 11 of issue 60); in a --config file too; eps 0 with it enabled was CE-tuning at (steps + 1)× the cost.
+    Each is one line before anything is written; the run's own config.yaml (every default spelled out) still runs."""
+    from fit_flags import error
+
+    run = tmp_path / "run"
+    base = ["fit", *TINY_FIT, *QUIET, *STEPS, f"--data.root={tree}", f"--run_dir={run}"]
+    assert error([*base, "--adversarial.eps=8/255", "--adversarial.steps=3"]) == (
+        "--adversarial.eps, --adversarial.steps have no effect without --adversarial.enable true: add it, or drop them"
+    )
+    assert error([*base, "--adversarial.enable=false", "--adversarial.random_start=true"]) == (
+        "--adversarial.random_start has no effect without --adversarial.enable true: add it, or drop it"
+    )  # named on the command line: given, even at its default
+    config = tmp_path / "at.yaml"
+    config.write_text(yaml.safe_dump({"adversarial": {"norm": "l2", "eps": 0.5}}))
+    assert error([*base, f"--config={config}"]) == (
+        "--adversarial.norm, --adversarial.eps have no effect without --adversarial.enable true: add it, or drop them"
+    )
+    assert error([*base, "--adversarial.enable=true", "--adversarial.eps=0"]) == (
+        "invalid adversarial-training settings: PGD eps 0 leaves every image as it is, so adversarial training would "
+        "be CE-tuning on each batch twice at 11× the cost: give eps > 0 (e.g. 8/255), or drop --adversarial.enable"
+    )
+    assert not run.exists() or not list(run.iterdir())
+    main(base)  # clean, and again from its own config.yaml, which lists the adversarial defaults
+    assert yaml.safe_load(RunDir(run).config.read_text())["adversarial"]["enable"] is False
+    main(["fit", *QUIET, f"--config={RunDir(run).config}", f"--run_dir={tmp_path / 'again'}"])
+    assert RunDir(tmp_path / "again").is_finished()

@@ -196,7 +196,8 @@ def test_predict_keeps_its_old_output_when_an_image_is_bad_or_skips_it(tree: Pat
     assert error(args) == (
         f"cannot decode image {bad}: image file is truncated; fix or remove it, or pass --data.on_bad_image skip"
     )
-    assert out.read_text() == "path,prediction,confidence\nthe previous predictions\n"  # was: a header and the 4 rows before the bad batch
+    # was: a header and the 4 rows before the bad batch
+    assert out.read_text() == "path,prediction,confidence\nthe previous predictions\n"
     assert [p.name for p in out.parent.iterdir()] == ["preds.csv"]  # no temporary file left
     for option in ("--on_bad_image=skip", "--data.on_bad_image=skip"):  # the second is what the message says
         with pytest.warns(SkippedImagesWarning, match=rf"^skipped 1 unreadable image file\(s\) of 12 .*{bad.name}"):
@@ -1389,3 +1390,44 @@ def test_a_memory_that_holds_an_epoch_is_warned_about(
         "16, keeps it to about one anchor in eight"
     )
     assert messages == ([expected] if warned else [])
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            ["--model.optimizer=adam", "--model.momentum=0.5"],
+            "--model.momentum has no effect with --model.optimizer adam (they are SGD's): use --model.optimizer sgd, "
+            "or drop it",
+        ),
+        (
+            ["--model.optimizer=adamw", "--model.nesterov=true"],
+            "--model.nesterov has no effect with --model.optimizer adamw (they are SGD's): use --model.optimizer sgd, "
+            "or drop it",
+        ),
+        (
+            ["--model.freeze_backbone=true", "--model.backbone_lr=0.1"],
+            "--model.backbone_lr has no effect with --model.freeze_backbone true (the backbone does not train): drop "
+            "it, or let the backbone train",
+        ),
+        (
+            ["--model.weights_format=moco", "--model.weights_allow_cast=true"],
+            "--model.weights_format, --model.weights_allow_cast have no effect without --model.weights (a random "
+            "initialisation reads no file): pass the pre-trained weights with --model.weights, or drop them",
+        ),
+    ],
+    ids=["momentum-adam", "nesterov-adamw", "backbone_lr-frozen", "weights-options-without-weights"],
+)
+def test_an_option_that_acts_only_behind_a_switch_is_refused_without_it(
+    tree: Path, tmp_path: Path, extra: list[str], expected: str
+) -> None:
+    """Given without the option they depend on, these changed nothing and the run trained as if they were not there
+    (issue 60, principle 6); coretune bench's check of a run's arguments refuses them alike."""
+    from coretune.engine import FitArgsError, resolved_fit_config
+
+    run = tmp_path / "run"
+    assert error(fit_args(tree, run, *extra)) == expected
+    assert not run.exists() or not list(run.iterdir())
+    with pytest.raises(FitArgsError) as info:
+        resolved_fit_config(fit_args(tree, run, *extra)[1:])
+    assert str(info.value) == expected

@@ -130,6 +130,30 @@ def test_a_reconstructed_or_missing_run_is_marked_and_counted(tmp_path: Path) ->
     assert "| random_init | 30.50 ± 0.71 (n=2) | 40.50 ± 0.71 (n=2) | 20.50 ± 0.71 (n=2) |" in markdown
 
 
+def test_an_undefined_score_is_missing_never_averaged(tmp_path: Path) -> None:
+    """A run whose test masks held no pixel to score records its MIoU, MPA and FWIoU as null (an older run: NaN, read
+    back as a float): the cell counts the other seeds, the run's row is blank, summary.json stays strict JSON."""
+    spec_file = camvid_spec(tmp_path)
+    spec = BenchSpec.from_yaml(spec_file)
+    fabricate(spec, RUNS)
+    ce = [run for run in spec.runs() if run.objective == "ce"]
+    for run, undefined in zip(ce[1:], ("null", "NaN"), strict=True):  # seeds 1 and 2
+        test = json.loads((run.run_dir / "results.json").read_text())["test"]
+        text = json.dumps({"test": {**test, "mpa": None, "fwiou": None, "miou": None}, "epochs": 30})
+        (run.run_dir / "results.json").write_text(text.replace("null", undefined))
+    main(["bench", str(spec_file), "--aggregate_only"])
+    markdown = (spec.output / "summary.md").read_text()
+    assert "| CE-tuning | 60.00 (n=1) | 70.00 (n=1) | 50.00 (n=1) |" in markdown  # seed 0 alone
+    runs = list(csv.DictReader((spec.output / "runs.csv").open()))
+    assert [r["test_top1_pct"] for r in runs if r["objective"] == "ce"] == ["50.0", "", ""]
+    summary = json.loads((spec.output / "summary.json").read_text(), parse_constant=_refuse_constant)
+    assert summary["rows"][0]["columns"]["MIoU"]["values"] == [50.0]
+
+
+def _refuse_constant(name: str) -> None:
+    raise AssertionError(f"{name} in a JSON file: not strict JSON")
+
+
 def test_table6_refuses_runs_without_segmentation_measures_and_the_val_metric(tmp_path: Path) -> None:
     spec_file = camvid_spec(tmp_path)
     spec = BenchSpec.from_yaml(spec_file)

@@ -260,6 +260,74 @@ def test_bad_data_is_one_line_naming_the_file(voc_set: Path, tmp_path: Path, dam
     assert not (tmp_path / "r" / "checkpoints").exists()
 
 
+def test_a_class_count_inferred_from_the_masks_stays_within_limits(voc_set: Path, tmp_path: Path) -> None:
+    """16-bit masks whose ignored pixels are 65535 made a 65536-class model (a traceback allocating 34 GB for its
+    confusion matrix); one stray pixel of value 37 in masks of classes 0–3 a silent 38-class model. Both are refused
+    before anything is written, naming the file and the value; a given class count still takes a rare class."""
+    masks = voc_set / "SegmentationClass"
+    wide = read_mask(str(masks / "train_003.png")).astype(np.uint16)
+    wide[wide == 255] = 65535
+    Image.fromarray(wide).save(masks / "train_003.png")  # an "I;16" PNG
+    assert read_mask(str(masks / "train_003.png")).max() == 65535
+    run = tmp_path / "r"
+    assert error(["fit", *SEG, f"--data.root={voc_set}", f"--run_dir={run}", *TINY]) == (
+        f"mask {masks / 'train_003.png'} holds value 65535, above the ignored value 255: inferred from the masks, the "
+        "classes would be 0–65535 (65536 classes, when class indices must stay below 255). If 65535 marks pixels to "
+        "ignore, remap it to 255 in the masks; else fix the mask, or give the classes (--data.num_classes, or a "
+        "classes.txt)"
+    )
+    # with the class count given, the ignored value must be the task's: the same value is out of range
+    message = error(["fit", *SEG, f"--data.root={voc_set}", f"--run_dir={run}", *TINY, "--data.num_classes=4"])
+    assert message.startswith(f"mask {masks / 'train_003.png'} holds value 65535, out of range for 4 classes")
+    wide[wide == 65535] = 255
+    save_mask(wide.astype(np.uint8), masks / "train_003.png", palette=False)
+    stray = read_mask(str(masks / "val_001.png")).copy()
+    stray[0, 0] = 37
+    save_mask(stray, masks / "val_001.png", palette=True)
+    assert error(["fit", *SEG, f"--data.root={voc_set}", f"--run_dir={run}", *TINY]) == (
+        f"mask {masks / 'val_001.png'} holds value 37, but no mask holds 4–36: inferred from the masks, the classes "
+        "would be 0–37, 33 of which never occur. If 37 is a stray value, fix the mask; else give the classes: "
+        "--data.num_classes 38 (or a classes.txt naming them)"
+    )
+    assert not run.exists()
+    message = error(["fit", *SEG, f"--data.root={voc_set}", f"--run_dir={run}", *TINY, "--data.num_classes=4"])
+    assert message.startswith(f"mask {masks / 'val_001.png'} holds value 37, out of range for 4 classes")
+
+
+def test_an_evaluation_split_whose_masks_are_all_ignored_scores_null_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Validation and test masks all 255: the fit exited 0 printing `MIoU nan%`, results.json held NaN and
+    `best_val_miou: -Infinity` (not JSON). The scores are now null, a warning names each split, and the summary
+    says the MIoU is undefined."""
+    root = make_voc_set(tmp_path / "voc", {"train": 8, "val": 4})
+    for mask in (root / "SegmentationClass").glob("val_*.png"):
+        save_mask(np.full((40, 56), 255, dtype=np.uint8), mask, palette=True)
+    run = tmp_path / "run"
+    with pytest.warns(UserWarning) as caught:
+        main(["fit", *SEG, f"--data.root={root}", f"--run_dir={run}", "--trainer.precision=32-true", *TINY])
+    said = {str(w.message) for w in caught if "hold no pixel to score" in str(w.message)}
+    assert said == {
+        "the validation split's masks hold no pixel to score (every pixel is 255 = ignore): its MIoU, MPA, FWIoU and "
+        "pixel accuracy are undefined (null in the results' JSON); best.ckpt cannot be chosen on it; give the "
+        "validation images masks with labelled pixels",
+        "the test split's masks hold no pixel to score (every pixel is 255 = ignore): its MIoU, MPA, FWIoU and pixel "
+        "accuracy are undefined (null in the results' JSON); give the test images masks with labelled pixels",
+    }
+    printed = capsys.readouterr().out
+    assert "MIoU undefined: the test masks hold no pixel to score" in printed and "nan%" not in printed
+    results = json.loads((run / "results.json").read_text(), parse_constant=_refuse_constant)
+    assert results["best_val_miou"] is None
+    assert {k: results["test"][k] for k in ("miou", "mpa", "fwiou", "pixel_acc")} == dict.fromkeys(
+        ("miou", "mpa", "fwiou", "pixel_acc")
+    )
+    assert read_metrics(run / "metrics.csv")[0]["val/miou"] == "nan"  # the epoch's row: undefined, not a score
+
+
+def _refuse_constant(name: str) -> None:
+    raise AssertionError(f"{name} in a JSON file: not strict JSON")
+
+
 # -- the dense contrastive term -----------------------------------------------------------------------------
 def test_dense_contrastive_term_positives_and_generated_rows() -> None:
     torch.manual_seed(0)

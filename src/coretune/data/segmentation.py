@@ -35,6 +35,7 @@ from torchvision.transforms.v2 import functional as F
 from .datasets import OnBadImage
 from .errors import DataError
 from .images import IMAGE_EXTENSIONS, find_bad_images, load_rgb, require_folder, warn_skipped
+from .mask_classes import inferred_class_count
 from .samplers import eval_sampler, same_size_eval_loader, seeded_train_loader
 from .splits import stratified_split, stratified_subset
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, normalisation_problems
@@ -382,10 +383,8 @@ class SegmentationDataset(Dataset[tuple[Any, Any]]):
 
     def max_class(self, ignore_index: int = IGNORE_INDEX) -> int:
         """The largest mask value other than ``ignore_index`` (-1 when every pixel is ignored)."""
-        return max(
-            (int(v[v != ignore_index].max(initial=0)) for v in self.classes_present if (v != ignore_index).any()),
-            default=-1,
-        )
+        return max((int(v[v != ignore_index].max()) for v in self.classes_present if (v != ignore_index).any()),
+                   default=-1)  # fmt: skip
 
     def check_classes(self, num_classes: int, ignore_index: int = IGNORE_INDEX) -> None:
         """Raise :class:`DataError` naming the first mask holding a value outside ``[0, num_classes)`` that is not
@@ -414,8 +413,8 @@ class SegmentationData(L.LightningDataModule):
     Every mask is read once at :meth:`setup`, so a bad file stops the run before training, named.
 
     Classes: ``num_classes`` if given; else the number of names in ``classes.txt`` / ``labelmap.txt``
-    (:func:`read_class_names`); else the largest mask value other than ``ignore_index`` (over all splits) + 1.
-    A mask value ``>= num_classes`` that is not ``ignore_index`` is an error naming the mask.
+    (:func:`read_class_names`); else the largest mask value other than ``ignore_index`` (over all splits) + 1, each
+    class occurring (:func:`~.mask_classes.inferred_class_count`). Other values ``>= num_classes`` are errors.
 
     Loaders: training shuffles in an order fixed by ``(seed, epoch)``, draws each crop's augmentation from
     ``(seed, epoch, index)`` and drops the last incomplete batch when there are 2+ batches (DeepLab's ASPP
@@ -595,7 +594,7 @@ class SegmentationData(L.LightningDataModule):
             )
         num_classes = self._num_classes or (len(names) if names else None)
         if num_classes is None:
-            num_classes = max(ds.max_class(self.ignore_index) for ds in splits) + 1
+            num_classes = inferred_class_count(splits, self.ignore_index)
         for ds in splits:
             ds.check_classes(num_classes, self.ignore_index)
         self._num_classes = num_classes

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import math
 import numbers
 import platform
@@ -20,7 +19,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from ..atomicfile import atomic_write
+from ..atomicfile import atomic_write, strict_json
 from ..models import weights_digest
 from ..rundir import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task
@@ -94,7 +93,7 @@ def update_results(run_dir: str | Path, drop: Sequence[str] = (), **entries: Any
     for key in drop:
         results.pop(key, None)
     with atomic_write(RunDir(run_dir).results) as f:
-        f.write(json.dumps(results, indent=2, sort_keys=True) + "\n")
+        f.write(strict_json(results, indent=2, sort_keys=True) + "\n")
     return results
 
 
@@ -106,7 +105,11 @@ def epoch_summary(row: dict[str, Any], max_epochs: int | None, keys: Sequence[st
     numbers, the others (fractions) as percentages."""
     length = f" of {max_epochs}" if max_epochs is not None and max_epochs > 0 else ""
     values = [
-        f"{key} {float(row[key]):.4f}" if key.endswith("loss") else f"{key} {100 * float(row[key]):.2f}%"
+        f"{key} undefined"  # NaN: a score without anything to score (a split whose masks are all ignored)
+        if math.isnan(float(row[key]))
+        else f"{key} {float(row[key]):.4f}"
+        if key.endswith("loss")
+        else f"{key} {100 * float(row[key]):.2f}%"
         for key in (TASKS[DEFAULT_TASK].summary_keys if keys is None else keys)
         if row.get(key) not in (None, "")
     ]

@@ -35,6 +35,7 @@ from .loggers import LOGGER_ALIAS, expand_config_loggers, logger_args, place_log
 from .module import FineTuner
 from .preflight import check_validates_before_max_steps
 from .rundir import RunDirCLI
+from .switches import check_switched_options, given_options
 from .trainer import (
     BestCheckpoint,
     check_trainer_options,
@@ -246,9 +247,14 @@ class FitCLI(RunDirCLI):
             "(its claim, fit.pid).",
         )
 
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        self.given = given_options(args if isinstance(args, list) else [])  # the options the command line names
+        super().parse_arguments(parser, args)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         check_trainer_options(config["trainer"], (config.get("model") or {}).get("schedule"))
+        check_switched_options(config, self.given)
         self.settle_run_dir(str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower())
         place_loggers(config, resuming=config.get("ckpt_path") is not None)
 
@@ -414,6 +420,7 @@ def resolved_fit_config(args: Sequence[str]) -> dict[str, Any]:
     try:
         # fit checks them after --print_config would exit
         check_trainer_options(config.get("trainer") or {}, (config.get("model") or {}).get("schedule"))
+        check_switched_options(config, given_options(args))
         _check_local_paths(config)
     except ValueError as error:
         raise FitArgsError(" ".join(str(error).split())) from None

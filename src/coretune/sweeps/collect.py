@@ -113,7 +113,8 @@ def collect_cells(
                 seed=run.seed,
                 status=status,
                 progress=progress,
-                test_top1_pct=round(run_top1(run.run_dir), 4) if test else None,  # the task's score (MIoU …)
+                # the task's score (MIoU …); None where undefined (a test split without a pixel to score)
+                test_top1_pct=round(score, 4) if test and (score := run_top1(run.run_dir)) is not None else None,
                 test_top5_pct=round(100 * test["top5"], 4) if test.get("top5") is not None else None,
                 val_top1_pct=None if top1 is None or spec.metric != "val" else round(top1, 4),
                 epochs=results.get("epochs"),

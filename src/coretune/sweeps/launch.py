@@ -4,7 +4,6 @@ SIGINT/SIGTERM; :func:`run_sweep` runs a spec's unfinished runs, ``workers`` at 
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shlex
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..atomicfile import atomic_write
+from ..atomicfile import atomic_write, strict_json
 from ..runclaim import RunInUse, claimed, point_claim
 from ..rundir import RunDir
 from ..stopfile import STOP_FILE_ENV, request_stop
@@ -124,7 +123,7 @@ def launch_fit(
         if files.is_finished() or files.divergence() is not None:
             return None
         with atomic_write(files.fit_args) as f:  # whole: every later sweep compares it
-            f.write(json.dumps(list(args), indent=1) + "\n")
+            f.write(strict_json(list(args), indent=1) + "\n")
         stop_file = files.stop_file
         stop_file.unlink(missing_ok=True)  # an earlier sweep's request must not stop this fit
         env = {**(os.environ if env is None else env), STOP_FILE_ENV: str(stop_file)}
@@ -399,7 +398,8 @@ def _report_run(run: Run, code: int, seconds: float, report: SweepReport, consol
     if RunDir(run.run_dir).is_finished():
         top1 = run_top1(run.run_dir, metric)
         report.finished.append(run)
-        console.print(f"✓ {run.label}: {metric_text(metric, run.args)} {top1:.2f}% ({seconds:.0f} s)", highlight=False)
+        score = "undefined (no pixel to score)" if top1 is None else f"{top1:.2f}%"
+        console.print(f"✓ {run.label}: {metric_text(metric, run.args)} {score} ({seconds:.0f} s)", highlight=False)
     elif (diverged := RunDir(run.run_dir).divergence()) is not None:  # a fit drops a stale record when it starts
         report.diverged.append(run)
         console.print(f"✗ {run.label} diverged after {seconds:.0f} s: {diverged}", highlight=False)

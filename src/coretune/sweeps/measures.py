@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import RunDir
+from .records import percent
 from .spec import BenchSpec, BenchSpecError
 from .stats import Cell
 
@@ -39,14 +40,16 @@ Measures = dict[str, tuple[str, float]]
 
 
 def segmentation_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
-    """MPA, FWIoU and MIoU (%) of a finished segmentation run's test entry."""
-    missing = [key for key, _ in SEGMENTATION_MEASURES if not isinstance(test.get(key), int | float)]
+    """MPA, FWIoU and MIoU (%) of a finished segmentation run's test entry; an undefined one (``null``: a test split
+    without a pixel to score) is left out, a missing value of its cell, never averaged."""
+    missing = [key for key, _ in SEGMENTATION_MEASURES if key not in test]
     if missing:
         raise BenchSpecError(
             f"table6 tabulates segmentation runs' MPA, FWIoU and MIoU, but {RunDir(run_dir).results} has no "
             f"{', '.join(missing)} in its test entry (not a --task segmentation run?): use table1 for one score per run"
         )
-    return {key: (label, 100 * float(test[key])) for key, label in SEGMENTATION_MEASURES}
+    scores = {key: (label, percent(test[key])) for key, label in SEGMENTATION_MEASURES}
+    return {key: (label, value) for key, (label, value) in scores.items() if value is not None}
 
 
 def attack_label(report: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ has left."""
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import time
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ __all__ = [
     "check_run_args",
     "final_val_top1",
     "format_duration",
+    "percent",
     "run_progress",
     "run_top1",
     "training_time_left",
@@ -80,9 +82,20 @@ def run_score_name(run_dir: str | Path) -> str:
     return TASKS[task].monitor if task in TASKS else TASKS[DEFAULT_TASK].monitor
 
 
+def percent(value: Any) -> float | None:
+    """A score of a run's files (a fraction) in %, or ``None`` when it is undefined: ``null`` in its JSON (the
+    MIoU of a split whose masks are all ignored), or ``NaN``/infinite (``metrics.csv``, the JSON of older runs).
+    An undefined score is missing: never averaged or compared; a value that is no number raises ``ValueError``."""
+    if value is None:
+        return None
+    number = float(value)
+    return 100 * number if math.isfinite(number) else None
+
+
 def final_val_top1(metrics_csv: str | Path, score: str | None = None) -> float:
     """``val/<score>`` (default: ``val/`` + the run's :func:`run_score_name`, ``val/top1`` for classification) of
-    the last validated epoch in a run's ``metrics.csv`` (a fraction in [0, 1])."""
+    the last validated epoch in a run's ``metrics.csv`` (a fraction in [0, 1]; NaN where it is undefined, e.g. the
+    MIoU of a validation split whose masks are all ignored: :func:`percent` makes that ``None``)."""
     from ..engine import read_metrics
 
     key = f"val/{score or run_score_name(Path(metrics_csv).parent)}"
@@ -146,15 +159,16 @@ def format_duration(seconds: float) -> str:
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def run_top1(run_dir: str | Path, metric: Metric = "test") -> float:
+def run_top1(run_dir: str | Path, metric: Metric = "test") -> float | None:
     """The score (%) of a finished run (:func:`run_score_name`: top-1 for classification, MIoU for segmentation):
     its test result, or (``"val"``) its final epoch's ``val/<score>``, which must come from a validation split other
-    than the test split (:func:`~coretune.sweeps.spec.check_val_split`)."""
+    than the test split (:func:`~coretune.sweeps.spec.check_val_split`); ``None`` where it is undefined
+    (:func:`percent`: a split without a pixel to score), a missing value."""
     run = RunDir(run_dir)
     if metric == "test":
-        return 100 * float(run.read_results()["test"][run_score_name(run_dir)])
+        return percent(run.read_results()["test"].get(run_score_name(run_dir)))
     check_val_split(run.read_config(), f"{run.path} ({run.config})", run.read_results())
-    return 100 * final_val_top1(run.metrics)
+    return percent(final_val_top1(run.metrics))
 
 
 class OtherFitArgs(ValueError):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..atomicfile import atomic_write
+from ..atomicfile import atomic_write, strict_json
 from .collect import collect_cells, collect_curves
 from .measures import (
     ROBUST_RESULTS,
@@ -329,7 +329,7 @@ def _summary_json(spec: BenchSpec, cells: Cells, layout: TableLayout, rows: dict
         ],
         "differences": differences,
     }
-    return json.dumps(summary, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    return strict_json(summary, indent=1, ensure_ascii=False) + "\n"
 
 
 def _per_class_section(spec: BenchSpec, layout: TableLayout) -> tuple[list[str], dict[str, dict[str, Any]]]:

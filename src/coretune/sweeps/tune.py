@@ -450,9 +450,15 @@ def tune(
                         f"trial {trial.number} did not finish (exit code {code}): see {RunDir(run_dir).log}"
                     )
             try:
-                values.append(final_val_top1(RunDir(run_dir).metrics, task.monitor))
+                value = final_val_top1(RunDir(run_dir).metrics, task.monitor)
             except ValueError as err:
                 raise TrialFailed(str(err)) from None
+            if not math.isfinite(value):  # a validation split without a pixel to score: no value to rank a trial by
+                raise TrialFailed(
+                    f"trial {trial.number}: the final val/{task.monitor} of {run_dir} is undefined (its validation "
+                    "masks hold no pixel to score): give the validation images labelled masks"
+                )
+            values.append(value)
         trial.set_user_attr("per_seed", values)
         return sum(values) / len(values)
 

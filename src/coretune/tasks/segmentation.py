@@ -16,6 +16,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 from PIL import Image
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
@@ -436,20 +437,35 @@ class SegmentationTask(Task):
         return SegmentationMetrics(num_classes, self.ignore_index)
 
     def val_values(self, computed: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        self._warn_undefined(computed, "validation")
         return {k: computed[k].float() for k in self.metric_names}
 
     def test_metrics(self, num_classes: int) -> SegmentationMetrics:
         return SegmentationMetrics(num_classes, self.ignore_index)
 
     def test_results(self, computed: Mapping[str, Tensor], class_names: list[str]) -> dict[str, Any]:
+        self._warn_undefined(computed, "test")
         return {
-            **{k: float(computed[k]) for k in self.metric_names},
+            **{k: None if math.isnan(v := float(computed[k])) else v for k in self.metric_names},
             "per_class_iou": per_class_scores(computed["per_class_iou"], class_names),
             "per_class_accuracy": per_class_scores(computed["per_class_acc"], class_names),
             "confusion_matrix": computed["confusion"].tolist(),
         }
 
+    def _warn_undefined(self, computed: Mapping[str, Tensor], split: str) -> None:
+        """Warn (one line naming ``split``) when the split's masks hold no pixel to score: every score of it is
+        then undefined, NaN in ``metrics.csv`` and ``null`` in the results' JSON, not a number to compare."""
+        if int(computed["confusion"].sum()) == 0:
+            chooses = "; best.ckpt cannot be chosen on it" if split == "validation" else ""
+            rank_zero_warn(
+                f"the {split} split's masks hold no pixel to score (every pixel is {self.ignore_index} = ignore): its "
+                f"MIoU, MPA, FWIoU and pixel accuracy are undefined (null in the results' JSON){chooses}; give the "
+                f"{split} images masks with labelled pixels"
+            )
+
     def summary_line(self, test: Mapping[str, Any]) -> str:
+        if test.get("miou") is None:
+            return "MIoU undefined: the test masks hold no pixel to score (every pixel is ignored)"
         return (
             f"MIoU {100 * test['miou']:.2f}%  MPA {100 * test['mpa']:.2f}%  FWIoU {100 * test['fwiou']:.2f}%  "
             f"pixel accuracy {100 * test['pixel_acc']:.2f}%"

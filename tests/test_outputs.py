@@ -270,3 +270,14 @@ def test_case_9_evaluations_fail_up_front_on_a_read_only_run_folder(
         for command in (["test"], ["validate"], ["eval", "robust"]):
             message = error([*command, f"--ckpt_path={ckpt}", f"--data.root={world['data']}"])
             assert message.startswith("--output ") and f"cannot write into {run} (" in message, message
+
+
+#: Commands that write nothing a user names, or whose output has a test of its own.
+EXEMPT = {"objectives": "prints a table, writes nothing", "demo": "tests/test_demo.py (its --output is checked too)"}
+
+
+def test_every_command_that_writes_is_in_the_table() -> None:
+    from coretune.cli import COMMANDS as CLI_COMMANDS
+
+    tabled = {name.split("-")[0] for name in COMMANDS}
+    assert set(CLI_COMMANDS) == tabled | set(EXEMPT), "a new command joins COMMANDS (or EXEMPT, with the reason)"

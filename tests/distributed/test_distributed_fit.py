@@ -49,6 +49,7 @@ def test_two_process_fit_writes_one_set_of_outputs(tmp_path: Path) -> None:
     (run_dir,) = (tmp_path / "runs").iterdir()
     files = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
     assert files == [
+        ".coretune-fit",  # the marker that lets a later fit resume in this folder
         "checkpoints/best.ckpt",
         "checkpoints/last.ckpt",
         "config.yaml",

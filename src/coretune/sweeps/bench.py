@@ -18,7 +18,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from ..outputs import check_folder_output, data_paths_in_args, mark_folder, marked_by_another
+from ..outputs import check_folder_output, data_paths_in_args, marked_by_another
 from ..rundir import RunDir
 from .export import export_records
 from .launch import SweepInterrupted, run_sweep
@@ -135,7 +135,6 @@ def main(args: list[str]) -> None:
         check_folder_output(cfg.export, "bench", option="--export", reads=reads, data=data, ours=holds_runs)
     elif not cfg.dry_run:
         check_folder_output(spec.output, "bench", option="the spec's output", reads=reads, data=data, ours=holds_runs)
-        mark_folder(spec.output, "bench")
     if cfg.export is not None:
         if cfg.aggregate_only:
             _print_summary(spec, console)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomicfile import atomic_write, strict_json
+from ..outputs import mark_folder
 from ..runclaim import RunInUse, claimed, point_claim
 from ..rundir import RunDir
 from ..stopfile import STOP_FILE_ENV, request_stop
@@ -263,6 +264,8 @@ def run_sweep(
             todo.append(run)
     retry = [run for run in todo if RunDir(run.run_dir).divergence() is not None]
     check_fit_args(todo, spec.metric)
+    if not dry_run:
+        mark_folder(spec.output, "bench")  # checked by coretune bench: its next sweep may write into it again
     earlier = f"{len(report.diverged)} diverged (not run again), " if report.diverged else ""
     console.print(
         f"[bold]{spec.name}[/bold]: {len(report.skipped) + len(report.diverged) + len(todo)} runs, "

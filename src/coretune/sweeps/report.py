@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..atomicfile import atomic_write, strict_json
+from ..outputs import mark_folder
 from .collect import collect_cells, collect_curves
 from .measures import (
     ROBUST_RESULTS,
@@ -441,7 +442,7 @@ def write_summary(spec: BenchSpec) -> tuple[str, list[Path]]:
         "table7": lambda: _heldout_section(spec, layout),
         "table8": lambda: (_robust_note(spec), {}),
     }.get(spec.table, lambda: ([], {}))()
-    spec.output.mkdir(parents=True, exist_ok=True)
+    mark_folder(spec.output, "bench")
     markdown = _markdown(spec, cells, layout, extra)
     paths = [spec.output / "runs.csv", spec.output / "summary.csv", spec.output / "summary.md"]
     _write_csv(paths[0], [run.csv_row(spec.metric, selection=spec.table == "table7") for run in runs])

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from coretune.attacks import PGD, NormalizedModel
 from coretune.data import IMAGENET_MEAN, IMAGENET_STD
 from coretune.models import create_backbone
+from coretune.robust.attacks import PGD, NormalizedModel
 
 
 def build_model(num_classes: int) -> nn.Module:

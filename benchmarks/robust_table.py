@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from coretune.cli import main as coretune
-from coretune.rundir import RunDir
+from coretune.runs.layout import RunDir
 from coretune.sweeps import BenchSpec
 
 AUTOATTACK_FILE = "robust_results_autoattack.json"

@@ -42,7 +42,7 @@ import yaml
 from coretune.cli import main as coretune
 from coretune.data.transforms import IMAGENET_MEAN, IMAGENET_STD, option_values
 from coretune.models import weights_digest
-from coretune.rundir import RunDir
+from coretune.runs.layout import RunDir
 from coretune.sweeps import BenchSpec, BenchSpecError, Run, collect_cells
 from coretune.sweeps.records import OtherFitArgs
 from coretune.sweeps.stats import Cell, compare

@@ -237,7 +237,7 @@ pretrain() {  # METHOD: 15 epochs at 32 px on CIFAR-10's training images, no lab
   esac
   if [ ! -f "$dir/pretrained-epoch15.pth.tar" ]; then
     local holder  # a pre-training started by hand (the spec's header) and still running: coretune's own claim test
-    holder=$("$BIN/python" -c 'import sys; from coretune.runclaim import live_claim; c = live_claim(sys.argv[1])
+    holder=$("$BIN/python" -c 'import sys; from coretune.runs.claim import live_claim; c = live_claim(sys.argv[1])
 print(c.where() if c else "")' "$dir" 2>/dev/null | tail -n 1)
     if [ -n "$holder" ]; then
       say "stopped: $dir is in use by $holder (its fit.pid): let that pre-training finish or stop it, then"

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch import Tensor, nn
 
-from coretune.attacks import NormalizedModel
+from coretune.robust.attacks import NormalizedModel
 
 DIGITS_MEAN, DIGITS_STD = (0.3,), (0.4,)
 

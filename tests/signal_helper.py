@@ -24,7 +24,7 @@ class SendSignal(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        from coretune.stopfile import STOP_FILE_ENV, request_stop
+        from coretune.runs.stopfile import STOP_FILE_ENV, request_stop
 
         if trainer.global_step != self.step:
             return

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from adversarial_models import DIGITS_MEAN, DIGITS_STD, digits, trained_digits_cnn
-from coretune.adversarial import AdversarialTraining, repeat_rows
-from coretune.attacks import PGD
 from coretune.losses import core_positive_mask, supcon_positive_mask
+from coretune.robust.attacks import PGD
+from coretune.robust.training import AdversarialTraining, repeat_rows
 
 
 def _batch(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coretune.atomicfile import atomic_write
+from coretune.runs.atomic import atomic_write
 
 
 def test_a_new_file_gets_the_umask_mode_and_an_existing_one_keeps_its_own(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from PIL import Image
 from torch import Tensor, nn
 
 from adversarial_models import digits, trained_digits_cnn
-from coretune.attacks import PGD, NormalizedModel, eval_mode, pgd, pixel_radius
 from coretune.data import IMAGENET_MEAN, IMAGENET_STD, eval_transform
+from coretune.robust.attacks import PGD, NormalizedModel, eval_mode, pgd, pixel_radius
 
 
 def _accuracy(model: nn.Module, images: Tensor, labels: Tensor) -> float:
@@ -194,7 +194,7 @@ def test_normalised_images_are_refused_with_the_fix() -> None:
         pgd(model, (x - 0.3) / 0.4, y, norm="linf", eps=0.1)
     assert str(info.value) == (
         "PGD needs pixel images in [0, 1], got values in [-0.75, 1.75]: feed unnormalised images and wrap the "
-        "model in coretune.attacks.NormalizedModel(model, mean, std)"
+        "model in coretune.robust.attacks.NormalizedModel(model, mean, std)"
     )
     with pytest.raises(ValueError, match=r"PGD needs images \(N, ...\) and labels \(N,\), got \(397, 1, 8, 8\) and "):
         pgd(model, x, y[:5], norm="linf", eps=0.1)

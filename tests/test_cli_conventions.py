@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from coretune.cli import main
-from coretune.rundir import RunDir
+from coretune.runs.layout import RunDir
 from fit_flags import QUIET, TINY_FIT
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
+from coretune.apps.demo import _adopt_earlier_demo, write_digits
 from coretune.cli import main
-from coretune.demo import _adopt_earlier_demo, write_digits
 from coretune.models import create_backbone, load_pretrained
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import yaml
 
+from coretune.apps.robustness import parse_threat
 from coretune.cli import main
-from coretune.robustness import parse_threat
-from coretune.rundir import RunDir
+from coretune.runs.layout import RunDir
 from coretune.sweeps.measures import robust_measures
 from fit_flags import QUIET, TINY_FIT, error
 

@@ -17,8 +17,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.neighbors import KNeighborsClassifier
 from sklearn.preprocessing import StandardScaler
 
+from coretune.apps.evaluation import extract_features, knn_predict, linear_probe, top_k_accuracy
 from coretune.cli import main
-from coretune.evaluation import extract_features, knn_predict, linear_probe, top_k_accuracy
 
 
 def _knn_loop(train: torch.Tensor, labels: torch.Tensor, test: torch.Tensor, k: int, tau: float, classes: int):

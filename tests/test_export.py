@@ -13,9 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from coretune.cli import main
-from coretune.engine import FineTuner
-from coretune.export import (
+from coretune.apps.export import (
     CHECK_TOLERANCE,
     EXPORT_FORMAT,
     ExportedClassifier,
@@ -24,6 +22,8 @@ from coretune.export import (
     export_checkpoint,
     load_exported,
 )
+from coretune.cli import main
+from coretune.engine import FineTuner
 from coretune.models import create_backbone
 from fit_flags import QUIET, error
 
@@ -272,7 +272,7 @@ def test_a_file_that_does_not_compute_the_checkpoints_logits_fails_the_export_an
         def save(tensors: dict[str, torch.Tensor], path: str) -> None:
             save_file({k: v + 1 if k == "classifier.bias" else v for k, v in tensors.items()}, path)
 
-        monkeypatch.setattr("coretune.export.save_file", save)
+        monkeypatch.setattr("coretune.apps.export.save_file", save)
     else:
         trace = torch.jit.trace
         monkeypatch.setattr(torch.jit, "trace", lambda net, images: trace(_off_by_one(net), images))

@@ -13,10 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from adversarial_models import digits, trained_digits_cnn
-from coretune.attacks import NormalizedModel
-from coretune.data import IMAGENET_MEAN, IMAGENET_STD, ImageClassificationData
-from coretune.models import create_backbone
-from coretune.robustness import (
+from coretune.apps.robustness import (
     PAPER_THREAT_MODELS,
     RobustnessReport,
     ThreatResult,
@@ -24,6 +21,9 @@ from coretune.robustness import (
     robust_accuracy,
     sample_loader,
 )
+from coretune.data import IMAGENET_MEAN, IMAGENET_STD, ImageClassificationData
+from coretune.models import create_backbone
+from coretune.robust.attacks import NormalizedModel
 
 
 def _digits_loader(n: int | None = None, batch_size: int = 100) -> DataLoader:
@@ -113,7 +113,7 @@ def test_autoattack_is_the_standard_version_of_the_reference_implementation(clas
     targets: a weaker, slower attack than standard AutoAttack's 100 iterations and 9 targets."""
     import torchattacks
 
-    from coretune.robustness import AUTOATTACK, standard_autoattack
+    from coretune.apps.robustness import AUTOATTACK, standard_autoattack
 
     chain = standard_autoattack(torchattacks, trained_digits_cnn(), "linf", 8 / 255, classes, seed=0)
     apgd, apgdt, fab, square = chain.attacks
@@ -219,7 +219,7 @@ def test_normalised_images_are_refused_for_every_attack(attack: str) -> None:
         robust_accuracy(trained_digits_cnn(), loader, [("linf", 0.1)], attack=attack)  # type: ignore[arg-type]
     assert str(info.value) == (
         "robust_accuracy needs pixel images in [0, 1], got values in [-0.75, 1.75]: feed unnormalised images and "
-        "wrap the model in coretune.attacks.NormalizedModel(model, mean, std)"
+        "wrap the model in coretune.robust.attacks.NormalizedModel(model, mean, std)"
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from coretune import runclaim
-from coretune.runclaim import (
+from coretune.runs.claim import (
     CLAIM_FILE,
     RunClaim,
     RunInUse,
@@ -148,7 +148,7 @@ def test_a_claim_replaced_while_it_settles_is_given_up(
 ) -> None:
     # Another process that judged the same stale claim replaced ours in the same instant: it goes on, we do not.
     monkeypatch.setattr(
-        "coretune.runclaim.time.sleep",
+        "coretune.runs.claim.time.sleep",
         lambda s: write_claim(tmp_path, other_process.pid, started=RunClaim.of(other_process.pid).started),
     )
     with pytest.raises(RunInUse, match=f"pid {other_process.pid}"):

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from coretune.engine import update_results
-from coretune.rundir import RunDir
+from coretune.runs.layout import RunDir
 
 
 def test_the_layout_of_a_run_directory(tmp_path: Path) -> None:
@@ -83,7 +83,7 @@ def test_a_damaged_results_file_is_named_with_the_fix(tmp_path: Path, text: str,
 
 def test_atomic_write_leaves_the_old_content_when_the_writer_fails(tmp_path: Path) -> None:
     # results.json, config.yaml, fit_args.json, the bench summaries and tune's best.yaml are written this way
-    from coretune.atomicfile import atomic_write
+    from coretune.runs.atomic import atomic_write
 
     path = tmp_path / "summary.md"
     with atomic_write(path) as f:

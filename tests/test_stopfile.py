@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from coretune.stopfile import request_stop, requested_signal
+from coretune.runs.stopfile import request_stop, requested_signal
 
 
 def test_a_stop_request_names_its_signal(tmp_path: Path) -> None:

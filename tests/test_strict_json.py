@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import yaml
 
-from coretune.atomicfile import finite_or_none, strict_json
 from coretune.cli import main
-from coretune.rundir import RunDir
+from coretune.runs.atomic import finite_or_none, strict_json
+from coretune.runs.layout import RunDir
 from coretune.sweeps import BenchSpec
 from fit_flags import QUIET, TINY_FIT
 from image_trees import make_image_tree

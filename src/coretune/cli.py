@@ -10,7 +10,7 @@ import errno
 import sys
 
 from .arguments import ArgumentParser
-from .atomicfile import strict_json
+from .runs.atomic import strict_json
 
 __all__ = ["main"]
 
@@ -42,20 +42,20 @@ def fit(args: list[str]) -> None:
 
 
 def test(args: list[str]) -> None:
-    from .scoring import score
+    from .apps.scoring import score
 
     score("test", args)
 
 
 def validate(args: list[str]) -> None:
-    from .scoring import score
+    from .apps.scoring import score
 
     score("validate", args)
 
 
 def _predict_parser() -> ArgumentParser:
     from .data.datasets import OnBadImage
-    from .runconfig import add_config_argument
+    from .runs.config import add_config_argument
 
     parser = ArgumentParser(
         allow_abbrev=False,
@@ -101,8 +101,8 @@ def _predict_parser() -> ArgumentParser:
 
 
 def predict(args: list[str]) -> None:
-    from .predict import predict_folder
-    from .runconfig import config_files, parse_with_config
+    from .apps.predict import predict_folder
+    from .runs.config import config_files, parse_with_config
 
     cfg = parse_with_config(_predict_parser(), args)
     out = predict_folder(
@@ -124,8 +124,8 @@ _LEGACY_EXPORT_FLAGS = {"exported_program": "pt2", "torchscript": "torchscript",
 
 
 def export(args: list[str]) -> None:
-    from .export import DEFAULT_FORMATS, EXPORT_FORMATS, export_checkpoint
-    from .runconfig import add_config_argument, config_files, parse_with_config
+    from .apps.export import DEFAULT_FORMATS, EXPORT_FORMATS, export_checkpoint
+    from .runs.config import add_config_argument, config_files, parse_with_config
 
     parser = ArgumentParser(
         allow_abbrev=False,
@@ -192,9 +192,9 @@ def pretrain(args: list[str]) -> None:
 def _eval_parser() -> ArgumentParser:
     from typing import Literal
 
+    from .apps.evaluation import DEFAULT_WEIGHT_DECAYS
     from .data import ImageClassificationData
-    from .evaluation import DEFAULT_WEIGHT_DECAYS
-    from .runconfig import add_config_argument
+    from .runs.config import add_config_argument
 
     parser = ArgumentParser(
         allow_abbrev=False,
@@ -267,7 +267,7 @@ def evaluate(args: list[str]) -> None:
     import warnings
 
     if args[:1] == ["robust"]:
-        from .robustness import evaluate_robust
+        from .apps.robustness import evaluate_robust
 
         evaluate_robust(args[1:])
         return
@@ -275,14 +275,14 @@ def evaluate(args: list[str]) -> None:
     import torch
     from rich.console import Console
 
+    from .apps.evaluation import evaluate_encoder
+    from .apps.scoring import written_by
     from .data import DataError, ImageClassificationData
     from .data.transforms import other_normalisation
     from .engine import atomic_write
-    from .evaluation import evaluate_encoder
     from .models import create_backbone, weights_digest
-    from .outputs import check_file_output, data_paths
-    from .runconfig import config_files, parse_with_config
-    from .scoring import written_by
+    from .runs.config import config_files, parse_with_config
+    from .runs.outputs import check_file_output, data_paths
 
     cfg = parse_with_config(_eval_parser(), args)
     if cfg.backbone is None and cfg.weights is None:
@@ -341,7 +341,7 @@ def evaluate(args: list[str]) -> None:
 
 
 def demo(args: list[str]) -> None:
-    from .demo import main as demo_main
+    from .apps.demo import main as demo_main
 
     demo_main(args)
 
@@ -423,7 +423,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     (``OSError``), a diverging loss, a run directory another process is running. ``coretune`` prints their message
     alone; anything else keeps its traceback."""
     from .engine import NonFiniteLossError
-    from .runclaim import RunInUse
+    from .runs.claim import RunInUse
 
     return ValueError, OSError, NonFiniteLossError, RunInUse
 

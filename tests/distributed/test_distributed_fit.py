@@ -235,7 +235,7 @@ def test_a_loss_that_is_nan_on_one_process_stops_every_process_and_rank_0_record
 ) -> None:
     # each process checks its own loss; when only process 1 raised, process 0 was killed without recording the
     # divergence, and a sweep ran the fit again as if it had been interrupted
-    from coretune.rundir import RunDir
+    from coretune.runs.layout import RunDir
     from image_trees import make_image_tree
 
     make_image_tree(tmp_path / "data", per_class=8, val_per_class=3, size=16)

@@ -13,10 +13,10 @@ import torch
 import yaml
 
 from coretune import objectives
-from coretune.adversarial import AdversarialTraining
 from coretune.cli import main
 from coretune.engine import FineTuner
-from coretune.rundir import RunDir
+from coretune.robust.training import AdversarialTraining
+from coretune.runs.layout import RunDir
 from fit_flags import QUIET, TINY_FIT
 
 AT = ["--adversarial.enable=true", "--adversarial.steps=2"]

@@ -23,7 +23,7 @@ from coretune.data.transforms import resize_transform
 from coretune.engine import FineTuner, read_metrics
 from coretune.engine.fitcli import resolved_fit_config
 from coretune.objectives import CETuning
-from coretune.rundir import RunDir
+from coretune.runs.layout import RunDir
 from coretune.tasks import Batch, DomainGeneralizationTask
 from domain_trees import make_domain_tree
 from fit_flags import QUIET, error

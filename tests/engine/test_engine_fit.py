@@ -18,11 +18,11 @@ import torch
 import yaml
 
 import coretune
+from coretune.apps.export import load_exported
 from coretune.cli import main
 from coretune.data import ImageClassificationData, ImageFileDataset, SkippedImagesWarning, eval_transform
 from coretune.engine import FineTuner, epoch_summary, make_trainer, read_metrics
 from coretune.engine.fitcli import _print_run_summary
-from coretune.export import load_exported
 from coretune.objectives import create
 from fit_flags import QUIET, TINY_FIT
 

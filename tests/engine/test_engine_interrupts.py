@@ -25,8 +25,8 @@ from coretune import atomicfile
 from coretune.cli import main
 from coretune.data.samplers import EpochShuffleSampler, ResumableLoader, SeededItems
 from coretune.engine import read_metrics
-from coretune.rundir import RunDir
-from coretune.stopfile import STOP_FILE_ENV
+from coretune.runs.layout import RunDir
+from coretune.runs.stopfile import STOP_FILE_ENV
 from fit_flags import QUIET
 
 SRC = Path(__file__).resolve().parents[2] / "src"

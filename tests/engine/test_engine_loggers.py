@@ -13,7 +13,7 @@ import yaml
 
 from coretune.cli import main
 from coretune.engine import read_metrics
-from coretune.rundir import RunDir
+from coretune.runs.layout import RunDir
 from fit_flags import QUIET, TINY_FIT
 
 UNKNOWN_LOGGER = (

@@ -30,7 +30,7 @@ from coretune.cli import main
 from coretune.data import SkippedImagesWarning, list_image_files
 from coretune.engine import FineTuner, NonFiniteLossError, read_metrics, setting_changes
 from coretune.models import create_backbone
-from coretune.runclaim import CLAIM_FILE, claim_run, point_claim
+from coretune.runs.claim import CLAIM_FILE, claim_run, point_claim
 from fit_flags import QUIET, error, pretrain_args
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
@@ -1303,9 +1303,9 @@ def test_under_adversarial_training_the_guard_counts_the_rows_train_top1_scores(
     and the mean cross-entropy cover (it counted the B clean labels: a bound √2 too wide)."""
     import lightning as L
 
-    from coretune.adversarial import AdversarialTraining
     from coretune.data import ImageClassificationData
     from coretune.engine import ChanceLevelGuard
+    from coretune.robust.training import AdversarialTraining
 
     guard = ChanceLevelGuard(tmp_path / "run")
     adversarial = AdversarialTraining(enable=True, steps=1)

@@ -15,7 +15,7 @@ from PIL import Image
 from coretune.cli import main
 from coretune.engine import read_metrics
 from coretune.pretrain import PRETRAINED_FILENAME
-from coretune.runclaim import claim_run, point_claim
+from coretune.runs.claim import claim_run, point_claim
 from fit_flags import pretrain_args
 from image_trees import make_image_folder
 

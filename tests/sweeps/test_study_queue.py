@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from coretune.runclaim import RunClaim
+from coretune.runs.claim import RunClaim
 from coretune.sweeps import BenchSpec
 
 ROOT = Path(__file__).resolve().parents[2]

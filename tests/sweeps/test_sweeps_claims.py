@@ -19,8 +19,8 @@ from rich.console import Console
 from sweep_helpers import data_root, spec_of
 
 from coretune.cli import main
-from coretune.runclaim import claim_run, point_claim
-from coretune.rundir import RunDir
+from coretune.runs.claim import claim_run, point_claim
+from coretune.runs.layout import RunDir
 from coretune.sweeps import BenchSpec, launch, launch_fit, run_sweep
 
 

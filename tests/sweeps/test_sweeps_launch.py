@@ -79,7 +79,7 @@ def test_status_lists_a_run_of_other_arguments_beside_the_rest(
     # one stale folder no longer hides the whole sweep's progress: --status shows it and what to do, and goes on
     from sweep_helpers import fabricate
 
-    from coretune.runclaim import claim_run
+    from coretune.runs.claim import claim_run
     from coretune.sweeps import collect_cells
 
     monkeypatch.setenv("COLUMNS", "200")

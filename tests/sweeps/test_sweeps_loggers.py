@@ -13,7 +13,7 @@ import yaml
 import coretune.sweeps.tune as tune_module
 from coretune.cli import main
 from coretune.engine import read_metrics
-from coretune.rundir import RunDir
+from coretune.runs.layout import RunDir
 from fit_flags import TINY_FIT
 
 

@@ -17,7 +17,7 @@ import yaml
 from sweep_helpers import data_root, spec_of
 
 from coretune.cli import main
-from coretune.rundir import RunDir
+from coretune.runs.layout import RunDir
 from coretune.sweeps import launch_fit, run_sweep
 from fit_flags import TINY_FIT
 

@@ -17,7 +17,7 @@ import yaml
 from sweep_helpers import data_root, fabricate
 
 from coretune.cli import main
-from coretune.runclaim import RunClaim, claim_run
+from coretune.runs.claim import RunClaim, claim_run
 from coretune.sweeps import BenchSpec, collect_cells, sweep_time_left
 from coretune.sweeps.records import RunRecord, RunStatus
 

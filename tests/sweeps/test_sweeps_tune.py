@@ -14,8 +14,8 @@ import yaml
 import coretune.sweeps.tune as tune_module
 from coretune.cli import main
 from coretune.engine import read_metrics
-from coretune.runclaim import RunInUse
-from coretune.rundir import RunDir
+from coretune.runs.claim import RunInUse
+from coretune.runs.layout import RunDir
 from coretune.sweeps.launch import SweepInterrupted
 from coretune.sweeps.tune import TrialFailed, tune
 from fit_flags import TINY_FIT

@@ -15,10 +15,10 @@ import torch
 import yaml
 from PIL import Image
 
+from coretune.apps.export import load_exported
 from coretune.cli import main
 from coretune.data import read_mask
 from coretune.engine import FineTuner, read_metrics
-from coretune.export import load_exported
 from coretune.losses import contrastive_loss
 from coretune.mining import beta_draws, mine_hard_positives
 from coretune.objectives import create

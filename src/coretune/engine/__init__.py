@@ -1,13 +1,20 @@
 """The training engine: Lightning module, trainer set-up, run outputs, optimisers and schedules, and ``coretune fit``
 (:mod:`.fitcli`)."""
 
-from .callbacks import ChanceLevelGuard, RunArtifacts, epoch_summary, plot_learning_curves, read_metrics, update_results
+from .callbacks import (
+    ChanceLevelGuard,
+    RunArtifacts,
+    epoch_summary,
+    plot_learning_curves,
+    read_metrics,
+    update_results,
+)
 from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, atomic_write, with_atomic_io
 from .fitcli import FitArgsError, FitCLI, resolved_fit_config, translate_args
 from .interrupts import StopOnSignal, TrainingInterrupted
 from .module import FineTuner, NonFiniteLossError
 from .optim import build_optimizer, lr_factor
-from .rundir import RESUMABLE_CHANGES, RunDirCLI, check_resume, resolve_run_dir, setting_changes
+from .runcli import RESUMABLE_CHANGES, RunDirCLI, check_resume, resolve_run_dir, setting_changes
 from .trainer import (
     LIGHTNING_PYTREE_DEPRECATION,
     check_trainer_options,

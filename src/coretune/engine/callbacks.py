@@ -19,9 +19,9 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from ..atomicfile import atomic_write, strict_json
 from ..models import weights_digest
-from ..rundir import RunDir
+from ..runs.atomic import atomic_write, strict_json
+from ..runs.layout import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task
 from .module import NonFiniteLossError
 

@@ -9,7 +9,7 @@ from typing import Any, BinaryIO
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from ..atomicfile import atomic_write
+from ..runs.atomic import atomic_write
 
 __all__ = ["AtomicCheckpointIO", "atomic_torch_save", "atomic_write", "with_atomic_io"]
 

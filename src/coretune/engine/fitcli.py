@@ -24,17 +24,17 @@ from typing import Any, ClassVar
 import yaml
 
 from .. import objectives
-from ..adversarial import AdversarialTraining
 from ..arguments import help_hint
 from ..models import HUB_PREFIXES, resolve_weights
-from ..runconfig import recorded_task
-from ..rundir import RunDir
+from ..robust.training import AdversarialTraining
+from ..runs.config import recorded_task
+from ..runs.layout import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task
 from .checkpoint_io import with_atomic_io
 from .loggers import LOGGER_ALIAS, expand_config_loggers, logger_args, place_loggers
 from .module import FineTuner
 from .preflight import check_validates_before_max_steps
-from .rundir import RunDirCLI
+from .runcli import RunDirCLI
 from .switches import check_switched_options, given_options
 from .trainer import (
     BestCheckpoint,

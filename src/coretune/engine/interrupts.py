@@ -9,7 +9,7 @@ already seen (:class:`coretune.data.samplers.ResumableLoader`), each step's rand
 restart, so the epoch's ``train/*`` values are those of an uninterrupted run (single-process runs).
 
 A sweep (``coretune bench``/``tune``) passes on a signal only it received through a stop file
-(:mod:`coretune.stopfile`), which this callback watches.
+(:mod:`coretune.runs.stopfile`), which this callback watches.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ..distributed import rank
-from ..rundir import RunDir
-from ..stopfile import STOP_FILE_ENV, requested_signal
+from ..runs.layout import RunDir
+from ..runs.stopfile import STOP_FILE_ENV, requested_signal
 
 __all__ = ["StopOnSignal", "TrainingInterrupted"]
 
@@ -61,7 +61,7 @@ class StopOnSignal(L.Callback):
     complete and saved as usual. A second SIGTERM or SIGINT while waiting ends the process at once, by the
     signal's default action, even when the batch never ends (a data loader blocked on a file): the previous
     checkpoint survives, since checkpoint writes are atomic. Under data parallelism the processes agree on
-    stopping at the same batch. The stop file named by :data:`coretune.stopfile.STOP_FILE_ENV`, when set, is
+    stopping at the same batch. The stop file named by :data:`coretune.runs.stopfile.STOP_FILE_ENV`, when set, is
     checked at every batch end and counts as a first signal.
     """
 

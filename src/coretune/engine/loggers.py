@@ -23,9 +23,9 @@ import lightning as L
 import yaml
 from lightning.pytorch import loggers
 
-from ..rundir import RunDir
+from ..runs.layout import RunDir
 from .module import run_seed
-from .rundir import RESUMABLE_CHANGES
+from .runcli import RESUMABLE_CHANGES
 
 __all__ = [
     "LOGGERS",

@@ -15,16 +15,16 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from ..adversarial import AdversarialTraining
 from ..data import check_shareable, trained_items
 from ..data.transforms import other_normalisation
 from ..distributed import listed, rank, ranks_where, scale_grad, world_size
 from ..models import CheckpointError, load_checkpoint_file, weights_digest
 from ..objectives import CETuning, Objective, preset_name
 from ..objectives import get as get_objective
+from ..robust.batches import AdversarialBatches
+from ..robust.training import AdversarialTraining
 from ..tasks import TASKS, Batch, ClassificationTask
 from ..tasks.segmentation import ImageLabelRule
-from .adversarial import AdversarialBatches
 from .optim import (
     OptimizerName,
     Schedule,
@@ -322,8 +322,8 @@ class FineTuner(L.LightningModule):
             sharing any class are positives); see :class:`coretune.tasks.SegmentationTask`.
         adversarial: adversarial training (``coretune fit --adversarial.*``, classification): with
             ``enable``, every training batch is extended with its PGD examples against the current model
-            (:class:`~coretune.engine.adversarial.AdversarialBatches`); recorded in checkpoints as
-            ``coretune.adversarial``.
+            (:class:`~coretune.robust.batches.AdversarialBatches`); recorded in checkpoints as
+            ``coretune.robust.training``.
 
     Attributes:
         batch_transform: ``None``, or a :data:`BatchTransform` applied to every unpacked training batch before the

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..adversarial import AdversarialTraining
+from ..robust.training import AdversarialTraining
 
 __all__ = ["check_switched_options", "given_options"]
 

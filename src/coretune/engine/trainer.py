@@ -14,7 +14,7 @@ from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.strategies import StrategyRegistry
 
-from ..rundir import RunDir
+from ..runs.layout import RunDir
 from ..tasks import DEFAULT_TASK, TASKS
 from .callbacks import ChanceLevelGuard, RunArtifacts, task_of
 from .checkpoint_io import AtomicCheckpointIO

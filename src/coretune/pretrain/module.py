@@ -42,7 +42,7 @@ from ..engine.optim import OptimizerName, Schedule, build_schedule, diverged_fix
 from ..engine.preflight import check_images_vary
 from ..heads import ProjectionHead
 from ..models import create_backbone
-from ..rundir import RunDir
+from ..runs.layout import RunDir
 from .losses import KeyQueue, global_nt_xent, moco_infonce, nt_xent
 
 __all__ = [

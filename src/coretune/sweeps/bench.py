@@ -18,8 +18,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from ..outputs import check_folder_output, data_paths_in_args, marked_by_another
-from ..rundir import RunDir
+from ..runs.layout import RunDir
+from ..runs.outputs import check_folder_output, data_paths_in_args, marked_by_another
 from .export import export_records
 from .launch import SweepInterrupted, run_sweep
 from .report import write_summary

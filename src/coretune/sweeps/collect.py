@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..rundir import RunDir
+from ..runs.layout import RunDir
 from .records import OtherFitArgs, RunRecord, check_run_args, run_progress, run_score_name, run_top1
 from .spec import BenchSpec, BenchSpecError, Run
 from .stats import Cell

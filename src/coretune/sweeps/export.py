@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ..rundir import RunDir
+from ..runs.layout import RunDir
 from .records import check_run_args
 from .spec import BenchSpec
 

@@ -1,5 +1,5 @@
 """Launching a sweep's fits: each run is an ordinary ``coretune fit`` subprocess (:func:`launch_fit`), in a run
-directory it claims (:mod:`coretune.runclaim`) and stops through its stop file (:mod:`coretune.stopfile`) on
+directory it claims (:mod:`coretune.runs.claim`) and stops through its stop file (:mod:`coretune.runs.stopfile`) on
 SIGINT/SIGTERM; :func:`run_sweep` runs a spec's unfinished runs, ``workers`` at a time."""
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..atomicfile import atomic_write, strict_json
-from ..outputs import mark_folder
-from ..runclaim import RunInUse, claimed, point_claim
-from ..rundir import RunDir
-from ..stopfile import STOP_FILE_ENV, request_stop
+from ..runs.atomic import atomic_write, strict_json
+from ..runs.claim import RunInUse, claimed, point_claim
+from ..runs.layout import RunDir
+from ..runs.outputs import mark_folder
+from ..runs.stopfile import STOP_FILE_ENV, request_stop
 from .records import check_run_args, run_top1
 from .spec import BenchSpec, BenchSpecError, Metric, Run, check_val_split, metric_text, unvalidated_final_epoch
 
@@ -110,10 +110,10 @@ def launch_fit(
 
     Returns the exit code; whether the run finished is :meth:`RunDir.is_finished` (test results written). Once
     ``stop`` holds a signal, or on Ctrl+C (``KeyboardInterrupt``) while waiting, the fit is asked through its stop
-    file (:mod:`coretune.stopfile`) to save a resumable checkpoint and exit, and is awaited.
+    file (:mod:`coretune.runs.stopfile`) to save a resumable checkpoint and exit, and is awaited.
 
-    The run directory is claimed for the fit while it runs (:mod:`coretune.runclaim`): raises
-    :class:`~coretune.runclaim.RunInUse`, touching nothing, when another live process is running it, and returns
+    The run directory is claimed for the fit while it runs (:mod:`coretune.runs.claim`): raises
+    :class:`~coretune.runs.claim.RunInUse`, touching nothing, when another live process is running it, and returns
     ``None`` without starting a fit when another one finished it, or saw it diverge, before the claim.
     """
     run_dir = Path(run_dir)
@@ -232,7 +232,7 @@ def run_sweep(
 
     A run that another live process is running (a second sweep of the same spec, in another terminal or on another
     machine sharing the output folder) is skipped when its turn comes (``in_use``), so several sweeps of one spec
-    share out its runs instead of training one twice (:mod:`coretune.runclaim`).
+    share out its runs instead of training one twice (:mod:`coretune.runs.claim`).
     """
     from rich.console import Console
     from rich.markup import escape

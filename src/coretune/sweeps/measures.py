@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..rundir import RunDir
+from ..runs.layout import RunDir
 from .records import percent
 from .spec import BenchSpec, BenchSpecError
 from .stats import Cell
@@ -67,7 +67,7 @@ def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
     as AutoAttack is) has its own columns, ``clean [N images, seed S]`` and ``autoattack ℓ∞ 4/255 [N images, seed
     S]``: a sample's numbers sit beside other attacks' on the same sample (size and seed), never in a column of the
     whole test set."""
-    from ..robustness import format_threat
+    from ..apps.robustness import format_threat
 
     clean: tuple[int, float] | None = None
     values: Measures = {}
@@ -103,7 +103,7 @@ def robust_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
 def _step_text(result: dict[str, Any], steps: int | None) -> str:
     """`` α 1/255`` for a PGD result whose step size is not the default ``2.5·ε/steps``, so that two files scored
     with other step sizes get a column each; empty for the default and for AutoAttack (no step size)."""
-    from ..robustness import format_threat
+    from ..apps.robustness import format_threat
 
     step, eps = result.get("step_size"), float(result["eps"])
     if step is None or not steps or math.isclose(float(step), 2.5 * eps / steps, rel_tol=1e-6):

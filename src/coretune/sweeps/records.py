@@ -12,8 +12,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from ..runconfig import recorded_task
-from ..rundir import RunDir
+from ..runs.config import recorded_task
+from ..runs.layout import RunDir
 from ..tasks import DEFAULT_TASK, TASKS
 from .spec import Metric, check_val_split
 

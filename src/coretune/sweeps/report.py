@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..atomicfile import atomic_write, strict_json
-from ..outputs import mark_folder
+from ..runs.atomic import atomic_write, strict_json
+from ..runs.outputs import mark_folder
 from .collect import collect_cells, collect_curves
 from .measures import (
     ROBUST_RESULTS,
@@ -63,7 +63,7 @@ def _seed_average(row: list[Cell]) -> Cell:
 def _selections(spec: BenchSpec) -> dict[str, list[dict[str, Any]]]:
     """Per objective, the ``selection`` entry of each finished run that records one (domain generalization: the
     rule, whether it is an oracle, the checkpoint it tested), with the run's data set and seed."""
-    from ..rundir import RunDir
+    from ..runs.layout import RunDir
 
     found: dict[str, list[dict[str, Any]]] = {}
     for run in spec.runs():
@@ -184,7 +184,7 @@ def _reconstructed_note(cells: Cells, layout: TableLayout) -> list[str]:
 def _diverged_note(spec: BenchSpec) -> list[str]:
     """The runs that diverged or collapsed, each with its message: left out of the table (its ``n`` counts finished
     runs), but results, which ``coretune bench`` does not run again; nothing without any."""
-    from ..rundir import RunDir
+    from ..runs.layout import RunDir
 
     diverged = [
         f"- {run.label}: {message}"
@@ -398,7 +398,7 @@ def _heldout_section(spec: BenchSpec, layout: TableLayout) -> tuple[list[str], d
 
 def _robust_note(spec: BenchSpec) -> list[str]:
     """Table 8's notes: the test images each attack scored, and the finished runs without robust results."""
-    from ..rundir import RunDir
+    from ..runs.layout import RunDir
 
     images: dict[str, set[int]] = {}
     unscored = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..rundir import RunDir
+from ..runs.layout import RunDir
 from .collect import collect_cells
 from .records import RunRecord, format_duration, training_time_left
 from .spec import BenchSpec, spec_metric_text

@@ -49,10 +49,10 @@ from typing import Any, Literal
 
 import yaml
 
-from ..atomicfile import atomic_write
-from ..outputs import check_folder_output, data_paths_in_args, mark_folder, marked_by_another
-from ..runclaim import RunInUse
-from ..rundir import RunDir
+from ..runs.atomic import atomic_write
+from ..runs.claim import RunInUse
+from ..runs.layout import RunDir
+from ..runs.outputs import check_folder_output, data_paths_in_args, mark_folder, marked_by_another
 from ..tasks import DEFAULT_TASK, TASKS, Task, get_task
 from .launch import SweepInterrupted, catch_stop_signals, launch_fit
 from .records import check_run_args, final_val_top1

@@ -23,7 +23,7 @@ from torchmetrics.utilities import dim_zero_cat
 
 from ..data.domains import SELECTIONS, DomainGeneralizationData, EvalGroup
 from ..objectives import Objective, ObjectiveOutput
-from ..rundir import RunDir
+from ..runs.layout import RunDir
 from .base import Batch
 from .classification import ClassificationTask
 

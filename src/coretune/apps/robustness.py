@@ -3,7 +3,7 @@
 :func:`robust_accuracy` reports the clean top-1 accuracy and, for each ``(norm, ε)`` threat model, the share of
 images the model still classifies correctly after the attack. Three attacks measure it:
 
-- ``"pgd"`` — coretune's own :class:`~coretune.attacks.PGD` (random start, ``steps`` steps);
+- ``"pgd"`` — coretune's own :class:`~coretune.robust.attacks.PGD` (random start, ``steps`` steps);
 - ``"torchattacks-pgd"`` — torchattacks' ``PGD`` / ``PGDL2`` with the same step size and random start, the
   referee for the first (the two agree within noise; ``tests/test_robustness.py`` checks it);
 - ``"autoattack"`` — standard AutoAttack (Croce & Hein, 2020): APGD-CE and APGD-T (9 target classes) of 100
@@ -18,7 +18,7 @@ The paper reports robust accuracies of 69–75% at ℓ∞ 8/255 on CIFAR-10, whe
 literature reaches about 50%: its attack was probably weak. Report what a strong attack (AutoAttack) measures;
 an undefended model's robust accuracy at ℓ∞ 8/255 should be near 0.
 
-The model takes ``[0, 1]`` pixel images (wrap a coretune model in :class:`~coretune.attacks.NormalizedModel`)
+The model takes ``[0, 1]`` pixel images (wrap a coretune model in :class:`~coretune.robust.attacks.NormalizedModel`)
 and the loader yields unnormalised ``(images, labels, ...)`` batches, e.g. with
 ``eval_transform(size, mean=(0, 0, 0), std=(1, 1, 1))``. torchattacks is the optional extra ``robust``.
 
@@ -42,16 +42,16 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, IterableDataset, Subset
 
-from .arguments import ArgumentParser
-from .atomicfile import strict_json
-from .attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode, pixel_radius
-from .data import ImageClassificationData
-from .engine import FineTuner, atomic_write
-from .models import weights_digest
-from .outputs import data_paths
-from .runconfig import add_config_argument, config_files, parse_with_config
+from ..arguments import ArgumentParser
+from ..data import ImageClassificationData
+from ..engine import FineTuner, atomic_write
+from ..models import weights_digest
+from ..robust.attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode, pixel_radius
+from ..runs.atomic import strict_json
+from ..runs.config import add_config_argument, config_files, parse_with_config
+from ..runs.outputs import data_paths
+from ..tasks import ClassificationTask
 from .scoring import check_classes, results_output, scored_folder_options, written_by
-from .tasks import ClassificationTask
 
 __all__ = [
     "ATTACKS",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..adversarial import AdversarialTraining, repeat_rows
 from ..tasks import Batch
+from .training import AdversarialTraining, repeat_rows
 
 __all__ = ["AdversarialBatches"]
 

@@ -17,14 +17,14 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from .data import IMAGENET_MEAN, IMAGENET_STD, ImageFileDataset
-from .data.datasets import OnBadImage
-from .data.samplers import same_size_batches
-from .engine import FineTuner, atomic_write
-from .models import CheckpointError
-from .outputs import check_file_output, check_folder_output, check_output_path, mark_folder, trained_data_paths
-from .runconfig import check_config_task
-from .tasks.segmentation import colorize, save_palette_mask
+from ..data import IMAGENET_MEAN, IMAGENET_STD, ImageFileDataset
+from ..data.datasets import OnBadImage
+from ..data.samplers import same_size_batches
+from ..engine import FineTuner, atomic_write
+from ..models import CheckpointError
+from ..runs.config import check_config_task
+from ..runs.outputs import check_file_output, check_folder_output, check_output_path, mark_folder, trained_data_paths
+from ..tasks.segmentation import colorize, save_palette_mask
 
 __all__ = ["default_output", "predict_folder", "predict_masks"]
 
@@ -133,7 +133,7 @@ def check_output(
     output: Path, folder: str | Path, reads: Sequence[tuple[str, str | Path]], task: str, trained: Sequence[Path]
 ) -> None:
     """Refuse an ``output`` that would replace what ``coretune predict`` did not make
-    (:mod:`coretune.outputs`): an input (the checkpoint, a ``--config`` file, the input folder or anything in it,
+    (:mod:`coretune.runs.outputs`): an input (the checkpoint, a ``--config`` file, the input folder or anything in it,
     the data the checkpoint was trained on, ``trained``), a run's files, a file that is not an earlier predictions
     CSV (classification), or a folder that is neither new, empty nor an earlier ``coretune predict``'s masks
     (segmentation: its ``.coretune-predict`` marker).

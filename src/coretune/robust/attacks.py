@@ -72,7 +72,7 @@ def check_pixel_images(images: Tensor, who: str) -> None:
     if images.numel() and (images.min() < 0 or images.max() > 1):
         raise ValueError(
             f"{who} needs pixel images in [0, 1], got values in [{images.min():.3g}, {images.max():.3g}]: feed "
-            "unnormalised images and wrap the model in coretune.attacks.NormalizedModel(model, mean, std)"
+            "unnormalised images and wrap the model in coretune.robust.attacks.NormalizedModel(model, mean, std)"
         )
 
 

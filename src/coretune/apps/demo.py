@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .atomicfile import strict_json
-from .outputs import check_folder_output, mark_folder
+from ..runs.atomic import strict_json
+from ..runs.outputs import check_folder_output, mark_folder
 
 __all__ = ["DemoResult", "MethodResult", "main", "run_demo", "write_digits"]
 
@@ -83,7 +83,7 @@ def write_digits(root: str | Path, test_fraction: float = 0.2, seed: int = 0, pe
     from PIL import Image
     from sklearn.datasets import load_digits
 
-    from .data import stratified_split
+    from ..data import stratified_split
 
     root = Path(root)
     marker, stamp = root / ".complete", f"digits test_fraction={test_fraction} seed={seed} per_class={per_class}"
@@ -113,7 +113,7 @@ def _demo_environment(num_threads: int | None) -> Iterator[None]:
     notice of Lightning silenced; all restored on exit."""
     import torch
 
-    from .engine import LIGHTNING_PYTREE_DEPRECATION
+    from ..engine import LIGHTNING_PYTREE_DEPRECATION
 
     previous_threads = torch.get_num_threads()
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
@@ -185,9 +185,9 @@ def _fresh(folder: Path) -> Path:
 
 def _knn_top1(weights: str | None, data_dir: Path, image_size: int) -> float:
     """Weighted kNN top-1 of the frozen encoder (all training labels, test split)."""
-    from .data import ImageClassificationData
+    from ..data import ImageClassificationData
+    from ..models import create_backbone
     from .evaluation import evaluate_encoder
-    from .models import create_backbone
 
     encoder = create_backbone(BACKBONE, weights=weights, verbose=False)
     data = ImageClassificationData(root=str(data_dir), image_size=image_size, eval_batch_size=512)
@@ -281,7 +281,7 @@ def _pretrain(images: Path, run_dir: Path, epochs: int, image_size: int, trainer
     """SimCLR on the unlabelled ``images``; returns the exported encoder checkpoint."""
     import lightning as L
 
-    from .pretrain import PRETRAINED_FILENAME, PretrainData, SimCLR, make_pretrain_trainer
+    from ..pretrain import PRETRAINED_FILENAME, PretrainData, SimCLR, make_pretrain_trainer
 
     L.seed_everything(0, verbose=False)
     _fresh(run_dir)
@@ -309,10 +309,10 @@ def _finetune(
     """One ``coretune fit``-equivalent run (validation once, at the end); returns its ``results.json``."""
     import lightning as L
 
-    from . import objectives
-    from .data import ImageClassificationData
-    from .engine import FineTuner, make_trainer
-    from .rundir import RunDir
+    from .. import objectives
+    from ..data import ImageClassificationData
+    from ..engine import FineTuner, make_trainer
+    from ..runs.layout import RunDir
 
     L.seed_everything(seed, verbose=False)
     _fresh(run_dir)
@@ -387,7 +387,7 @@ def _report(demo: DemoResult, console: Any) -> None:
 def _parser() -> Any:
     from jsonargparse import ActionYesNo
 
-    from .arguments import ArgumentParser
+    from ..arguments import ArgumentParser
 
     parser = ArgumentParser(
         allow_abbrev=False,

@@ -168,7 +168,7 @@ def linear_probe(
             stopped before this cap, ``converged``).
         seed: seed of the hold-out split.
     """
-    from .data import stratified_split
+    from ..data import stratified_split
 
     classes = _num_classes(train_labels, num_classes)
     feats, labels = train_feats.float(), train_labels.long().to(train_feats.device)

@@ -13,9 +13,9 @@
                          for other --output names given there, e.g. AutoAttack's)
     learning_curve.png
     checkpoints/         best.ckpt, last.ckpt (what a re-run resumes from)
-    fit.pid              the claim of the process running it (:mod:`coretune.runclaim`)
+    fit.pid              the claim of the process running it (:mod:`coretune.runs.claim`)
     log.txt, fit_args.json, stop_request
-                         a sweep's log of the fit, its fit arguments and its stop file (:mod:`coretune.stopfile`)
+                         a sweep's log of the fit, its fit arguments and its stop file (:mod:`coretune.runs.stopfile`)
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from .runclaim import CLAIM_FILE, RunClaim, live_claim
+from .claim import CLAIM_FILE, RunClaim, live_claim
 
 __all__ = ["RunDir"]
 
@@ -170,5 +170,5 @@ class RunDir:
         return done, (self.read_config().get("trainer") or {}).get("max_epochs")
 
     def live_claim(self) -> RunClaim | None:
-        """The claim of the live process running the run (:func:`coretune.runclaim.live_claim`), if any."""
+        """The claim of the live process running the run (:func:`coretune.runs.claim.live_claim`), if any."""
         return live_claim(self.path)

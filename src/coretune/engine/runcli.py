@@ -20,12 +20,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from ..arguments import OneLineErrors
-from ..atomicfile import atomic_write
 from ..distributed import is_launching_process
 from ..models import CheckpointError, UnreadableCheckpointError, load_checkpoint_file, weights_digest
-from ..outputs import check_folder_output, data_paths, mark_folder, marked_by_another
-from ..runclaim import fit_claim
-from ..rundir import RunDir
+from ..runs.atomic import atomic_write
+from ..runs.claim import fit_claim
+from ..runs.layout import RunDir
+from ..runs.outputs import check_folder_output, data_paths, mark_folder, marked_by_another
 
 __all__ = ["RESUMABLE_CHANGES", "RunDirCLI", "check_resume", "check_run_dir", "resolve_run_dir", "setting_changes"]
 
@@ -292,7 +292,7 @@ def _made_by_a_run(command: str) -> Callable[[Path], bool]:
 
 def check_run_dir(config: Mapping[str, Any], current: Mapping[str, Any], command: str) -> None:
     """Refuse, before anything is read or written, a ``--run_dir`` that ``coretune <command>`` would write into but
-    did not make (:func:`coretune.outputs.check_folder_output`): a folder of other files (a user's own
+    did not make (:func:`coretune.runs.outputs.check_folder_output`): a folder of other files (a user's own
     ``config.yaml`` and ``metrics.csv``), the data it reads or a folder inside it, an input, another command's
     folder, or an unwritable one. ``current`` is the configuration as ``config.yaml`` records it."""
     flat = _flat(current)
@@ -371,7 +371,7 @@ class RunDirCLI(LightningCLI):
     """A LightningCLI whose run writes into ``--run_dir`` (added by the subclass), held while it runs.
 
     Start it with :meth:`run`: :meth:`settle_run_dir` (called by the subclass once the configuration is parsed)
-    resolves the directory (:func:`resolve_run_dir`), claims it (:func:`coretune.runclaim.fit_claim`; only in the
+    resolves the directory (:func:`resolve_run_dir`), claims it (:func:`coretune.runs.claim.fit_claim`; only in the
     process a user or a sweep started, not in those a DDP launcher adds) until the run ends, so that a second run
     into the same directory is refused instead of overwriting its checkpoints, and checks a resume
     (:func:`check_resume`: the checkpoint is readable and the run was trained with these settings). ``config.yaml``

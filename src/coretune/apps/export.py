@@ -23,12 +23,12 @@ from torch._dynamo.exc import UserError
 from torch.export import ExportedProgram
 from torch.fx.experimental import _config as fx_config
 
-from .atomicfile import strict_json
-from .engine import FineTuner
-from .models import DeepLabV3, create_backbone, create_dilated_backbone
-from .models.segmentation import AtrousConv2d
-from .outputs import check_folder_output, trained_data_paths
-from .runconfig import check_config_task
+from ..engine import FineTuner
+from ..models import DeepLabV3, create_backbone, create_dilated_backbone
+from ..models.segmentation import AtrousConv2d
+from ..runs.atomic import strict_json
+from ..runs.config import check_config_task
+from ..runs.outputs import check_folder_output, trained_data_paths
 
 __all__ = [
     "DEFAULT_FORMATS",

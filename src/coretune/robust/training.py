@@ -3,7 +3,7 @@ the current model, and the objective trains on the clean and adversarial images 
 
 :class:`AdversarialTraining` holds the settings (``--adversarial.enable true --adversarial.norm linf|l2
 --adversarial.eps … --adversarial.steps 10 --adversarial.step_size …``) and builds the batch:
-``[x; PGD(x)]`` with the labels ``[y; y]``. The attack is :class:`coretune.attacks.PGD`: random start, projection
+``[x; PGD(x)]`` with the labels ``[y; y]``. The attack is :class:`coretune.robust.attacks.PGD`: random start, projection
 onto the ε-ball and ``[0, 1]`` in pixel space, the whole model in eval mode while attacking (BatchNorm uses and
 keeps its running statistics), only the images differentiated (the parameters get no gradient from it).
 
@@ -15,7 +15,7 @@ positives are the generated ones).
 Objectives that take ``inputs`` (a second view, e.g. Bi-tuning's keys) get the clean source's inputs for an
 adversarial row (:func:`repeat_rows`), so its instance positive is its clean source's key.
 
-Pure torch, below the engine: :class:`coretune.engine.adversarial.AdversarialBatches`, the training-batch transform
+Pure torch, below the engine: :class:`coretune.robust.batches.AdversarialBatches`, the training-batch transform
 ``coretune fit --adversarial.enable true`` installs, calls :meth:`AdversarialTraining.extend` in each training step.
 """
 

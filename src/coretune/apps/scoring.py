@@ -20,13 +20,13 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, Literal
 
-from .arguments import ArgumentParser
-from .atomicfile import strict_json
-from .engine import FineTuner, atomic_write, default_precision
-from .outputs import check_file_output, data_paths, trained_data_paths
-from .runconfig import add_config_argument, config_files, parse_with_config
-from .rundir import RunDir
-from .tasks import DEFAULT_TASK, TASKS, Task
+from ..arguments import ArgumentParser
+from ..engine import FineTuner, atomic_write, default_precision
+from ..runs.atomic import strict_json
+from ..runs.config import add_config_argument, config_files, parse_with_config
+from ..runs.layout import RunDir
+from ..runs.outputs import check_file_output, data_paths, trained_data_paths
+from ..tasks import DEFAULT_TASK, TASKS, Task
 
 __all__ = ["Split", "arg_value", "check_classes", "results_output", "score", "score_parser", "written_by"]
 
@@ -148,7 +148,7 @@ def arg_value(args: Sequence[str], option: str) -> str | None:
 
 def written_by(*keys: str) -> Callable[[Path], bool]:
     """Whether a file is a JSON object holding ``keys``: how a command tells the results files it wrote (which it
-    may replace) from anything else (:func:`coretune.outputs.check_file_output`'s ``ours``)."""
+    may replace) from anything else (:func:`coretune.runs.outputs.check_file_output`'s ``ours``)."""
 
     def ours(path: Path) -> bool:
         try:
@@ -171,7 +171,7 @@ def results_output(
     ours: Callable[[Path], bool] = lambda _: False,
 ) -> Path:
     """The file a command that scores checkpoint ``ckpt`` writes: ``output``, else ``default`` of the checkpoint's
-    run directory (a name the command owns there), checked (:func:`coretune.outputs.check_file_output`): never an
+    run directory (a name the command owns there), checked (:func:`coretune.runs.outputs.check_file_output`): never an
     input, data, a run's other files or a file the command did not write, and in a writable folder."""
     run = RunDir.of_checkpoint(ckpt)
     owned = default(run)
@@ -183,7 +183,7 @@ def check_unseen_domains(model: FineTuner, data: Any, ckpt_path: str) -> None:
     """Refuse to score as unseen a domain a domain-generalization checkpoint trained on: data holding the
     checkpoint's unseen domains (``test_domains``) is its data set, whose other domains it trained on; data without
     them is another data set, all of whose domains are new to it."""
-    from .data.domains import domain_folders, domain_list
+    from ..data.domains import domain_folders, domain_list
 
     trained = domain_list(model.trained_data.get("test_domains"))  # as given: "photo", "art,sketch" or a list
     root = getattr(data, "root", None)

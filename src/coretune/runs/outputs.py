@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .rundir import RunDir
+from .layout import RunDir
 
 __all__ = [
     "check_file_output",
@@ -70,7 +70,7 @@ def marked_by_another(folder: str | os.PathLike[str], command: str) -> bool:
 
 
 def run_file_names() -> frozenset[str]:
-    """The names of the files a run directory holds (:class:`~coretune.rundir.RunDir`), which only their own
+    """The names of the files a run directory holds (:class:`~coretune.runs.layout.RunDir`), which only their own
     command writes."""
     run = RunDir(Path())
     files = (

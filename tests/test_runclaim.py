@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from coretune import runclaim
+from coretune.runs import claim as runclaim
 from coretune.runs.claim import (
     CLAIM_FILE,
     RunClaim,

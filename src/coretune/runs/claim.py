@@ -118,7 +118,7 @@ def live_claim(run_dir: str | Path) -> RunClaim | None:
 
 def _umask() -> int:
     """The process's umask, from ``/proc/self/status`` (this module also runs alone, loaded by path, so not
-    ``atomicfile.new_file_mode``; without ``/proc`` the claim keeps ``0o600``)."""
+    ``coretune.runs.atomic.new_file_mode``; without ``/proc`` the claim keeps ``0o600``)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("Umask:"):
             return int(line.split()[1], 8)

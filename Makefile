@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test lint docs venv clean
+.PHONY: demo test test-fast lint docs venv clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,19 @@ docs: venv
 
 test: lint docs
 	$(PY) -m pytest -q
+
+# The inner loop (< 3 min on 2 cores): the maths, objectives, data, models and sweep tables, no end-to-end fit.
+# Run `make test` (every test, lint, contracts, docs) before a commit lands.
+FAST_TESTS := tests/objectives tests/data tests/models tests/test_losses.py tests/test_mining.py tests/test_memory.py \
+	tests/test_attacks.py tests/test_atomicfile.py tests/test_runclaim.py tests/test_stopfile.py tests/test_arguments.py \
+	tests/test_version.py tests/test_reliability_catalogue.py tests/test_rundir.py tests/test_fuzz.py \
+	tests/sweeps/test_sweeps_records.py tests/sweeps/test_sweeps_report.py tests/sweeps/test_sweeps_spec.py \
+	tests/sweeps/test_sweeps_stats.py tests/sweeps/test_sweeps_status.py tests/sweeps/test_sweeps_golden.py \
+	tests/sweeps/test_sweeps_table6.py tests/sweeps/test_sweeps_table7.py tests/sweeps/test_sweeps_table8.py
+
+test-fast: venv
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(PY) -m pytest -q -m "not ddp" $(FAST_TESTS)
 
 clean:
 	rm -rf $(VENV) build site *.egg-info src/*.egg-info

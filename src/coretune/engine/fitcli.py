@@ -6,8 +6,8 @@ wiring that resolves its arguments without running it.
 ``--objective.<param>`` its hyper-parameters; ``--task NAME`` is ``--model.task NAME`` (recorded there in
 ``config.yaml`` and in the checkpoint's hyper-parameters); :func:`translate_args` rewrites those aliases (and
 ``--seed``) for LightningCLI, and :func:`task_of_args` finds the task, whose data module the CLI is built
-with. :func:`resolved_fit_config` is the configuration a fit would run with (``--print_config``), for sweeps
-that check every run's arguments before the first starts.
+with. :func:`resolved_fit_config` is the configuration a fit would run with (what ``--print_config`` prints),
+parsed by fit's own parser without running it, for sweeps that check every run's arguments before the first starts.
 """
 
 from __future__ import annotations

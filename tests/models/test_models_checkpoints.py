@@ -487,6 +487,18 @@ def test_unknown_layout_lists_layouts_tried_and_first_keys(tmp_path: Path) -> No
     assert "weights: {net.0.0.weight, net.0.1.weight}" in message and "--model.weights_format" in message
 
 
+def test_every_layout_is_one_module_of_the_layouts_package_in_detection_order() -> None:
+    """Adding a layout is one file in coretune/models/layouts/ (its @register_layout) named in DETECTION_ORDER."""
+    import pkgutil
+
+    from coretune.models import layouts
+
+    modules = {m.name for m in pkgutil.iter_modules(layouts.__path__)}
+    assert modules == set(layouts.DETECTION_ORDER)
+    assert list_layouts()[: len(layouts.DETECTION_ORDER)] == list(layouts.DETECTION_ORDER)
+    assert list_layouts()[:3] == ["torchvision", "timm", "backbone"] and list_layouts()[-1] == "lightning"
+
+
 def test_forced_layout_that_does_not_fit(tmp_path: Path) -> None:
     encoder = create_backbone("small_cnn")
     path = write(CASES["dino"], CASES["dino"].build(randomised(encoder, 1), randomised(encoder, 2)), tmp_path)

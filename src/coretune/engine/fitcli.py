@@ -6,15 +6,14 @@ wiring that resolves its arguments without running it.
 ``--objective.<param>`` its hyper-parameters; ``--task NAME`` is ``--model.task NAME`` (recorded there in
 ``config.yaml`` and in the checkpoint's hyper-parameters); :func:`translate_args` rewrites those aliases (and
 ``--seed``) for LightningCLI, and :func:`task_of_args` finds the task, whose data module the CLI is built
-with. :func:`resolved_fit_config` is the configuration a fit would run with (``--print_config``), for sweeps
-that check every run's arguments before the first starts.
+with. :func:`resolved_fit_config` is the configuration a fit would run with (what ``--print_config`` prints),
+parsed by fit's own parser without running it, for sweeps that check every run's arguments before the first starts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-import io
 import json
 import pydoc
 from collections.abc import Mapping, Sequence
@@ -24,7 +23,7 @@ from typing import Any, ClassVar
 import yaml
 
 from .. import objectives
-from ..arguments import help_hint
+from ..arguments import one_line
 from ..models import HUB_PREFIXES, resolve_weights
 from ..robust.training import AdversarialTraining
 from ..runs.config import recorded_task
@@ -380,18 +379,46 @@ def _print_run_summary(run_dir: Path, task: Task | None = None) -> None:
 
 
 def fit(args: list[str]) -> None:
+    _run_fit_cli(FitCLI, args)
+
+
+def _run_fit_cli(cli: type[FitCLI], args: Sequence[str], **parser_kwargs: Any) -> None:
+    """Run ``cli`` (:class:`FitCLI`, or :class:`_ParseOnly`) as ``coretune fit ARGS`` runs; ``parser_kwargs`` go to
+    its parser and its ``fit`` subcommand's."""
     quiet_lightning()
     task = task_of_args(args)
-    FitCLI.run(
+    cli.run(
         FineTuner,
         TASKS[task].data_class if task in TASKS else TASKS[DEFAULT_TASK].data_class,  # else FineTuner refuses it
-        args=["fit", *translate_args(args)],
+        args=["fit", *translate_args(list(args))],
         seed_everything_default=0,
         trainer_defaults={"precision": default_precision(), "logger": False, "enable_autolog_hparams": False},
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"allow_abbrev": False, "fit": {"default_env": False, "allow_abbrev": False}},
+        parser_kwargs={
+            "allow_abbrev": False,
+            **parser_kwargs,
+            "fit": {"default_env": False, "allow_abbrev": False, **parser_kwargs},
+        },
         auto_configure_optimizers=False,
     )
+
+
+class _Parsed(Exception):  # not an error: how the parsed configuration leaves the CLI constructor
+    """The configuration :class:`_ParseOnly` parsed, as plain YAML types."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__("parsed")
+        self.config = config
+
+
+class _ParseOnly(FitCLI):
+    """:class:`FitCLI` that stops once it has parsed its arguments (configs, presets and links applied, values
+    validated), before anything is seeded, instantiated, claimed or written."""
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        config = parser.parse_args(args)
+        fit_parser = self._subcommand_parsers["fit"]
+        raise _Parsed(yaml.safe_load(fit_parser.dump(config["fit"], skip_unset=False)) or {})
 
 
 class FitArgsError(ValueError):
@@ -399,24 +426,22 @@ class FitArgsError(ValueError):
 
 
 def resolved_fit_config(args: Sequence[str]) -> dict[str, Any]:
-    """The configuration ``coretune fit ARGS`` would run with (its ``--print_config``, configs and presets applied),
-    without running it. Raises :class:`FitArgsError` with fit's own message when it would refuse the arguments (an
-    unknown option or objective, a value of the wrong type, an unreadable config file, a data folder or
-    ``--model.weights`` file that does not exist or hub name missing from the local cache; no image or checkpoint is
-    read)."""
-    out, err = io.StringIO(), io.StringIO()
+    """The configuration ``coretune fit ARGS`` would run with (what its ``--print_config`` prints: configs and presets
+    applied), without running it: parsed by fit's own parser, nothing instantiated. Raises :class:`FitArgsError`
+    with fit's own message when it would refuse the arguments (an unknown option or objective, a value of the wrong
+    type, an unreadable config file, a data folder or ``--model.weights`` file that does not exist or hub name
+    missing from the local cache; no image or checkpoint is read)."""
+    from jsonargparse import ArgumentError
+
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            fit([*args, "--print_config"])
-    except SystemExit as exit_:
-        if exit_.code not in (0, None):
-            prefix = "coretune fit: error: "
-            said = [line for line in err.getvalue().splitlines() if line.startswith(prefix)]
-            message = said[-1][len(prefix) :].removesuffix(help_hint("coretune fit")) if said else ""
-            raise FitArgsError(message or f"it exits with {exit_.code}") from None
+        _run_fit_cli(_ParseOnly, args, exit_on_error=False)
+        raise AssertionError("_ParseOnly returned without its configuration")  # pragma: no cover
+    except _Parsed as parsed:
+        config = parsed.config
+    except ArgumentError as error:  # the parser's error, as coretune fit words it (without the --help hint)
+        raise FitArgsError(one_line(str(error))) from None
     except (ValueError, OSError, yaml.YAMLError) as error:
         raise FitArgsError(" ".join(str(error).split())) from None
-    config = yaml.safe_load(out.getvalue()) or {}
     try:
         # fit checks them after --print_config would exit
         check_trainer_options(config.get("trainer") or {}, (config.get("model") or {}).get("schedule"))

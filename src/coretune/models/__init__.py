@@ -1,6 +1,14 @@
 """Encoders (torchvision, timm, a small CNN), safe loading of self-supervised checkpoints into them, and DeepLab-V3
-for segmentation."""
+for segmentation.
 
+- :mod:`~.encoder` — the ``Encoder`` a backbone is; :mod:`~.backbones` — the registry of backbones by name;
+- :mod:`~.checkpoint_files` — reading checkpoint files safely, weights given by hub name;
+- :mod:`~.checkpoints` — layouts (registry, detection) and :func:`load_pretrained` with its report;
+- :mod:`~.layouts` — one file per checkpoint layout (how to add one: its docstring);
+- :mod:`~.segmentation` — DeepLab-V3.
+"""
+
+from . import layouts  # noqa: F401  (importing it registers the built-in checkpoint layouts)
 from .backbones import SmallCNN, create_backbone, list_backbones, register_backbone
 from .checkpoints import (
     HUB_PREFIXES,

@@ -92,6 +92,19 @@ class Objective(nn.Module):
     def on_after_optimizer_step(self) -> None:
         """Called after every optimiser step."""
 
+    #: The hyper-parameters ``coretune tune`` chooses for the method, each with its default grid (DomainBed's
+    #: ``_hparams``): names of constructor arguments, in the order of the trial folders' names
+    #: (``eta1_alpha0.1``). With ``--sampler tpe`` a hyper-parameter ranges from its first to its last value, on a
+    #: log scale where the range starts above 0. Empty: the method is not tunable.
+    search_space: ClassVar[dict[str, tuple[float, ...]]] = {}
+
+    @classmethod
+    def untunable(cls, preset: dict[str, Any]) -> str | None:
+        """Why ``coretune tune`` cannot tune the registered preset ``preset`` (its hyper-parameters) although it
+        fixes none of :attr:`search_space` (one that fixes one is refused by ``coretune tune`` itself); None when it
+        can."""
+        return None
+
     #: The optimiser weight decay the method trains with, in place of the engine's ``weight_decay`` (``None``: the
     #: engine's). L2-SP and DELTA set 0: their reference implementations train without weight decay, their
     #: penalties replace it.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -95,6 +95,16 @@ class CoreTuning(Objective):
         memory_warmup_steps: training steps before the memory is used and filled.
         same_domain_positives: restrict positives to the anchor's domain (see above; needs domain labels).
     """
+
+    #: The paper's grid (§5.1, Appendix C): η and α from {0.1, 1, 10}.
+    search_space: ClassVar[dict[str, tuple[float, ...]]] = {"eta": (0.1, 1.0, 10.0), "alpha": (0.1, 1.0, 10.0)}
+
+    @classmethod
+    def untunable(cls, preset: dict[str, Any]) -> str | None:
+        """A preset that mixes nothing (``ce_con``): α, the mixing's, would have no effect."""
+        if preset.get("mixing") == "none":
+            return "mixes nothing (mixing='none'): alpha would have no effect"
+        return None
 
     def __init__(
         self,

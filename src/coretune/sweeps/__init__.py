@@ -4,7 +4,9 @@ One module per concern: :mod:`.spec` (the YAML grid and its runs), :mod:`.launch
 subprocess, with run claims and stop signals), :mod:`.records` (a run read back from its directory), :mod:`.collect`
 (runs into cells and curves), :mod:`.stats` (means, standard deviations, paired t-tests), :mod:`.report` (the
 tables and summary files), :mod:`.plots`, :mod:`.status` (``--status``), :mod:`.export` (``--export``), and the two
-commands, :mod:`.bench` and :mod:`.tune` (an Optuna study of η and α).
+commands, :mod:`.bench` and :mod:`.tune` (an Optuna study of an objective's hyper-parameters, Core-tuning's η and α)
+with :mod:`.space` (the search space an objective declares), :mod:`.study` (the study's storage, resumed trials and
+settings) and :mod:`.trialargs` (the checks of the trials' fit arguments).
 """
 
 from .collect import CurvePoint, collect_cells, collect_curves

@@ -23,12 +23,7 @@ from .samplers import eval_loader, loader_options
 from .transforms import normalisation_problems
 
 __all__ = [
-    "BATCH_SIZE",
-    "CROP_SCALE",
-    "EVAL_BATCH_SIZE",
-    "IMAGE_SIZE",
-    "NUM_WORKERS",
-    "ON_BAD_IMAGE",
+    "SHARED_CHECKS",
     "ImageDataModule",
     "OptionCheck",
     "TaskData",
@@ -55,14 +50,18 @@ def rule(name: str, ok: Callable[[Any], bool], expected: str, quote: bool = Fals
     return check
 
 
-ON_BAD_IMAGE = rule("on_bad_image", lambda v: v in get_args(OnBadImage), "'error' or 'skip'", quote=True)
-IMAGE_SIZE = rule("image_size", lambda v: v >= 1, ">= 1 pixel")
-BATCH_SIZE = rule("batch_size", lambda v: v >= 1, ">= 1")
-EVAL_BATCH_SIZE = rule("eval_batch_size", lambda v: v is None or v >= 1, ">= 1 (or unset to use batch_size)")
-NUM_WORKERS = rule("num_workers", lambda v: v >= 0, ">= 0")
-CROP_SCALE = rule(
-    "crop_scale", lambda v: len(v) == 2 and 0 < v[0] <= v[1] <= 1, "(low, high) with 0 < low <= high <= 1"
-)
+SHARED_CHECKS: dict[str, OptionCheck] = {
+    "on_bad_image": rule("on_bad_image", lambda v: v in get_args(OnBadImage), "'error' or 'skip'", quote=True),
+    "image_size": rule("image_size", lambda v: v >= 1, ">= 1 pixel"),
+    "batch_size": rule("batch_size", lambda v: v >= 1, ">= 1"),
+    "eval_batch_size": rule("eval_batch_size", lambda v: v is None or v >= 1, ">= 1 (or unset to use batch_size)"),
+    "num_workers": rule("num_workers", lambda v: v >= 0, ">= 0"),
+    "crop_scale": rule(
+        "crop_scale", lambda v: len(v) == 2 and 0 < v[0] <= v[1] <= 1, "(low, high) with 0 < low <= high <= 1"
+    ),
+}
+"""The checks of options that several data modules take alike, by option name (an entry of
+:attr:`ImageDataModule.option_checks`)."""
 
 
 def label_fraction_rule(unit: str) -> OptionCheck:
@@ -75,10 +74,12 @@ def val_fraction_rule(held_out: str) -> OptionCheck:
     return rule("val_fraction", lambda v: 0 <= v < 1, f"in [0, 1) (0 validates on {held_out})")
 
 
-def check_options(options: Mapping[str, Any], checks: Sequence[OptionCheck]) -> None:
+def check_options(options: Mapping[str, Any], checks: Sequence[OptionCheck | str]) -> None:
     """Reject values the type hints allow but the data cannot use, naming every bad option at once (in the order of
-    ``checks``, then the normalisation's ``mean`` and ``std``): :class:`DataError`."""
-    problems = [problem for check in checks if (problem := check(options))]
+    ``checks``: each a check, or the name of one of :data:`SHARED_CHECKS`; then the normalisation's ``mean`` and
+    ``std``): :class:`DataError`."""
+    resolved = [SHARED_CHECKS[check] if isinstance(check, str) else check for check in checks]
+    problems = [problem for check in resolved if (problem := check(options))]
     problems += normalisation_problems(options["mean"], options["std"])
     if problems:
         raise DataError(f"invalid data option(s): {'; '.join(problems)} — set valid values (--data.<option>)")
@@ -108,9 +109,10 @@ class ImageDataModule(L.LightningDataModule):
         pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies).
     """
 
-    #: The checks of the options, in the order their problems are named (:func:`check_options`).
-    option_checks: ClassVar[tuple[OptionCheck, ...]] = (
-        ON_BAD_IMAGE, IMAGE_SIZE, BATCH_SIZE, EVAL_BATCH_SIZE, NUM_WORKERS, label_fraction_rule("label"),
+    #: The checks of the options (a check, or the name of a shared one), in the order their problems are named
+    #: (:func:`check_options`).
+    option_checks: ClassVar[tuple[OptionCheck | str, ...]] = (
+        "on_bad_image", "image_size", "batch_size", "eval_batch_size", "num_workers", label_fraction_rule("label"),
     )  # fmt: skip
     #: Options that drew the run's splits. A checkpoint keeps them; ``coretune test`` and ``validate`` default to
     #: them (``FineTuner.trained_data``).
@@ -147,6 +149,7 @@ class ImageDataModule(L.LightningDataModule):
         self.train_dataset: Any = None
         self.val_dataset: Any = None
         self.test_dataset: Any = None
+        self._class_names: list[str] | None = None  # set by setup
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Add the shared options' help lines (this class's Args) that ``cls``'s docstring leaves out, for the
@@ -163,8 +166,11 @@ class ImageDataModule(L.LightningDataModule):
     # -- what the data is -----------------------------------------------------------------------------------
     @property
     def class_names(self) -> list[str]:
-        """Class names in label order."""
-        raise NotImplementedError
+        """Class names in label order (as :meth:`setup`, which this runs when read before it, found them)."""
+        if self._class_names is None:
+            self.setup()
+        assert self._class_names is not None
+        return self._class_names
 
     @property
     def num_classes(self) -> int:

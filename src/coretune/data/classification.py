@@ -9,18 +9,7 @@ from typing import Any, ClassVar, Literal, get_args
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from .base import (
-    BATCH_SIZE,
-    CROP_SCALE,
-    EVAL_BATCH_SIZE,
-    IMAGE_SIZE,
-    NUM_WORKERS,
-    ON_BAD_IMAGE,
-    ImageDataModule,
-    label_fraction_rule,
-    rule,
-    val_fraction_rule,
-)
+from .base import ImageDataModule, label_fraction_rule, rule, val_fraction_rule
 from .datasets import ImageFileDataset, LabeledImageDataset, OnBadImage, check_cifar_root, load_cifar
 from .errors import DataError
 from .images import require_folder, warn_skipped
@@ -99,10 +88,10 @@ class ImageClassificationData(ImageDataModule):
     split_settings: ClassVar[tuple[str, ...]] = ("seed", "label_fraction", "val_fraction")
     option_checks = (
         rule("dataset", lambda v: v in get_args(DatasetName), f"one of {list(get_args(DatasetName))}", quote=True),
-        ON_BAD_IMAGE, IMAGE_SIZE, BATCH_SIZE, EVAL_BATCH_SIZE, NUM_WORKERS, label_fraction_rule("label"),
+        "on_bad_image", "image_size", "batch_size", "eval_batch_size", "num_workers", label_fraction_rule("label"),
         val_fraction_rule("the val/ or test/ folder"),
         rule("rotation", lambda v: 0 <= v <= 180, "in [0, 180] degrees (0: none)"),
-        CROP_SCALE,
+        "crop_scale",
     )  # fmt: skip
 
     def __init__(
@@ -140,7 +129,6 @@ class ImageClassificationData(ImageDataModule):
         self.train_dataset: LabeledImageDataset | None = None
         self.val_dataset: LabeledImageDataset | None = None
         self.test_dataset: LabeledImageDataset | None = None
-        self._class_names: list[str] | None = None
         self._train_files: LabeledImageDataset | None = None
         self._test_files: LabeledImageDataset | None = None
         self._val_files: LabeledImageDataset | None = None
@@ -339,14 +327,6 @@ class ImageClassificationData(ImageDataModule):
         return train_dir, val_dir, test_dir
 
     # -- what the data is -----------------------------------------------------------------------------------
-    @property
-    def class_names(self) -> list[str]:
-        """Class names in label order (sorted folder names; CIFAR's meta order)."""
-        if self._class_names is None:
-            self.setup()
-        assert self._class_names is not None
-        return self._class_names
-
     def class_counts(self, split: Split = "train") -> dict[str, int]:
         """Images per class in ``split`` after subsetting (empty dict when there is no such split)."""
         self.setup()

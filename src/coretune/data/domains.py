@@ -25,17 +25,7 @@ import numpy as np
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from .base import (
-    BATCH_SIZE,
-    CROP_SCALE,
-    EVAL_BATCH_SIZE,
-    IMAGE_SIZE,
-    NUM_WORKERS,
-    ON_BAD_IMAGE,
-    ImageDataModule,
-    label_fraction_rule,
-    rule,
-)
+from .base import ImageDataModule, label_fraction_rule, rule
 from .datasets import LabeledImageDataset, OnBadImage
 from .errors import DataError
 from .images import require_folder, warn_skipped
@@ -287,11 +277,11 @@ class DomainGeneralizationData(ImageDataModule):
     #: checkpoint keeps them; ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
     split_settings: ClassVar[tuple[str, ...]] = ("seed", "test_domains", "holdout_fraction", "selection")
     option_checks = (
-        ON_BAD_IMAGE,
+        "on_bad_image",
         rule("selection", lambda v: v in SELECTIONS, f"one of {list(SELECTIONS)}", quote=True),
-        IMAGE_SIZE, BATCH_SIZE, EVAL_BATCH_SIZE,
+        "image_size", "batch_size", "eval_batch_size",
         rule("steps_per_epoch", lambda v: v >= 1, ">= 1"),
-        NUM_WORKERS, label_fraction_rule("label"), CROP_SCALE,
+        "num_workers", label_fraction_rule("label"), "crop_scale",
         rule("color_jitter", lambda v: v >= 0, ">= 0 (0: none)"),
         rule("grayscale", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
     )  # fmt: skip

@@ -18,17 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision import tv_tensors
 
-from .base import (
-    BATCH_SIZE,
-    EVAL_BATCH_SIZE,
-    IMAGE_SIZE,
-    NUM_WORKERS,
-    ON_BAD_IMAGE,
-    ImageDataModule,
-    label_fraction_rule,
-    rule,
-    val_fraction_rule,
-)
+from .base import ImageDataModule, label_fraction_rule, rule, val_fraction_rule
 from .datasets import OnBadImage
 from .errors import DataError
 from .images import find_bad_images, load_rgb, warn_skipped
@@ -221,13 +211,13 @@ class SegmentationData(ImageDataModule):
     #: ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
     split_settings: ClassVar[tuple[str, ...]] = ("seed", "label_fraction", "val_fraction", "eval_mode")
     option_checks = (
-        IMAGE_SIZE, BATCH_SIZE, EVAL_BATCH_SIZE, NUM_WORKERS, label_fraction_rule("image"),
+        "image_size", "batch_size", "eval_batch_size", "num_workers", label_fraction_rule("image"),
         val_fraction_rule("val.txt or test.txt"),
         rule("num_classes", lambda v: v is None or v >= 2, ">= 2 (or unset)"),
         lambda options: _ignore_index_problem(options["ignore_index"], options["num_classes"]),
         rule("scale_range", lambda v: len(v) == 2 and 0 < v[0] <= v[1], "(low, high) with 0 < low <= high"),
         rule("eval_mode", lambda v: v in get_args(EvalMode), "'center_crop' or 'whole'", quote=True),
-        ON_BAD_IMAGE,
+        "on_bad_image",
     )  # fmt: skip
 
     def __init__(
@@ -261,7 +251,6 @@ class SegmentationData(ImageDataModule):
         self.val_dataset: SegmentationDataset | None = None
         self.test_dataset: SegmentationDataset | None = None  # the val dataset itself when there is no test.txt
         self._num_classes = num_classes
-        self._class_names: list[str] | None = None
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -365,15 +354,6 @@ class SegmentationData(ImageDataModule):
             f"the training masks under {self.root}{part} hold {len(labelled)} class(es) besides {self.ignore_index} "
             f"= ignore ({', '.join(map(str, labelled)) or 'none'}): segmentation needs at least 2{foreground}"
         )
-
-    # -- what the data is -----------------------------------------------------------------------------------
-    @property
-    def class_names(self) -> list[str]:
-        """Class names in label order (from the class-name file, else ``"0"``, ``"1"``, …)."""
-        if self._class_names is None:
-            self.setup()
-        assert self._class_names is not None
-        return self._class_names
 
     # -- loaders --------------------------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:

@@ -1,6 +1,8 @@
-"""Data for fine-tuning: the image-classification, domain-generalization and segmentation LightningDataModules,
-their datasets, transforms and splits."""
+"""Data for fine-tuning: the image-classification, domain-generalization and segmentation LightningDataModules (on
+a shared base, :class:`ImageDataModule`, and the :class:`TaskData` protocol the engine reads them through), their
+datasets, transforms and splits."""
 
+from .base import ImageDataModule, TaskData
 from .classification import ImageClassificationData
 from .datasets import ImageFileDataset, LabeledImageDataset, load_cifar
 from .domains import DomainGeneralizationData
@@ -35,12 +37,14 @@ __all__ = [
     "DataError",
     "DomainGeneralizationData",
     "ImageClassificationData",
+    "ImageDataModule",
     "ImageDecodeError",
     "ImageFileDataset",
     "LabeledImageDataset",
     "SegmentationData",
     "SegmentationDataset",
     "SkippedImagesWarning",
+    "TaskData",
     "check_shareable",
     "eval_transform",
     "find_bad_images",

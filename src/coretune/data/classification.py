@@ -6,14 +6,14 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, get_args
 
-import lightning as L
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
+from .base import ImageDataModule, label_fraction_rule, rule, val_fraction_rule
 from .datasets import ImageFileDataset, LabeledImageDataset, OnBadImage, check_cifar_root, load_cifar
 from .errors import DataError
 from .images import require_folder, warn_skipped
-from .samplers import eval_loader, loader_options, seeded_train_loader
+from .samplers import seeded_train_loader
 from .splits import stratified_split, stratified_subset
 from .transforms import (
     IMAGENET_MEAN,
@@ -21,7 +21,6 @@ from .transforms import (
     Views,
     eval_draft_size,
     eval_transform,
-    normalisation_problems,
     train_draft_size,
     train_transform,
 )
@@ -32,7 +31,7 @@ DatasetName = Literal["imagefolder", "cifar10", "cifar100"]
 Split = Literal["train", "val", "test"]
 
 
-class ImageClassificationData(L.LightningDataModule):
+class ImageClassificationData(ImageDataModule):
     """Image-classification data for fine-tuning: an ImageFolder tree, or CIFAR-10/100 on disk.
 
     Folders (``dataset="imagefolder"``): ``root/train/<class>/<images>`` plus ``root/val/`` and/or
@@ -68,23 +67,15 @@ class ImageClassificationData(L.LightningDataModule):
         test_dir: Test ImageFolder tree, instead of root/test.
         dataset: Source format: imagefolder, or torchvision's CIFAR-10/100 python files (never downloaded).
         image_size: Side of the square network input in pixels (train random-resized crop, eval centre crop).
-        batch_size: Training batch size.
-        eval_batch_size: Validation/test batch size (default: batch_size).
-        num_workers: DataLoader worker processes (0 loads in the main process).
         label_fraction: Fraction of training labels to use, drawn per class with seed (semi-supervised
             settings); in (0, 1].
         val_fraction: Fraction of the training set held out, per class, as the validation split; the val/test
             folder then becomes the test split. In [0, 1).
         seed: Seed of the label-fraction subset, the validation hold-out and the training shuffle order.
-        mean: Per-channel normalisation mean (RGB, in [0, 1]) of the pre-trained model.
-        std: Per-channel normalisation standard deviation (RGB) of the pre-trained model.
         rotation: Maximum random rotation in degrees added to training augmentation (0: none).
         crop_scale: Range of the image area the training random-resized crop covers (the paper's (0.08, 1.0);
             raise the lower end for small or centred images, e.g. (0.5, 1.0)).
         hflip: Random horizontal flips in training augmentation (turn off for digits, text, …).
-        on_bad_image: Unreadable image files: "error" stops at the first with its path; "skip" decodes every
-            file at setup, leaves the bad ones out and warns once.
-        pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies).
         cache_images: Decode every image file once at setup and keep the pixels in memory (N·H·W·3 bytes: 184 MB
             for CIFAR-10's 60,000 images of 32 px), instead of decoding each image at every access: the same
             pixels and results; the training loader alone runs 1.8x faster on CIFAR-10 at 64 px, but a whole
@@ -95,6 +86,13 @@ class ImageClassificationData(L.LightningDataModule):
     #: Options that drew the run's splits (the label subset and the validation split carved from it, and their seed).
     #: A checkpoint keeps them; ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
     split_settings: ClassVar[tuple[str, ...]] = ("seed", "label_fraction", "val_fraction")
+    option_checks = (
+        rule("dataset", lambda v: v in get_args(DatasetName), f"one of {list(get_args(DatasetName))}", quote=True),
+        "on_bad_image", "image_size", "batch_size", "eval_batch_size", "num_workers", label_fraction_rule("label"),
+        val_fraction_rule("the val/ or test/ folder"),
+        rule("rotation", lambda v: 0 <= v <= 180, "in [0, 180] degrees (0: none)"),
+        "crop_scale",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -119,29 +117,18 @@ class ImageClassificationData(L.LightningDataModule):
         pin_memory: bool = False,
         cache_images: bool = False,
     ) -> None:
-        super().__init__()
-        _check_options(
-            dataset=dataset, on_bad_image=on_bad_image, image_size=image_size, batch_size=batch_size,
-            eval_batch_size=eval_batch_size, num_workers=num_workers, label_fraction=label_fraction,
-            val_fraction=val_fraction, rotation=rotation, crop_scale=crop_scale, mean=mean, std=std,
-        )  # fmt: skip
+        super().__init__(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self.save_hyperparameters()
-        self.root, self.train_dir, self.val_dir, self.test_dir = root, train_dir, val_dir, test_dir
-        self.dataset = dataset
-        self.image_size, self.batch_size, self.num_workers = image_size, batch_size, num_workers
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.label_fraction, self.val_fraction, self.seed = label_fraction, val_fraction, seed
-        self.mean, self.std, self.rotation = tuple(mean), tuple(std), rotation
-        self.on_bad_image, self.pin_memory, self.cache_images = on_bad_image, pin_memory, cache_images
-        self.crop_scale, self.hflip = (float(crop_scale[0]), float(crop_scale[1])), hflip
+        self.train_dir, self.val_dir, self.test_dir = train_dir, val_dir, test_dir
+        self.dataset, self.val_fraction, self.rotation = dataset, val_fraction, rotation
+        self.cache_images = cache_images
+        self.crop_scale = (float(crop_scale[0]), float(crop_scale[1]))
         self.train_transform = train_transform(image_size, self.mean, self.std, rotation, self.crop_scale, hflip)
         self.eval_transform, self.eval_draft = self.test_transform(image_size, self.mean, self.std)
         self.train_views = 1
-        self.validates_on_test = False
         self.train_dataset: LabeledImageDataset | None = None
         self.val_dataset: LabeledImageDataset | None = None
         self.test_dataset: LabeledImageDataset | None = None
-        self._class_names: list[str] | None = None
         self._train_files: LabeledImageDataset | None = None
         self._test_files: LabeledImageDataset | None = None
         self._val_files: LabeledImageDataset | None = None
@@ -340,19 +327,6 @@ class ImageClassificationData(L.LightningDataModule):
         return train_dir, val_dir, test_dir
 
     # -- what the data is -----------------------------------------------------------------------------------
-    @property
-    def class_names(self) -> list[str]:
-        """Class names in label order (sorted folder names; CIFAR's meta order)."""
-        if self._class_names is None:
-            self.setup()
-        assert self._class_names is not None
-        return self._class_names
-
-    @property
-    def num_classes(self) -> int:
-        """Number of classes."""
-        return len(self.class_names)
-
     def class_counts(self, split: Split = "train") -> dict[str, int]:
         """Images per class in ``split`` after subsetting (empty dict when there is no such split)."""
         self.setup()
@@ -375,12 +349,6 @@ class ImageClassificationData(L.LightningDataModule):
             dataset = dataset.with_transform(Views(self.train_transform, self.train_views), draft)
         return seeded_train_loader(dataset, self.batch_size, self.seed, **self._loader_options())
 
-    def val_dataloader(self) -> DataLoader:
-        """The validation split in order (see the class docstring for which split that is)."""
-        self.setup()
-        assert self.val_dataset is not None
-        return self._eval_loader(self.val_dataset)
-
     def test_dataloader(self) -> DataLoader:
         """The test split in order: the val/test folder or CIFAR's test set."""
         self.setup()
@@ -389,7 +357,7 @@ class ImageClassificationData(L.LightningDataModule):
                 "no test split: with val_fraction > 0 the test loader reads the val/ or test/ folder, and "
                 "there is none — add one or pass --data.test_dir"
             )
-        return self._eval_loader(self.test_dataset)
+        return super().test_dataloader()
 
     def predict_loader(self, folder: str) -> DataLoader:
         """Unlabelled images under ``folder``, evaluation transform; batches are ``(images, indices)``.
@@ -403,52 +371,6 @@ class ImageClassificationData(L.LightningDataModule):
             on_bad_image=self.on_bad_image,
         )
         return self._eval_loader(ds)
-
-    def _eval_loader(self, dataset: Dataset) -> DataLoader:
-        """In file order, each image once (:func:`~.samplers.eval_loader`)."""
-        return eval_loader(dataset, self.eval_batch_size, **self._loader_options())
-
-    def _loader_options(self) -> dict[str, object]:
-        return loader_options(self.num_workers, self.pin_memory)
-
-
-def _check_options(
-    *,
-    dataset: str,
-    on_bad_image: str,
-    image_size: int,
-    batch_size: int,
-    eval_batch_size: int | None,
-    num_workers: int,
-    label_fraction: float,
-    val_fraction: float,
-    rotation: float,
-    crop_scale: tuple[float, float],
-    mean: tuple[float, ...],
-    std: tuple[float, ...],
-) -> None:
-    """Reject values the type hints allow but the data cannot use, naming every bad option at once."""
-    checks = [
-        (dataset in get_args(DatasetName),
-         f"dataset must be one of {list(get_args(DatasetName))}, got {dataset!r}"),
-        (on_bad_image in get_args(OnBadImage),
-         f"on_bad_image must be 'error' or 'skip', got {on_bad_image!r}"),
-        (image_size >= 1, f"image_size must be >= 1 pixel, got {image_size}"),
-        (batch_size >= 1, f"batch_size must be >= 1, got {batch_size}"),
-        (eval_batch_size is None or eval_batch_size >= 1,
-         f"eval_batch_size must be >= 1 (or unset to use batch_size), got {eval_batch_size}"),
-        (num_workers >= 0, f"num_workers must be >= 0, got {num_workers}"),
-        (0 < label_fraction <= 1,
-         f"label_fraction must be in (0, 1] (1 uses every label), got {label_fraction}"),
-        (0 <= val_fraction < 1,
-         f"val_fraction must be in [0, 1) (0 validates on the val/ or test/ folder), got {val_fraction}"),
-        (0 <= rotation <= 180, f"rotation must be in [0, 180] degrees (0: none), got {rotation}"),
-        (len(crop_scale) == 2 and 0 < crop_scale[0] <= crop_scale[1] <= 1,
-         f"crop_scale must be (low, high) with 0 < low <= high <= 1, got {crop_scale}"),
-    ]  # fmt: skip
-    problems = [message for ok, message in checks if not ok] + normalisation_problems(mean, std)
-    if problems:
-        raise DataError(f"invalid data option(s): {'; '.join(problems)} — set valid values (--data.<option>)")
 
 
 def _class_mismatch(train: list[str], other: list[str], train_dir: str, folder: str | None, split: str) -> str:

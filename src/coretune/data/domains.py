@@ -21,21 +21,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-import lightning as L
 import numpy as np
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from .base import ImageDataModule, label_fraction_rule, rule
 from .datasets import LabeledImageDataset, OnBadImage
 from .errors import DataError
 from .images import require_folder, warn_skipped
-from .samplers import balanced_train_loader, eval_loader, loader_options
+from .samplers import balanced_train_loader
 from .splits import stratified_split, stratified_subset
 from .transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     Views,
-    normalisation_problems,
     resize_transform,
     train_draft_size,
     train_transform,
@@ -236,7 +235,7 @@ class GroupedItems(Dataset):
         return [list(range(int(a), int(b))) for a, b in zip(self.starts[:-1], self.starts[1:], strict=True)]
 
 
-class DomainGeneralizationData(L.LightningDataModule):
+class DomainGeneralizationData(ImageDataModule):
     """Leave-domains-out data for domain generalization, in DomainBed's layout ``root/<domain>/<class>/<images>``.
 
     Every domain is split into an ``in`` part and a held-out ``out`` part (:func:`split_domains`). Training reads
@@ -260,20 +259,12 @@ class DomainGeneralizationData(L.LightningDataModule):
         holdout_fraction: Fraction of each domain, per class, held out as its "out" part (model selection).
         image_size: Side of the square network input in pixels.
         batch_size: Training images per step, split equally over the training domains (a multiple of their number).
-        eval_batch_size: Validation/test batch size (default: batch_size).
         steps_per_epoch: Training steps per epoch; validation (model selection) runs after each epoch.
-        num_workers: DataLoader worker processes (0 loads in the main process).
         label_fraction: Fraction of each training domain's labels to use, drawn per class with seed; in (0, 1].
         seed: Seed of the domains' splits, the label-fraction subsets and the training batches.
-        mean: Per-channel normalisation mean (RGB, in [0, 1]) of the pre-trained model.
-        std: Per-channel normalisation standard deviation (RGB) of the pre-trained model.
         crop_scale: Range of the image area the training random-resized crop covers (DomainBed's (0.7, 1.0)).
-        hflip: Random horizontal flips in training augmentation.
         color_jitter: Strength of the random brightness, contrast, saturation and hue changes (0: none).
         grayscale: Probability of turning a training image grey (0: never).
-        on_bad_image: Unreadable image files: "error" stops at the first with its path; "skip" decodes every
-            file at setup, leaves the bad ones out and warns once.
-        pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies).
         cache_images: Decode every image file once at setup and keep the pixels in memory (each at the size its
             split reads: training crops' or evaluation's).
         selection: Model selection, as DomainBed names it: training_domain_validation (the checkpoint with the best
@@ -285,6 +276,15 @@ class DomainGeneralizationData(L.LightningDataModule):
     #: Options that drew the run's splits and chose its checkpoint (each domain's in/out parts, the rule). A
     #: checkpoint keeps them; ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
     split_settings: ClassVar[tuple[str, ...]] = ("seed", "test_domains", "holdout_fraction", "selection")
+    option_checks = (
+        "on_bad_image",
+        rule("selection", lambda v: v in SELECTIONS, f"one of {list(SELECTIONS)}", quote=True),
+        "image_size", "batch_size", "eval_batch_size",
+        rule("steps_per_epoch", lambda v: v >= 1, ">= 1"),
+        "num_workers", label_fraction_rule("label"), "crop_scale",
+        rule("color_jitter", lambda v: v >= 0, ">= 0 (0: none)"),
+        rule("grayscale", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -309,20 +309,10 @@ class DomainGeneralizationData(L.LightningDataModule):
         cache_images: bool = False,
         selection: SelectionRule = "training_domain_validation",
     ) -> None:
-        super().__init__()
-        _check_options(
-            image_size=image_size, batch_size=batch_size, eval_batch_size=eval_batch_size,
-            steps_per_epoch=steps_per_epoch, num_workers=num_workers, label_fraction=label_fraction,
-            crop_scale=crop_scale, color_jitter=color_jitter, grayscale=grayscale, mean=mean, std=std,
-            on_bad_image=on_bad_image, selection=selection,
-        )  # fmt: skip
+        super().__init__(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self.save_hyperparameters()
-        self.root, self.test_domains = root, domain_list(test_domains)
-        self.holdout_fraction, self.label_fraction, self.seed = holdout_fraction, label_fraction, seed
-        self.image_size, self.batch_size, self.steps_per_epoch = image_size, batch_size, steps_per_epoch
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers, self.pin_memory, self.cache_images = num_workers, pin_memory, cache_images
-        self.mean, self.std, self.on_bad_image = tuple(mean), tuple(std), on_bad_image
+        self.test_domains, self.holdout_fraction = domain_list(test_domains), holdout_fraction
+        self.steps_per_epoch, self.cache_images = steps_per_epoch, cache_images
         self.crop_scale = (float(crop_scale[0]), float(crop_scale[1]))
         self.selection = selection
         self.train_transform = train_transform(
@@ -330,8 +320,7 @@ class DomainGeneralizationData(L.LightningDataModule):
             grayscale=grayscale,
         )  # fmt: skip
         self.eval_transform, self.eval_draft = self.test_transform(image_size, self.mean, self.std)
-        self.train_views = 1
-        self.validates_on_test = False  # model selection never reads the unseen domains' reported images
+        self.train_views = 1  # validates_on_test stays False: model selection never reads the unseen domains' images
         self.split: DomainSplit | None = None
         self.train_dataset: GroupedItems | None = None
         self.val_dataset: GroupedItems | None = None
@@ -420,11 +409,6 @@ class DomainGeneralizationData(L.LightningDataModule):
         assert self.split is not None
         return next(iter(self.split.domains.values())).classes
 
-    @property
-    def num_classes(self) -> int:
-        """Number of classes."""
-        return len(self.class_names)
-
     # -- loaders --------------------------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
         """``steps_per_epoch`` balanced batches ``(images, labels, domains)``, fixed by ``(seed, step)``."""
@@ -440,22 +424,6 @@ class DomainGeneralizationData(L.LightningDataModule):
             **self._loader_options(),
         )  # fmt: skip
 
-    def val_dataloader(self) -> DataLoader:
-        """The training domains' held-out parts, domain by domain: batches ``(images, labels, group)``."""
-        self.setup()
-        assert self.val_dataset is not None
-        return eval_loader(self.val_dataset, self.eval_batch_size, **self._loader_options())
-
-    def test_dataloader(self) -> DataLoader:
-        """The unseen domains' ``in`` and ``out`` parts, then the training domains' held-out parts
-        (:attr:`test_groups`): batches ``(images, labels, group)``."""
-        self.setup()
-        assert self.test_dataset is not None
-        return eval_loader(self.test_dataset, self.eval_batch_size, **self._loader_options())
-
-    def _loader_options(self) -> dict[str, Any]:
-        return loader_options(self.num_workers, self.pin_memory)
-
 
 def domain_folders(root: str) -> list[str]:
     """The domain folders of a DomainBed tree ``root`` (its sub-folders but hidden ones), sorted: the domains."""
@@ -468,40 +436,3 @@ def domain_list(value: str | Sequence[str] | None) -> list[str]:
         return []
     items = value.split(",") if isinstance(value, str) else list(value)
     return [str(v).strip() for v in items if str(v).strip()]
-
-
-def _check_options(
-    *,
-    image_size: int,
-    batch_size: int,
-    eval_batch_size: int | None,
-    steps_per_epoch: int,
-    num_workers: int,
-    label_fraction: float,
-    crop_scale: tuple[float, float],
-    color_jitter: float,
-    grayscale: float,
-    mean: tuple[float, ...],
-    std: tuple[float, ...],
-    on_bad_image: str,
-    selection: str,
-) -> None:
-    """Reject values the type hints allow but the data cannot use, naming every bad option at once."""
-    checks = [
-        (on_bad_image in ("error", "skip"), f"on_bad_image must be 'error' or 'skip', got {on_bad_image!r}"),
-        (selection in SELECTIONS, f"selection must be one of {list(SELECTIONS)}, got {selection!r}"),
-        (image_size >= 1, f"image_size must be >= 1 pixel, got {image_size}"),
-        (batch_size >= 1, f"batch_size must be >= 1, got {batch_size}"),
-        (eval_batch_size is None or eval_batch_size >= 1,
-         f"eval_batch_size must be >= 1 (or unset to use batch_size), got {eval_batch_size}"),
-        (steps_per_epoch >= 1, f"steps_per_epoch must be >= 1, got {steps_per_epoch}"),
-        (num_workers >= 0, f"num_workers must be >= 0, got {num_workers}"),
-        (0 < label_fraction <= 1, f"label_fraction must be in (0, 1] (1 uses every label), got {label_fraction}"),
-        (len(crop_scale) == 2 and 0 < crop_scale[0] <= crop_scale[1] <= 1,
-         f"crop_scale must be (low, high) with 0 < low <= high <= 1, got {crop_scale}"),
-        (color_jitter >= 0, f"color_jitter must be >= 0 (0: none), got {color_jitter}"),
-        (0 <= grayscale <= 1, f"grayscale must be a probability in [0, 1], got {grayscale}"),
-    ]  # fmt: skip
-    problems = [message for ok, message in checks if not ok] + normalisation_problems(mean, std)
-    if problems:
-        raise DataError(f"invalid data option(s): {'; '.join(problems)} — set valid values (--data.<option>)")

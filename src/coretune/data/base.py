@@ -1,0 +1,281 @@
+"""What every data module shares: :class:`ImageDataModule`, the base class holding the options all tasks' data take
+(their checks and help lines declared once here), and :class:`TaskData`, the protocol naming what the engine and the
+tasks read from a data module.
+
+A task's data module (classification, segmentation, domain generalization) subclasses :class:`ImageDataModule`,
+lists every option in its own ``__init__`` signature (jsonargparse builds the ``--data.*`` options from it), adds
+its own options, their checks (:attr:`ImageDataModule.option_checks`) and help lines, and documents a shared option
+only where its help differs (:meth:`ImageDataModule.__init_subclass__` adds the shared lines to its docstring).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol, get_args, runtime_checkable
+
+import lightning as L
+from torch.utils.data import DataLoader, Dataset
+
+from .datasets import OnBadImage
+from .errors import DataError
+from .samplers import eval_loader, loader_options
+from .transforms import normalisation_problems
+
+__all__ = [
+    "SHARED_CHECKS",
+    "ImageDataModule",
+    "OptionCheck",
+    "TaskData",
+    "check_options",
+    "label_fraction_rule",
+    "rule",
+    "val_fraction_rule",
+]
+
+OptionCheck = Callable[[Mapping[str, Any]], "str | None"]
+"""A check of a data module's options (by name): the problem, naming the option and its value, or None."""
+
+
+def rule(name: str, ok: Callable[[Any], bool], expected: str, quote: bool = False) -> OptionCheck:
+    """The check that option ``name`` passes ``ok``, else ``"<name> must be <expected>, got <value>"`` (the value
+    quoted, ``repr``, with ``quote``)."""
+
+    def check(options: Mapping[str, Any]) -> str | None:
+        value = options[name]
+        if ok(value):
+            return None
+        return f"{name} must be {expected}, got {value!r}" if quote else f"{name} must be {expected}, got {value}"
+
+    return check
+
+
+SHARED_CHECKS: dict[str, OptionCheck] = {
+    "on_bad_image": rule("on_bad_image", lambda v: v in get_args(OnBadImage), "'error' or 'skip'", quote=True),
+    "image_size": rule("image_size", lambda v: v >= 1, ">= 1 pixel"),
+    "batch_size": rule("batch_size", lambda v: v >= 1, ">= 1"),
+    "eval_batch_size": rule("eval_batch_size", lambda v: v is None or v >= 1, ">= 1 (or unset to use batch_size)"),
+    "num_workers": rule("num_workers", lambda v: v >= 0, ">= 0"),
+    "crop_scale": rule(
+        "crop_scale", lambda v: len(v) == 2 and 0 < v[0] <= v[1] <= 1, "(low, high) with 0 < low <= high <= 1"
+    ),
+}
+"""The checks of options that several data modules take alike, by option name (an entry of
+:attr:`ImageDataModule.option_checks`)."""
+
+
+def label_fraction_rule(unit: str) -> OptionCheck:
+    """``label_fraction`` in (0, 1], where 1 uses every ``unit`` (label, image)."""
+    return rule("label_fraction", lambda v: 0 < v <= 1, f"in (0, 1] (1 uses every {unit})")
+
+
+def val_fraction_rule(held_out: str) -> OptionCheck:
+    """``val_fraction`` in [0, 1), where 0 validates on ``held_out`` (the val/ or test/ folder, val.txt …)."""
+    return rule("val_fraction", lambda v: 0 <= v < 1, f"in [0, 1) (0 validates on {held_out})")
+
+
+def check_options(options: Mapping[str, Any], checks: Sequence[OptionCheck | str]) -> None:
+    """Reject values the type hints allow but the data cannot use, naming every bad option at once (in the order of
+    ``checks``: each a check, or the name of one of :data:`SHARED_CHECKS`; then the normalisation's ``mean`` and
+    ``std``): :class:`DataError`."""
+    resolved = [SHARED_CHECKS[check] if isinstance(check, str) else check for check in checks]
+    problems = [problem for check in resolved if (problem := check(options))]
+    problems += normalisation_problems(options["mean"], options["std"])
+    if problems:
+        raise DataError(f"invalid data option(s): {'; '.join(problems)} — set valid values (--data.<option>)")
+
+
+class ImageDataModule(L.LightningDataModule):
+    """The options, checks and evaluation loaders every task's data module shares (subclassed, not used alone).
+
+    A subclass's ``__init__`` lists every option (jsonargparse reads the signature), passes them all by name to
+    ``super().__init__`` (which checks them with :attr:`option_checks` and keeps the shared ones as attributes),
+    then calls ``self.save_hyperparameters()``. Its docstring's Args section (the last section) documents its own
+    options and any shared one whose help differs; the shared lines below are added to it for the rest.
+
+    Args:
+        root: The data folder (its layout is the task's).
+        image_size: Side of the square network input in pixels.
+        batch_size: Training batch size.
+        eval_batch_size: Validation/test batch size (default: batch_size).
+        num_workers: DataLoader worker processes (0 loads in the main process).
+        label_fraction: Fraction of the training labels to use, drawn with seed; in (0, 1].
+        seed: Seed of the splits and subsets drawn and of the training order and augmentation.
+        mean: Per-channel normalisation mean (RGB, in [0, 1]) of the pre-trained model.
+        std: Per-channel normalisation standard deviation (RGB) of the pre-trained model.
+        hflip: Random horizontal flips in training augmentation.
+        on_bad_image: Unreadable image files: "error" stops at the first with its path; "skip" decodes every
+            file at setup, leaves the bad ones out and warns once.
+        pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies).
+    """
+
+    #: The checks of the options (a check, or the name of a shared one), in the order their problems are named
+    #: (:func:`check_options`).
+    option_checks: ClassVar[tuple[OptionCheck | str, ...]] = (
+        "on_bad_image", "image_size", "batch_size", "eval_batch_size", "num_workers", label_fraction_rule("label"),
+    )  # fmt: skip
+    #: Options that drew the run's splits. A checkpoint keeps them; ``coretune test`` and ``validate`` default to
+    #: them (``FineTuner.trained_data``).
+    split_settings: ClassVar[tuple[str, ...]] = ("seed",)
+
+    def __init__(
+        self,
+        *,
+        root: str | None,
+        image_size: int,
+        batch_size: int,
+        eval_batch_size: int | None,
+        num_workers: int,
+        label_fraction: float,
+        seed: int,
+        mean: tuple[float, float, float],
+        std: tuple[float, float, float],
+        hflip: bool,
+        on_bad_image: OnBadImage,
+        pin_memory: bool,
+        **task_options: Any,
+    ) -> None:
+        """Check every option (``task_options``: the subclass's own, checked only) and keep the shared ones."""
+        super().__init__()
+        shared = {k: v for k, v in locals().items() if k not in ("self", "task_options", "__class__")}
+        check_options({**shared, **task_options}, self.option_checks)
+        self.root = root
+        self.image_size, self.batch_size, self.num_workers = image_size, batch_size, num_workers
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.label_fraction, self.seed = label_fraction, seed
+        self.mean, self.std, self.hflip = tuple(mean), tuple(std), hflip
+        self.on_bad_image, self.pin_memory = on_bad_image, pin_memory
+        self.validates_on_test = False
+        self.train_dataset: Any = None
+        self.val_dataset: Any = None
+        self.test_dataset: Any = None
+        self._class_names: list[str] | None = None  # set by setup
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Add the shared options' help lines (this class's Args) that ``cls``'s docstring leaves out, for the
+        options its ``__init__`` takes: ``--help``, the docs and the docstring then hold every option."""
+        super().__init_subclass__(**kwargs)
+        if "__init__" not in cls.__dict__ or not cls.__doc__:
+            return
+        own, shared = option_docs(cls.__doc__), option_docs(ImageDataModule.__doc__ or "")
+        added = [shared[name] for name in inspect.signature(cls.__init__).parameters if name in shared.keys() - own]
+        if added:
+            head = "" if own or "\n    Args:\n" in cls.__doc__ else "\n\n    Args:\n"
+            cls.__doc__ = cls.__doc__.rstrip() + head + "\n" + "\n".join(added) + "\n    "
+
+    # -- what the data is -----------------------------------------------------------------------------------
+    @property
+    def class_names(self) -> list[str]:
+        """Class names in label order (as :meth:`setup`, which this runs when read before it, found them)."""
+        if self._class_names is None:
+            self.setup()
+        assert self._class_names is not None
+        return self._class_names
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes."""
+        return len(self.class_names)
+
+    # -- loaders --------------------------------------------------------------------------------------------
+    def val_dataloader(self) -> DataLoader:
+        """The validation split in order."""
+        self.setup()
+        assert self.val_dataset is not None
+        return self._eval_loader(self.val_dataset)
+
+    def test_dataloader(self) -> DataLoader:
+        """The test split in order."""
+        self.setup()
+        assert self.test_dataset is not None
+        return self._eval_loader(self.test_dataset)
+
+    def _eval_loader(self, dataset: Dataset) -> DataLoader:
+        """In item order, each item once (:func:`~.samplers.eval_loader`)."""
+        return eval_loader(dataset, self.eval_batch_size, **self._loader_options())
+
+    def _loader_options(self) -> dict[str, Any]:
+        return loader_options(self.num_workers, self.pin_memory)
+
+
+def option_docs(doc: str) -> dict[str, str]:
+    """The entries of a class docstring's Args section by option name, each its lines as they stand (the name's
+    line, indented 8 spaces, and its continuation lines, indented more)."""
+    lines = doc.splitlines()
+    if "    Args:" not in lines:
+        return {}
+    entries: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lines[lines.index("    Args:") + 1 :]:
+        if line.startswith(" " * 9) and current is not None:
+            current.append(line)
+        elif line.startswith(" " * 8) and ":" in line:
+            current = entries.setdefault(line.strip().split(":", 1)[0], [line])
+        elif line.strip():
+            break  # the next section
+    return {name: "\n".join(entry) for name, entry in entries.items()}
+
+
+@runtime_checkable
+class TaskData(Protocol):
+    """What the engine (``FineTuner``, its callbacks and preflight), the tasks and the applications read from a
+    data module: coretune's three data modules satisfy it (``isinstance(data, TaskData)``; on Python < 3.12 that
+    reads ``num_classes``, which sets the data module up).
+
+    Optional, probed with ``getattr``/``hasattr`` where a data module has them: ``train_views`` (the number of
+    augmented views per training image, set from the objective), ``test_files_in_training`` and
+    ``val_files_in_training`` (evaluation images the training split reads too), ``steps_per_epoch`` (fixed-length
+    epochs), ``ignore_index`` (segmentation), ``val_groups``/``test_groups``/``selection`` (domain
+    generalization), ``has_test_split``/``require_test_split``/``tests_on_training_folder``/``train_as_evaluated``
+    (``coretune eval``) and ``test_transform`` (``coretune predict``, a static method of the data class).
+    """
+
+    #: Options that drew the run's splits, kept in the checkpoint (``FineTuner.trained_data``).
+    split_settings: ClassVar[tuple[str, ...]]
+    #: Side of the square network input in pixels (the model summary's example input, the checkpoint's data).
+    image_size: int
+    #: Training batch size (memory and batch-size checks).
+    batch_size: int
+    #: The normalisation of the images (the checkpoint's data, adversarial training, figures).
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    #: Whether validation reads the test split's images (set at ``setup``; recorded in the results).
+    validates_on_test: bool
+    #: The splits after ``setup`` (None: no such split).
+    train_dataset: Any
+    val_dataset: Any
+    test_dataset: Any
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (sets the data module up when read before ``setup``)."""
+        ...
+
+    @property
+    def class_names(self) -> list[str]:
+        """Class names in label order."""
+        ...
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read the splits (once)."""
+        ...
+
+    def train_dataloader(self) -> Any:
+        """The training batches."""
+        ...
+
+    def val_dataloader(self) -> Any:
+        """The validation batches."""
+        ...
+
+    def test_dataloader(self) -> Any:
+        """The test batches."""
+        ...
+
+    def check_folders(self) -> None:
+        """Check, reading no image, that the data folders exist (``bench``, ``tune``, ``fit`` before any run)."""
+        ...
+
+    def separate_validation(self) -> bool:
+        """Whether validation reads other images than the test split, reading no image (``tune``, ``bench``)."""
+        ...

@@ -276,6 +276,7 @@ class FitCLI(RunDirCLI):
         that the test the fit ends with has images (else it failed after the last epoch)."""
         self.model.task.check_data(self.datamodule, "fit")
         run = RunDir(self.trainer.default_root_dir)
+        hint = self.model.task.selection_hint(self.datamodule)
         tests_best = self.model.task.test_checkpoint(run.path) == str(run.best_checkpoint)
         every, epochs = self.trainer.check_val_every_n_epoch, self.trainer.max_epochs
         never = f"--trainer.check_val_every_n_epoch {every} beyond --trainer.max_epochs {epochs}"
@@ -286,11 +287,11 @@ class FitCLI(RunDirCLI):
         if never:
             raise ValueError(
                 f"{never} runs no validation, but this fit ends by testing the {_BEST} that validation chooses "
-                f"({_selection_hint(self.datamodule)}): let it validate, or test the last weights (--data.selection "
+                f"({hint}): let it validate, or test the last weights (--data.selection "
                 "last_checkpoint)"
             )
         if tests_best and self._get(self.config, "ckpt_path") is None:
-            check_validates_before_max_steps(self.trainer, self.datamodule, _selection_hint(self.datamodule), _BEST)
+            check_validates_before_max_steps(self.trainer, self.datamodule, hint, _BEST)
         if callable(require := getattr(self.datamodule, "require_test_split", None)):
             require(
                 "no images to test on: --data.val_fraction holds out part of train/ for validation, and coretune "
@@ -316,9 +317,10 @@ class FitCLI(RunDirCLI):
             bests = [c for c in self.trainer.checkpoint_callbacks if isinstance(c, BestCheckpoint)]
             chosen = [c.best_model_path for c in bests if c.best_model_path] if resumed else []
             other = f" (the best checkpoint the resumed run chose is {chosen[0]}: test that one)" if chosen else ""
+            hint = self.model.task.selection_hint(self.datamodule)
             raise ValueError(
                 f"no validation of this run chose its {_BEST} ({found}), and this fit ends by testing it "
-                f"({_selection_hint(self.datamodule)}): the trained weights are in {weights}; test them with "
+                f"({hint}): the trained weights are in {weights}; test them with "
                 f"coretune test --ckpt_path {weights}{other}, or fit again into a new --run_dir with "
                 "--trainer.check_val_every_n_epoch at most --trainer.max_epochs"
             )
@@ -343,12 +345,6 @@ def _chose_best(trainer: Any, run: RunDir) -> bool:
         if best.resolve() == run.best_checkpoint.resolve() or (resumed and best.name == run.best_checkpoint.name):
             return True
     return False
-
-
-def _selection_hint(datamodule: Any) -> str:
-    """The option that makes the fit test ``best.ckpt``, for the messages of :class:`FitCLI`."""
-    selection = getattr(datamodule, "selection", None)
-    return f"--data.selection {selection}" if selection else "the task's model selection"
 
 
 def _print_run_summary(run_dir: Path, task: Task | None = None) -> None:

@@ -273,9 +273,7 @@ def _write_formats(
     return written
 
 
-def _check_written(
-    folder: Path, config: dict, reference: nn.Module, size: int, any_size: bool, dense: bool
-) -> dict:
+def _check_written(folder: Path, config: dict, reference: nn.Module, size: int, any_size: bool, dense: bool) -> dict:
     """Load each model file of ``config["formats"]`` back from ``folder``, one at a time, and run it against
     ``reference`` (the checkpoint's model, eager, float32) on seeded random images: one at the training size and two
     at another size (a classifier's: twice the height, 1.5 times the width; a segmentation model's: 16 and a quarter

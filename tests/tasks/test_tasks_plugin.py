@@ -139,3 +139,20 @@ def test_a_task_registered_by_user_code_fits_tests_and_predicts(tmp_path: Path, 
         rows = list(csv.reader(f))
     assert rows[0] == ["path", "prediction", "confidence", "p_dark", "p_bright"]
     assert len(rows) == 1 + 8 and {row[1] for row in rows[1:]} <= {"dark", "bright"}
+
+
+def test_task_settings_are_task_options_and_the_model_spelling_is_deprecated(capsys: Any) -> None:
+    from coretune.engine import translate_args
+
+    args = ["--task", "segmentation", "--task.output_stride", "8", "--task.image_labels=multilabel"]
+    assert translate_args(args) == [
+        "--model.task=segmentation",
+        "--model.output_stride=8",
+        "--model.image_labels=multilabel",
+    ]
+    assert capsys.readouterr().err == ""
+    assert translate_args(["--model.output_stride=8"]) == ["--model.output_stride=8"]
+    assert capsys.readouterr().err == (
+        "coretune fit: --model.output_stride is deprecated and will be removed in the next release: use "
+        "--task.output_stride (a setting of the segmentation task)\n"
+    )

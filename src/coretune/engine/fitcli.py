@@ -17,6 +17,7 @@ import inspect
 import io
 import json
 import pydoc
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -171,9 +172,26 @@ def task_of_args(args: Sequence[str]) -> str:
     return task or config_task or DEFAULT_TASK
 
 
+def _task_settings() -> dict[str, str]:
+    """The settings a task of :data:`~coretune.tasks.TASKS` owns (:attr:`~coretune.tasks.Task.own_settings`), with
+    the task's name: ``--task.<setting>``."""
+    return {key: task.name for task in TASKS.values() for key in task.own_settings}
+
+
+def _warn_deprecated_setting(key: str) -> None:
+    """One line on stderr: ``--model.<key>`` (a task's setting) is deprecated for ``--task.<key>``."""
+    print(
+        f"coretune fit: --model.{key} is deprecated and will be removed in the next release: use --task.{key} "
+        f"(a setting of the {_task_settings()[key]} task)",
+        file=sys.stderr,
+    )
+
+
 def translate_args(args: list[str]) -> list[str]:
     """Rewrite the friendly aliases: ``--objective NAME`` (registry names and Table 2 presets, also inside
-    ``--config`` files), ``--task NAME``, ``--seed N``, ``--trainer.logger NAME``
+    ``--config`` files), ``--task NAME``, ``--task.<setting> V`` (a task's own setting, e.g. segmentation's
+    ``--task.output_stride 8``; its older spelling ``--model.<setting>`` still works, with a deprecation line on
+    stderr), ``--seed N``, ``--trainer.logger NAME``
     (:func:`~coretune.engine.loggers.logger_args`; also ``trainer: {logger: NAME}`` inside ``--config`` files)."""
     out: list[str] = []
     objective: str | None = None  # the class path of the objective set so far (a config's, an --objective's)
@@ -200,6 +218,11 @@ def translate_args(args: list[str]) -> list[str]:
             out.append(f"--seed_everything={value if eq else next(it, '')}")
         elif key == "--task":
             out.append(f"--model.task={value if eq else next(it, '')}")
+        elif key.startswith("--task.") and key[len("--task.") :] in _task_settings():
+            out.append(f"--model.{key[len('--task.') :]}={value if eq else next(it, '')}")
+        elif key.startswith("--model.") and key[len("--model.") :] in _task_settings():
+            _warn_deprecated_setting(key[len("--model.") :])
+            out.append(arg)
         elif key == "--trainer.logger":
             out.extend(logger_args(value if eq else next(it, "")))
         else:
@@ -216,6 +239,7 @@ class FitCLI(RunDirCLI):
         "--objective.help NAME": "the hyper-parameters of objective NAME",
         "--seed N": "--seed_everything N (also seeds the data split, --data.seed)",
         "--task NAME": f"--model.task NAME: {', '.join(TASKS)} (default {DEFAULT_TASK}); the --data.* options are its",
+        "--task.SETTING V": "a task setting (segmentation: --task.output_stride 8, --task.image_labels multilabel)",
         LOGGER_ALIAS[0]: LOGGER_ALIAS[1],
     }
 

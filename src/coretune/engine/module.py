@@ -314,8 +314,9 @@ class FineTuner(L.LightningModule):
         task: what the data, the network on the backbone and the predictions are: ``classification`` (default)
             or another task of :data:`coretune.tasks.TASKS` (``coretune fit --task NAME``).
         output_stride: segmentation: input size ÷ the dilated backbone's feature-map size (16 or 8). This and
-            ``image_labels`` are the segmentation task's own settings: other tasks refuse them set away from their
-            defaults, which they would silently ignore.
+            ``image_labels`` are the segmentation task's own settings (``coretune fit --task.output_stride``,
+            ``--task.image_labels``): other tasks refuse them set away from their defaults, which they would
+            silently ignore.
         image_labels: segmentation with Core-tuning: the rule giving each crop the image-level label its
             contrastive positives come from, ``majority`` (its most frequent class) or ``multilabel`` (crops
             sharing any class are positives); see :class:`coretune.tasks.SegmentationTask`.

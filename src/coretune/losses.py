@@ -11,6 +11,7 @@ from torch import Tensor
 __all__ = [
     "contrastive_loss",
     "core_positive_mask",
+    "image_label_positive_mask",
     "own_pairs_mask",
     "soft_cross_entropy",
     "supcon_positive_mask",
@@ -100,6 +101,26 @@ def supcon_positive_mask(labels: Tensor) -> Tensor:
     labels = labels.reshape(-1)
     same = labels[:, None] == labels[None, :]
     return same & ~torch.eye(labels.numel(), dtype=torch.bool, device=labels.device)
+
+
+def image_label_positive_mask(labels: Tensor) -> Tensor:
+    """``(B, B)`` bool positives from image-level labels, diagonal excluded (like :func:`supcon_positive_mask`):
+    dense prediction's crops, labelled by a rule such as :func:`coretune.tasks.segmentation.image_labels`.
+
+    - single labels ``(B,)``: ``i`` and ``j`` are positives when they have the same label;
+    - multi-label ``(B, K)`` bool: when they share at least one class.
+
+    A crop without a label (``-1``, or no class) is nobody's positive and has none: the contrastive loss then
+    skips it as an anchor (it has no positive) and keeps it as a negative of the others.
+    """
+    if labels.dim() == 1:
+        labelled = labels >= 0
+        return supcon_positive_mask(labels) & labelled[:, None] & labelled[None, :]
+    if labels.dim() == 2:
+        hot = labels.to(torch.float32)
+        eye = torch.eye(labels.shape[0], dtype=torch.bool, device=labels.device)
+        return (hot @ hot.T > 0) & ~eye
+    raise ValueError(f"labels must be (B,) class indices or (B, K) K-hot, got shape {tuple(labels.shape)}")
 
 
 def core_positive_mask(labels: Tensor, original_positives: bool = True) -> Tensor:

@@ -67,6 +67,8 @@ def test_domain_labels_reach_the_objectives_that_take_them(tree: Path, tmp_path:
     seen: dict[str, Any] = {}
 
     class Spy(CETuning):
+        takes_domains = True  # declared: the task passes the domain labels to objectives that say they take them
+
         def forward(self, features: torch.Tensor, labels: torch.Tensor, *, inputs: Any = None, domains: Any = None):
             seen["domains"] = domains
             return super().forward(features, labels, inputs=inputs)

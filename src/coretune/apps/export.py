@@ -24,11 +24,12 @@ from torch.export import ExportedProgram
 from torch.fx.experimental import _config as fx_config
 
 from ..engine import FineTuner
-from ..models import DeepLabV3, create_backbone, create_dilated_backbone
+from ..models.exported import ExportedClassifier
 from ..models.segmentation import AtrousConv2d
 from ..runs.atomic import strict_json
 from ..runs.config import check_config_task
 from ..runs.outputs import check_folder_output, trained_data_paths
+from ..tasks import DEFAULT_TASK, get_task
 
 __all__ = [
     "DEFAULT_FORMATS",
@@ -53,18 +54,6 @@ DEFAULT_FORMATS: tuple[str, ...] = ("safetensors", "pt2", "torchscript")
 #: How far a written file's logits may lie from the checkpoint's model's, relative to the largest logit (at least 1):
 #: float32 kernels of another runtime differ by ~1e-6 of it; a wrong graph or weights by far more.
 CHECK_TOLERANCE = 1e-3
-
-
-class ExportedClassifier(nn.Module):
-    """A fine-tuned backbone and its classifier ``G_y``: images → class logits."""
-
-    def __init__(self, backbone: nn.Module, classifier: nn.Linear) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self.classifier = classifier
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.classifier(self.backbone(x))
 
 
 def check_formats(formats: str | Sequence[str]) -> list[str]:
@@ -190,13 +179,8 @@ def export_checkpoint(
     model = FineTuner.from_checkpoint(ckpt_path).eval()
     for config_file in config_files:
         check_config_task(config_file, model.task.name, str(ckpt_path))
-    segmentation = model.task.name == "segmentation"
-    net: nn.Module
-    if segmentation:
-        net = DeepLabV3(model.backbone, model.num_classes or 0, model.hparams.output_stride)
-        net.head = model.objective.classifier
-    else:
-        net = ExportedClassifier(model.backbone, model.objective.classifier)
+    dense = model.task.dense_logits
+    net = model.task.export_network(model)
     net.eval()
     net.to(memory_format=torch.contiguous_format)
     meta = model.checkpoint_info
@@ -205,7 +189,7 @@ def export_checkpoint(
     config = {
         "format": EXPORT_FORMAT,
         "task": model.task.name,
-        **({"output_stride": model.hparams.output_stride} if segmentation else {}),
+        **model.task.export_settings(),
         "backbone": model.hparams.backbone,
         "backbone_args": dict(model.hparams.get("backbone_args") or {}),  # the constructor's: load_exported's too
         "feature_dim": model.backbone.feature_dim,
@@ -222,7 +206,7 @@ def export_checkpoint(
     output.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".export-", dir=output))  # inside: the same file system, no parent write
     try:
-        names = _write_formats(net, staging, formats, config, segmentation, size)
+        names = _write_formats(net, staging, formats, config, dense, size)
         _move_in(staging, output, names)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -230,10 +214,11 @@ def export_checkpoint(
 
 
 def _write_formats(
-    net: nn.Module, folder: Path, formats: Sequence[str], config: dict, segmentation: bool, size: int
+    net: nn.Module, folder: Path, formats: Sequence[str], config: dict, dense: bool, size: int
 ) -> list[str]:
     """Write ``net`` in ``formats`` and then ``config`` (its ``input_shape`` completed) into ``folder``; return the
-    names of the files written, in order."""
+    names of the files written, in order. ``dense``: ``net`` gives logits at its input's size (segmentation's,
+    :attr:`~coretune.tasks.Task.dense_logits`), exported for any size."""
     written: list[str] = []
     reference = net
     if "safetensors" in formats:
@@ -242,7 +227,7 @@ def _write_formats(
     inputs = (torch.zeros(2, 3, size, size),)
     any_size = True  # a classifier's: every format written computes its logits at other sizes too
     program, dynamic = None, ()
-    if segmentation:
+    if dense:
         net = _without_atrous_shortcut(net)
         any_dim = torch.export.Dim.DYNAMIC
         dynamic = ({0: any_dim, 2: any_dim, 3: any_dim},)
@@ -262,13 +247,13 @@ def _write_formats(
             warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
             # the trace records the sizes it reads, so the interpolation follows the input's
             scripted = torch.jit.trace(net, torch.zeros(1, 3, size, size))
-            any_size = any_size and (segmentation or _computes_eager(scripted, net, size))
+            any_size = any_size and (dense or _computes_eager(scripted, net, size))
         written.append(EXPORT_FORMATS["torchscript"])
         scripted.save(str(folder / written[-1]))
         del scripted
     if "onnx" in formats:
         written.append(EXPORT_FORMATS["onnx"])
-        with _size_oblivious() if not segmentation else contextlib.nullcontext():
+        with _size_oblivious() if not dense else contextlib.nullcontext():
             torch.onnx.export(
                 net,
                 inputs,
@@ -282,15 +267,13 @@ def _write_formats(
             )
     if not any_size:
         config["input_shape"] = ["batch", 3, size, size]
-    config["check"] = _check_written(folder, config, reference, size, any_size, segmentation)
+    config["check"] = _check_written(folder, config, reference, size, any_size, dense)
     written.append("config.json")  # last: it lists the formats written
     (folder / written[-1]).write_text(strict_json(config, indent=2) + "\n")
     return written
 
 
-def _check_written(
-    folder: Path, config: dict, reference: nn.Module, size: int, any_size: bool, segmentation: bool
-) -> dict:
+def _check_written(folder: Path, config: dict, reference: nn.Module, size: int, any_size: bool, dense: bool) -> dict:
     """Load each model file of ``config["formats"]`` back from ``folder``, one at a time, and run it against
     ``reference`` (the checkpoint's model, eager, float32) on seeded random images: one at the training size and two
     at another size (a classifier's: twice the height, 1.5 times the width; a segmentation model's: 16 and a quarter
@@ -300,7 +283,7 @@ def _check_written(
     allows, before anything reaches the output folder."""
     if not any_size:
         other = (2, 3, size, size)
-    elif segmentation:
+    elif dense:
         other = (2, 3, size + 16, size + size // 4)
     else:
         other = (2, 3, 2 * size, size + size // 2)
@@ -416,18 +399,8 @@ def load_exported(folder: str | Path) -> tuple[nn.Module, dict]:
 
 
 def _rebuild(config: dict, weights_path: Path) -> nn.Module:
-    """The model ``config`` describes with the weights of ``weights_path`` (strict load), in eval mode."""
-    net: nn.Module
-    options = config.get("backbone_args") or {}  # exports before it was recorded: none
-    if config.get("task") == "segmentation":
-        stride = config["output_stride"]
-        net = DeepLabV3(
-            create_dilated_backbone(config["backbone"], stride, verbose=False, **options), config["num_classes"], stride
-        )
-    else:
-        net = ExportedClassifier(
-            create_backbone(config["backbone"], verbose=False, **options),
-            nn.Linear(config["feature_dim"], config["num_classes"]),
-        )
+    """The model ``config`` describes (its task's :meth:`~coretune.tasks.Task.exported_network`) with the weights of
+    ``weights_path`` (strict load), in eval mode."""
+    net = get_task(config.get("task") or DEFAULT_TASK).exported_network(config)
     net.load_state_dict(load_file(str(weights_path)))
     return net.eval()

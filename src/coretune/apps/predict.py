@@ -24,15 +24,15 @@ from ..engine import FineTuner, atomic_write
 from ..models import CheckpointError
 from ..runs.config import check_config_task
 from ..runs.outputs import check_file_output, check_folder_output, check_output_path, mark_folder, trained_data_paths
-from ..tasks.segmentation import colorize, save_palette_mask
+from ..tasks import Task
 
 __all__ = ["default_output", "predict_folder", "predict_masks"]
 
 
-def default_output(task: str) -> str:
-    """Where ``coretune predict`` writes without ``--output``: ``predictions/`` (a folder of masks) for
-    segmentation, ``predictions.csv`` otherwise."""
-    return "predictions" if task == "segmentation" else "predictions.csv"
+def default_output(task: Task | type[Task]) -> str:
+    """Where ``coretune predict`` writes without ``--output``: ``predictions/`` (a folder of masks) for a task that
+    predicts masks (:attr:`~coretune.tasks.Task.prediction_kind`: segmentation), ``predictions.csv`` otherwise."""
+    return "predictions" if task.prediction_kind == "masks" else "predictions.csv"
 
 
 def predict_folder(
@@ -69,9 +69,9 @@ def predict_folder(
     model = FineTuner.from_checkpoint(ckpt_path).eval()
     for config in config_files:
         check_config_task(config, model.task.name, str(ckpt_path))
-    output = Path(output if output is not None else default_output(model.task.name))
-    check_output(output, folder, reads, model.task.name, trained)
-    if model.task.name == "segmentation":
+    output = Path(output if output is not None else default_output(model.task))
+    check_output(output, folder, reads, model.task.prediction_kind, trained)
+    if model.task.prediction_kind == "masks":
         if image_size is not None:
             raise ValueError(
                 f"--image_size {image_size}: a segmentation model predicts each image at its own size (its mask has "
@@ -130,19 +130,19 @@ def _our_csv(path: Path) -> bool:
 
 
 def check_output(
-    output: Path, folder: str | Path, reads: Sequence[tuple[str, str | Path]], task: str, trained: Sequence[Path]
+    output: Path, folder: str | Path, reads: Sequence[tuple[str, str | Path]], kind: str, trained: Sequence[Path]
 ) -> None:
     """Refuse an ``output`` that would replace what ``coretune predict`` did not make
     (:mod:`coretune.runs.outputs`): an input (the checkpoint, a ``--config`` file, the input folder or anything in it,
     the data the checkpoint was trained on, ``trained``), a run's files, a file that is not an earlier predictions
-    CSV (classification), or a folder that is neither new, empty nor an earlier ``coretune predict``'s masks
-    (segmentation: its ``.coretune-predict`` marker).
+    CSV (``kind`` ``"classes"``), or a folder that is neither new, empty nor an earlier ``coretune predict``'s masks
+    (``"masks"``: its ``.coretune-predict`` marker).
 
     Raises:
         ValueError: naming ``output`` and what it would replace.
     """
     data = [Path(folder), *trained]
-    if task != "segmentation":
+    if kind != "masks":
         check_file_output(output, "predict", reads=reads, data=data, ours=_our_csv)
         return
     check_folder_output(output, "predict", reads=reads, data=data)
@@ -196,12 +196,12 @@ def predict_masks(
     batch_size: int = 64,
 ) -> Path:
     """Segment every image under ``folder`` at its own size, up to ``batch_size`` images of one size at a time
-    (:func:`same_size_batches`): ``output/<its path under folder>.png``, a palette
-    mask of class indices (:func:`~coretune.tasks.segmentation.save_palette_mask`; ``read_mask`` reads the
-    indices back), and with ``overlay`` ``<…>_overlay.png``, the image with the mask's colours blended in (50 %).
-    The files are written into a temporary folder beside ``output`` and moved into it once every image is done:
-    an error leaves ``output`` as it was. Two images whose files would have one name (``a.jpg`` and ``a.png``)
-    are refused (``ValueError``) before anything is written."""
+    (:func:`same_size_batches`): ``output/<its path under folder>.png``, a palette mask of class indices (the task's
+    ``save_mask``, :func:`~coretune.tasks.segmentation.save_palette_mask`; ``read_mask`` reads the indices back), and
+    with ``overlay`` ``<…>_overlay.png``, the image with the mask's colours blended in (50 %). The files are written
+    into a temporary folder beside ``output`` and moved into it once every image is done: an error leaves ``output``
+    as it was. Two images whose files would have one name (``a.jpg`` and ``a.png``) are refused (``ValueError``)
+    before anything is written."""
     data = _trained_data(model, ckpt_path, ("mean", "std"))  # each image at its own size
     mean, std = tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD))
     transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
@@ -220,12 +220,12 @@ def predict_masks(
                 for image, index, mask in zip(images, indices.tolist(), masks, strict=True):
                     name = _mask_name(dataset.paths[index], base)
                     (staging / name).parent.mkdir(parents=True, exist_ok=True)
-                    save_palette_mask(mask, staging / f"{name}.png")
+                    model.task.save_mask(mask, staging / f"{name}.png")
                     written.append(Path(f"{name}.png"))
                     if overlay:
                         rgb = image * torch.tensor(std).view(3, 1, 1) + torch.tensor(mean).view(3, 1, 1)
                         rgb = (rgb.clamp(0, 1).permute(1, 2, 0).numpy() * 255).astype(np.float32)
-                        blend = (0.5 * rgb + 0.5 * colorize(mask)).round().astype(np.uint8)
+                        blend = (0.5 * rgb + 0.5 * model.task.colorize(mask)).round().astype(np.uint8)
                         Image.fromarray(blend).save(staging / f"{name}_overlay.png")
                         written.append(Path(f"{name}_overlay.png"))
         mark_folder(output, "predict")

@@ -50,8 +50,7 @@ from ..robust.attacks import PGD, Norm, NormalizedModel, check_pixel_images, eva
 from ..runs.atomic import strict_json
 from ..runs.config import add_config_argument, config_files, parse_with_config
 from ..runs.outputs import data_paths
-from ..tasks import ClassificationTask
-from .scoring import check_classes, results_output, scored_folder_options, written_by
+from .scoring import check_classes, results_output, written_by
 
 __all__ = [
     "ATTACKS",
@@ -435,7 +434,7 @@ def evaluate_robust(args: Sequence[str]) -> Path:
     ours = written_by("checkpoint", "data", "reports")
     results_output(cfg.output, ckpt, results, "eval robust", reads=reads, ours=ours)  # before the checkpoint is read
     model = FineTuner.from_checkpoint(cfg.ckpt_path)
-    if model.task.name != ClassificationTask.name:
+    if not model.task.supports_robust_eval:
         raise ValueError(
             f"coretune eval robust scores classifiers: checkpoint {cfg.ckpt_path} is a {model.task.name} model"
         )
@@ -449,7 +448,7 @@ def evaluate_robust(args: Sequence[str]) -> Path:
     if "autoattack" in cfg.attack:  # before any attack runs: a PGD listed first would run for hours, then stop
         check_autoattack_classes(model.num_classes or 0)
     options = cfg.data.as_dict()
-    options = scored_folder_options("test", options) or options  # one labelled folder needs no training data
+    options = model.task.scored_folder_options("test", options) or options  # one labelled folder needs no training data
     data = ImageClassificationData(**{**options, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)})
     data.setup("test")  # with cache_images: the test split decoded, no training image
     check_classes(model, data, cfg.ckpt_path)

@@ -8,13 +8,12 @@ directory (``test_results.json``, ``val_results.json``); the fit's ``results.jso
 
 A classification checkpoint is also scored on one labelled folder without training data: ``--data.root DIR`` whose
 class folders stand in ``DIR`` itself (or in ``DIR/test``, ``DIR/val``, with no ``DIR/train``), or
-``--data.test_dir`` / ``--data.val_dir`` alone (:func:`scored_folder_options`).
+``--data.test_dir`` / ``--data.val_dir`` alone (the task's :meth:`~coretune.tasks.Task.scored_folder_options`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 from pathlib import Path
@@ -85,9 +84,9 @@ def score(command: Split, args: Sequence[str]) -> Path:
     data_read = [*data_paths(cfg.data.as_dict()), *trained_data_paths(ckpt)]
     output = results_output(cfg.output, ckpt, results, command, reads=reads, data=data_read, ours=ours)
     options = cfg.data.as_dict()
-    standalone = scored_folder_options(command, options) if model.task.name == "classification" else None
+    standalone = model.task.scored_folder_options(command, options)
     data = model.task.data_class(**(standalone or options))
-    check_unseen_domains(model, data, cfg.ckpt_path)  # reads folder names only: before any image is read
+    model.task.check_scored_data(model, data, cfg.ckpt_path)  # reads folder names only: before any image is read
     data.setup("test" if command == "test" else "validate")  # with cache_images: only the split it scores decoded
     check_classes(model, data, cfg.ckpt_path)
     trainer = L.Trainer(
@@ -110,29 +109,6 @@ def score(command: Split, args: Sequence[str]) -> Path:
         print(text, end="")
     print(f"{command} results: {output}")
     return output
-
-
-def scored_folder_options(command: Split, options: dict[str, Any]) -> dict[str, Any] | None:
-    """The image-folder data options that score one labelled folder with no training split, or None when the
-    options name training data (``train_dir``, ``root/train``) or are not an image folder's.
-
-    The folder is ``--data.test_dir`` (``test``) or ``--data.val_dir`` (``validate``), else ``root/test`` or
-    ``root/val``, else ``root`` itself when it holds neither (its class folders)."""
-    if options.get("dataset", "imagefolder") != "imagefolder" or options.get("train_dir") is not None:
-        return None
-    root = options.get("root")
-    if root is not None and (not os.path.isdir(root) or os.path.isdir(os.path.join(root, "train"))):
-        return None  # the data module's own message for a missing root; training data: the usual splits
-    split, other = ("test", "val") if command == "test" else ("val", "test")
-    folder = options.get(f"{split}_dir") or options.get(f"{other}_dir")
-    if folder is None and root is not None:
-        candidates = (os.path.join(root, split), os.path.join(root, other))
-        folder = next((path for path in candidates if os.path.isdir(path)), root)
-    if folder is None:
-        return None
-    # the training split only lends the class names (never loaded); subsets are off
-    return {**options, "root": None, "train_dir": folder, f"{split}_dir": folder, f"{other}_dir": None,
-            "label_fraction": 1.0, "val_fraction": 0.0, "cache_images": False}  # fmt: skip
 
 
 def arg_value(args: Sequence[str], option: str) -> str | None:
@@ -177,26 +153,6 @@ def results_output(
     owned = default(run)
     path = Path(output) if output else owned
     return check_file_output(path, command, reads=reads, data=data, owns=[owned.name], ours=ours)
-
-
-def check_unseen_domains(model: FineTuner, data: Any, ckpt_path: str) -> None:
-    """Refuse to score as unseen a domain a domain-generalization checkpoint trained on: data holding the
-    checkpoint's unseen domains (``test_domains``) is its data set, whose other domains it trained on; data without
-    them is another data set, all of whose domains are new to it."""
-    from ..data.domains import domain_folders, domain_list
-
-    trained = domain_list(model.trained_data.get("test_domains"))  # as given: "photo", "art,sketch" or a list
-    root = getattr(data, "root", None)
-    if model.task.name != "domain_generalization" or not trained or root is None or not os.path.isdir(root):
-        return
-    if not set(trained) <= set(domain_folders(root)):
-        return
-    if seen := [d for d in data.test_domains if d not in trained]:
-        raise ValueError(
-            f"checkpoint {ckpt_path} trained on domain(s) {seen} (its unseen domains are {list(trained)}): scored as "
-            f"unseen, their training images would pass for new ones; pass --data.test_domains {','.join(trained)} "
-            "(the checkpoint's, the default), or score a model that held them out"
-        )
 
 
 def check_classes(model: FineTuner, data: Any, ckpt_path: str) -> None:

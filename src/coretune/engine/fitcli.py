@@ -16,6 +16,7 @@ import contextlib
 import inspect
 import json
 import pydoc
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -170,9 +171,26 @@ def task_of_args(args: Sequence[str]) -> str:
     return task or config_task or DEFAULT_TASK
 
 
+def _task_settings() -> dict[str, str]:
+    """The settings a task of :data:`~coretune.tasks.TASKS` owns (:attr:`~coretune.tasks.Task.own_settings`), with
+    the task's name: ``--task.<setting>``."""
+    return {key: task.name for task in TASKS.values() for key in task.own_settings}
+
+
+def _warn_deprecated_setting(key: str) -> None:
+    """One line on stderr: ``--model.<key>`` (a task's setting) is deprecated for ``--task.<key>``."""
+    print(
+        f"coretune fit: --model.{key} is deprecated and will be removed in the next release: use --task.{key} "
+        f"(a setting of the {_task_settings()[key]} task)",
+        file=sys.stderr,
+    )
+
+
 def translate_args(args: list[str]) -> list[str]:
     """Rewrite the friendly aliases: ``--objective NAME`` (registry names and Table 2 presets, also inside
-    ``--config`` files), ``--task NAME``, ``--seed N``, ``--trainer.logger NAME``
+    ``--config`` files), ``--task NAME``, ``--task.<setting> V`` (a task's own setting, e.g. segmentation's
+    ``--task.output_stride 8``; its older spelling ``--model.<setting>`` still works, with a deprecation line on
+    stderr), ``--seed N``, ``--trainer.logger NAME``
     (:func:`~coretune.engine.loggers.logger_args`; also ``trainer: {logger: NAME}`` inside ``--config`` files)."""
     out: list[str] = []
     objective: str | None = None  # the class path of the objective set so far (a config's, an --objective's)
@@ -199,6 +217,11 @@ def translate_args(args: list[str]) -> list[str]:
             out.append(f"--seed_everything={value if eq else next(it, '')}")
         elif key == "--task":
             out.append(f"--model.task={value if eq else next(it, '')}")
+        elif key.startswith("--task.") and key[len("--task.") :] in _task_settings():
+            out.append(f"--model.{key[len('--task.') :]}={value if eq else next(it, '')}")
+        elif key.startswith("--model.") and key[len("--model.") :] in _task_settings():
+            _warn_deprecated_setting(key[len("--model.") :])
+            out.append(arg)
         elif key == "--trainer.logger":
             out.extend(logger_args(value if eq else next(it, "")))
         else:
@@ -215,6 +238,7 @@ class FitCLI(RunDirCLI):
         "--objective.help NAME": "the hyper-parameters of objective NAME",
         "--seed N": "--seed_everything N (also seeds the data split, --data.seed)",
         "--task NAME": f"--model.task NAME: {', '.join(TASKS)} (default {DEFAULT_TASK}); the --data.* options are its",
+        "--task.SETTING V": "a task setting (segmentation: --task.output_stride 8, --task.image_labels multilabel)",
         LOGGER_ALIAS[0]: LOGGER_ALIAS[1],
     }
 
@@ -275,6 +299,7 @@ class FitCLI(RunDirCLI):
         that the test the fit ends with has images (else it failed after the last epoch)."""
         self.model.task.check_data(self.datamodule, "fit")
         run = RunDir(self.trainer.default_root_dir)
+        hint = self.model.task.selection_hint(self.datamodule)
         tests_best = self.model.task.test_checkpoint(run.path) == str(run.best_checkpoint)
         every, epochs = self.trainer.check_val_every_n_epoch, self.trainer.max_epochs
         never = f"--trainer.check_val_every_n_epoch {every} beyond --trainer.max_epochs {epochs}"
@@ -285,11 +310,11 @@ class FitCLI(RunDirCLI):
         if never:
             raise ValueError(
                 f"{never} runs no validation, but this fit ends by testing the {_BEST} that validation chooses "
-                f"({_selection_hint(self.datamodule)}): let it validate, or test the last weights (--data.selection "
+                f"({hint}): let it validate, or test the last weights (--data.selection "
                 "last_checkpoint)"
             )
         if tests_best and self._get(self.config, "ckpt_path") is None:
-            check_validates_before_max_steps(self.trainer, self.datamodule, _selection_hint(self.datamodule), _BEST)
+            check_validates_before_max_steps(self.trainer, self.datamodule, hint, _BEST)
         if callable(require := getattr(self.datamodule, "require_test_split", None)):
             require(
                 "no images to test on: --data.val_fraction holds out part of train/ for validation, and coretune "
@@ -315,9 +340,10 @@ class FitCLI(RunDirCLI):
             bests = [c for c in self.trainer.checkpoint_callbacks if isinstance(c, BestCheckpoint)]
             chosen = [c.best_model_path for c in bests if c.best_model_path] if resumed else []
             other = f" (the best checkpoint the resumed run chose is {chosen[0]}: test that one)" if chosen else ""
+            hint = self.model.task.selection_hint(self.datamodule)
             raise ValueError(
                 f"no validation of this run chose its {_BEST} ({found}), and this fit ends by testing it "
-                f"({_selection_hint(self.datamodule)}): the trained weights are in {weights}; test them with "
+                f"({hint}): the trained weights are in {weights}; test them with "
                 f"coretune test --ckpt_path {weights}{other}, or fit again into a new --run_dir with "
                 "--trainer.check_val_every_n_epoch at most --trainer.max_epochs"
             )
@@ -342,12 +368,6 @@ def _chose_best(trainer: Any, run: RunDir) -> bool:
         if best.resolve() == run.best_checkpoint.resolve() or (resumed and best.name == run.best_checkpoint.name):
             return True
     return False
-
-
-def _selection_hint(datamodule: Any) -> str:
-    """The option that makes the fit test ``best.ckpt``, for the messages of :class:`FitCLI`."""
-    selection = getattr(datamodule, "selection", None)
-    return f"--data.selection {selection}" if selection else "the task's model selection"
 
 
 def _print_run_summary(run_dir: Path, task: Task | None = None) -> None:

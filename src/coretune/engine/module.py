@@ -23,8 +23,7 @@ from ..objectives import CETuning, Objective, preset_name
 from ..objectives import get as get_objective
 from ..robust.batches import AdversarialBatches
 from ..robust.training import AdversarialTraining
-from ..tasks import TASKS, Batch, ClassificationTask
-from ..tasks.segmentation import ImageLabelRule
+from ..tasks import TASKS, Batch
 from .optim import (
     OptimizerName,
     Schedule,
@@ -315,8 +314,9 @@ class FineTuner(L.LightningModule):
         task: what the data, the network on the backbone and the predictions are: ``classification`` (default)
             or another task of :data:`coretune.tasks.TASKS` (``coretune fit --task NAME``).
         output_stride: segmentation: input size ÷ the dilated backbone's feature-map size (16 or 8). This and
-            ``image_labels`` are the segmentation task's own settings: other tasks refuse them set away from their
-            defaults, which they would silently ignore.
+            ``image_labels`` are the segmentation task's own settings (``coretune fit --task.output_stride``,
+            ``--task.image_labels``): other tasks refuse them set away from their defaults, which they would
+            silently ignore.
         image_labels: segmentation with Core-tuning: the rule giving each crop the image-level label its
             contrastive positives come from, ``majority`` (its most frequent class) or ``multilabel`` (crops
             sharing any class are positives); see :class:`coretune.tasks.SegmentationTask`.
@@ -351,7 +351,7 @@ class FineTuner(L.LightningModule):
         freeze_backbone: bool = False,
         task: str = "classification",
         output_stride: Literal[16, 8] = 16,
-        image_labels: ImageLabelRule = "majority",
+        image_labels: Literal["majority", "multilabel"] = "majority",
         adversarial: AdversarialTraining | None = None,
     ) -> None:
         super().__init__()
@@ -360,7 +360,8 @@ class FineTuner(L.LightningModule):
             problems.append(f"backbone_lr must be >= 0 (got {backbone_lr})")
         if task not in TASKS:
             problems.append(f"task must be one of {', '.join(TASKS)} (got {task!r})")
-        if adversarial is not None and adversarial.enable and task != ClassificationTask.name:
+        adversarial_on = adversarial is not None and adversarial.enable
+        if adversarial_on and task in TASKS and not TASKS[task].supports_adversarial_training:
             problems.append(f"adversarial training works with the classification task only (got task {task!r})")
         problems += _foreign_settings(task, {"output_stride": output_stride, "image_labels": image_labels})
         if problems:

@@ -5,7 +5,7 @@ from .base import Objective, ObjectiveOutput, available, create, get, preset_nam
 from .bi_tuning import BiTuning
 from .bss import BSS
 from .ce import CETuning
-from .core import TABLE2_ROWS, CoreTuning
+from .core import TABLE2_ROWS, CoreTuning, dense_contrastive_loss
 from .delta import DELTA, channel_attention
 from .l2sp import L2SP
 from .manifold_mixup import ManifoldMixup
@@ -36,6 +36,7 @@ __all__ = [
     "core",
     "create",
     "delta",
+    "dense_contrastive_loss",
     "get",
     "l2sp",
     "manifold_mixup",

@@ -54,6 +54,12 @@ class Objective(nn.Module):
     #: Whether the loss is computed on the batch gathered from every process under DDP (the ``gather``
     #: hyper-parameter of the objectives that offer it; see :attr:`gathers`).
     gather: bool = False
+    #: Whether ``forward`` takes the batch's domain labels (``domains=``): a task whose batches carry them
+    #: (domain generalization) passes them to such objectives only.
+    takes_domains: ClassVar[bool] = False
+    #: Whether it trains dense prediction (segmentation: a per-pixel classifier on the backbone's feature map);
+    #: :meth:`dense_problem` may still refuse some of its settings.
+    dense: ClassVar[bool] = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -62,6 +68,22 @@ class Objective(nn.Module):
         #: The registry name the objective was made under (:func:`create`, a checkpoint): a preset such as
         #: ``ce_con`` shares its class with ``core``. The class's :attr:`name` when built from a class path.
         self.registered_name: str = self.name
+
+    # -- dense prediction -----------------------------------------------------------------------------------
+    def dense_problem(self) -> tuple[str, str] | None:
+        """Why this objective cannot train dense prediction: ``(what, problem)``, ``what`` naming it (with the
+        setting at fault), or ``None`` when it can."""
+        return None if self.dense else (repr(self.name), "it is a classification method")
+
+    @property
+    def dense_weight(self) -> float:
+        """The weight of :meth:`dense_loss` beside the pixel-wise cross-entropy (0: none is computed)."""
+        return 0.0
+
+    def dense_loss(self, pooled: Tensor, labels: Tensor) -> Tensor:
+        """The objective's regulariser for dense prediction on the pooled feature maps ``(B, C)`` of a batch of
+        crops with image-level ``labels`` (``(B,)`` indices, ``-1`` for none, or ``(B, K)`` K-hot)."""
+        raise NotImplementedError(f"objective {self.name!r} has no dense-prediction regulariser")
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def build(self, feature_dim: int, num_classes: int) -> None:

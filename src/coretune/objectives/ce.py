@@ -15,7 +15,9 @@ __all__ = ["CETuning"]
 
 @register("ce", doc="CE-tuning: cross-entropy on a new linear classifier (SL-CE-tuning with supervised weights).")
 class CETuning(Objective):
-    """CE-tuning: ``L = CE(G_y(z), y)``."""
+    """CE-tuning: ``L = CE(G_y(z), y)``; for dense prediction, pixel-wise (the task computes it)."""
+
+    dense = True
 
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
         self._check_built()

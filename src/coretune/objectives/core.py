@@ -10,12 +10,19 @@ from torch import Tensor
 
 from ..distributed import gather_batch, gather_rows
 from ..heads import ProjectionHead
-from ..losses import contrastive_loss, core_positive_mask, own_pairs_mask, soft_cross_entropy, supcon_positive_mask
+from ..losses import (
+    contrastive_loss,
+    core_positive_mask,
+    image_label_positive_mask,
+    own_pairs_mask,
+    soft_cross_entropy,
+    supcon_positive_mask,
+)
 from ..memory import FeatureMemory
-from ..mining import beta_draws, mine_hard_pairs, representable
+from ..mining import beta_draws, mine_hard_pairs, mine_hard_positives, representable
 from .base import Objective, ObjectiveOutput, register
 
-__all__ = ["TABLE2_ROWS", "CoreTuning"]
+__all__ = ["TABLE2_ROWS", "CoreTuning", "dense_contrastive_loss"]
 
 Mixing = Literal["hard", "manifold", "none"]
 ClassifierPairs = Literal["both", "negatives"]
@@ -175,6 +182,27 @@ class CoreTuning(Objective):
         self.same_domain_positives = same_domain_positives
         self.generator: torch.Generator | None = None
 
+    takes_domains = True  # same_domain_positives reads them
+    dense = True  # segmentation: pixel-wise CE + η × dense_contrastive_loss
+
+    def dense_problem(self) -> tuple[str, str] | None:
+        if self.mixing == "manifold":
+            return f"{self.name!r} with mixing='manifold' (as ce_mix)", (
+                "it mixes features to train the classifier, which has no pixels to mix"
+            )
+        if self.memory_size > 0:
+            what = f"{self.name!r} with memory_size {self.memory_size}"
+            return what, "its cross-batch memory is for classification only"
+        return None
+
+    @property
+    def dense_weight(self) -> float:
+        return self.eta
+
+    def dense_loss(self, pooled: Tensor, labels: Tensor) -> Tensor:
+        """:func:`dense_contrastive_loss` of the pooled feature maps, drawing from :attr:`generator`."""
+        return dense_contrastive_loss(self, pooled, labels, self.generator)
+
     def build_heads(self, feature_dim: int, num_classes: int) -> None:
         if self.eta > 0:
             self.projector = ProjectionHead(feature_dim, self.proj_dim, self.proj_depth)
@@ -278,6 +306,39 @@ class CoreTuning(Objective):
         terms["loss"] = loss.detach()
         self._remember(features.detach(), labels, self.gathers)
         return ObjectiveOutput(loss, logits[rows], terms)
+
+
+def dense_contrastive_loss(
+    objective: CoreTuning, pooled: Tensor, labels: Tensor, generator: torch.Generator | None = None
+) -> Tensor:
+    """Core-tuning's contrastive regulariser for dense prediction, on ``pooled`` ``(B, C)`` (the backbone's last
+    feature map, globally average-pooled) with image-level ``labels``
+    (:func:`coretune.tasks.segmentation.image_labels`).
+
+    - Positives: :func:`coretune.losses.image_label_positive_mask` of the labels (a crop without a label is nobody's
+      positive and has none, so it is no anchor, only a negative of the others).
+    - ``objective.mixing == "hard"``: one hard *positive* is generated per anchor
+      (:func:`coretune.mining.mine_hard_positives`: its hardest positive mixed with its hardest negative) and is
+      its positive; no hard negative is generated (the paper's source: for dense prediction only hard positive
+      pairs are generated). A crop without a label gets no generated row. ``"none"`` (``ce_con``): the originals
+      alone (SupCon).
+    - The rows go through the objective's own projection head ``G_c`` and
+      :func:`coretune.losses.contrastive_loss` (focal as ``objective.focal``, temperature ``τ``); with
+      ``generated_pairs="own"`` each anchor's ``A_i`` holds the originals and its own generated row only.
+    """
+    b = pooled.shape[0]
+    labelled = labels >= 0 if labels.dim() == 1 else labels.any(1)
+    positives = image_label_positive_mask(labels)
+    rows, pos_mask, contrast = pooled, positives, None
+    if objective.mixing == "hard":
+        generated = mine_hard_positives(pooled, positives, objective.alpha, objective.lambda_p, generator)
+        own = torch.diag(labelled)
+        originals = positives if objective.original_positives else torch.zeros_like(positives)
+        rows, pos_mask = torch.cat([pooled, generated]), torch.cat([originals, own], dim=1)
+        others = own if objective.generated_pairs == "own" else labelled[None, :].expand(b, b)
+        contrast = torch.cat([torch.ones_like(positives), others], dim=1)
+    v = F.normalize(objective.projector(rows).float(), dim=1)
+    return contrastive_loss(v, pos_mask, objective.temperature, objective.focal, contrast)
 
 
 def _other_domains_of_class(labels: Tensor, domains: Tensor, width: int) -> Tensor:

@@ -1,10 +1,11 @@
 """Tasks: what the data, the network on the backbone, the predictions and their scores are (the task seam,
-:mod:`.base`). Classification is the default."""
+:mod:`.base`), each registered by name (:func:`register_task`). Classification is the default."""
 
-from .base import Batch, Task
+# registered in this order, the order TASKS lists them in
+from .base import TASKS, Batch, Task, get_task, register_task  # noqa: I001
 from .classification import ClassificationTask
-from .domain_generalization import DomainGeneralizationTask
 from .segmentation import SegmentationTask
+from .domain_generalization import DomainGeneralizationTask
 
 __all__ = [
     "DEFAULT_TASK",
@@ -15,23 +16,8 @@ __all__ = [
     "SegmentationTask",
     "Task",
     "get_task",
+    "register_task",
 ]
 
 DEFAULT_TASK = ClassificationTask.name
 """The task of ``coretune fit`` without ``--task``, and of checkpoints that record none."""
-
-TASKS: dict[str, type[Task]] = {
-    task.name: task for task in (ClassificationTask, SegmentationTask, DomainGeneralizationTask)
-}
-"""The tasks :class:`coretune.engine.FineTuner` accepts (``task=``, ``coretune fit --task NAME``), by name."""
-
-
-def get_task(name: str) -> type[Task]:
-    """The task class registered as ``name``.
-
-    Raises:
-        ValueError: no task has that name (the message lists them).
-    """
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; choose one of: {', '.join(TASKS)}")
-    return TASKS[name]

@@ -1,7 +1,9 @@
 """The task seam: what a task owns, so that the engine (:class:`coretune.engine.FineTuner`, ``coretune fit``, the
 run directory) holds nothing specific to one task.
 
-A task is one class per module under :mod:`coretune.tasks`, named in :data:`TASKS`. It owns
+A task is one class per module, registered under its name with :func:`register_task` (:data:`TASKS`,
+:func:`get_task`): coretune's under :mod:`coretune.tasks`, or user code's (``coretune fit --task NAME`` then takes
+it once its module is imported). It owns
 
 - its data module (:attr:`Task.data_class`: the ``--data.*`` options of ``coretune fit``/``test``/``validate``);
 - the network it trains: the backbone (:meth:`Task.build_backbone`) and the heads on it (:meth:`Task.build_heads`,
@@ -11,24 +13,35 @@ A task is one class per module under :mod:`coretune.tasks`, named in :data:`TASK
   model predicts (:meth:`Task.predict`);
 - its metrics for training, validation and test, the value the best checkpoint is chosen by (:attr:`Task.monitor`),
   what ``results.json``'s ``test`` entry holds (:meth:`Task.test_results`), the run summary's line
-  (:meth:`Task.summary_line`) and its figures (:meth:`Task.write_figures`).
+  (:meth:`Task.summary_line`) and its figures (:meth:`Task.write_figures`);
+- what the applications do with its checkpoints: ``coretune predict``'s output (:attr:`Task.prediction_kind`),
+  ``coretune export``'s network (:meth:`Task.export_network`, :meth:`Task.exported_network`), ``coretune test`` /
+  ``validate``'s data (:meth:`Task.scored_folder_options`, :meth:`Task.check_scored_data`), whether ``coretune eval
+  robust`` and adversarial training apply (:attr:`Task.supports_robust_eval`,
+  :attr:`Task.supports_adversarial_training`), and how ``coretune fit`` names its model selection
+  (:meth:`Task.selection_hint`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import lightning as L
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
 from ..models import Encoder, create_backbone
+from ..models.exported import ExportedClassifier
 from ..objectives import Objective, ObjectiveOutput
 
-__all__ = ["Batch", "Task"]
+T = TypeVar("T", bound="Task")
+
+PredictionKind = Literal["classes", "masks"]
+
+__all__ = ["TASKS", "Batch", "Task", "get_task", "register_task"]
 
 
 @dataclass
@@ -79,6 +92,16 @@ class Task:
     #: Whether its validation and test scores need every batch: their loaders read one group (domain) after another,
     #: so ``--trainer.limit_val_batches`` / ``limit_test_batches`` below all of them would leave whole groups out.
     scores_every_group: ClassVar[bool] = False
+    #: What ``coretune predict`` writes: ``"classes"``, a CSV of each image's class and probabilities (through
+    #: :meth:`image_transform`), or ``"masks"``, a folder of one palette mask per image.
+    prediction_kind: ClassVar[PredictionKind] = "classes"
+    #: Whether its logits are per pixel at the input's size (segmentation's): ``coretune export`` then exports its
+    #: network for any input size.
+    dense_logits: ClassVar[bool] = False
+    #: Whether ``coretune eval robust`` scores its checkpoints (classifiers' top-1 under attack).
+    supports_robust_eval: ClassVar[bool] = False
+    #: Whether ``coretune fit --adversarial.enable true`` trains it (attacked images keep their labels).
+    supports_adversarial_training: ClassVar[bool] = False
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
         """``settings``: the :class:`~coretune.engine.FineTuner` settings (its ``hparams``); a task reads the ones
@@ -170,3 +193,76 @@ class Task:
     def write_figures(self, module: L.LightningModule, datamodule: Any, run_dir: Path) -> list[Path]:
         """Write the task's figures besides the learning curve into ``run_dir`` (none by default)."""
         return []
+
+    def selection_hint(self, datamodule: Any) -> str:
+        """How ``coretune fit``'s messages name the option that makes it test ``best.ckpt``."""
+        return "the task's model selection"
+
+    # -- the applications ------------------------------------------------------------------------------------
+    def image_transform(
+        self, image_size: int, mean: tuple[float, float, float], std: tuple[float, float, float]
+    ) -> tuple[Callable[[Any], Tensor], int]:
+        """How this task's test split reads one image, and the draft size to decode it at (the data module's
+        ``test_transform``): ``coretune predict`` reads a folder of new images the same way."""
+        return self.data_class.test_transform(image_size, mean, std)  # type: ignore[attr-defined]
+
+    def export_network(self, model: Any) -> nn.Module:
+        """The network ``coretune export`` writes of a fine-tuned ``model`` (a FineTuner): images → logits (the
+        backbone and the objective's classifier by default, :class:`~coretune.models.exported.ExportedClassifier`)."""
+        return ExportedClassifier(model.backbone, model.objective.classifier)
+
+    def export_settings(self) -> dict[str, Any]:
+        """The task's settings the exported ``config.json`` records besides its name (what
+        :meth:`exported_network` needs)."""
+        return {}
+
+    @classmethod
+    def exported_network(cls, config: Mapping[str, Any]) -> nn.Module:
+        """The untrained network of an exported ``config.json`` (``coretune.apps.export.load_exported`` loads its
+        weights into it)."""
+        return ExportedClassifier(
+            create_backbone(config["backbone"], verbose=False, **(config.get("backbone_args") or {})),
+            nn.Linear(config["feature_dim"], config["num_classes"]),
+        )
+
+    def scored_folder_options(self, command: str, options: dict[str, Any]) -> dict[str, Any] | None:
+        """The data options with which ``coretune test`` / ``validate`` (``command``) score one labelled folder
+        without training data, or ``None`` (by default: the options are used as given)."""
+        return None
+
+    def check_scored_data(self, model: Any, datamodule: Any, ckpt_path: str) -> None:
+        """Raise ``ValueError`` (one line) if ``coretune test`` / ``validate`` / ``eval robust`` must not score the
+        checkpoint ``ckpt_path`` (its ``model``) on ``datamodule`` (before any image is read)."""
+
+
+TASKS: dict[str, type[Task]] = {}
+"""The registered tasks by name, in registration order: those :class:`coretune.engine.FineTuner` accepts
+(``task=``, ``coretune fit --task NAME``)."""
+
+
+def register_task(name: str) -> Callable[[type[T]], type[T]]:
+    """Class decorator registering a :class:`Task` subclass under ``name`` (its :attr:`Task.name`).
+
+    Raises:
+        ValueError: another class is already registered under ``name``.
+    """
+
+    def wrap(cls: type[T]) -> type[T]:
+        if name in TASKS and TASKS[name] is not cls:
+            raise ValueError(f"task {name!r} is already registered ({TASKS[name].__qualname__})")
+        cls.name = name
+        TASKS[name] = cls
+        return cls
+
+    return wrap
+
+
+def get_task(name: str) -> type[Task]:
+    """The task class registered as ``name``.
+
+    Raises:
+        ValueError: no task has that name (the message lists them).
+    """
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; choose one of: {', '.join(TASKS)}")
+    return TASKS[name]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch.nn.functional as F
@@ -11,17 +12,41 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from ..data import ImageClassificationData
-from .base import Task
+from .base import Task, register_task
 
-__all__ = ["ClassificationTask"]
+__all__ = ["ClassificationTask", "scored_folder_options"]
 
 
+def scored_folder_options(command: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """The image-folder data options that score one labelled folder with no training split (``coretune test``:
+    ``command`` ``"test"``, ``coretune validate``: ``"validate"``), or None when the options name training data
+    (``train_dir``, ``root/train``) or are not an image folder's.
+
+    The folder is ``--data.test_dir`` (``test``) or ``--data.val_dir`` (``validate``), else ``root/test`` or
+    ``root/val``, else ``root`` itself when it holds neither (its class folders)."""
+    if options.get("dataset", "imagefolder") != "imagefolder" or options.get("train_dir") is not None:
+        return None
+    root = options.get("root")
+    if root is not None and (not os.path.isdir(root) or os.path.isdir(os.path.join(root, "train"))):
+        return None  # the data module's own message for a missing root; training data: the usual splits
+    split, other = ("test", "val") if command == "test" else ("val", "test")
+    folder = options.get(f"{split}_dir") or options.get(f"{other}_dir")
+    if folder is None and root is not None:
+        candidates = (os.path.join(root, split), os.path.join(root, other))
+        folder = next((path for path in candidates if os.path.isdir(path)), root)
+    if folder is None:
+        return None
+    # the training split only lends the class names (never loaded); subsets are off
+    return {**options, "root": None, "train_dir": folder, f"{split}_dir": folder, f"{other}_dir": None,
+            "label_fraction": 1.0, "val_fraction": 0.0, "cache_images": False}  # fmt: skip
+
+
+@register_task("classification")
 class ClassificationTask(Task):
     """The default task of :class:`coretune.engine.FineTuner` (``--task classification``): an image folder
     (:class:`~coretune.data.ImageClassificationData`), the objective's linear classifier on the backbone's pooled
     features, top-1 chooses the best checkpoint."""
 
-    name = "classification"
     data_class = ImageClassificationData
     monitor = "top1"
     monitor_label = "top-1"
@@ -29,13 +54,12 @@ class ClassificationTask(Task):
     metric_names: ClassVar[tuple[str, ...]] = ("top1", "top5")
     no_validation_split = "no separate val/ folder and no --data.val_fraction"
     validation_split_fix = "--data.val_fraction 0.1"
+    supports_robust_eval = True
+    supports_adversarial_training = True
 
-    def image_transform(
-        self, image_size: int, mean: tuple[float, float, float], std: tuple[float, float, float]
-    ) -> tuple[Callable[[Any], Tensor], int]:
-        """How this task's test split reads one image, and the draft size to decode it at (the data module's
-        ``test_transform``): ``coretune predict`` reads a folder of new images the same way."""
-        return self.data_class.test_transform(image_size, mean, std)
+    def scored_folder_options(self, command: str, options: dict[str, Any]) -> dict[str, Any] | None:
+        """:func:`scored_folder_options`: one labelled image folder scored without training data."""
+        return scored_folder_options(command, options)
 
     def eval_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         return F.cross_entropy(logits.float(), targets)

@@ -10,7 +10,7 @@ domains' held-out parts in test.
 
 from __future__ import annotations
 
-import inspect
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import fmean
@@ -21,10 +21,10 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from ..data.domains import SELECTIONS, DomainGeneralizationData, EvalGroup
+from ..data.domains import SELECTIONS, DomainGeneralizationData, EvalGroup, domain_folders, domain_list
 from ..objectives import Objective, ObjectiveOutput
 from ..runs.layout import RunDir
-from .base import Batch
+from .base import Batch, register_task
 from .classification import ClassificationTask
 
 __all__ = [
@@ -139,21 +139,23 @@ def summary_text(test: dict[str, Any]) -> str:
     )
 
 
+@register_task("domain_generalization")
 class DomainGeneralizationTask(ClassificationTask):
     """Domain generalization (``--task domain_generalization``): leave-domains-out data in DomainBed's layout
     (:class:`~coretune.data.DomainGeneralizationData`) and the objective's classifier, as in classification.
 
-    Training batches carry domain labels (``extras["domains"]``), passed to the objectives whose ``forward`` takes
-    ``domains`` (Core-tuning and its presets); the others train on images and labels. Validation scores each training
-    domain's held-out part (``val/<domain>/top1``) and their mean (``val/top1``, which chooses ``best.ckpt``); the
-    test scores each :class:`~coretune.data.domains.EvalGroup` of the checkpoint the selection rule
-    (``--data.selection``) names (:func:`domain_test_results`).
+    Training batches carry domain labels (``extras["domains"]``), passed to the objectives that take them
+    (:attr:`~coretune.objectives.Objective.takes_domains`: Core-tuning and its presets); the others train on images
+    and labels. Validation scores each training domain's held-out part (``val/<domain>/top1``) and their mean
+    (``val/top1``, which chooses ``best.ckpt``); the test scores each :class:`~coretune.data.domains.EvalGroup` of
+    the checkpoint the selection rule (``--data.selection``) names (:func:`domain_test_results`).
     """
 
-    name = "domain_generalization"
     data_class = DomainGeneralizationData
     scores_every_group = True
     validation_holdout = "holdout_fraction"  # validation reads the training domains' held-out parts only
+    supports_robust_eval = False
+    supports_adversarial_training = False
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__(settings)
@@ -172,15 +174,41 @@ class DomainGeneralizationTask(ClassificationTask):
         self.val_groups, self.test_groups = datamodule.val_groups, datamodule.test_groups
         self.selection = datamodule.selection
 
+    def selection_hint(self, datamodule: Any) -> str:
+        """The selection rule's option (``--data.selection RULE``)."""
+        selection = getattr(datamodule, "selection", None)
+        return f"--data.selection {selection}" if selection else super().selection_hint(datamodule)
+
+    def scored_folder_options(self, command: str, options: dict[str, Any]) -> dict[str, Any] | None:
+        return None  # DomainBed's layout: the domains' folders, no standalone folder
+
+    def check_scored_data(self, model: Any, datamodule: Any, ckpt_path: str) -> None:
+        """Refuse to score as unseen a domain the checkpoint trained on: data holding the checkpoint's unseen
+        domains (``test_domains``) is its data set, whose other domains it trained on; data without them is another
+        data set, all of whose domains are new to it."""
+        trained = domain_list(model.trained_data.get("test_domains"))  # as given: "photo", "art,sketch" or a list
+        root = getattr(datamodule, "root", None)
+        if not trained or root is None or not os.path.isdir(root):
+            return
+        if not set(trained) <= set(domain_folders(root)):
+            return
+        if seen := [d for d in datamodule.test_domains if d not in trained]:
+            raise ValueError(
+                f"checkpoint {ckpt_path} trained on domain(s) {seen} (its unseen domains are {list(trained)}): scored "
+                f"as unseen, their training images would pass for new ones; pass --data.test_domains "
+                f"{','.join(trained)} (the checkpoint's, the default), or score a model that held them out"
+            )
+
     def unpack(self, batch: Any) -> Batch:
         """``(images, labels, groups)``: the groups are training batches' domain labels and evaluation batches'
         group indices; both ride in ``extras["domains"]``."""
         return Batch(batch[0], batch[1], {"domains": batch[2]})
 
     def loss(self, objective: Objective, features: Tensor, batch: Batch, inputs: Tensor) -> ObjectiveOutput:
-        """The objective's loss; the domain labels go to objectives whose ``forward`` takes ``domains``."""
-        takes_domains = "domains" in inspect.signature(objective.forward).parameters
-        return objective(features, batch.targets, inputs=inputs, **(batch.extras if takes_domains else {}))
+        """The objective's loss; the domain labels go to the objectives that take them
+        (:attr:`~coretune.objectives.Objective.takes_domains`)."""
+        extras = batch.extras if objective.takes_domains else {}
+        return objective(features, batch.targets, inputs=inputs, **extras)
 
     def update_eval_metrics(self, metrics: Any, logits: Tensor, batch: Batch) -> None:
         metrics.update(logits, batch.targets, batch.extras["domains"])

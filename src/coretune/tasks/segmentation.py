@@ -1,6 +1,7 @@
 """Semantic segmentation (``--task segmentation``, :class:`SegmentationTask`) and its pieces: metrics from one
 confusion matrix, the image-level labels that give the contrastive regulariser its positives, the regulariser
-itself (:func:`dense_contrastive_loss`), and the colour palette with its mask files and figures.
+itself (Core-tuning's, :func:`coretune.objectives.core.dense_contrastive_loss`, re-exported here), and the colour
+palette with its mask files and figures.
 
 Masks are ``(B, H, W)`` int64 class indices with ``ignore_index`` (255) for pixels left out of everything.
 """
@@ -23,11 +24,10 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from ..data.segmentation import IGNORE_INDEX, SegmentationData
-from ..losses import contrastive_loss, supcon_positive_mask
-from ..mining import mine_hard_positives
-from ..models import Encoder, create_dilated_backbone, deeplab_head, resnet_feature_map
-from ..objectives import CETuning, CoreTuning, Objective, ObjectiveOutput
-from .base import Batch, Task
+from ..losses import image_label_positive_mask
+from ..models import DeepLabV3, Encoder, create_dilated_backbone, deeplab_head, resnet_feature_map
+from ..objectives import Objective, ObjectiveOutput, dense_contrastive_loss
+from .base import Batch, Task, register_task
 
 __all__ = [
     "ImageLabelRule",
@@ -48,6 +48,9 @@ __all__ = [
 ]
 
 ImageLabelRule = Literal["majority", "multilabel"]
+
+positive_mask = image_label_positive_mask
+"""The positives of image-level labels: :func:`coretune.losses.image_label_positive_mask` (its earlier name)."""
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -167,26 +170,6 @@ def image_labels(
     raise ValueError(f"image label rule must be 'majority' or 'multilabel', got {rule!r}")
 
 
-def positive_mask(labels: Tensor) -> Tensor:
-    """``(B, B)`` bool positives from image-level labels, diagonal excluded (like
-    :func:`coretune.losses.supcon_positive_mask`).
-
-    - majority labels ``(B,)``: ``i`` and ``j`` are positives when they have the same label;
-    - multi-label ``(B, K)`` bool: when they share at least one class.
-
-    A crop without a label (``-1``, or no class) is nobody's positive and has none: the contrastive loss then
-    skips it as an anchor (it has no positive) and keeps it as a negative of the others.
-    """
-    if labels.dim() == 1:
-        labelled = labels >= 0
-        return supcon_positive_mask(labels) & labelled[:, None] & labelled[None, :]
-    if labels.dim() == 2:
-        hot = labels.to(torch.float32)
-        eye = torch.eye(labels.shape[0], dtype=torch.bool, device=labels.device)
-        return (hot @ hot.T > 0) & ~eye
-    raise ValueError(f"labels must be (B,) class indices or (B, K) K-hot, got shape {tuple(labels.shape)}")
-
-
 # ------------------------------------------------------------------------------------------------------------
 # palette, mask files, figures
 # ------------------------------------------------------------------------------------------------------------
@@ -285,38 +268,7 @@ def save_predictions_figure(
 # ------------------------------------------------------------------------------------------------------------
 # the task
 # ------------------------------------------------------------------------------------------------------------
-def dense_contrastive_loss(
-    objective: CoreTuning, pooled: Tensor, labels: Tensor, generator: torch.Generator | None = None
-) -> Tensor:
-    """Core-tuning's contrastive regulariser for dense prediction, on ``pooled`` ``(B, C)`` (the backbone's last
-    feature map, globally average-pooled) with image-level ``labels`` (:func:`image_labels`).
-
-    - Positives: :func:`positive_mask` of the labels (a crop without a label is nobody's positive and has none,
-      so it is no anchor, only a negative of the others).
-    - ``objective.mixing == "hard"``: one hard *positive* is generated per anchor
-      (:func:`coretune.mining.mine_hard_positives`: its hardest positive mixed with its hardest negative) and is
-      its positive; no hard negative is generated (the paper's source: for dense prediction only hard positive
-      pairs are generated). A crop without a label gets no generated row. ``"none"`` (``ce_con``): the originals
-      alone (SupCon).
-    - The rows go through the objective's own projection head ``G_c`` and
-      :func:`coretune.losses.contrastive_loss` (focal as ``objective.focal``, temperature ``τ``); with
-      ``generated_pairs="own"`` each anchor's ``A_i`` holds the originals and its own generated row only.
-    """
-    b = pooled.shape[0]
-    labelled = labels >= 0 if labels.dim() == 1 else labels.any(1)
-    positives = positive_mask(labels)
-    rows, pos_mask, contrast = pooled, positives, None
-    if objective.mixing == "hard":
-        generated = mine_hard_positives(pooled, positives, objective.alpha, objective.lambda_p, generator)
-        own = torch.diag(labelled)
-        originals = positives if objective.original_positives else torch.zeros_like(positives)
-        rows, pos_mask = torch.cat([pooled, generated]), torch.cat([originals, own], dim=1)
-        others = own if objective.generated_pairs == "own" else labelled[None, :].expand(b, b)
-        contrast = torch.cat([torch.ones_like(positives), others], dim=1)
-    v = F.normalize(objective.projector(rows).float(), dim=1)
-    return contrastive_loss(v, pos_mask, objective.temperature, objective.focal, contrast)
-
-
+@register_task("segmentation")
 class SegmentationTask(Task):
     """Semantic segmentation (``--task segmentation``, paper §5.2): DeepLab-V3 on a dilated ResNet.
 
@@ -326,7 +278,9 @@ class SegmentationTask(Task):
       as the objective's classifier ``G_y``; logits upsampled to the input size.
     - Objectives: ``ce`` (pixel-wise CE), and Core-tuning's class with ``mixing`` ``"hard"`` (``core``) or
       ``"none"`` (``ce_con``): pixel-wise CE from the head + ``η ×`` the contrastive term of
-      :func:`dense_contrastive_loss` on the pooled last feature map, through the objective's own projection head.
+      :func:`~coretune.objectives.core.dense_contrastive_loss` (the objective's
+      :meth:`~coretune.objectives.Objective.dense_loss`) on the pooled last feature map, through the objective's own
+      projection head.
       The positives come from image-level labels, which the paper leaves undefined: FineTuner's ``image_labels``
       rule, ``majority`` (default: the crop's most frequent non-ignored class, the class that dominates the pooled
       feature; :func:`majority_labels`) or ``multilabel`` (crops sharing any class; :func:`multilabel_labels`).
@@ -339,7 +293,6 @@ class SegmentationTask(Task):
       validation images with their ground truth and prediction.
     """
 
-    name = "segmentation"
     data_class = SegmentationData
     monitor = "miou"
     monitor_label = "MIoU"
@@ -351,6 +304,8 @@ class SegmentationTask(Task):
     #: How many validation images ``predictions.png`` shows.
     figure_images = 4
     own_settings: ClassVar[Mapping[str, Any]] = {"output_stride": 16, "image_labels": "majority"}
+    prediction_kind = "masks"
+    dense_logits = True
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__(settings)
@@ -362,17 +317,10 @@ class SegmentationTask(Task):
         return create_dilated_backbone(backbone, self.output_stride, **options)
 
     def check_objective(self, objective: Objective) -> None:
-        what, problem = repr(objective.name), None
-        if isinstance(objective, CoreTuning):
-            if objective.mixing == "manifold":
-                what += " with mixing='manifold' (as ce_mix)"
-                problem = "it mixes features to train the classifier, which has no pixels to mix"
-            elif objective.memory_size > 0:
-                what += f" with memory_size {objective.memory_size}"
-                problem = "its cross-batch memory is for classification only"
-        elif type(objective) is not CETuning:
-            problem = "it is a classification method"
-        if problem is not None:
+        """Refuse an objective that does not train dense prediction (:attr:`Objective.dense`,
+        :meth:`Objective.dense_problem`)."""
+        if (refused := objective.dense_problem()) is not None:
+            what, problem = refused
             raise ValueError(
                 f"objective {what} does not apply to --task segmentation ({problem}): use ce, ce_con or core"
             )
@@ -398,6 +346,32 @@ class SegmentationTask(Task):
                 "which cannot train on a batch of 1: use --data.batch_size 2 or more (and 2 or more training images)"
             )
 
+    # -- the applications ------------------------------------------------------------------------------------
+    @staticmethod
+    def save_mask(mask: Tensor | np.ndarray, path: str | Path) -> None:
+        """``coretune predict``'s mask file of an image: :func:`save_palette_mask`."""
+        save_palette_mask(mask, path)
+
+    @staticmethod
+    def colorize(mask: Tensor | np.ndarray) -> np.ndarray:
+        """A mask's colours (``coretune predict --overlay``): :func:`colorize`."""
+        return colorize(mask)
+
+    def export_network(self, model: Any) -> nn.Module:
+        """:class:`~coretune.models.DeepLabV3`: the dilated backbone under the trained DeepLab-V3 head."""
+        net = DeepLabV3(model.backbone, model.num_classes or 0, self.output_stride)
+        net.head = model.objective.classifier
+        return net
+
+    def export_settings(self) -> dict[str, Any]:
+        return {"output_stride": self.output_stride}
+
+    @classmethod
+    def exported_network(cls, config: Mapping[str, Any]) -> nn.Module:
+        stride, options = config["output_stride"], config.get("backbone_args") or {}
+        backbone = create_dilated_backbone(config["backbone"], stride, verbose=False, **options)
+        return DeepLabV3(backbone, config["num_classes"], stride)
+
     def gathers(self, objective: Objective) -> bool:
         return False  # the contrastive term is computed per process
 
@@ -414,10 +388,10 @@ class SegmentationTask(Task):
         logits = self.predict(objective, features, masks)
         ce = self.eval_loss(logits, masks)
         loss, terms = ce, {"ce": ce.detach()}
-        if isinstance(objective, CoreTuning) and objective.eta > 0:
+        if objective.dense_weight > 0:
             labels = image_labels(masks, objective.num_classes or 0, self.image_labels, self.ignore_index)
-            con = dense_contrastive_loss(objective, features.mean((2, 3)), labels, objective.generator)
-            loss = loss + objective.eta * con
+            con = objective.dense_loss(features.mean((2, 3)), labels)
+            loss = loss + objective.dense_weight * con
             terms["con"] = con.detach()
         terms["loss"] = loss.detach()
         return ObjectiveOutput(loss, logits, terms)

@@ -21,10 +21,10 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from coretune import atomicfile
 from coretune.cli import main
 from coretune.data.samplers import EpochShuffleSampler, ResumableLoader, SeededItems
 from coretune.engine import read_metrics
+from coretune.runs import atomic as atomicfile
 from coretune.runs.layout import RunDir
 from coretune.runs.stopfile import STOP_FILE_ENV
 from fit_flags import QUIET

@@ -785,7 +785,7 @@ def test_a_new_run_another_fit_claimed_first_is_left_to_it(
 ) -> None:
     # two fits of one new run directory start together: both see no directory, the other claims it first; this one
     # is refused, and its clean-up of a run that never trained removed the other's directory, claim and all
-    from coretune.engine import rundir
+    from coretune.engine import runcli as rundir
 
     run = tmp_path / "run"
 

@@ -430,7 +430,7 @@ def test_the_collapse_watch_compares_images_and_logits_of_one_size() -> None:
     """Whole-image segmentation batches images of one size: an epoch's batches differ in shape, and the watch
     compared each with the epoch's first image (a crash). Each image is now compared with the first of its size;
     sizes alone judge nothing."""
-    from coretune.engine.module import _OutputWatch
+    from coretune.engine.health import OutputWatch as _OutputWatch
 
     def watched(*batches: tuple[torch.Tensor, torch.Tensor]) -> bool:
         watch = _OutputWatch()

@@ -1,5 +1,6 @@
-"""The training engine: Lightning module, trainer set-up, run outputs, optimisers and schedules, and ``coretune fit``
-(:mod:`.fitcli`)."""
+"""The training engine: Lightning module (:mod:`.module`, the training loop), what its checkpoints record
+(:mod:`.checkpoint`), its output health checks (:mod:`.health`) and data module checks (:mod:`.datachecks`), trainer
+set-up, run outputs, optimisers and schedules, and ``coretune fit`` (:mod:`.fitcli`)."""
 
 from .callbacks import (
     ChanceLevelGuard,
@@ -9,10 +10,12 @@ from .callbacks import (
     read_metrics,
     update_results,
 )
+from .checkpoint import CheckpointMeta
 from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, atomic_write, with_atomic_io
 from .fitcli import FitArgsError, FitCLI, resolved_fit_config, translate_args
+from .health import NonFiniteLossError, OutputHealth
 from .interrupts import StopOnSignal, TrainingInterrupted
-from .module import FineTuner, NonFiniteLossError
+from .module import FineTuner
 from .optim import build_optimizer, lr_factor
 from .runcli import RESUMABLE_CHANGES, RunDirCLI, check_resume, resolve_run_dir, setting_changes
 from .trainer import (
@@ -29,10 +32,12 @@ __all__ = [
     "RESUMABLE_CHANGES",
     "AtomicCheckpointIO",
     "ChanceLevelGuard",
+    "CheckpointMeta",
     "FineTuner",
     "FitArgsError",
     "FitCLI",
     "NonFiniteLossError",
+    "OutputHealth",
     "RunArtifacts",
     "RunDirCLI",
     "StopOnSignal",

@@ -24,8 +24,8 @@ import yaml
 from lightning.pytorch import loggers
 
 from ..runs.layout import RunDir
-from .module import run_seed
 from .runcli import RESUMABLE_CHANGES
+from .seeds import run_seed
 
 __all__ = [
     "LOGGERS",

@@ -19,14 +19,7 @@ from ..tasks import TASKS, Batch
 from .checkpoint import CheckpointMeta, check_resumed_model, written_at
 from .datachecks import check_data
 from .health import NonFiniteLossError, OutputHealth, training_blowup
-from .optim import (
-    OptimizerName,
-    Schedule,
-    build_optimizer,
-    build_schedule,
-    optimizer_problems,
-    resume_schedule,
-)
+from .optim import OptimizerName, Schedule, build_optimizer, build_schedule, optimizer_problems, resume_schedule
 from .seeds import epoch_seed, run_seed, step_seed
 
 __all__ = ["BatchTransform", "FineTuner", "NonFiniteLossError", "run_seed", "step_seed"]

@@ -31,7 +31,6 @@ __all__ = [
     "check_output_path",
     "check_writable",
     "data_paths",
-    "data_paths_in_args",
     "is_marked",
     "mark_folder",
     "marked_by_another",
@@ -100,18 +99,6 @@ def trained_data_paths(checkpoint: str | os.PathLike[str]) -> list[Path]:
     except (OSError, ValueError):  # unreadable or not YAML: nothing known
         return []
     return data_paths(config.get("data") if isinstance(config, Mapping) else None)
-
-
-def data_paths_in_args(args: Iterable[str]) -> list[Path]:
-    """The existing data paths a ``coretune fit`` command line names (``--data.root DIR``, ``--data.train_dir=DIR``
-    …: :func:`data_paths` of its ``--data.*`` options), for the sweeps, which hold fits as command lines."""
-    args = list(args)
-    found: dict[Path, None] = {}
-    for arg, following in zip(args, [*args[1:], None], strict=True):
-        key, eq, value = arg.partition("=")
-        if key.startswith("--data."):
-            found |= dict.fromkeys(data_paths({key.removeprefix("--data."): value if eq else following}))
-    return list(found)
 
 
 def _real(path: str | os.PathLike[str]) -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runs.layout import RunDir
-from ..runs.outputs import check_folder_output, data_paths_in_args, marked_by_another
+from ..runs.outputs import check_folder_output, marked_by_another
 from .export import export_records
 from .launch import SweepInterrupted, run_sweep
 from .report import write_summary
@@ -113,7 +113,7 @@ def holds_runs(folder: Path) -> bool:
 
 def _data_read(spec: BenchSpec) -> list[Path]:
     """The data folders and files the spec's fits read (the paths among their ``--data.*`` options)."""
-    return list(dict.fromkeys(path for run in spec.runs() for path in data_paths_in_args(run.args)))
+    return list(dict.fromkeys(path for run in spec.runs() for path in run.job.data_paths()))
 
 
 def main(args: list[str]) -> None:

@@ -4,7 +4,6 @@ validated top-1 per epoch into curves."""
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -71,7 +70,7 @@ def collect_cells(
         seeds.setdefault(key, [])
         files = RunDir(run.run_dir)
         try:
-            check_run_args(run.args, run.run_dir)
+            check_run_args(run.job)
         except OtherFitArgs:
             if other_args == "refuse":
                 raise
@@ -98,7 +97,11 @@ def collect_cells(
         progress = f"{results.get('epochs', '')} epochs" if test else run_progress(run.run_dir)
         top1 = run_top1(run.run_dir, spec.metric) if test else None
         reconstructed = bool(results.get("reconstructed"))
-        if top1 is not None and (weights := _weights_arg(run.args)) and (digest := results.get("weights_sha256")):
+        if (
+            top1 is not None
+            and (weights := run.job.options().value("model.weights"))
+            and (digest := results.get("weights_sha256"))
+        ):
             started_from.setdefault(weights, {}).setdefault(digest, []).append(run.label)
         if top1 is not None:
             values[key].append(top1)
@@ -130,18 +133,6 @@ def collect_cells(
         _check_one_file_per_weights(started_from)
     cells = {key: Cell(*key, tuple(v), tuple(seeds[key]), tuple(rebuilt.get(key, ()))) for key, v in values.items()}
     return cells, rows
-
-
-def _weights_arg(args: Sequence[str]) -> str | None:
-    """The ``--model.weights`` a run's fit arguments name (``--model.weights=F`` or ``--model.weights F``; the last
-    one given, which the parser keeps)."""
-    found = None
-    for i, arg in enumerate(args):
-        if arg.startswith("--model.weights="):
-            found = arg.split("=", 1)[1]
-        elif arg == "--model.weights" and i + 1 < len(args):
-            found = args[i + 1]
-    return found
 
 
 def _check_one_file_per_weights(started_from: dict[str, dict[str, list[str]]]) -> None:

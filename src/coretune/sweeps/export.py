@@ -29,7 +29,7 @@ def export_records(spec: BenchSpec, dest: str | Path) -> list[Path]:
     for run in spec.runs():
         if not RunDir(run.run_dir).is_finished() and RunDir(run.run_dir).divergence() is None:
             continue
-        check_run_args(run.args, run.run_dir)  # a record of other settings than the spec's would mislead
+        check_run_args(run.job)  # a record of other settings than the spec's would mislead
         target = dest / run.run_dir.relative_to(spec.output)
         target.mkdir(parents=True, exist_ok=True)
         sources = [source for source in RunDir(run.run_dir).records() if source.is_file()]

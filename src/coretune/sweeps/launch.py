@@ -9,7 +9,6 @@ import queue
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -24,6 +23,7 @@ from ..runs.claim import RunInUse, claimed, point_claim
 from ..runs.layout import RunDir
 from ..runs.outputs import mark_folder
 from ..runs.stopfile import STOP_FILE_ENV, request_stop
+from .job import SUBPROCESS_FIT_ARGS, fit_command
 from .records import check_run_args, run_top1
 from .spec import BenchSpec, BenchSpecError, Metric, Run, check_val_split, metric_text, unvalidated_final_epoch
 
@@ -41,9 +41,6 @@ __all__ = [
     "visible_gpus",
     "worker_envs",
 ]
-
-
-SUBPROCESS_FIT_ARGS = ("--trainer.enable_progress_bar=false",)
 
 
 class SweepInterrupted(Exception):
@@ -71,7 +68,7 @@ def check_fit_args(runs: Sequence[Run], metric: Metric = "test") -> None:
 
     for run in runs:
         try:
-            config = resolved_fit_config(run.args)
+            config = resolved_fit_config(run.job.argv())
         except FitArgsError as error:
             raise BenchSpecError(
                 f"coretune fit would refuse the arguments of run {run.label}: {error}. Fix them in the spec "
@@ -86,15 +83,6 @@ def check_fit_args(runs: Sequence[Run], metric: Metric = "test") -> None:
                 )
 
 
-def fit_command(args: Sequence[str], run_dir: str | Path) -> list[str]:
-    """The ``coretune fit`` subprocess command of a run; it resumes from ``checkpoints/last.ckpt`` when present."""
-    run_dir = Path(run_dir)
-    cmd = [sys.executable, "-m", "coretune.cli", "fit", *SUBPROCESS_FIT_ARGS, *args, f"--run_dir={run_dir}"]
-    if RunDir(run_dir).last_checkpoint.is_file():
-        cmd.append("--ckpt_path=last")
-    return cmd
-
-
 def launch_fit(
     args: Sequence[str],
     run_dir: str | Path,
@@ -103,6 +91,9 @@ def launch_fit(
     log_args: Sequence[str] = (),
 ) -> int | None:
     """Run one ``coretune fit`` subprocess into ``run_dir``, appending its stdout and stderr to ``log.txt``.
+
+    The edge where a sweep's job becomes a command line: ``args`` are its :meth:`~.job.FitJob.argv`, recorded in
+    ``fit_args.json`` and passed to :func:`~.job.fit_command`.
 
     ``log_args`` are the fit arguments of the sweep's logger (:func:`~coretune.engine.loggers.sweep_logger_args`),
     added after ``args`` but not recorded with them in ``fit_args.json``: a sweep may add or change its logger when
@@ -254,7 +245,7 @@ def run_sweep(
 
         check_sweep_logger(logger)
     for run in spec.runs():
-        check_run_args(run.args, run.run_dir)
+        check_run_args(run.job)
         files = RunDir(run.run_dir)
         if files.is_finished():
             report.skipped.append(run)
@@ -282,11 +273,10 @@ def run_sweep(
         )
     if dry_run:
         for run in todo:
-            command = [*fit_command(run.args, run.run_dir), *_log_args(spec, run, logger)]
             if run in retry:  # moved aside first (below): the fit starts over
-                command = [arg for arg in command if arg != "--ckpt_path=last"]
                 console.print(f"# {run.label}: the run that diverged is moved aside, then", highlight=False)
-            console.print(escape(shlex.join(command)), soft_wrap=True, highlight=False)
+            command = run.job.command_str(_log_args(spec, run, logger), resume=False if run in retry else None)
+            console.print(escape(command), soft_wrap=True, highlight=False)
     if dry_run or not todo:
         return report
     for run in retry:
@@ -402,7 +392,9 @@ def _report_run(run: Run, code: int, seconds: float, report: SweepReport, consol
         top1 = run_top1(run.run_dir, metric)
         report.finished.append(run)
         score = "undefined (no pixel to score)" if top1 is None else f"{top1:.2f}%"
-        console.print(f"✓ {run.label}: {metric_text(metric, run.args)} {score} ({seconds:.0f} s)", highlight=False)
+        console.print(
+            f"✓ {run.label}: {metric_text(metric, run.job.argv())} {score} ({seconds:.0f} s)", highlight=False
+        )
     elif (diverged := RunDir(run.run_dir).divergence()) is not None:  # a fit drops a stale record when it starts
         report.diverged.append(run)
         console.print(f"✗ {run.label} diverged after {seconds:.0f} s: {diverged}", highlight=False)
@@ -508,7 +500,7 @@ def _timed_launch(
         if files.live_claim() is None:  # else launch_fit refuses it (RunInUse): no "started" line for it
             bars.started(run)
         start = time.perf_counter()
-        code = launch_fit(run.args, run.run_dir, env, stop, log_args)
+        code = launch_fit(run.job.argv(), run.run_dir, env, stop, log_args)
         return None if code is None else (code, time.perf_counter() - start)
     finally:
         bars.ended(run)

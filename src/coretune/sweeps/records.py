@@ -15,6 +15,7 @@ from typing import Any, Literal
 from ..runs.config import recorded_task
 from ..runs.layout import RunDir
 from ..tasks import DEFAULT_TASK, TASKS
+from .job import FitJob
 from .spec import Metric, check_val_split
 
 __all__ = [
@@ -175,13 +176,20 @@ class OtherFitArgs(ValueError):
     """A run directory was started with other fit arguments than the spec's (:func:`check_run_args`)."""
 
 
-def check_run_args(args: Sequence[str], run_dir: str | Path) -> None:
-    """Refuse to skip, resume or table a run directory that was started with other fit arguments than the spec's
-    (its ``fit_args.json``): a table must not put runs of other settings side by side.
+def check_run_args(job: FitJob | Sequence[str], run_dir: str | Path | None = None) -> None:
+    """Refuse to skip, resume or table a run directory (the ``job``'s, or ``run_dir``) that was started with other
+    fit arguments than the job's :meth:`~.job.FitJob.argv` (or the argument list ``job``), which its
+    ``fit_args.json`` records: a table must not put runs of other settings side by side.
 
     Raises:
         OtherFitArgs: naming the run, both argument lists and the fix.
     """
+    if isinstance(job, FitJob):
+        args, run_dir = job.argv(), job.run_dir if run_dir is None else run_dir
+    else:
+        args = list(job)
+    if run_dir is None:
+        raise TypeError("check_run_args: the run directory of an argument list is needed")
     path = RunDir(run_dir).fit_args
     if not path.is_file():
         return

@@ -15,6 +15,8 @@ from typing import Any, Literal, get_args
 
 import yaml
 
+from .job import FitArgs, FitJob
+
 __all__ = [
     "BenchSpec",
     "BenchSpecError",
@@ -80,7 +82,7 @@ def spec_metric_text(spec: BenchSpec) -> str:
     if spec.table in _MEASURE_TEXT:
         return _MEASURE_TEXT[spec.table]
     runs = spec.runs()
-    return metric_text(spec.metric, runs[0].args if runs else ())
+    return metric_text(spec.metric, runs[0].job.argv() if runs else ())
 
 
 _SPEC_KEYS = (
@@ -158,14 +160,23 @@ class ObjectiveEntry:
 
 @dataclass(frozen=True)
 class Run:
-    """One cell × seed of the grid: its fit arguments (without ``--run_dir``) and its run directory."""
+    """One cell × seed of the grid (``objective``: the row's name) and its fit (:class:`~.job.FitJob`: its run
+    directory and arguments)."""
 
     dataset: str
     objective: str
     label_fraction: float
     seed: int
-    run_dir: Path
-    args: tuple[str, ...]
+    job: FitJob
+
+    @property
+    def run_dir(self) -> Path:
+        return self.job.run_dir
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The fit arguments (without ``--run_dir``), as ``fit_args.json`` records them: :meth:`FitJob.argv`."""
+        return tuple(self.job.argv())
 
     @property
     def label(self) -> str:
@@ -256,17 +267,15 @@ class BenchSpec:
             for dataset, dataset_args in self.datasets.items():
                 for fraction in self.label_fractions:
                     for entry in self.objectives:
-                        args = (
-                            *self.base_args,
-                            *dataset_args,
-                            "--objective",
-                            entry.objective,
-                            *entry.args,
-                            f"--data.label_fraction={fraction}",
-                            f"--seed={seed}",
+                        job = FitJob(
+                            run_dir=self.output / dataset / entry.name / f"frac{fraction:g}" / f"seed{seed}",
+                            objective=entry.objective,
+                            seed=seed,
+                            fit_args=FitArgs.parse((*self.base_args, *dataset_args)),
+                            objective_args=FitArgs.parse(entry.args),
+                            data=(("label_fraction", fraction),),
                         )
-                        run_dir = self.output / dataset / entry.name / f"frac{fraction:g}" / f"seed{seed}"
-                        runs.append(Run(dataset, entry.name, fraction, seed, run_dir, args))
+                        runs.append(Run(dataset, entry.name, fraction, seed, job))
         return runs
 
     def compared_with(self, baseline: str) -> BenchSpec:

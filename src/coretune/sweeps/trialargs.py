@@ -3,9 +3,10 @@ and what ``coretune fit`` would refuse, resolved as the fit would resolve them (
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..tasks import Task, get_task
+from .job import FitArgs
 from .spec import unvalidated_final_epoch
 
 __all__ = ["check_fit_args", "check_trial_args"]
@@ -24,7 +25,7 @@ FORBIDDEN_FIT_ARGS: dict[str, str] = {
 }
 
 
-def check_fit_args(fit_args: list[str], chosen: Iterable[str] = ()) -> None:
+def check_fit_args(fit_args: FitArgs | Sequence[str], chosen: Iterable[str] = ()) -> None:
     """Refuse a fit argument that ``coretune tune`` sets itself: the validation split, run directory, objective, seed,
     resumed checkpoint, and ``--objective.NAME`` of each hyper-parameter the study chooses (``chosen``; η and α
     always)."""
@@ -32,24 +33,26 @@ def check_fit_args(fit_args: list[str], chosen: Iterable[str] = ()) -> None:
         **{f"--objective.{name}": f"{name} is what the study chooses" for name in chosen},
         **FORBIDDEN_FIT_ARGS,
     }
-    for arg in fit_args:
-        key = arg.partition("=")[0]
+    options = fit_args if isinstance(fit_args, FitArgs) else FitArgs.parse(fit_args)
+    for key in (f"--{name}" for name in options.names()):
         if key in forbidden:
             raise ValueError(f"remove {key} from the fit arguments: {forbidden[key]}")
 
 
-def check_trial_args(fit_args: list[str], objective: str, val_fraction: float) -> tuple[type[Task], str, bool]:
+def check_trial_args(
+    fit_args: list[str], objective: str, val_fraction: float
+) -> tuple[type[Task], tuple[str, float], bool]:
     """Before the first trial, refuse fit arguments ``coretune fit`` would refuse, an objective the fit's task
     refuses, or arguments that would not validate the final epoch (a trial is scored by its final epoch's
     ``val/<monitor>``). Returns the fit's task, the fit argument that holds out its validation split and whether
-    the fits train adversarially."""
+    the fits train adversarially (the holdout as a data option of the trials' jobs: ``(name, value)``)."""
     from .. import objectives
     from ..engine.fitcli import FitArgsError, resolved_fit_config, task_of_args
 
     task = get_task(task_of_args(fit_args))
-    holdout = f"--data.{task.validation_holdout}={val_fraction}"
+    holdout = (task.validation_holdout, val_fraction)
     try:
-        config = resolved_fit_config([*fit_args, "--objective", objective, holdout])
+        config = resolved_fit_config([*fit_args, "--objective", objective, f"--data.{holdout[0]}={holdout[1]}"])
     except FitArgsError as error:
         raise ValueError(f"coretune fit would refuse the trial arguments: {error}. Fix the fit arguments") from None
     try:

@@ -49,8 +49,9 @@ import yaml
 from ..runs.atomic import atomic_write
 from ..runs.claim import RunInUse
 from ..runs.layout import RunDir
-from ..runs.outputs import check_folder_output, data_paths_in_args, mark_folder, marked_by_another
+from ..runs.outputs import check_folder_output, mark_folder, marked_by_another
 from ..tasks import DEFAULT_TASK, TASKS, Task
+from .job import FitArgs, FitJob, FitOption
 from .launch import SweepInterrupted, catch_stop_signals, launch_fit
 from .records import check_run_args, final_val_top1
 from .space import objective_space, point_label, point_symbols, resolve_space, trial_folder
@@ -123,13 +124,14 @@ def tune(
             f"--val_fraction must lie in (0, 1) (got {val_fraction}): tuning selects on a validation split "
             "carved from the training set and never on the test split"
         )
-    check_fit_args(fit_args)
+    user_args = FitArgs.parse(fit_args)
+    check_fit_args(user_args)
     if logger is not None:
         from ..engine.loggers import check_sweep_logger
 
         check_sweep_logger(logger)
     preset, space = resolve_space(objective, eta, alpha, space)
-    check_fit_args(fit_args, space)
+    check_fit_args(user_args, space)
     if n_trials is not None and n_trials < 1:
         raise ValueError(f"--n_trials must be >= 1 (got {n_trials}): the number of TPE trials to run")
     if repeats < 1:
@@ -142,7 +144,7 @@ def tune(
     if storage is not None:
         check_storage(storage)
     output = Path(output)
-    check_folder_output(output, "tune", data=data_paths_in_args(fit_args), ours=_holds_a_study)
+    check_folder_output(output, "tune", data=user_args.data_paths(), ours=_holds_a_study)
     mark_folder(output, "tune")
     storage = storage or f"sqlite:///{output / 'study.db'}"
     db, retry = open_storage(optuna, storage)
@@ -201,19 +203,19 @@ def tune(
         values = []
         for run_seed in range(seed, seed + repeats):
             run_dir = trial_dir if repeats == 1 else trial_dir / f"seed{run_seed}"
-            args = [
-                *fit_args,
-                "--objective",
-                objective,
-                *(f"--objective.{name}={value}" for name, value in params.items()),
-                holdout,
-                f"--seed={run_seed}",
-            ]
-            check_run_args(args, run_dir)  # a finished folder of another study (seed, split, fit args) is no result
+            job = FitJob(
+                run_dir=run_dir,
+                objective=objective,
+                seed=run_seed,
+                fit_args=user_args,
+                objective_args=FitArgs(tuple(FitOption(f"objective.{name}", f"{v}") for name, v in params.items())),
+                data=(holdout,),
+            )
+            check_run_args(job)  # a finished folder of another study (seed, split, fit args) is no result
             if not RunDir(run_dir).is_finished():
                 if stop.signum is None and RunDir(run_dir).divergence() is None:
                     try:
-                        code = launch_fit(args, run_dir, stop=stop, log_args=log_args(run_dir))
+                        code = launch_fit(job.argv(), run_dir, stop=stop, log_args=log_args(run_dir))
                     except RunInUse as err:  # another worker of the study runs this grid point
                         raise TrialFailed(f"trial {trial.number}: {err}") from None
                     except KeyboardInterrupt:  # a second Ctrl+C: the fit may have saved a checkpoint all the same

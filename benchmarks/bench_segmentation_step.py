@@ -36,7 +36,9 @@ def build(
     objective: str, backbone: str, output_stride: int, num_classes: int
 ) -> tuple[FineTuner, Callable[[torch.Tensor, torch.Tensor], None]]:
     """A FineTuner for segmentation and a function running one training step on a batch."""
-    model = FineTuner(create(objective), backbone=backbone, task="segmentation", output_stride=output_stride)
+    model = FineTuner(
+        create(objective), backbone=backbone, task="segmentation", task_settings={"output_stride": output_stride}
+    )
     model.build(num_classes)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)

@@ -1013,13 +1013,13 @@ def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path
         (
             ["--model.output_stride=8"],
             "invalid model settings: output_stride is a segmentation setting that task 'classification' ignores (got "
-            "8): drop --model.output_stride, or fit with --task segmentation",
+            "8): drop --task.output_stride, or fit with --task segmentation",
         ),
         (
             ["--model.image_labels=multilabel", "--model.output_stride=8"],
             "invalid model settings: output_stride is a segmentation setting that task 'classification' ignores (got "
-            "8): drop --model.output_stride, or fit with --task segmentation; image_labels is a segmentation setting "
-            "that task 'classification' ignores (got 'multilabel'): drop --model.image_labels, or fit with --task "
+            "8): drop --task.output_stride, or fit with --task segmentation; image_labels is a segmentation setting "
+            "that task 'classification' ignores (got 'multilabel'): drop --task.image_labels, or fit with --task "
             "segmentation",
         ),
         (
@@ -1037,10 +1037,19 @@ def test_bad_configuration_values(options: list[str], expected: str, tree: Path,
 def test_segmentation_settings_are_refused_by_every_other_task_and_their_defaults_pass() -> None:
     for task in ("classification", "domain_generalization"):
         with pytest.raises(ValueError, match=rf"output_stride is a segmentation setting that task '{task}' ignores"):
-            FineTuner(backbone="resnet18", task=task, output_stride=8)
-        FineTuner(backbone="resnet18", task=task, output_stride=16, image_labels="majority")  # the defaults
-    model = FineTuner(backbone="resnet18", task="segmentation", output_stride=8, image_labels="multilabel")
+            FineTuner(backbone="resnet18", task=task, task_settings={"output_stride": 8})
+        defaults = {"output_stride": 16, "image_labels": "majority"}
+        assert FineTuner(backbone="resnet18", task=task, task_settings=defaults).task.settings == {}
+    settings = {"output_stride": 8, "image_labels": "multilabel"}
+    model = FineTuner(backbone="resnet18", task="segmentation", task_settings=settings)
     assert (model.task.output_stride, model.task.image_labels) == (8, "multilabel")
+    assert FineTuner(backbone="resnet18", task="segmentation").task.settings == defaults
+    expected = (
+        "invalid model settings: outputstride is not a setting of task 'segmentation' (its settings: output_stride, "
+        "image_labels); output_stride must be 16 or 8 (got 4)"
+    )
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        FineTuner(backbone="resnet18", task="segmentation", task_settings={"output_stride": 4, "outputstride": 8})
 
 
 @pytest.mark.parametrize(

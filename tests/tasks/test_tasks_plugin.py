@@ -147,11 +147,11 @@ def test_task_settings_are_task_options_and_the_model_spelling_is_deprecated(cap
     args = ["--task", "segmentation", "--task.output_stride", "8", "--task.image_labels=multilabel"]
     assert translate_args(args) == [
         "--model.task=segmentation",
-        "--model.output_stride=8",
-        "--model.image_labels=multilabel",
+        "--model.task_settings.output_stride=8",
+        "--model.task_settings.image_labels=multilabel",
     ]
     assert capsys.readouterr().err == ""
-    assert translate_args(["--model.output_stride=8"]) == ["--model.output_stride=8"]
+    assert translate_args(["--model.output_stride", "8"]) == ["--model.task_settings.output_stride=8"]
     assert capsys.readouterr().err == (
         "coretune fit: --model.output_stride is deprecated and will be removed in the next release: use "
         "--task.output_stride (a setting of the segmentation task)\n"

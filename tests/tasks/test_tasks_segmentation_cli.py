@@ -379,3 +379,45 @@ def test_image_label_rule_multilabel_trains(voc_set: Path, tmp_path: Path) -> No
           "--model.image_labels=multilabel", "--trainer.precision=32-true"])  # fmt: skip
     row = read_metrics(run / "metrics.csv")[-1]
     assert float(row["train/con"]) > 0 and "miou" in json.loads((run / "results.json").read_text())["test"]
+
+
+def test_an_older_runs_records_of_the_task_settings_still_load_and_resume(
+    trained: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Older versions recorded the task's settings among the model's (``model.output_stride`` in ``config.yaml``,
+    ``output_stride`` in the checkpoint's hyper-parameters); they are the task's now (``task_settings``, issue 61):
+    such a checkpoint still loads with its settings, and its run still resumes with them (given back as the old
+    ``--config``, or as ``--task.output_stride``), while another stride is refused."""
+    from coretune.engine.runcli import check_resume
+
+    _, run = trained
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["model"]["task_settings"] == {"output_stride": 8}  # --model.output_stride=8 (deprecated spelling)
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    for ckpt in (old / "checkpoints").glob("*.ckpt"):  # each checkpoint written in the old form
+        checkpoint = torch.load(ckpt, weights_only=True)
+        hparams = checkpoint["hyper_parameters"]
+        assert hparams.pop("task_settings") == {"output_stride": 8}
+        hparams.update(output_stride=8, image_labels="majority")
+        torch.save(checkpoint, ckpt)
+    old_config = {**config, "model": {**config["model"], "output_stride": 8, "image_labels": "majority"}}
+    del old_config["model"]["task_settings"]
+    (old / "config.yaml").write_text(yaml.safe_dump(old_config, sort_keys=False))
+
+    model = FineTuner.from_checkpoint(old / "checkpoints" / "last.ckpt")
+    assert (model.task.output_stride, model.task.image_labels) == (8, "majority")
+    assert model.hparams.task_settings == {"output_stride": 8, "image_labels": "majority"}
+
+    resume = {"run_dir": str(old), "ckpt_path": "last"}
+    assert check_resume(resume, {**config, "run_dir": str(old)}) == []
+    given = {**config["model"], "task_settings": {"output_stride": 8, "image_labels": "majority"}}
+    assert check_resume(resume, {**config, "model": given}) == []
+    other = {**config, "model": {**config["model"], "task_settings": {"output_stride": 16}}}
+    with pytest.raises(ValueError, match=r"other settings than these: model\.task_settings\.output_stride 8 → 16\."):
+        check_resume(resume, other)
+    # the whole command: the old config.yaml given back resumes the (finished) run, which is only tested again
+    capsys.readouterr()
+    main(["fit", f"--config={old / 'config.yaml'}", f"--run_dir={old}", *QUIET])
+    assert "deprecated" not in capsys.readouterr().err
+    assert yaml.safe_load((old / "config.yaml").read_text())["model"]["task_settings"]["output_stride"] == 8

@@ -20,6 +20,7 @@ from torch import Tensor
 from ..models import CheckpointError, load_checkpoint_file
 from ..objectives import Objective
 from ..objectives import get as get_objective
+from ..tasks import moved_task_settings
 
 __all__ = ["CheckedCheckpoint", "CheckpointMeta", "check_resumed_model", "split_settings", "written_at"]
 
@@ -198,9 +199,9 @@ def _checked(path: Path, ckpt: Any, model_cls: type) -> CheckedCheckpoint:
     except ValueError as err:
         raise refuse(str(err)) from None
     objective_hparams = settings(objective_cls, meta.get("objective_hparams", {}), "objective settings")
-    hparams = settings(
-        model_cls, ckpt.get("hyper_parameters", {}), "model settings", frozenset({"objective", "weights"})
-    )
+    recorded = ckpt.get("hyper_parameters", {})  # an older version's task settings (output_stride): task_settings
+    recorded = moved_task_settings(recorded) if isinstance(recorded, dict) else recorded
+    hparams = settings(model_cls, recorded, "model settings", frozenset({"objective", "weights"}))
     backbone_args = hparams.get("backbone_args") or {}
     if fetching := sorted(_WEIGHT_FETCHING_OPTIONS & set(backbone_args)):
         raise refuse(

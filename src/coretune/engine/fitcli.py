@@ -29,7 +29,7 @@ from ..models import HUB_PREFIXES, resolve_weights
 from ..robust.training import AdversarialTraining
 from ..runs.config import recorded_task
 from ..runs.layout import RunDir
-from ..tasks import DEFAULT_TASK, TASKS, Task
+from ..tasks import DEFAULT_TASK, TASKS, Task, moved_task_settings
 from .checkpoint_io import with_atomic_io
 from .loggers import LOGGER_ALIAS, expand_config_loggers, logger_args, place_loggers
 from .module import FineTuner
@@ -121,14 +121,19 @@ def _translate_config(path: str) -> tuple[str, str | None, dict[str, Any]]:
     """A ``--config`` value whose ``objective`` names a registered objective (``objective: core`` or
     ``objective: {class_path: ce_con, init_args: {...}}``), rewritten as the YAML text of the same config with the
     class path and the preset's settings (the file's own ``init_args`` win), and so is one whose ``trainer.logger``
-    is a short name (:func:`~coretune.engine.loggers.expand_config_loggers`); other configs pass through. Also
-    returns the class path of the objective it sets (None: it sets none, or is not a readable file) and its
-    ``init_args``."""
+    is a short name (:func:`~coretune.engine.loggers.expand_config_loggers`) or that records a task's setting among
+    the model's as older versions did (``model: {output_stride: 8}``, moved into ``task_settings``:
+    :func:`~coretune.tasks.moved_task_settings`); other configs pass through. Also returns the class path of the
+    objective it sets (None: it sets none, or is not a readable file) and its ``init_args``."""
     file = Path(path)
     if not file.is_file():
         return path, None, {}
     config = yaml.safe_load(file.read_text())
     logged = expand_config_loggers(config, path)
+    if isinstance(config, dict) and isinstance(model := config.get("model"), dict):  # model: {output_stride: 8}
+        moved = moved_task_settings(model)
+        logged |= moved != model
+        config["model"] = moved
     spec = config.get("objective") if isinstance(config, dict) else None
     name = spec if isinstance(spec, str) else spec.get("class_path") if isinstance(spec, dict) else None
     text = yaml.safe_dump(config, sort_keys=False) if logged else path
@@ -189,8 +194,9 @@ def _warn_deprecated_setting(key: str) -> None:
 def translate_args(args: list[str]) -> list[str]:
     """Rewrite the friendly aliases: ``--objective NAME`` (registry names and Table 2 presets, also inside
     ``--config`` files), ``--task NAME``, ``--task.<setting> V`` (a task's own setting, e.g. segmentation's
-    ``--task.output_stride 8``; its older spelling ``--model.<setting>`` still works, with a deprecation line on
-    stderr), ``--seed N``, ``--trainer.logger NAME``
+    ``--task.output_stride 8``: ``--model.task_settings.<setting>``; its older spelling ``--model.<setting>`` still
+    works, with a deprecation line on stderr, and so does a ``--config`` file's ``model: {output_stride: 8}``),
+    ``--seed N``, ``--trainer.logger NAME``
     (:func:`~coretune.engine.loggers.logger_args`; also ``trainer: {logger: NAME}`` inside ``--config`` files)."""
     out: list[str] = []
     objective: str | None = None  # the class path of the objective set so far (a config's, an --objective's)
@@ -218,10 +224,10 @@ def translate_args(args: list[str]) -> list[str]:
         elif key == "--task":
             out.append(f"--model.task={value if eq else next(it, '')}")
         elif key.startswith("--task.") and key[len("--task.") :] in _task_settings():
-            out.append(f"--model.{key[len('--task.') :]}={value if eq else next(it, '')}")
+            out.append(f"--model.task_settings.{key[len('--task.') :]}={value if eq else next(it, '')}")
         elif key.startswith("--model.") and key[len("--model.") :] in _task_settings():
             _warn_deprecated_setting(key[len("--model.") :])
-            out.append(arg)
+            out.append(f"--model.task_settings.{key[len('--model.') :]}={value if eq else next(it, '')}")
         elif key == "--trainer.logger":
             out.extend(logger_args(value if eq else next(it, "")))
         else:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 import torch
@@ -57,21 +57,6 @@ def _train_features(features: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
         ) from None
 
 
-def _foreign_settings(task: str, settings: Mapping[str, Any]) -> list[str]:
-    """One problem per setting that only another task reads, set away from its default: ``task`` would
-    silently ignore it (``output_stride 8`` for classification)."""
-    if task not in TASKS:
-        return []
-    return [
-        f"{key} is a {other.name} setting that task {task!r} ignores (got {settings[key]!r}): drop "
-        f"--model.{key}, or fit with --task {other.name}"
-        for other in TASKS.values()
-        if other.name != task
-        for key, default in other.own_settings.items()
-        if key in settings and key not in TASKS[task].own_settings and settings[key] != default
-    ]
-
-
 class FineTuner(L.LightningModule):
     """A backbone ``G_e`` and an objective (its heads and loss), trained with the paper's optimiser (Appendix C).
 
@@ -104,13 +89,10 @@ class FineTuner(L.LightningModule):
         freeze_backbone: train the heads only (linear probing).
         task: what the data, the network on the backbone and the predictions are: ``classification`` (default)
             or another task of :data:`coretune.tasks.TASKS` (``coretune fit --task NAME``).
-        output_stride: segmentation: input size ÷ the dilated backbone's feature-map size (16 or 8). This and
-            ``image_labels`` are the segmentation task's own settings (``coretune fit --task.output_stride``,
-            ``--task.image_labels``): other tasks refuse them set away from their defaults, which they would
-            silently ignore.
-        image_labels: segmentation with Core-tuning: the rule giving each crop the image-level label its
-            contrastive positives come from, ``majority`` (its most frequent class) or ``multilabel`` (crops
-            sharing any class are positives); see :class:`coretune.tasks.SegmentationTask`.
+        task_settings: the task's own settings (:attr:`~coretune.tasks.Task.own_settings`; ``coretune fit
+            --task.<setting>``), e.g. segmentation's ``{"output_stride": 8, "image_labels": "multilabel"}``; those
+            not given keep the task's defaults. The task checks them
+            (:meth:`~coretune.tasks.Task.settings_problems`): another task's, set away from its default, is refused.
         adversarial: adversarial training (``coretune fit --adversarial.*``, classification): with
             ``enable``, every training batch is extended with its PGD examples against the current model
             (:class:`~coretune.robust.batches.AdversarialBatches`); recorded in checkpoints as
@@ -141,8 +123,7 @@ class FineTuner(L.LightningModule):
         channels_last: bool = True,
         freeze_backbone: bool = False,
         task: str = "classification",
-        output_stride: Literal[16, 8] = 16,
-        image_labels: Literal["majority", "multilabel"] = "majority",
+        task_settings: dict[str, Any] | None = None,
         adversarial: AdversarialTraining | None = None,
     ) -> None:
         super().__init__()
@@ -154,11 +135,12 @@ class FineTuner(L.LightningModule):
         adversarial_on = adversarial is not None and adversarial.enable
         if adversarial_on and task in TASKS and not TASKS[task].supports_adversarial_training:
             problems.append(f"adversarial training works with the classification task only (got task {task!r})")
-        problems += _foreign_settings(task, {"output_stride": output_stride, "image_labels": image_labels})
+        if task in TASKS:
+            problems += TASKS[task].settings_problems(task_settings or {})
         if problems:
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective", "adversarial"])
-        self.task = TASKS[task](self.hparams)
+        self.task = TASKS[task](task_settings)
         self.objective = objective if objective is not None else CETuning()
         if self.objective.registered_name == type(self.objective).name:  # built from its class (the CLI): a preset?
             self.objective.registered_name = preset_name(self.objective)  # --objective ce_con logged as ce_con

@@ -26,6 +26,7 @@ from ..runs.atomic import atomic_write
 from ..runs.claim import fit_claim
 from ..runs.layout import RunDir
 from ..runs.outputs import check_folder_output, data_paths, mark_folder, marked_by_another
+from ..tasks import DEFAULT_TASK, TASKS, moved_task_settings
 
 __all__ = ["RESUMABLE_CHANGES", "RunDirCLI", "check_resume", "check_run_dir", "resolve_run_dir", "setting_changes"]
 
@@ -157,6 +158,22 @@ def _recorded_settings(checkpoint: Any, config_file: Path | None) -> list[Mappin
     return recorded
 
 
+def _with_task_settings(settings: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A run configuration (or a checkpoint's hyper-parameters as ``{"model": …}``) whose ``model`` holds its task
+    settings as coretune records them now, the task's defaults filled in (``model.task_settings``): an older run's
+    ``model.output_stride`` then compares with ``--task.output_stride``, and a setting left at its default with the
+    default given (:func:`~coretune.tasks.moved_task_settings`, :meth:`~coretune.tasks.Task.resolved_settings`)."""
+    model = settings.get("model")
+    owned = {key for task in TASKS.values() for key in task.own_settings} | {"task", "task_settings"}
+    if not isinstance(model, Mapping) or not owned & set(model):
+        return settings  # not a FineTuner's
+    model = moved_task_settings(model)
+    task, given = TASKS.get(str(model.get("task", DEFAULT_TASK))), model.get("task_settings")
+    if task is not None and (given is None or isinstance(given, Mapping)):
+        model["task_settings"] = task.resolved_settings(given)
+    return {**settings, "model": model}
+
+
 def _weights_digests(checkpoint: Any, current: Mapping[str, Any]) -> tuple[str, str | None] | None:
     """The SHA-256 of the file the run started from (its checkpoint's ``coretune.weights_sha256``) and that of the
     file ``--model.weights`` names now (None: no such file), or None when the checkpoint records none."""
@@ -204,7 +221,7 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
     digests = _weights_digests(checkpoint, current)
     same_file = digests is not None and digests[0] == digests[1]  # the very file, perhaps moved: may be renamed
     for settings in _recorded_settings(checkpoint, config_file):
-        may, may_not = setting_changes(settings, current)
+        may, may_not = setting_changes(_with_task_settings(settings), _with_task_settings(current))
         allowed |= dict.fromkeys(may + [c for c in may_not if c.startswith("model.weights ") and same_file])
         refused |= dict.fromkeys(c for c in may_not if not (c.startswith("model.weights ") and same_file))
     epochs = _flat(current).get("trainer.max_epochs")

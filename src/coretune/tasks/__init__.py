@@ -2,7 +2,7 @@
 :mod:`.base`), each registered by name (:func:`register_task`). Classification is the default."""
 
 # registered in this order, the order TASKS lists them in
-from .base import TASKS, Batch, Task, get_task, register_task  # noqa: I001
+from .base import TASKS, Batch, Task, get_task, moved_task_settings, register_task  # noqa: I001
 from .classification import ClassificationTask
 from .segmentation import SegmentationTask
 from .domain_generalization import DomainGeneralizationTask
@@ -16,6 +16,7 @@ __all__ = [
     "SegmentationTask",
     "Task",
     "get_task",
+    "moved_task_settings",
     "register_task",
 ]
 

@@ -6,6 +6,9 @@ A task is one class per module, registered under its name with :func:`register_t
 it once its module is imported). It owns
 
 - its data module (:attr:`Task.data_class`: the ``--data.*`` options of ``coretune fit``/``test``/``validate``);
+- its own settings (:attr:`Task.own_settings`: ``FineTuner(task_settings=...)``, ``coretune fit --task.<setting>``)
+  and their check (:meth:`Task.settings_problems`); :func:`moved_task_settings` reads the older records that kept
+  them among the model's settings;
 - the network it trains: the backbone (:meth:`Task.build_backbone`) and the heads on it (:meth:`Task.build_heads`,
   usually the objective's);
 - how a batch is unpacked (:meth:`Task.unpack` → :class:`Batch`), how the backbone's features are taken
@@ -41,7 +44,7 @@ T = TypeVar("T", bound="Task")
 
 PredictionKind = Literal["classes", "masks"]
 
-__all__ = ["TASKS", "Batch", "Task", "get_task", "register_task"]
+__all__ = ["TASKS", "Batch", "Task", "get_task", "moved_task_settings", "register_task"]
 
 
 @dataclass
@@ -86,8 +89,8 @@ class Task:
     #: Its data module's option that holds out part of the training data as the validation split, never reading the
     #: test split: ``coretune tune`` sets it to its ``--val_fraction``.
     validation_holdout: ClassVar[str] = "val_fraction"
-    #: The :class:`~coretune.engine.FineTuner` settings only this task reads, with their defaults: another task
-    #: refuses them set to anything else (a setting that would silently do nothing).
+    #: The task's own settings with their defaults (``FineTuner(task_settings={...})``, ``coretune fit
+    #: --task.<setting>``): another task refuses them set to anything else (a setting that would silently do nothing).
     own_settings: ClassVar[Mapping[str, Any]] = {}
     #: Whether its validation and test scores need every batch: their loaders read one group (domain) after another,
     #: so ``--trainer.limit_val_batches`` / ``limit_test_batches`` below all of them would leave whole groups out.
@@ -104,12 +107,38 @@ class Task:
     supports_adversarial_training: ClassVar[bool] = False
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
-        """``settings``: the :class:`~coretune.engine.FineTuner` settings (its ``hparams``); a task reads the ones
-        it takes."""
-        self.settings = dict(settings or {})
+        """``settings``: the task's own settings (:attr:`own_settings`; those not given keep their defaults)."""
+        self.settings = self.resolved_settings(settings)
         #: Where the weights under test were written, set by the engine before each test: the checkpoint's ``path``,
         #: ``epoch`` (0-based) and ``step``; empty when they are the model's own weights in memory.
         self.tested_checkpoint: dict[str, Any] = {}
+
+    # -- its settings ---------------------------------------------------------------------------------------
+    @classmethod
+    def resolved_settings(cls, settings: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Its :attr:`own_settings`, those ``settings`` gives replaced (others are left out)."""
+        given = settings or {}
+        return {key: given.get(key, default) for key, default in cls.own_settings.items()}
+
+    @classmethod
+    def settings_problems(cls, settings: Mapping[str, Any]) -> list[str]:
+        """One problem per entry of ``settings`` this task does not take: another task's setting set away from its
+        default (this task would silently ignore it, e.g. ``output_stride 8`` for classification), or no task's.
+        A task with settings of its own extends it with their values' checks."""
+        problems = [
+            f"{key} is a {other.name} setting that task {cls.name!r} ignores (got {settings[key]!r}): drop "
+            f"--task.{key}, or fit with --task {other.name}"
+            for other in TASKS.values()
+            if other.name != cls.name
+            for key, default in other.own_settings.items()
+            if key in settings and key not in cls.own_settings and settings[key] != default
+        ]
+        known = {key for task in TASKS.values() for key in task.own_settings}
+        return problems + [
+            f"{key} is not a setting of task {cls.name!r} (its settings: {', '.join(cls.own_settings) or 'none'})"
+            for key in settings
+            if key not in known
+        ]
 
     # -- the network ----------------------------------------------------------------------------------------
     def build_backbone(self, backbone: str, **options: Any) -> Encoder:
@@ -255,6 +284,28 @@ def register_task(name: str) -> Callable[[type[T]], type[T]]:
         return cls
 
     return wrap
+
+
+def moved_task_settings(model: Mapping[str, Any]) -> dict[str, Any]:
+    """A :class:`~coretune.engine.FineTuner`'s settings (a checkpoint's ``hyper_parameters``, ``config.yaml``'s
+    ``model`` entry) as they are recorded now: each task setting that older versions recorded among them
+    (``output_stride: 8``) moved into ``task_settings`` (whose own entries win). A setting of another task than the
+    recorded ``task`` is dropped at its default (older versions recorded every task's), kept otherwise (the task
+    then refuses it)."""
+    owners = {key: task for task in reversed(TASKS.values()) for key in task.own_settings}
+    old = {key: value for key, value in model.items() if key in owners}
+    if not old:
+        return dict(model)
+    task = TASKS.get(str(model.get("task")))
+    kept = {
+        key: value
+        for key, value in old.items()
+        if (task is not None and key in task.own_settings) or value != owners[key].own_settings[key]
+    }
+    moved = {key: value for key, value in model.items() if key not in owners}
+    if kept or model.get("task_settings"):
+        moved["task_settings"] = {**kept, **(model.get("task_settings") or {})}
+    return moved
 
 
 def get_task(name: str) -> type[Task]:

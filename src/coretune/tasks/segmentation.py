@@ -273,7 +273,9 @@ class SegmentationTask(Task):
     """Semantic segmentation (``--task segmentation``, paper §5.2): DeepLab-V3 on a dilated ResNet.
 
     - Data: :class:`~coretune.data.SegmentationData` (the PASCAL VOC layout); batches ``(images, masks)``.
-    - Network: the backbone's last stages dilated to ``output_stride`` (FineTuner's ``output_stride``, 16 or 8;
+    - Settings (:attr:`own_settings`: ``FineTuner(task_settings={...})``, ``coretune fit --task.<setting>``):
+      ``output_stride`` (16 or 8) and ``image_labels`` (``majority`` or ``multilabel``), below.
+    - Network: the backbone's last stages dilated to the setting ``output_stride`` (16, the paper's, or 8;
       weights through the same loader and load report as classification), torchvision's DeepLab-V3 head (ASPP)
       as the objective's classifier ``G_y``; logits upsampled to the input size.
     - Objectives: ``ce`` (pixel-wise CE), and Core-tuning's class with ``mixing`` ``"hard"`` (``core``) or
@@ -281,8 +283,8 @@ class SegmentationTask(Task):
       :func:`~coretune.objectives.core.dense_contrastive_loss` (the objective's
       :meth:`~coretune.objectives.Objective.dense_loss`) on the pooled last feature map, through the objective's own
       projection head.
-      The positives come from image-level labels, which the paper leaves undefined: FineTuner's ``image_labels``
-      rule, ``majority`` (default: the crop's most frequent non-ignored class, the class that dominates the pooled
+      The positives come from image-level labels, which the paper leaves undefined: the setting ``image_labels``,
+      a rule: ``majority`` (default: the crop's most frequent non-ignored class, the class that dominates the pooled
       feature; :func:`majority_labels`) or ``multilabel`` (crops sharing any class; :func:`multilabel_labels`).
       As the paper's source does for dense prediction, only hard *positive* pairs are generated, and the mixed
       features do not train the classifier (there is no soft-label CE: ``smooth_classifier`` and
@@ -309,8 +311,20 @@ class SegmentationTask(Task):
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__(settings)
-        self.output_stride = int(self.settings.get("output_stride", self.own_settings["output_stride"]))
-        self.image_labels: ImageLabelRule = self.settings.get("image_labels", self.own_settings["image_labels"])
+        self.output_stride = int(self.settings["output_stride"])
+        self.image_labels: ImageLabelRule = self.settings["image_labels"]
+
+    @classmethod
+    def settings_problems(cls, settings: Mapping[str, Any]) -> list[str]:
+        """Also refuse an ``output_stride`` other than 16 or 8 and an ``image_labels`` rule other than ``majority``
+        or ``multilabel``."""
+        problems = super().settings_problems(settings)
+        stride, rule = settings.get("output_stride", 16), settings.get("image_labels", "majority")
+        if isinstance(stride, bool) or stride not in (16, 8):
+            problems.append(f"output_stride must be 16 or 8 (got {stride!r})")
+        if rule not in ("majority", "multilabel"):
+            problems.append(f"image_labels must be majority or multilabel (got {rule!r})")
+        return problems
 
     # -- the network ----------------------------------------------------------------------------------------
     def build_backbone(self, backbone: str, **options: Any) -> Encoder:

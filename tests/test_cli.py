@@ -45,7 +45,11 @@ def test_every_command_help_names_itself(command: list[str], capsys: pytest.Capt
 @pytest.mark.parametrize(
     ("command", "aliases"),
     [
-        ("fit", ["--objective NAME ", "--objective.help NAME ", "--seed N ", "--task NAME ", "--trainer.logger NAME "]),
+        (
+            "fit",
+            ["--objective NAME ", "--objective.help NAME ", "--seed N ", "--task NAME ", "--task.SETTING V ",
+             "--trainer.logger NAME "],
+        ),
         ("pretrain", ["--method NAME ", "--seed N ", "--trainer.logger NAME "]),
     ],
 )

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import lightning as L
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -86,7 +87,6 @@ class BrightnessData(L.LightningDataModule):
         return self._loader("val")
 
 
-@register_task("brightness")
 class BrightnessTask(Task):
     """Dark or bright: the objective's classifier on the backbone's pooled features, scored by accuracy."""
 
@@ -114,7 +114,18 @@ class BrightnessTask(Task):
         return f"accuracy {100 * test['acc']:.2f}%"
 
 
-def test_a_task_registered_by_user_code_fits_tests_and_predicts(tmp_path: Path, capsys: Any) -> None:
+@pytest.fixture
+def brightness() -> Iterator[type[Task]]:
+    """``@register_task("brightness")`` applied by user code for the test, and taken back after it (the other tests
+    list the built-in tasks)."""
+    registered = register_task("brightness")(BrightnessTask)
+    yield registered
+    TASKS.pop("brightness", None)
+
+
+def test_a_task_registered_by_user_code_fits_tests_and_predicts(
+    brightness: type[Task], tmp_path: Path, capsys: Any
+) -> None:
     assert get_task("brightness") is BrightnessTask and list(TASKS)[-1] == "brightness"
     palette = np.array([[30, 30, 30], [225, 225, 225]])
     root = make_image_tree(tmp_path / "data", classes=("a", "b"), per_class=8, val_per_class=4, size=16,

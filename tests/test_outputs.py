@@ -281,3 +281,14 @@ def test_every_command_that_writes_is_in_the_table() -> None:
 
     tabled = {name.split("-")[0] for name in COMMANDS}
     assert set(CLI_COMMANDS) == tabled | set(EXEMPT), "a new command joins COMMANDS (or EXEMPT, with the reason)"
+
+
+def test_a_checkpoint_whose_run_config_is_not_yaml_names_no_training_data(tmp_path: Path) -> None:
+    from coretune.runs.outputs import trained_data_paths
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("data: {root: [unclosed\n")  # a hand edit gone wrong: not YAML
+    assert trained_data_paths(run / "checkpoints" / "best.ckpt") == []
+    (run / "config.yaml").write_text(yaml.safe_dump({"data": {"root": str(tmp_path), "image_size": 16}}))
+    assert trained_data_paths(run / "checkpoints" / "best.ckpt") == [tmp_path]

@@ -25,7 +25,7 @@ from ..models import CheckpointError, UnreadableCheckpointError, load_checkpoint
 from ..runs.atomic import atomic_write
 from ..runs.claim import fit_claim
 from ..runs.layout import RunDir
-from ..runs.outputs import check_folder_output, data_paths, mark_folder, marked_by_another
+from ..runs.outputs import check_folder_output, data_paths, mark_folder
 from ..tasks import DEFAULT_TASK, TASKS, moved_task_settings
 
 __all__ = ["RESUMABLE_CHANGES", "RunDirCLI", "check_resume", "check_run_dir", "resolve_run_dir", "setting_changes"]
@@ -294,17 +294,11 @@ def resolve_run_dir(config: Any, default_name: str) -> None:
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 
-def _made_by_a_run(command: str) -> Callable[[Path], bool]:
-    """Whether a folder without ``coretune <command>``'s marker is a run of it all the same: made before runs were
-    marked (its checkpoints, results, claim, or a sweep's fit arguments), and marked by no other command."""
-
-    def ours(folder: Path) -> bool:
-        if marked_by_another(folder, command):
-            return False  # another command's folder: a pre-training run, a sweep's output, a prediction …
-        run = RunDir(folder)
-        return any(path.exists() for path in (run.checkpoints, run.results, run.claim, run.fit_args))
-
-    return ours
+def _made_by_a_run(folder: Path) -> bool:
+    """Whether a folder without the command's marker is a run all the same: made before runs were marked (its
+    checkpoints, results, claim, or a sweep's fit arguments)."""
+    run = RunDir(folder)
+    return any(path.exists() for path in (run.checkpoints, run.results, run.claim, run.fit_args))
 
 
 def check_run_dir(config: Mapping[str, Any], current: Mapping[str, Any], command: str) -> None:
@@ -319,7 +313,7 @@ def check_run_dir(config: Mapping[str, Any], current: Mapping[str, Any], command
     reads = [(what, path) for what, path in reads if isinstance(path, str)]
     data = data_paths(current.get("data") if isinstance(current.get("data"), Mapping) else None)
     check_folder_output(config["run_dir"], command, option="--run_dir", reads=reads, data=data,
-                        ours=_made_by_a_run(command))  # fmt: skip
+                        ours=_made_by_a_run)  # fmt: skip
 
 
 class SaveConfigOnFitStart(SaveConfigCallback):

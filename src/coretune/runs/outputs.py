@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .layout import RunDir
 
 __all__ = [
@@ -96,7 +98,7 @@ def trained_data_paths(checkpoint: str | os.PathLike[str]) -> list[Path]:
     checkpoint without its run): an export or prediction from it never goes there."""
     try:
         config = RunDir.of_checkpoint(checkpoint).read_config()
-    except (OSError, ValueError):  # unreadable or not YAML: nothing known
+    except (OSError, ValueError, yaml.YAMLError):  # unreadable or not YAML: nothing known
         return []
     return data_paths(config.get("data") if isinstance(config, Mapping) else None)
 
@@ -220,8 +222,8 @@ def check_folder_output(
     ours: Callable[[Path], bool] = lambda _: False,
 ) -> Path:
     """Check the folder ``coretune <command>`` is to fill at ``path``: new, empty, or one it made before (its
-    marker, :func:`mark_folder`, or ``ours``: a layout it recognises); never an input or inside data it reads, and
-    writable. Return it.
+    marker, :func:`mark_folder`, or ``ours``: a layout it recognises, in a folder no other command marked); never an
+    input or inside data it reads, and writable. Return it.
 
     Raises:
         ValueError: one line naming ``path`` and the fix.
@@ -231,7 +233,8 @@ def check_folder_output(
     real = _real(target)
     if real.exists() and not real.is_dir():
         raise ValueError(f"{option} {given} is a file: coretune {command} fills a folder; pass a folder's path")
-    if real.is_dir() and any(real.iterdir()) and not (is_marked(real, command) or ours(real)):
+    made = is_marked(real, command) or (not marked_by_another(real, command) and ours(real))
+    if real.is_dir() and any(real.iterdir()) and not made:
         raise ValueError(
             f"{option} {given} holds files coretune {command} did not make (it has no {marker(real, command).name}), "
             f"which it could replace: pass a new or empty folder as {option}"

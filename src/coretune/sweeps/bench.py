@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runs.layout import RunDir
-from ..runs.outputs import check_folder_output, marked_by_another
+from ..runs.outputs import check_folder_output
 from .export import export_records
 from .launch import SweepInterrupted, run_sweep
 from .report import write_summary
@@ -104,10 +104,7 @@ def _parser() -> Any:
 
 def holds_runs(folder: Path) -> bool:
     """Whether ``folder`` is a sweep's output (or records exported from one) made before sweeps marked their
-    folders: its run directories (``<dataset>/<objective>/frac<f>/seed<k>``) or its summary, and no other command's
-    marker."""
-    if marked_by_another(folder, "bench"):
-        return False
+    folders: its run directories (``<dataset>/<objective>/frac<f>/seed<k>``) or its summary."""
     return any(folder.glob("summary.*")) or any(path.is_dir() for path in folder.glob("*/*/frac*/seed*"))
 
 

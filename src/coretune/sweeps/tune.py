@@ -49,7 +49,7 @@ import yaml
 from ..runs.atomic import atomic_write
 from ..runs.claim import RunInUse
 from ..runs.layout import RunDir
-from ..runs.outputs import check_folder_output, mark_folder, marked_by_another
+from ..runs.outputs import check_folder_output, mark_folder
 from ..tasks import DEFAULT_TASK, TASKS, Task
 from .job import FitArgs, FitJob, FitOption
 from .launch import SweepInterrupted, catch_stop_signals, launch_fit
@@ -454,9 +454,7 @@ def _parser() -> Any:
 
 def _holds_a_study(folder: Path) -> bool:
     """Whether ``folder`` is a ``coretune tune`` output made before it marked its folders (its study, trials or
-    results), and no other command's."""
-    if marked_by_another(folder, "tune"):
-        return False
+    results)."""
     return any((folder / name).exists() for name in ("study.db", "trials", "trials.csv", "best.yaml"))
 
 

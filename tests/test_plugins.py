@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from coretune.cli import main
+from coretune.engine import FineTuner
 from coretune.models import checkpoints as layouts_registry
 from coretune.models import create_backbone
 from coretune.models.checkpoints import Extraction, extract_prefixed, register_layout
@@ -55,6 +56,12 @@ def test_an_objective_registered_in_user_code_trains_through_the_cli(
     results = json.loads((run / "results.json").read_text())
     assert results["test"]["top1"] is not None
     assert "smoothing: 0.2" in (run / "config.yaml").read_text()
+    # the user's class, with the command line's setting, is what trained and what the checkpoint rebuilds
+    model = FineTuner.from_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert type(model.objective) is SmoothedCE and model.objective.smoothing == 0.2
+    features, labels = torch.randn(5, model.backbone.feature_dim), torch.tensor([0, 1, 2, 0, 1])
+    expected = F.cross_entropy(model.objective.classifier(features), labels, label_smoothing=0.2)
+    assert torch.allclose(model.objective(features, labels).loss, expected)
 
 
 def test_a_checkpoint_layout_registered_in_user_code_loads_weights(restored_registries: None, tmp_path: Path) -> None:

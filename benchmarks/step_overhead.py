@@ -19,6 +19,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from coretune.data import IMAGENET_MEAN, IMAGENET_STD, TaskDataDefaults
 from coretune.engine import FineTuner
 from coretune.objectives import create
 
@@ -35,10 +36,12 @@ class StepTimer(L.Callback):
         self.starts.append(time.perf_counter())
 
 
-class _Data(L.LightningDataModule):
+class _Data(TaskDataDefaults, L.LightningDataModule):
     def __init__(self, loader: DataLoader) -> None:
         super().__init__()
         self.loader, self.num_classes, self.class_names = loader, 10, [str(i) for i in range(10)]
+        self.image_size, self.batch_size = loader.dataset.tensors[0].shape[-1], loader.batch_size
+        self.mean, self.std = IMAGENET_MEAN, IMAGENET_STD
 
     def train_dataloader(self) -> DataLoader:
         return self.loader

@@ -17,8 +17,13 @@ from coretune.data import (
     ImageDataModule,
     SegmentationData,
     TaskData,
+    TaskDataDefaults,
+    missing_task_data,
+    require_task_data,
 )
 from coretune.data.base import option_docs
+from coretune.data.taskdata import TASK_DATA_MEMBERS
+from coretune.tasks import TASKS
 from domain_trees import make_domain_tree
 from image_trees import make_image_tree
 from segmentation_sets import make_voc_set
@@ -46,6 +51,58 @@ def test_every_data_module_is_task_data_and_an_image_data_module(tmp_path: Path)
         assert isinstance(data.separate_validation(), bool) and data.validates_on_test in (True, False)
         assert {"seed"} <= set(type(data).split_settings) <= set(inspect.signature(type(data)).parameters)
     assert not isinstance(object(), TaskData)
+
+
+def test_each_registered_tasks_data_class_implements_task_data(tmp_path: Path) -> None:
+    # every member the engine, the tasks and the applications read, declared once (the protocol's)
+    assert set(TASK_DATA_MEMBERS) == {
+        "split_settings", "makes_views", "image_size", "batch_size", "mean", "std", "validates_on_test",
+        "train_views", "steps_per_epoch", "train_dataset", "val_dataset", "test_dataset", "num_classes",
+        "class_names", "setup", "train_dataloader", "val_dataloader", "test_dataloader", "check_folders",
+        "separate_validation", "test_files_in_training", "val_files_in_training", "require_test_split",
+    }  # fmt: skip
+    modules = {type(data): data for data in each_data_module(tmp_path)}
+    for name, task in TASKS.items():
+        data = modules[task.data_class]
+        assert missing_task_data(data) == [], name  # before setup, reading no image
+        assert require_task_data(data) is data
+        assert (data.train_dataset, data.val_dataset, data.test_dataset) == (None, None, None)  # not set up yet
+        data.setup()
+        assert isinstance(data, TaskData), name
+        assert all(hasattr(data, member) for member in TASK_DATA_MEMBERS)
+        assert data.train_views == 1 and data.makes_views == (name != "segmentation")
+        assert data.steps_per_epoch == (2 if name == "domain_generalization" else None)
+        assert data.test_files_in_training() == data.val_files_in_training() == []
+        assert data.require_test_split("unused") is None and len(data.train_dataset) > 0
+
+
+class _Plain:
+    """A data module of a user's own that implements too little of TaskData."""
+
+    num_classes, class_names, image_size, batch_size = 2, ["a", "b"], 16, 4
+
+
+class _WithDefaults(TaskDataDefaults, _Plain):
+    mean = std = (0.5, 0.5, 0.5)
+
+
+def test_a_data_module_missing_members_gets_one_error_naming_them_and_the_fix() -> None:
+    with pytest.raises(DataError) as caught:
+        require_task_data(_Plain())
+    assert str(caught.value) == (
+        "the data module must implement coretune.data.TaskData: _Plain lacks split_settings, makes_views, mean, "
+        "std, validates_on_test, train_views, steps_per_epoch, train_dataset, val_dataset, test_dataset, setup, "
+        "train_dataloader, val_dataloader, test_dataloader, check_folders, separate_validation, "
+        "test_files_in_training, val_files_in_training, require_test_split; subclass coretune.data.ImageDataModule, "
+        "or list coretune.data.TaskDataDefaults among its bases for the optional ones and define the rest"
+    )
+    with pytest.raises(DataError, match=r": _WithDefaults lacks setup, train_dataloader, val_dataloader, test_data"):
+        require_task_data(_WithDefaults())  # the defaults leave the loaders (and setup, a LightningDataModule's)
+    data = _WithDefaults()
+    data.setup = data.train_dataloader = data.val_dataloader = data.test_dataloader = lambda: None
+    assert require_task_data(data) is data
+    assert (data.train_views, data.steps_per_epoch, data.split_settings, data.makes_views) == (1, None, (), False)
+    assert data.separate_validation() and data.check_folders() is None and data.test_files_in_training() == []
 
 
 @pytest.mark.parametrize("cls", DATA_CLASSES)

@@ -23,6 +23,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from torchvision.transforms import v2
 
 from coretune.cli import main
+from coretune.data import TaskDataDefaults
 from coretune.tasks import TASKS, Task, get_task, register_task
 from fit_flags import QUIET
 from image_trees import make_image_tree
@@ -45,9 +46,10 @@ class _Brightness(Dataset):
         return self.transform(image), int(np.asarray(image).mean() > 127.5)
 
 
-class BrightnessData(L.LightningDataModule):
+class BrightnessData(TaskDataDefaults, L.LightningDataModule):
     """``root/{train,val}/**/*.png`` labelled dark or bright by their pixels (the folders' names play no part);
-    validation and test read ``val/``."""
+    validation and test read ``val/``. It implements :class:`coretune.data.TaskData` with the defaults of its
+    optional members (:class:`~coretune.data.TaskDataDefaults`): no split settings, one view, no folder check."""
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from coretune.cli import main
+from coretune.data import TaskDataDefaults
 from coretune.engine import FineTuner, make_trainer
 from coretune.engine.fitcli import task_of_args
 from coretune.objectives import CETuning, ObjectiveOutput
@@ -20,10 +21,11 @@ from coretune.tasks import TASKS, Batch, ClassificationTask, get_task
 from fit_flags import QUIET, TINY_FIT
 
 
-class _DomainData(L.LightningDataModule):
+class _DomainData(TaskDataDefaults, L.LightningDataModule):
     """Random 16 px images, 3 classes, a domain label per image: batches ``(x, y, d)``."""
 
-    num_classes, class_names, image_size = 3, ["a", "b", "c"], 16
+    num_classes, class_names, image_size, batch_size = 3, ["a", "b", "c"], 16, 4
+    mean = std = (0.5, 0.5, 0.5)
 
     def _loader(self) -> DataLoader:
         g = torch.Generator().manual_seed(0)

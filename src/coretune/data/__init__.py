@@ -2,7 +2,7 @@
 a shared base, :class:`ImageDataModule`, and the :class:`TaskData` protocol the engine reads them through), their
 datasets, transforms and splits."""
 
-from .base import ImageDataModule, TaskData
+from .base import ImageDataModule
 from .classification import ImageClassificationData
 from .datasets import ImageFileDataset, LabeledImageDataset, load_cifar
 from .domains import DomainGeneralizationData
@@ -27,6 +27,7 @@ from .segmentation import (
     segmentation_train_transform,
 )
 from .splits import stratified_split, stratified_subset
+from .taskdata import TASK_DATA_MEMBERS, TaskData, TaskDataDefaults, missing_task_data, require_task_data
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "IMAGE_EXTENSIONS",
+    "TASK_DATA_MEMBERS",
     "DataError",
     "DomainGeneralizationData",
     "ImageClassificationData",
@@ -45,15 +47,18 @@ __all__ = [
     "SegmentationDataset",
     "SkippedImagesWarning",
     "TaskData",
+    "TaskDataDefaults",
     "check_shareable",
     "eval_transform",
     "find_bad_images",
     "list_image_files",
     "load_cifar",
     "load_rgb",
+    "missing_task_data",
     "pad_collate",
     "read_class_names",
     "read_mask",
+    "require_task_data",
     "segmentation_eval_transform",
     "segmentation_train_transform",
     "stratified_split",

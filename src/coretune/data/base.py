@@ -1,6 +1,6 @@
 """What every data module shares: :class:`ImageDataModule`, the base class holding the options all tasks' data take
-(their checks and help lines declared once here), and :class:`TaskData`, the protocol naming what the engine and the
-tasks read from a data module.
+(their checks and help lines declared once here) and the defaults of :class:`~coretune.data.taskdata.TaskData`, the
+protocol naming what the engine and the tasks read from a data module (re-exported here).
 
 A task's data module (classification, segmentation, domain generalization) subclasses :class:`ImageDataModule`,
 lists every option in its own ``__init__`` signature (jsonargparse builds the ``--data.*`` options from it), adds
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Protocol, get_args, runtime_checkable
+from typing import Any, ClassVar, get_args
 
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from .datasets import OnBadImage
 from .errors import DataError
 from .samplers import eval_loader, loader_options
+from .taskdata import TaskData, TaskDataDefaults
 from .transforms import normalisation_problems
 
 __all__ = [
@@ -85,7 +86,7 @@ def check_options(options: Mapping[str, Any], checks: Sequence[OptionCheck | str
         raise DataError(f"invalid data option(s): {'; '.join(problems)} — set valid values (--data.<option>)")
 
 
-class ImageDataModule(L.LightningDataModule):
+class ImageDataModule(TaskDataDefaults, L.LightningDataModule):
     """The options, checks and evaluation loaders every task's data module shares (subclassed, not used alone).
 
     A subclass's ``__init__`` lists every option (jsonargparse reads the signature), passes them all by name to
@@ -145,7 +146,7 @@ class ImageDataModule(L.LightningDataModule):
         self.label_fraction, self.seed = label_fraction, seed
         self.mean, self.std, self.hflip = tuple(mean), tuple(std), hflip
         self.on_bad_image, self.pin_memory = on_bad_image, pin_memory
-        self.validates_on_test = False
+        self.validates_on_test, self.train_views = False, 1
         self.train_dataset: Any = None
         self.val_dataset: Any = None
         self.test_dataset: Any = None
@@ -214,68 +215,3 @@ def option_docs(doc: str) -> dict[str, str]:
         elif line.strip():
             break  # the next section
     return {name: "\n".join(entry) for name, entry in entries.items()}
-
-
-@runtime_checkable
-class TaskData(Protocol):
-    """What the engine (``FineTuner``, its callbacks and preflight), the tasks and the applications read from a
-    data module: coretune's three data modules satisfy it (``isinstance(data, TaskData)``; on Python < 3.12 that
-    reads ``num_classes``, which sets the data module up).
-
-    Optional, probed with ``getattr``/``hasattr`` where a data module has them: ``train_views`` (the number of
-    augmented views per training image, set from the objective), ``test_files_in_training`` and
-    ``val_files_in_training`` (evaluation images the training split reads too), ``steps_per_epoch`` (fixed-length
-    epochs), ``ignore_index`` (segmentation), ``val_groups``/``test_groups``/``selection`` (domain
-    generalization), ``has_test_split``/``require_test_split``/``tests_on_training_folder``/``train_as_evaluated``
-    (``coretune eval``) and ``test_transform`` (``coretune predict``, a static method of the data class).
-    """
-
-    #: Options that drew the run's splits, kept in the checkpoint (``FineTuner.trained_data``).
-    split_settings: ClassVar[tuple[str, ...]]
-    #: Side of the square network input in pixels (the model summary's example input, the checkpoint's data).
-    image_size: int
-    #: Training batch size (memory and batch-size checks).
-    batch_size: int
-    #: The normalisation of the images (the checkpoint's data, adversarial training, figures).
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    #: Whether validation reads the test split's images (set at ``setup``; recorded in the results).
-    validates_on_test: bool
-    #: The splits after ``setup`` (None: no such split).
-    train_dataset: Any
-    val_dataset: Any
-    test_dataset: Any
-
-    @property
-    def num_classes(self) -> int:
-        """Number of classes (sets the data module up when read before ``setup``)."""
-        ...
-
-    @property
-    def class_names(self) -> list[str]:
-        """Class names in label order."""
-        ...
-
-    def setup(self, stage: str | None = None) -> None:
-        """Read the splits (once)."""
-        ...
-
-    def train_dataloader(self) -> Any:
-        """The training batches."""
-        ...
-
-    def val_dataloader(self) -> Any:
-        """The validation batches."""
-        ...
-
-    def test_dataloader(self) -> Any:
-        """The test batches."""
-        ...
-
-    def check_folders(self) -> None:
-        """Check, reading no image, that the data folders exist (``bench``, ``tune``, ``fit`` before any run)."""
-        ...
-
-    def separate_validation(self) -> bool:
-        """Whether validation reads other images than the test split, reading no image (``tune``, ``bench``)."""
-        ...

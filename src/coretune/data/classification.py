@@ -86,6 +86,8 @@ class ImageClassificationData(ImageDataModule):
     #: Options that drew the run's splits (the label subset and the validation split carved from it, and their seed).
     #: A checkpoint keeps them; ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
     split_settings: ClassVar[tuple[str, ...]] = ("seed", "label_fraction", "val_fraction")
+    #: ``train_views`` > 1 makes batches of independently augmented views (``((view_1, view_2), labels, ...)``).
+    makes_views: ClassVar[bool] = True
     option_checks = (
         rule("dataset", lambda v: v in get_args(DatasetName), f"one of {list(get_args(DatasetName))}", quote=True),
         "on_bad_image", "image_size", "batch_size", "eval_batch_size", "num_workers", label_fraction_rule("label"),
@@ -125,7 +127,6 @@ class ImageClassificationData(ImageDataModule):
         self.crop_scale = (float(crop_scale[0]), float(crop_scale[1]))
         self.train_transform = train_transform(image_size, self.mean, self.std, rotation, self.crop_scale, hflip)
         self.eval_transform, self.eval_draft = self.test_transform(image_size, self.mean, self.std)
-        self.train_views = 1
         self.train_dataset: LabeledImageDataset | None = None
         self.val_dataset: LabeledImageDataset | None = None
         self.test_dataset: LabeledImageDataset | None = None

@@ -276,6 +276,8 @@ class DomainGeneralizationData(ImageDataModule):
     #: Options that drew the run's splits and chose its checkpoint (each domain's in/out parts, the rule). A
     #: checkpoint keeps them; ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
     split_settings: ClassVar[tuple[str, ...]] = ("seed", "test_domains", "holdout_fraction", "selection")
+    #: ``train_views`` > 1 makes batches of independently augmented views (``((view_1, view_2), labels, ...)``).
+    makes_views: ClassVar[bool] = True
     option_checks = (
         "on_bad_image",
         rule("selection", lambda v: v in SELECTIONS, f"one of {list(SELECTIONS)}", quote=True),
@@ -320,7 +322,7 @@ class DomainGeneralizationData(ImageDataModule):
             grayscale=grayscale,
         )  # fmt: skip
         self.eval_transform, self.eval_draft = self.test_transform(image_size, self.mean, self.std)
-        self.train_views = 1  # validates_on_test stays False: model selection never reads the unseen domains' images
+        # validates_on_test stays False: model selection never reads the unseen domains' images
         self.split: DomainSplit | None = None
         self.train_dataset: GroupedItems | None = None
         self.val_dataset: GroupedItems | None = None

@@ -12,18 +12,19 @@ import time
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from ..data import TaskData
 from ..models import weights_digest
 from ..runs.atomic import atomic_write, strict_json
 from ..runs.layout import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task
-from .module import NonFiniteLossError
+from .module import FineTuner, NonFiniteLossError
 
 __all__ = [
     "ChanceLevelGuard",
@@ -35,6 +36,15 @@ __all__ = [
     "task_of",
     "update_results",
 ]
+
+
+def _validated_on_test(trainer: L.Trainer, pl_module: L.LightningModule) -> bool | None:
+    """Whether a fine-tuning's validation read the test images (its data module's ``validates_on_test``, a
+    :class:`~coretune.data.TaskData` that ``FineTuner.setup`` checked); None without a data module and for
+    pre-training, which does not validate."""
+    if not isinstance(pl_module, FineTuner) or trainer.datamodule is None:
+        return None
+    return cast(TaskData, trainer.datamodule).validates_on_test
 
 
 def task_of(pl_module: L.LightningModule) -> type[Task] | Task:
@@ -287,7 +297,7 @@ class RunArtifacts(L.Callback):
             epochs=trainer.current_epoch,
             **{f"best_val_{task.monitor}": best_score},
             best_checkpoint=str(best.best_model_path) if best and best.best_model_path else None,
-            validated_on_test_images=getattr(trainer.datamodule, "validates_on_test", None),
+            validated_on_test_images=_validated_on_test(trainer, pl_module),
             # a fine-tuning's pre-trained file (None: a random initialisation); pre-training records none
             **({"weights_sha256": pl_module.weights_sha256} if hasattr(pl_module, "weights_sha256") else {}),
             provenance=provenance(),

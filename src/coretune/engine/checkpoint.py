@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..data import TaskData
 from ..models import CheckpointError, load_checkpoint_file
 from ..objectives import Objective
 from ..objectives import get as get_objective
@@ -24,8 +25,12 @@ from ..tasks import moved_task_settings
 
 __all__ = ["CheckedCheckpoint", "CheckpointMeta", "check_resumed_model", "split_settings", "written_at"]
 
-DATA_SETTINGS = ("image_size", "mean", "std")
-"""The data module's attributes a checkpoint keeps (``coretune.data``): what the model is evaluated with."""
+
+def data_settings(datamodule: TaskData) -> dict[str, Any]:
+    """The data module's settings a checkpoint keeps (``coretune.data``): what the model is evaluated with, its
+    ``image_size``, ``mean`` and ``std``."""
+    return {"image_size": datamodule.image_size, "mean": datamodule.mean, "std": datamodule.std}
+
 
 # Backbone options that would fetch pre-trained weights (torchvision, timm): coretune never downloads, and a
 # crafted checkpoint must not make it.
@@ -63,10 +68,10 @@ class CheckpointMeta:
     @classmethod
     def of(cls, model: Any) -> CheckpointMeta:
         """The entry of ``model`` (a FineTuner), with its trainer's data module's settings when it has one."""
-        datamodule = getattr(model._trainer, "datamodule", None) if model._trainer is not None else None
+        datamodule = model._trainer.datamodule if model._trainer is not None else None
         return cls(
             task=model.task.name,
-            data={k: getattr(datamodule, k) for k in DATA_SETTINGS if hasattr(datamodule, k)},
+            data={} if datamodule is None else data_settings(datamodule),
             objective=model.objective.registered_name,
             objective_class=_class_path(model.objective),
             objective_hparams=model.objective.hparams(),
@@ -272,7 +277,7 @@ def split_settings(ckpt: Mapping[str, Any], task: Any) -> dict[str, Any]:
     held-out fraction and selection rule), as Lightning saved the data module's arguments with the checkpoint
     (``datamodule_hyper_parameters``); empty without them."""
     saved = ckpt.get("datamodule_hyper_parameters")
-    names = getattr(task.data_class, "split_settings", ())
+    names = task.data_class.split_settings
     return {k: saved[k] for k in names if k in saved} if isinstance(saved, Mapping) else {}
 
 

@@ -19,12 +19,13 @@ import pydoc
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import yaml
 
 from .. import objectives
 from ..arguments import one_line
+from ..data import TaskData, require_task_data
 from ..models import HUB_PREFIXES, resolve_weights
 from ..robust.training import AdversarialTraining
 from ..runs.config import recorded_task
@@ -288,10 +289,9 @@ class FitCLI(RunDirCLI):
         place_loggers(config, resuming=config.get("ckpt_path") is not None)
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
-        """The Trainer, once the data folders are known to exist (a wrong path is then the only line a user sees,
-        not after Lightning's accelerator report)."""
-        if callable(check := getattr(self.datamodule, "check_folders", None)):  # coretune's data modules have it
-            check()
+        """The Trainer, once the data module is known to be a :class:`~coretune.data.TaskData` and its folders to
+        exist (a wrong path is then the only line a user sees, not after Lightning's accelerator report)."""
+        require_task_data(self.datamodule).check_folders()
         trainer = self._get(self.config_init, "trainer", default={})
         show_progress = trainer.get("enable_progress_bar") is not False
         own = trainer.get("callbacks") or []  # --trainer.callbacks: a ChanceLevelGuard there replaces the default
@@ -321,11 +321,10 @@ class FitCLI(RunDirCLI):
             )
         if tests_best and self._get(self.config, "ckpt_path") is None:
             check_validates_before_max_steps(self.trainer, self.datamodule, hint, _BEST)
-        if callable(require := getattr(self.datamodule, "require_test_split", None)):
-            require(
-                "no images to test on: --data.val_fraction holds out part of train/ for validation, and coretune "
-                "fit ends by scoring a test split,"
-            )
+        cast(TaskData, self.datamodule).require_test_split(  # a TaskData: instantiate_trainer checked it
+            "no images to test on: --data.val_fraction holds out part of train/ for validation, and coretune "
+            "fit ends by scoring a test split,"
+        )
 
     def after_fit(self) -> None:
         if self.trainer.interrupted:

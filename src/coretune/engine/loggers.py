@@ -264,7 +264,7 @@ def _mlflow_run(uri: str, experiment_name: str, run_dir: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
-def run_settings(model: L.LightningModule, datamodule: Any = None) -> dict[str, Any]:
+def run_settings(model: L.LightningModule, datamodule: L.LightningDataModule | None = None) -> dict[str, Any]:
     """What a run's loggers record as its parameters: ``objective`` (its registered name) and ``objective.<x>``
     (η, α, …) or a pre-training run's ``method``, ``seed``, ``model.<x>`` and ``data.<x>`` (label fraction, image
     size, …), without the settings a resume may change (:data:`~coretune.engine.RESUMABLE_CHANGES`), so a resumed
@@ -276,7 +276,7 @@ def run_settings(model: L.LightningModule, datamodule: Any = None) -> dict[str, 
         settings["objective"] = objective.registered_name
         settings |= {f"objective.{k}": v for k, v in objective.hparams().items()}
     settings |= {f"model.{k}": v for k, v in model.hparams.items()}
-    settings |= {f"data.{k}": v for k, v in getattr(datamodule, "hparams", {}).items()}
+    settings |= {f"data.{k}": v for k, v in (datamodule.hparams if datamodule is not None else {}).items()}
     return {k: v for k, v in settings.items() if k not in RESUMABLE_CHANGES and not k.split(".")[-1].startswith("_")}
 
 

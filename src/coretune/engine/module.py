@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from ..data import require_task_data
 from ..distributed import rank, ranks_where, scale_grad, world_size
 from ..models import weights_digest
 from ..objectives import CETuning, Objective, preset_name
@@ -35,11 +36,10 @@ def _split_views(x: Tensor | list[Tensor] | tuple[Tensor, ...]) -> tuple[Tensor,
     return (x[0], x[1]) if isinstance(x, (list, tuple)) else (x, x)
 
 
-def example_image(datamodule: Any) -> Tensor | None:
-    """One zero image at ``datamodule.image_size`` (``None`` without one): the model summary's example input, so it
-    shows FLOPs and layer sizes per image."""
-    size = getattr(datamodule, "image_size", None)
-    return torch.zeros(1, 3, size, size) if isinstance(size, int) else None
+def example_image(image_size: int | None) -> Tensor | None:
+    """One zero image of side ``image_size`` (the data module's; ``None``: no data module, no image): the model
+    summary's example input, so it shows FLOPs and layer sizes per image."""
+    return torch.zeros(1, 3, image_size, image_size) if isinstance(image_size, int) else None
 
 
 def _train_features(features: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
@@ -185,14 +185,18 @@ class FineTuner(L.LightningModule):
         self.test_metrics = self.task.test_metrics(num_classes)
 
     def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None)
+        """Build the heads for the data module's classes, check it (:func:`require_task_data`, then
+        :func:`~.datachecks.check_data`) and hand the objective the backbone before a fit. Without a data module
+        (loaders given to ``Trainer.fit``) the model must be built (:meth:`build`) before."""
+        given = self.trainer.datamodule
+        datamodule = None if given is None else require_task_data(given)
         if not hasattr(self, "train_metrics"):
-            if datamodule is None or getattr(datamodule, "num_classes", None) is None:
-                raise RuntimeError("FineTuner needs a datamodule with num_classes (or call .build(num_classes))")
-            self.build(datamodule.num_classes, getattr(datamodule, "class_names", None))
-        elif datamodule is not None and getattr(datamodule, "num_classes", None) not in (None, self.num_classes):
-            self.build(datamodule.num_classes, getattr(datamodule, "class_names", None))
-        if (example := example_image(datamodule)) is not None:
+            if datamodule is None:
+                raise RuntimeError("FineTuner needs a datamodule (or call .build(num_classes) before fit)")
+            self.build(datamodule.num_classes, datamodule.class_names)
+        elif datamodule is not None and datamodule.num_classes != self.num_classes:
+            self.build(datamodule.num_classes, datamodule.class_names)
+        if (example := example_image(None if datamodule is None else datamodule.image_size)) is not None:
             self.example_input_array = example
         check_data(self, datamodule, stage)
         if stage == "fit":

@@ -1,7 +1,8 @@
 """Checks a run makes before its first optimiser step, so that a run that cannot train, or cannot learn, is refused
 with one line instead of ending in a result of an untrained model: a training length of nothing or of no end
 (:func:`training_length_problems`), a fit whose steps end before the validation that chooses its tested checkpoint
-(:func:`check_validates_before_max_steps`), and a split whose images are all one colour (:func:`check_images_vary`).
+(:func:`check_validates_before_max_steps`), and a training split whose images are all one colour
+(:func:`check_images_vary`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 from torch import Tensor
 from torch.utils.data import TensorDataset
 
-from ..data import ImageFileDataset, LabeledImageDataset, SegmentationDataset, load_rgb
+from ..data import ImageFileDataset, LabeledImageDataset, SegmentationDataset, TaskData, load_rgb
 from .optim import unbounded_schedule_problem
 
 __all__ = [
@@ -56,15 +57,15 @@ def training_length_problems(trainer: Mapping[str, Any], schedule: str | None = 
 
 
 # -- validation before the last step --------------------------------------------------------------------------
-def steps_before_first_validation(trainer: Any, datamodule: Any) -> int | None:
+def steps_before_first_validation(trainer: Any, datamodule: TaskData) -> int | None:
     """The optimiser steps a fit of ``trainer`` takes before its first validation, from the data module's training
     batches per epoch (its ``steps_per_epoch`` when it has one, else its training loader's length); None when it
     cannot tell (an iterable loader) or does not validate by batches and epochs."""
-    batches = getattr(datamodule, "steps_per_epoch", None)
+    batches = datamodule.steps_per_epoch
     if not isinstance(batches, int):
         try:
             batches = len(datamodule.train_dataloader())
-        except (TypeError, AttributeError, NotImplementedError):
+        except (TypeError, NotImplementedError):  # an iterable dataset
             return None
     limit = trainer.limit_train_batches
     batches = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
@@ -78,7 +79,7 @@ def steps_before_first_validation(trainer: Any, datamodule: Any) -> int | None:
     return (every - 1) * per_epoch + math.ceil(min(interval, batches) / accumulate)
 
 
-def check_validates_before_max_steps(trainer: Any, datamodule: Any, selection_hint: str, best: str) -> None:
+def check_validates_before_max_steps(trainer: Any, datamodule: TaskData, selection_hint: str, best: str) -> None:
     """Refuse, before training, a fit that tests the checkpoint validation chooses (``best``, by ``selection_hint``)
     but whose ``--trainer.max_steps`` ends it before its first validation: no validation would ever choose it (the
     fit trained, then failed looking for it).
@@ -137,33 +138,24 @@ def single_colour(dataset: Any) -> tuple[int, ...] | None:
     return None if colour is None else tuple(int(v) for v in colour)
 
 
-_SPLITS = (("training", "train_dataset"), ("validation", "val_dataset"), ("test", "test_dataset"))
-
-
-def check_images_vary(datamodule: Any, splits: tuple[str, ...] = ("training",)) -> None:
-    """Refuse, before training, a split (of ``splits``: default the training split) whose images are all one
-    colour: its normalisation statistics are degenerate (pixel standard deviation 0), so a model learns nothing
-    from it (a fit on it ended at chance with no warning, or with the chance guard blaming the learning rate). A
-    blank validation or test split is not refused: identical images legitimately get one prediction.
+def check_images_vary(train_dataset: Any) -> None:
+    """Refuse, before training, a training split (``train_dataset``, a data module's; None: none yet) whose images
+    are all one colour: its normalisation statistics are degenerate (pixel standard deviation 0), so a model learns
+    nothing from it (a fit on it ended at chance with no warning, or with the chance guard blaming the learning
+    rate). A blank validation or test split is not refused: identical images legitimately get one prediction.
 
     Raises:
         ValueError: naming the split, its images' colour and the statistic.
     """
-    seen: set[int] = set()
-    for split, name in _SPLITS:
-        dataset = getattr(datamodule, name, None)
-        if split not in splits or dataset is None or id(dataset) in seen:
-            continue
-        seen.add(id(dataset))
-        if (colour := single_colour(dataset)) is None:
-            continue
-        files = _files(dataset)
-        where = f" under {os.path.commonpath([os.path.dirname(f) for f in files])}" if files else ""
-        raise ValueError(
-            f"the {len(dataset)} images of the {split} split{where} are all one colour, {_colour(colour)}: their "
-            "pixel standard deviation is 0, so they hold no signal to learn from: check that the files "
-            "were written right (not blank), or point --data.root at the real images"
-        )
+    if train_dataset is None or (colour := single_colour(train_dataset)) is None:
+        return
+    files = _files(train_dataset)
+    where = f" under {os.path.commonpath([os.path.dirname(f) for f in files])}" if files else ""
+    raise ValueError(
+        f"the {len(train_dataset)} images of the training split{where} are all one colour, {_colour(colour)}: "
+        "their pixel standard deviation is 0, so they hold no signal to learn from: check that the files "
+        "were written right (not blank), or point --data.root at the real images"
+    )
 
 
 def _colour(values: tuple[int, ...]) -> str:

@@ -134,6 +134,9 @@ class Objective(nn.Module):
 
     #: Set by an objective that re-initialised heads, so the engine calls :meth:`reset_optimizer_state`.
     needs_optimizer_reset: bool = False
+    #: Rows of the cross-batch feature memory it keeps (0: none; Core-tuning's ``memory_size``): the engine warns
+    #: when the memory holds an epoch of training rows.
+    memory_size: int = 0
 
     def reset_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
         """Drop ``optimizer``'s state (momentum buffers …) of re-initialised parameters."""

@@ -122,11 +122,11 @@ class ContrastivePretrainer(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
-        if (example := example_image(datamodule)) is not None:
+        if (example := example_image(getattr(datamodule, "image_size", None))) is not None:
             self.example_input_array = example
         dataset, batch_size = getattr(datamodule, "train_dataset", None), getattr(datamodule, "batch_size", None)
         if stage == "fit":
-            check_images_vary(datamodule, ("training",))
+            check_images_vary(dataset)
         processes = world_size()
         if processes > 1 and dataset is not None and batch_size is not None and len(dataset) < processes * batch_size:
             most = len(dataset) // processes

@@ -36,6 +36,7 @@ import lightning as L
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
+from ..data import TaskData
 from ..models import Encoder, create_backbone
 from ..models.exported import ExportedClassifier
 from ..objectives import Objective, ObjectiveOutput
@@ -72,7 +73,8 @@ class Task:
     defaults below (a backbone's pooled features into the objective)."""
 
     name: ClassVar[str] = ""
-    #: Its LightningDataModule (``coretune fit``'s ``--data.*``); it exposes ``num_classes`` and ``class_names``.
+    #: Its LightningDataModule (``coretune fit``'s ``--data.*``), a :class:`~coretune.data.TaskData` (what the
+    #: engine reads of it; ``FineTuner.setup`` checks it): ``split_settings`` is read from the class itself.
     data_class: ClassVar[type[L.LightningDataModule]]
     #: The validation value (``val/<monitor>``, higher is better) that chooses ``best.ckpt``, that ``results.json``
     #: records as ``best_val_<monitor>``, that the learning curve plots and that sweeps score runs by.
@@ -153,7 +155,7 @@ class Task:
         """Create the heads on the backbone for ``num_classes`` classes (the objective's, by default)."""
         objective.build(feature_dim, num_classes)
 
-    def check_data(self, datamodule: Any, stage: str) -> None:
+    def check_data(self, datamodule: TaskData, stage: str) -> None:
         """Raise ``ValueError`` (one line) if the data module's settings do not suit this task for ``stage``
         (``fit``, ``validate``, ``test`` …; called when the model is set up, after the data module)."""
 
@@ -219,11 +221,11 @@ class Task:
         (default): the final weights, in memory."""
         return None
 
-    def write_figures(self, module: L.LightningModule, datamodule: Any, run_dir: Path) -> list[Path]:
+    def write_figures(self, module: L.LightningModule, datamodule: TaskData, run_dir: Path) -> list[Path]:
         """Write the task's figures besides the learning curve into ``run_dir`` (none by default)."""
         return []
 
-    def selection_hint(self, datamodule: Any) -> str:
+    def selection_hint(self, datamodule: TaskData) -> str:
         """How ``coretune fit``'s messages name the option that makes it test ``best.ckpt``."""
         return "the task's model selection"
 
@@ -259,7 +261,7 @@ class Task:
         without training data, or ``None`` (by default: the options are used as given)."""
         return None
 
-    def check_scored_data(self, model: Any, datamodule: Any, ckpt_path: str) -> None:
+    def check_scored_data(self, model: Any, datamodule: TaskData, ckpt_path: str) -> None:
         """Raise ``ValueError`` (one line) if ``coretune test`` / ``validate`` / ``eval robust`` must not score the
         checkpoint ``ckpt_path`` (its ``model``) on ``datamodule`` (before any image is read)."""
 

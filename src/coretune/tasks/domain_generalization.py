@@ -21,6 +21,7 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
+from ..data import TaskData
 from ..data.domains import SELECTIONS, DomainGeneralizationData, EvalGroup, domain_folders, domain_list
 from ..objectives import Objective, ObjectiveOutput
 from ..runs.layout import RunDir
@@ -163,7 +164,7 @@ class DomainGeneralizationTask(ClassificationTask):
         self.test_groups: list[EvalGroup] = []
         self.selection = "training_domain_validation"
 
-    def check_data(self, datamodule: Any, stage: str) -> None:
+    def check_data(self, datamodule: TaskData, stage: str) -> None:
         """Take the evaluation groups and the selection rule of a :class:`DomainGeneralizationData`."""
         if not isinstance(datamodule, DomainGeneralizationData):
             raise ValueError(
@@ -174,20 +175,24 @@ class DomainGeneralizationTask(ClassificationTask):
         self.val_groups, self.test_groups = datamodule.val_groups, datamodule.test_groups
         self.selection = datamodule.selection
 
-    def selection_hint(self, datamodule: Any) -> str:
-        """The selection rule's option (``--data.selection RULE``)."""
-        selection = getattr(datamodule, "selection", None)
-        return f"--data.selection {selection}" if selection else super().selection_hint(datamodule)
+    def selection_hint(self, datamodule: TaskData) -> str:
+        """The selection rule's option (``--data.selection RULE``) of a :class:`DomainGeneralizationData` (the
+        only data :meth:`check_data` lets through)."""
+        if isinstance(datamodule, DomainGeneralizationData):
+            return f"--data.selection {datamodule.selection}"
+        return super().selection_hint(datamodule)
 
     def scored_folder_options(self, command: str, options: dict[str, Any]) -> dict[str, Any] | None:
         return None  # DomainBed's layout: the domains' folders, no standalone folder
 
-    def check_scored_data(self, model: Any, datamodule: Any, ckpt_path: str) -> None:
+    def check_scored_data(self, model: Any, datamodule: TaskData, ckpt_path: str) -> None:
         """Refuse to score as unseen a domain the checkpoint trained on: data holding the checkpoint's unseen
         domains (``test_domains``) is its data set, whose other domains it trained on; data without them is another
         data set, all of whose domains are new to it."""
         trained = domain_list(model.trained_data.get("test_domains"))  # as given: "photo", "art,sketch" or a list
-        root = getattr(datamodule, "root", None)
+        if not isinstance(datamodule, DomainGeneralizationData):
+            return  # refused by check_data when the model is set up
+        root = datamodule.root
         if not trained or root is None or not os.path.isdir(root):
             return
         if not set(trained) <= set(domain_folders(root)):

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from ..data import TaskData
 from ..data.segmentation import IGNORE_INDEX, SegmentationData
 from ..losses import image_label_positive_mask
 from ..models import DeepLabV3, Encoder, create_dilated_backbone, deeplab_head, resnet_feature_map
@@ -343,8 +344,10 @@ class SegmentationTask(Task):
         objective.build(feature_dim, num_classes)
         objective.classifier = deeplab_head(feature_dim, num_classes, self.output_stride)
 
-    def check_data(self, datamodule: Any, stage: str) -> None:
-        ignore = getattr(datamodule, "ignore_index", IGNORE_INDEX)
+    def check_data(self, datamodule: TaskData, stage: str) -> None:
+        """Refuse a :class:`SegmentationData` whose ``ignore_index`` is not the task's, and a fit on batches of 1
+        image (ASPP's BatchNorm)."""
+        ignore = datamodule.ignore_index if isinstance(datamodule, SegmentationData) else self.ignore_index
         if ignore != self.ignore_index:
             raise ValueError(
                 f"--data.ignore_index {ignore}: the segmentation task leaves out mask value {self.ignore_index} "
@@ -352,8 +355,8 @@ class SegmentationTask(Task):
             )
         if stage != "fit":
             return
-        images = len(datamodule.train_dataset) if getattr(datamodule, "train_dataset", None) is not None else None
-        if getattr(datamodule, "batch_size", 2) < 2 or images == 1:
+        images = len(datamodule.train_dataset) if datamodule.train_dataset is not None else None
+        if datamodule.batch_size < 2 or images == 1:
             what = "--data.batch_size 1" if images != 1 else "a training set of 1 image"
             raise ValueError(
                 f"{what}: DeepLab-V3's ASPP pools each image to one value per channel before a BatchNorm layer, "
@@ -459,7 +462,7 @@ class SegmentationTask(Task):
             f"pixel accuracy {100 * test['pixel_acc']:.2f}%"
         )
 
-    def write_figures(self, module: L.LightningModule, datamodule: Any, run_dir: Path) -> list[Path]:
+    def write_figures(self, module: L.LightningModule, datamodule: TaskData, run_dir: Path) -> list[Path]:
         """``predictions.png``: the first :attr:`figure_images` validation images in loader order (with
         ``eval_mode whole``, the first images of the first size), their ground truth and the model's prediction
         (:func:`save_predictions_figure`), predicted batch by batch and padded for the figure only."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -102,6 +102,10 @@ class BiTuning(Objective):
             process's keys, so the queues stay identical across processes (MoCo's ``concat_all_gather``);
             ``False`` keeps the loss per process (DDP then keeps rank 0's queues, broadcast as buffers).
     """
+
+    #: ``coretune tune``'s grid: the weight γ of the two contrastive terms a decade either side of the authors' 1;
+    #: the queue size ``K`` (an integer, which tune does not search) stays at their 40.
+    search_space: ClassVar[dict[str, tuple[float, ...]]] = {"contrast_weight": (0.1, 1.0, 10.0)}
 
     def __init__(
         self,

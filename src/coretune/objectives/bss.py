@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -31,6 +33,10 @@ class BSS(Objective):
         eta: weight ``η >= 0`` of the spectral penalty.
         k: number ``k >= 1`` of smallest singular values penalised.
     """
+
+    #: ``coretune tune``'s grid: η a decade either side of the paper's 0.001; ``k`` stays at the paper's 1 (an
+    #: integer, which tune does not search: ``--objective.k``).
+    search_space: ClassVar[dict[str, tuple[float, ...]]] = {"eta": (0.0001, 0.001, 0.01)}
 
     def __init__(self, eta: float = 0.001, k: int = 1) -> None:
         super().__init__()

@@ -5,6 +5,8 @@ SL-CE-tuning (Table 1) is this objective started from supervised pre-trained wei
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -18,6 +20,8 @@ class CETuning(Objective):
     """CE-tuning: ``L = CE(G_y(z), y)``; for dense prediction, pixel-wise (the task computes it)."""
 
     dense = True
+    #: None: cross-entropy has no hyper-parameter for ``coretune tune`` to choose.
+    search_space: ClassVar[dict[str, tuple[float, ...]]] = {}
 
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
         self._check_built()

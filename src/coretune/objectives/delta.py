@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Sequence
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -172,6 +173,9 @@ class DELTA(Objective):
     """
 
     optimizer_weight_decay = 0.0
+    #: ``coretune tune``'s grid: the feature-map weight α a decade either side of the authors' 0.01; β, the new
+    #: heads' L2 in place of weight decay, stays at their 0.01.
+    search_space: ClassVar[dict[str, tuple[float, ...]]] = {"alpha": (0.001, 0.01, 0.1)}
 
     def __init__(
         self,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -51,6 +53,10 @@ class L2SP(Objective):
     """
 
     optimizer_weight_decay = 0.0
+
+    #: ``coretune tune``'s grid: α and β, which the paper selects by cross-validation, a decade either side of the
+    #: reference implementations' 0.01.
+    search_space: ClassVar[dict[str, tuple[float, ...]]] = {"alpha": (0.001, 0.01, 0.1), "beta": (0.001, 0.01, 0.1)}
 
     def __init__(self, alpha: float = 0.01, beta: float = 0.01) -> None:
         super().__init__()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -59,6 +61,10 @@ class MixAndMatch(Objective):
         margin: triplet margin ``m >= 0``.
         triplet_weight: weight ``γ >= 0`` of the triplet term.
     """
+
+    #: ``coretune tune``'s grid: the triplet weight γ a decade either side of 1 (coretune's choice: M&M's authors
+    #: give no classification setting); the margin stays at 0.3.
+    search_space: ClassVar[dict[str, tuple[float, ...]]] = {"triplet_weight": (0.1, 1.0, 10.0)}
 
     def __init__(self, margin: float = 0.3, triplet_weight: float = 1.0) -> None:
         super().__init__()

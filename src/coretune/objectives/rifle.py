@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -47,6 +49,11 @@ class RIFLE(Objective):
         reinit_times: number ``n >= 0`` of re-initialisations (0 is CE-tuning).
         reinit_fraction: fraction ``p ∈ (0, 1]`` of the training over which they are spread.
     """
+
+    #: None that ``coretune tune`` searches: RIFLE's hyper-parameter, the number of re-initialisations ``n`` (the
+    #: authors try 2–4 periods, n ∈ {1, 2, 3}), is an integer and tune proposes floats; pass
+    #: ``--objective.reinit_times`` to a fit (or a bench spec) instead.
+    search_space: ClassVar[dict[str, tuple[float, ...]]] = {}
 
     def __init__(self, reinit_times: int = 3, reinit_fraction: float = 1.0) -> None:
         super().__init__()

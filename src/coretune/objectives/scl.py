@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -44,6 +46,13 @@ class SCL(Objective):
         gather: under DDP, compute the loss on the batch gathered from every process (the contrast then spans
             the global batch, :func:`coretune.distributed.gather_batch`); ``False`` keeps it per process.
     """
+
+    #: ``coretune tune``'s grid: the paper's sweep, λ ∈ {0.1, 0.3, 0.5, 0.7, 0.9} and τ ∈ {0.1, 0.3, 0.5, 0.7}, less
+    #: its λ = 1.0 (no cross-entropy: the new classifier would never train).
+    search_space: ClassVar[dict[str, tuple[float, ...]]] = {
+        "lam": (0.1, 0.3, 0.5, 0.7, 0.9),
+        "temperature": (0.1, 0.3, 0.5, 0.7),
+    }
 
     def __init__(self, lam: float = 0.9, temperature: float = 0.3, gather: bool = True) -> None:
         super().__init__()

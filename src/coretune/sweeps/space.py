@@ -1,5 +1,6 @@
 """The search space of ``coretune tune``: the hyper-parameters an objective declares
-(:attr:`~coretune.objectives.Objective.search_space`, Core-tuning's η and α over the paper's {0.1, 1, 10}), with
+(:attr:`~coretune.objectives.Objective.search_space`: Core-tuning's η and α over the paper's {0.1, 1, 10}, SCL's λ
+and τ over its paper's sweep, BSS's η, L2-SP's α and β, DELTA's α …; empty for CE-tuning, which has none), with
 the values ``--eta``/``--alpha`` or ``--space`` give instead; how a point names its trial folder and is printed.
 
 A method becomes tunable by declaring its space on its class, e.g. ``search_space = {"lam": (0.5, 0.7, 0.9)}``;
@@ -23,6 +24,9 @@ _OPTIONS = ("eta", "alpha")
 """The hyper-parameters of ``coretune tune``'s own options ``--eta`` and ``--alpha`` (Core-tuning's)."""
 
 
+_NO_SPACE = "declares no hyper-parameter to tune (an empty search_space)"
+
+
 def _why_not(name: str) -> str | None:
     """Why the registered objective ``name`` cannot be tuned, or None."""
     from .. import objectives
@@ -30,7 +34,7 @@ def _why_not(name: str) -> str | None:
     cls, preset = objectives.get(name)
     space = cls.search_space
     if not space or not set(space) <= set(inspect.signature(cls).parameters):
-        return f"has no {' and '.join(_OPTIONS)} to tune"
+        return _NO_SPACE
     if fixed := next((n for n in space if n in preset), None):
         return f"fixes {fixed} at {preset[fixed]} (it defines the method)"
     return cls.untunable(preset)
@@ -44,7 +48,7 @@ def objective_space(name: str) -> tuple[dict[str, Any], dict[str, tuple[float, .
 
     tunable = [n for n in objectives.available() if _why_not(n) is None]
     if name not in tunable:
-        reason = _why_not(name) if name in objectives.available() else f"has no {' and '.join(_OPTIONS)} to tune"
+        reason = _why_not(name) if name in objectives.available() else _NO_SPACE
         raise ValueError(f"--objective {name!r} {reason}; choose one of {', '.join(tunable)}")
     cls, preset = objectives.get(name)
     return preset, dict(cls.search_space)

@@ -649,7 +649,7 @@ def test_an_objective_the_task_refuses_is_one_line_before_any_trial(
     # ce_mix (which segmentation also refuses) is refused by tune itself now: its η = 0 defines it
     assert str(info.value.code) == (
         "coretune tune: error: --objective 'ce_mix' fixes eta at 0.0 (it defines the method); choose one of "
-        "ce_con_mixh, core"
+        "bi_tuning, bss, ce_con_mixh, core, delta, l2sp, manifold_mixup, mm, scl"
     )
     assert launched == [] and not (tmp_path / "out").exists()
 

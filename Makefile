@@ -8,14 +8,21 @@ CONSTRAINTS := constraints.txt
 
 .PHONY: demo test test-fast lint docs venv clean
 
+# make test's environment: every extra (dev brings demo, bench, tune, onnx, robust) and the docs' and loggers' packages.
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,tune,docs,mlflow,tensorboard,wandb]'
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,docs,mlflow,tensorboard,wandb]'
+	touch $@
+
+# make demo's: the core and the demo extra only (scikit-learn's digits), unless make test's is already there.
+$(VENV)/.demo-installed: pyproject.toml $(CONSTRAINTS) Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -f $(VENV)/.installed || $(PIP) install -q -c $(CONSTRAINTS) -e '.[demo]'
 	touch $@
 
 venv: $(VENV)/.installed
 
-demo: venv
+demo: $(VENV)/.demo-installed
 	$(VENV)/bin/coretune demo
 
 lint: venv

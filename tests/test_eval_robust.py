@@ -190,8 +190,7 @@ def test_a_missing_robust_extra_is_one_line(
     monkeypatch.setitem(sys.modules, "torchattacks", None)  # as if it were not installed
     out = tmp_path / "r.json"
     with pytest.raises(SystemExit, match=re.escape(
-        "coretune eval: error: this attack needs torchattacks: pip install 'coretune[robust]' (or pip install "
-        "torchattacks)"
+        "coretune eval: error: this attack needs torchattacks, which is not installed: pip install 'coretune[robust]'"
     )):  # fmt: skip
         main(["eval", "robust", f"--ckpt={ckpt}", f"--data.root={tree}", f"--output={out}"])
     assert not out.exists()

@@ -227,7 +227,7 @@ def test_missing_onnx_packages_are_one_line_naming_the_extra(
     checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, package: str
 ) -> None:
     monkeypatch.setitem(sys.modules, package, None)  # `import PACKAGE` raises ImportError
-    expected = f"ONNX export needs the onnx extra ({package} is not installed): pip install 'coretune[onnx]'"
+    expected = f"ONNX export needs {package}, which is not installed: pip install 'coretune[onnx]'"
     for option in ("--format=pt2,onnx", "--onnx=true"):
         assert error(["export", f"--ckpt_path={checkpoint}", f"--output={tmp_path / 'export'}", option]) == expected
         assert not (tmp_path / "export").exists()  # refused before anything is written

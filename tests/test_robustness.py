@@ -234,7 +234,5 @@ def test_missing_torchattacks_names_the_extra(monkeypatch: pytest.MonkeyPatch, a
     monkeypatch.setitem(sys.modules, "torchattacks", None)  # as if it were not installed
     with pytest.raises(RuntimeError) as info:
         robust_accuracy(trained_digits_cnn(), _Untouchable(), attack=attack)  # type: ignore[arg-type]
-    assert str(info.value) == (
-        "this attack needs torchattacks: pip install 'coretune[robust]' (or pip install torchattacks)"
-    )
+    assert str(info.value) == "this attack needs torchattacks, which is not installed: pip install 'coretune[robust]'"
     robust_accuracy(trained_digits_cnn(), _digits_loader(8), [("linf", 0.1)])  # coretune's PGD needs nothing

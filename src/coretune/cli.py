@@ -423,9 +423,10 @@ def _user_errors() -> tuple[type[Exception], ...]:
     (``OSError``), a diverging loss, a run directory another process is running. ``coretune`` prints their message
     alone; anything else keeps its traceback."""
     from .engine import NonFiniteLossError
+    from .extras import MissingExtra
     from .runs.claim import RunInUse
 
-    return ValueError, OSError, NonFiniteLossError, RunInUse
+    return ValueError, OSError, NonFiniteLossError, RunInUse, MissingExtra
 
 
 def _error_message(err: BaseException) -> str:

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..extras import installed, need
 from ..runs.atomic import strict_json
 from ..runs.outputs import check_folder_output, mark_folder
 
@@ -376,10 +377,10 @@ def _report(demo: DemoResult, console: Any) -> None:
         entry.update(mean_top1=m.mean, std_top1=m.std)
     (output / "summary.json").write_text(strict_json(summary, indent=2) + "\n")
     (output / "summary.md").write_text(_summary_markdown(demo))
-    console.print(f"pre-training run: {demo.pretrain_dir} (pretrained.pth.tar, metrics.csv, learning_curve.png)")
+    curve = "learning_curve.png, " if installed("matplotlib") else ""  # drawn with the plots extra only
+    console.print(f"pre-training run: {demo.pretrain_dir} (pretrained.pth.tar, {curve}metrics.csv)")
     console.print(
-        f"fine-tuning runs: {output / 'finetune'}/<method>-seed<k>/ (learning_curve.png, metrics.csv, "
-        "results.json, checkpoints/)"
+        f"fine-tuning runs: {output / 'finetune'}/<method>-seed<k>/ ({curve}metrics.csv, results.json, checkpoints/)"
     )
     console.print(f"summary: {output / 'summary.md'}, {output / 'summary.json'}   total time {demo.total_time_s:.0f} s")
 
@@ -417,6 +418,7 @@ def _parser() -> Any:
 def main(args: list[str] | None = None) -> DemoResult:
     """Entry point of ``coretune demo``."""
     cfg = _parser().parse_args(args if args is not None else [])
+    need("sklearn", "coretune demo")  # its data: scikit-learn's digits
     return run_demo(
         cfg.output, cfg.seeds, cfg.pretrain_epochs, cfg.finetune_epochs, cfg.label_fraction, cfg.image_size,
         cfg.fast, cfg.progress, cfg.num_threads,

@@ -24,6 +24,7 @@ from torch.export import ExportedProgram
 from torch.fx.experimental import _config as fx_config
 
 from ..engine import FineTuner
+from ..extras import need
 from ..models.exported import ExportedClassifier
 from ..models.segmentation import AtrousConv2d
 from ..runs.atomic import strict_json
@@ -73,14 +74,8 @@ def check_formats(formats: str | Sequence[str]) -> list[str]:
 
 def _require_onnx() -> None:
     """Refuse the ONNX format before anything is written when the exporter's packages are missing."""
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401  (each written model.onnx is run: _check_written)
-        import onnxscript  # noqa: F401
-    except ImportError as err:
-        raise RuntimeError(
-            f"ONNX export needs the onnx extra ({err.name} is not installed): pip install 'coretune[onnx]'"
-        ) from None
+    for module in ("onnx", "onnxruntime", "onnxscript"):  # onnxruntime runs each written model.onnx: _check_written
+        need(module, "ONNX export")
 
 
 def _without_atrous_shortcut(net: nn.Module) -> nn.Module:

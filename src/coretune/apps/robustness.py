@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader, IterableDataset, Subset
 from ..arguments import ArgumentParser
 from ..data import ImageClassificationData
 from ..engine import FineTuner, atomic_write
+from ..extras import need
 from ..models import weights_digest
 from ..robust.attacks import PGD, Norm, NormalizedModel, check_pixel_images, eval_mode, pixel_radius
 from ..runs.atomic import strict_json
@@ -135,13 +136,7 @@ class RobustnessReport:
 
 
 def _import_torchattacks() -> Any:
-    try:
-        import torchattacks
-    except ImportError:
-        raise RuntimeError(
-            "this attack needs torchattacks: pip install 'coretune[robust]' (or pip install torchattacks)"
-        ) from None
-    return torchattacks
+    return need("torchattacks", "this attack")
 
 
 class _ContiguousGradient(torch.autograd.Function):

@@ -8,6 +8,7 @@ import math
 import numbers
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from importlib.metadata import version
@@ -20,6 +21,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ..data import TaskData
+from ..extras import EXTRAS, installed
 from ..models import weights_digest
 from ..runs.atomic import atomic_write, strict_json
 from ..runs.layout import RunDir
@@ -36,6 +38,11 @@ __all__ = [
     "task_of",
     "update_results",
 ]
+
+
+FIGURES_NEED = f"matplotlib is not installed (pip install 'coretune[{EXTRAS['matplotlib']}]')"
+"""Why a run's figures (learning curves, a task's figures) were not drawn; the run itself is complete without them."""
+_figures_skipped: list[Path] = []  # the runs whose figures were skipped, once told
 
 
 def _validated_on_test(trainer: L.Trainer, pl_module: L.LightningModule) -> bool | None:
@@ -282,9 +289,13 @@ class RunArtifacts(L.Callback):
             return
         run_dir = self.run_dir(trainer)
         task = task_of(pl_module)
-        plot_learning_curves(RunDir(run_dir).metrics, RunDir(run_dir).learning_curve, task)
-        if isinstance(task, Task) and trainer.datamodule is not None:
-            task.write_figures(pl_module, trainer.datamodule, run_dir)
+        if installed("matplotlib"):
+            plot_learning_curves(RunDir(run_dir).metrics, RunDir(run_dir).learning_curve, task)
+            if isinstance(task, Task) and trainer.datamodule is not None:
+                task.write_figures(pl_module, trainer.datamodule, run_dir)
+        elif not _figures_skipped:  # once per process: a demo or a sweep runs several fits
+            print(f"coretune: figures not drawn: {FIGURES_NEED}", file=sys.stderr)
+            _figures_skipped.append(run_dir)
         best = trainer.checkpoint_callback
         best_score = float(best.best_model_score) if best and best.best_model_score is not None else None
         update_results(

@@ -27,8 +27,6 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 __all__ = [
     "CLAIM_FILE",
     "HEARTBEAT_S",
@@ -64,10 +62,37 @@ class RunInUse(RuntimeError):
     """The run directory is claimed by another live process (:data:`CLAIM_FILE`)."""
 
 
+def process_started(pid: int) -> float:
+    """When process ``pid`` of this host started (seconds since the epoch); ``ProcessLookupError`` when none runs,
+    ``PermissionError`` when it runs but may not be inspected. Read from ``/proc`` on Linux (as psutil does). Elsewhere
+    only whether the process exists is known (POSIX: signal 0) and the start time is 0: a pid reused after a killed
+    sweep then counts as its claim's process; on Windows, where signal 0 would interrupt the process, a claim's
+    process always counts as running (the refusal names the claim file to delete)."""
+    stat = Path(f"/proc/{pid}/stat")
+    if Path("/proc/stat").is_file():
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()  # after the command name, which may hold spaces
+        except FileNotFoundError:
+            raise ProcessLookupError(pid) from None
+        return _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    if os.name == "nt":
+        raise PermissionError(pid)
+    os.kill(pid, 0)  # raises ProcessLookupError or PermissionError
+    return 0.0
+
+
+def _boot_time() -> float:
+    """This Linux host's boot time (seconds since the epoch), ``btime`` of ``/proc/stat``."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise OSError("/proc/stat has no btime line")
+
+
 @dataclass(frozen=True)
 class RunClaim:
-    """Process ``pid`` on ``host``, started at ``started`` (seconds since the epoch, as psutil reports it);
-    ``refreshed``: the claim file's modification time when it was read (the holder's last heartbeat)."""
+    """Process ``pid`` on ``host``, started at ``started`` (seconds since the epoch, as :func:`process_started`
+    reports it); ``refreshed``: the claim file's modification time when it was read (the holder's last heartbeat)."""
 
     pid: int
     host: str
@@ -77,7 +102,7 @@ class RunClaim:
     @classmethod
     def of(cls, pid: int) -> RunClaim:
         """The claim of process ``pid`` of this host (it must be running)."""
-        return cls(pid, socket.gethostname(), psutil.Process(pid).create_time())
+        return cls(pid, socket.gethostname(), process_started(pid))
 
     @property
     def local(self) -> bool:
@@ -89,10 +114,10 @@ class RunClaim:
         if not self.local:
             return time.time() - self.refreshed < STALE_AFTER_S
         try:
-            return abs(psutil.Process(self.pid).create_time() - self.started) < _SAME_PROCESS_S
-        except psutil.NoSuchProcess:
+            return abs(process_started(self.pid) - self.started) < _SAME_PROCESS_S
+        except ProcessLookupError:
             return False
-        except psutil.AccessDenied:  # alive, owned by another user
+        except PermissionError:  # alive, owned by another user
             return True
 
     def where(self) -> str:
@@ -187,7 +212,7 @@ def point_claim(run_dir: str | Path, pid: int) -> None:
     the claim stays with this process until :func:`release_claim`)."""
     try:
         claim = RunClaim.of(pid)
-    except psutil.NoSuchProcess:
+    except ProcessLookupError:
         return
     _write(Path(run_dir) / CLAIM_FILE, claim, exclusive=False)
 

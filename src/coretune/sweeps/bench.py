@@ -18,6 +18,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from ..extras import need
 from ..runs.layout import RunDir
 from ..runs.outputs import check_folder_output
 from .export import export_records
@@ -127,6 +128,8 @@ def main(args: list[str]) -> None:
     if cfg.status:
         print_status(subset, console, whole=spec)
         return
+    for module in ("scipy", "matplotlib"):  # the report's paired t-tests and figures, before any run
+        need(module, "coretune bench", "bench")
     reads, data = [("the spec", cfg.config)], _data_read(spec)
     if cfg.export is not None:
         check_folder_output(cfg.export, "bench", option="--export", reads=reads, data=data, ours=holds_runs)

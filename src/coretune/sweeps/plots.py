@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..extras import need
 from .collect import CurvePoint, validated_on_of
 from .spec import BenchSpec, TableLayout, measure_layout, spec_metric_text
 from .stats import Cell
@@ -44,8 +45,7 @@ def plot_bars(
     oracle's mark) and, with several label fractions, ``label_fraction.png``. A cell of one seed has no error bar
     (its std is unknown, not 0), and its bar is marked ``n=1``; a bar or point resting on reconstructed records is
     marked †, with a footnote (as in summary.md)."""
-    import matplotlib
-
+    matplotlib = need("matplotlib", "a report's figures", "bench")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -112,8 +112,7 @@ def plot_curves(spec: BenchSpec, curves: list[CurvePoint], layout: TableLayout) 
     """``curves.png``: validated top-1 against epoch, mean ± std band over seeds, one panel per table column; below,
     when any row shares seeds with the baseline, the paired difference from the baseline row (mean ± std band over
     the shared seeds), which separates rows whose curves overlap."""
-    import matplotlib
-
+    matplotlib = need("matplotlib", "a report's figures", "bench")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

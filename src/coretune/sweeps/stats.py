@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..extras import need
+
 __all__ = ["Cell", "Comparison", "compare"]
 
 
@@ -86,9 +88,7 @@ def compare(a: Cell, b: Cell) -> Comparison:
     t, p = math.nan, math.nan
     # equal gaps read from float32 top-1 values differ by ~1e-5 pp, which would give a t of 10⁵: no spread below 1e-4 pp
     if len(paired) >= 2 and float(np.std(np.round(paired, 4), ddof=1)) > 0:
-        from scipy.stats import ttest_rel
-
-        test = ttest_rel(*zip(*pairs, strict=True))
+        test = need("scipy.stats", "the paired t-test of a report", "bench").ttest_rel(*zip(*pairs, strict=True))
         t, p = float(test.statistic), float(test.pvalue)
     if a.n < 2 or b.n < 2:
         return Comparison(diff, math.nan, None, paired, t, p, seeds, rebuilt)

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..extras import need
 from ..tasks import DEFAULT_TASK, Task
 
 __all__ = [
@@ -60,11 +61,8 @@ def check_storage(storage: str) -> None:
 
 
 def import_optuna() -> Any:
-    try:
-        import optuna
-    except ImportError:
-        raise RuntimeError("coretune tune needs Optuna: pip install 'coretune[tune]' (or pip install optuna)") from None
-    return optuna
+    """Optuna, or :class:`~coretune.extras.MissingExtra` naming the ``tune`` extra."""
+    return need("optuna", "coretune tune")
 
 
 def open_storage(optuna: Any, storage: str) -> tuple[Any, Any]:

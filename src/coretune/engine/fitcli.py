@@ -44,7 +44,15 @@ from .trainer import (
     quiet_lightning,
 )
 
-__all__ = ["FitArgsError", "FitCLI", "fit", "resolved_fit_config", "task_of_args", "translate_args"]
+__all__ = [
+    "FitArgsError",
+    "FitCLI",
+    "current_objective_args",
+    "fit",
+    "resolved_fit_config",
+    "task_of_args",
+    "translate_args",
+]
 
 
 def _class_path(cls: type) -> str:
@@ -150,6 +158,28 @@ def _moved_objective_args(
         if setting is not None and _component_on(cls, settings, head):
             args.extend(held.pop(head, []))
     return args
+
+
+def current_objective_args(args: Sequence[str]) -> list[str]:
+    """``args`` with each ``--objective.<old> V`` that an older version spelled so (after ``--objective NAME``) in
+    its current spelling (``--objective.memory_size=4096``: ``--objective.memory.size=4096``), silently, and
+    nothing else changed: how a sweep compares the fit arguments a run recorded with its spec's."""
+    out: list[str] = []
+    objective: str | None = None
+    it = iter(args)
+    for arg in it:
+        key, eq, value = arg.partition("=")
+        if key == "--objective":
+            value = value if eq else next(it, "")
+            out.extend([arg] if eq else [arg, value])
+            cls = objectives.registered_class(value)
+            objective = None if cls is None else _class_path(cls)
+        elif moved := _moved_objective_setting(objective, key):
+            new = moved[0].moved_setting(moved[1], yaml.safe_load(value if eq else next(it, "")))
+            out.extend(f"--objective.{path}={_cli_value(setting)}" for path, setting in new.items())
+        else:
+            out.append(arg)
+    return out
 
 
 def _component_on(cls: type, settings: Mapping[str, Any], name: str) -> bool:

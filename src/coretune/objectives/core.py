@@ -104,8 +104,11 @@ class CoreTuning(Objective):
         eta: trade-off ``η >= 0`` of the contrastive term.
         temperature: ``τ > 0``.
         alpha: Beta concentration ``α > 0`` of the mixup weights (the miner's and manifold mixup's).
-        miner: hardness-directed mixup (``--objective.miner.lambda_n 0.8`` …); null: no hard pairs.
-        memory: the cross-batch memory (``--objective.memory.size 4096``); null (default): none.
+        miner: hardness-directed mixup, :class:`~coretune.mining.HardPairMiner`: lambda_n and lambda_p (clips in
+            [0, 1] of z⁻'s and z⁺'s mixing weights), original_positives, generated_pairs (all, own), each set as
+            ``--objective.miner.lambda_n 0.8``; null: no hard pairs.
+        memory: the cross-batch memory, :class:`~coretune.memory.CrossBatchMemory`: size (rows) and warmup_steps
+            (1000), set as ``--objective.memory.size 4096``; null (the default): none.
         proj_dim: output width of ``G_c``.
         proj_depth: number of linear layers of ``G_c`` (1–3).
         focal: focal contrastive loss ``L^f_con`` (False: SupCon's ``L_con``).

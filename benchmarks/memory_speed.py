@@ -30,6 +30,7 @@ import torch.nn.functional as F
 import coretune as ct
 from coretune import objectives
 from coretune.heads import ProjectionHead
+from coretune.memory import CrossBatchMemory
 from objective_speed import CLOCKS, backbone, median_time  # the same backbone step, timed the same way
 
 
@@ -74,7 +75,8 @@ def steps(b: int, d: int, n: int, k: int, proj_dim: int) -> dict[str, Callable[[
         return step
 
     def objective(memory_size: int) -> Callable[[], None]:
-        obj = objectives.create("core", d, k, memory_size=memory_size, memory_warmup_steps=0)
+        memory_settings = CrossBatchMemory(memory_size, warmup_steps=0) if memory_size else None
+        obj = objectives.create("core", d, k, memory=memory_settings)
         obj.generator = torch.Generator().manual_seed(2)
         if memory_size:
             obj.memory.push(memory, memory_labels)

@@ -47,8 +47,14 @@ def test_every_command_help_names_itself(command: list[str], capsys: pytest.Capt
     [
         (
             "fit",
-            ["--objective NAME ", "--objective.help NAME ", "--seed N ", "--task NAME ", "--task.SETTING V ",
-             "--trainer.logger NAME "],
+            [
+                "--objective NAME ",
+                "--objective.help NAME ",
+                "--seed N ",
+                "--task NAME ",
+                "--task.SETTING V ",
+                "--trainer.logger NAME ",
+            ],
         ),
         ("pretrain", ["--method NAME ", "--seed N ", "--trainer.logger NAME "]),
     ],

@@ -487,3 +487,14 @@ def test_bad_arguments_raise(kwargs: dict, message: str) -> None:
     args = {"features": torch.randn(3, 2), "labels": torch.tensor([0, 1, 2]), "num_classes": 3} | kwargs
     with pytest.raises(ValueError, match=message):
         ct.mine_hard_pairs(**args)
+
+
+def test_the_miner_component_mines_with_its_clips() -> None:
+    """HardPairMiner.mine is mine_hard_pairs with the miner's λ_n and λ_p: the same draws, bit for bit."""
+    z, labels = torch.randn(8, 4, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    memory, memory_labels = torch.randn(3, 4), torch.tensor([2, 0, 1])
+    miner = ct.HardPairMiner(lambda_n=0.6, lambda_p=0.3)
+    got = miner.mine(z, labels, 3, 0.7, torch.Generator().manual_seed(5), memory, memory_labels)
+    want = ct.mine_hard_pairs(z, labels, 3, 0.7, 0.6, 0.3, torch.Generator().manual_seed(5), memory, memory_labels)
+    for field in ("hardest_positive", "random_negative", "lam_pos", "lam_neg", "pos_features", "neg_targets"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field

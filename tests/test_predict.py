@@ -53,7 +53,9 @@ def test_two_images_of_one_mask_name_are_refused_and_the_output_is_left_alone(
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "masks"]  # no staging folder left
     assert sorted(p.relative_to(output) for p in output.rglob("*")) == [
-        Path(".coretune-predict"), Path("sub"), Path("sub/b.png")
+        Path(".coretune-predict"),
+        Path("sub"),
+        Path("sub/b.png"),
     ]
     assert (output / "sub" / "b.png").read_bytes() == b"an earlier mask"
 

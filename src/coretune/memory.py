@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
-__all__ = ["FeatureMemory"]
+__all__ = ["CrossBatchMemory", "FeatureMemory"]
+
+
+@dataclass(frozen=True)
+class CrossBatchMemory:
+    """The settings of an objective's cross-batch memory (Core-tuning's ``memory``): a :class:`FeatureMemory` of the
+    last ``size`` training samples' features, read and written only after ``warmup_steps`` training steps (XBM
+    starts its memory once the features drift slowly).
+
+    Args:
+        size: rows ``N >= 1`` of the memory (an objective without a memory has none: ``memory: null``).
+        warmup_steps: training steps (one per batch) before the memory is used and filled (XBM's 1,000 by default).
+    """
+
+    size: int
+    warmup_steps: int = 1000
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.size < 1:
+            problems.append(f"size must be >= 1 (got {self.size}); an objective without a memory has memory null")
+        if self.warmup_steps < 0:
+            problems.append(f"warmup_steps must be >= 0 (got {self.warmup_steps})")
+        if problems:
+            raise ValueError("invalid cross-batch memory settings: " + "; ".join(problems))
 
 
 class FeatureMemory(nn.Module):

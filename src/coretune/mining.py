@@ -7,13 +7,14 @@ Index choices carry no gradient; the mixing is differentiable in the features. E
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["HardPairs", "beta_draws", "mine_hard_pairs", "mine_hard_positives", "representable"]
+__all__ = ["HardPairMiner", "HardPairs", "beta_draws", "mine_hard_pairs", "mine_hard_positives", "representable"]
 
 
 @dataclass
@@ -43,6 +44,63 @@ class HardPairs:
     neg_features: Tensor
     pos_targets: Tensor
     neg_targets: Tensor
+
+
+@dataclass(frozen=True)
+class HardPairMiner:
+    """Hardness-directed mixup (paper §4.1), the component of Core-tuning that generates a hard positive ``z⁺`` and
+    a hard negative ``z⁻`` per anchor (:meth:`mine`, :func:`mine_hard_pairs`; for dense prediction
+    :func:`mine_hard_positives`), and how its contrast uses them. Its mixup weights' Beta concentration ``α`` is
+    the objective's (``alpha``, shared with manifold mixup and tuned with ``eta``).
+
+    Args:
+        lambda_n: lower clip ``λ_n ∈ [0, 1]`` of the random negative's weight in ``z⁻``.
+        lambda_p: lower clip ``λ_p ∈ [0, 1]`` of the hardest positive's weight in ``z⁺``.
+        original_positives: the batch's samples of the anchor's class are positives too (False: only ``z⁺``).
+        generated_pairs: ``all``: every generated row of the batch is in each anchor's contrast set ``A_i``, as the
+            authors' code does; ``own``: only the anchor's own ``z⁺`` and ``z⁻`` (Algorithm 1 read literally).
+    """
+
+    lambda_n: float = 0.8
+    lambda_p: float = 0.0
+    original_positives: bool = True
+    generated_pairs: Literal["all", "own"] = "all"
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name} must lie in [0, 1] (got {value})"
+            for name, value in (("lambda_n", self.lambda_n), ("lambda_p", self.lambda_p))
+            if not 0.0 <= value <= 1.0
+        ]
+        if self.generated_pairs not in ("all", "own"):
+            problems.append(f"generated_pairs must be 'all' or 'own' (got {self.generated_pairs!r})")
+        if problems:
+            raise ValueError("invalid hard-pair miner settings: " + "; ".join(problems))
+
+    def mine(
+        self,
+        features: Tensor,
+        labels: Tensor,
+        num_classes: int,
+        alpha: float,
+        generator: torch.Generator | None = None,
+        memory: Tensor | None = None,
+        memory_labels: Tensor | None = None,
+        domains: Tensor | None = None,
+    ) -> HardPairs:
+        """:func:`mine_hard_pairs` of the batch with this miner's clips (the same arguments otherwise)."""
+        return mine_hard_pairs(
+            features,
+            labels,
+            num_classes,
+            alpha,
+            self.lambda_n,
+            self.lambda_p,
+            generator,
+            memory,
+            memory_labels,
+            domains,
+        )
 
 
 def beta_draws(

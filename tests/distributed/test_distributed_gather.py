@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from coretune import distributed, objectives
+from coretune.memory import CrossBatchMemory
 from coretune.mining import mine_hard_pairs
 from coretune.pretrain.losses import global_nt_xent, nt_xent
 
@@ -116,7 +117,7 @@ def _memory_case(gather: bool, rank: int | None) -> dict[str, Any]:
     """Three steps of ``core`` with a 10-row memory on the rows of ``rank`` (``None``: the global batches in one
     process): the memory's state after each step and each step's loss."""
     torch.manual_seed(1)
-    obj = objectives.create("core", D, K, memory_size=10, memory_warmup_steps=0, gather=gather)
+    obj = objectives.create("core", D, K, memory=CrossBatchMemory(10, warmup_steps=0), gather=gather)
     states, losses = [], []
     for sizes in MEMORY_STEPS:
         z_all, y_all, _ = _batch(sizes)

@@ -15,7 +15,7 @@ def test_objective_names_become_class_paths_with_presets() -> None:
     assert translate_args(["--objective", "ce_con", "--objective.eta", "1"]) == [
         "--objective=coretune.objectives.core.CoreTuning",
         "--objective.focal=false",
-        "--objective.mixing=none",
+        "--objective.miner=null",
         "--objective.eta",
         "1",
     ]
@@ -34,7 +34,7 @@ def test_registry_names_work_inside_yaml_configs(tmp_path: Path) -> None:
     rewritten = yaml.safe_load(arg.removeprefix("--config="))
     assert rewritten["objective"] == {
         "class_path": "coretune.objectives.core.CoreTuning",
-        "init_args": {"focal": False, "mixing": "none", "eta": 1.0},  # the preset, then the file's own values
+        "init_args": {"focal": False, "miner": None, "eta": 1.0},  # the preset, then the file's own values
     }
     assert rewritten["trainer"] == {"max_epochs": 3}
     config.write_text("objective: core\n")
@@ -139,7 +139,7 @@ def test_the_configs_own_objective_keeps_the_configs_values(tmp_path: Path, caps
         core = printed_objective(["--config", str(config), "--objective", name], capsys)["init_args"]
         assert (core["eta"], core["alpha"], core["temperature"], core["focal"]) == (0.3, 5.0, 0.2, True)
     ce_con = printed_objective(["--config", str(config), "--objective", "ce_con"], capsys)["init_args"]
-    assert (ce_con["eta"], ce_con["temperature"], ce_con["focal"], ce_con["mixing"]) == (0.3, 0.2, False, "none")
+    assert (ce_con["eta"], ce_con["temperature"], ce_con["focal"], ce_con["miner"]) == (0.3, 0.2, False, None)
 
 
 def test_a_runs_config_given_back_with_another_objective(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -173,17 +173,20 @@ def test_another_preset_of_the_same_class_drops_the_settings_the_first_preset_se
     # Core-tuning's name; a preset's own settings are reset to the class defaults, the user's tuned values stay
     config = tmp_path / "ce_mix.yaml"
     config.write_text(yaml.safe_dump({"objective": {"class_path": "coretune.objectives.core.CoreTuning", "init_args": {
-        "eta": 0.0, "mixing": "manifold", "alpha": 10.0, "temperature": 0.2}}}))  # fmt: skip
+        "eta": 0.0, "miner": None, "manifold_mixup": True, "alpha": 10.0, "temperature": 0.2}}}))  # fmt: skip
     core = printed_objective(["--config", str(config), "--objective", "core"], capsys)["init_args"]
-    assert (core["eta"], core["mixing"], core["focal"], core["alpha"], core["temperature"]) == (
-        0.1, "hard", True, 10.0, 0.2
+    assert (core["eta"], core["miner"]["lambda_n"], core["manifold_mixup"], core["focal"], core["alpha"]) == (
+        0.1, 0.8, False, True, 10.0
     )  # fmt: skip
+    assert core["temperature"] == 0.2
     ce_con = printed_objective(["--config", str(config), "--objective", "ce_con"], capsys)["init_args"]
-    assert (ce_con["eta"], ce_con["mixing"], ce_con["focal"], ce_con["alpha"]) == (0.1, "none", False, 10.0)
+    assert (ce_con["eta"], ce_con["miner"], ce_con["manifold_mixup"], ce_con["focal"], ce_con["alpha"]) == (
+        0.1, None, False, False, 10.0
+    )  # fmt: skip
     assert printed_objective(["--config", str(config), "--objective", "ce_mix"], capsys)["init_args"]["eta"] == 0.0
     # on the command line too, and --objective.X after the second preset still wins
     core = printed_objective(["--objective", "ce_con", "--objective", "core"], capsys)["init_args"]
-    assert (core["focal"], core["mixing"]) == (True, "hard")
+    assert (core["focal"], core["miner"]["lambda_n"]) == (True, 0.8)
     args = ["--objective", "ce_mix", "--objective", "core", "--objective.eta=0"]
     assert printed_objective(args, capsys)["init_args"]["eta"] == 0.0
     tuned = ["--config", str(config), "--objective.eta=0.5", "--objective", "core"]  # 0.5: no preset's value

@@ -158,8 +158,10 @@ def test_the_oracle_and_the_last_checkpoint_test_the_last_weights(
 def test_a_fit_that_would_never_validate_is_refused_before_training(never: str, tree: Path, tmp_path: Path) -> None:
     """The training-domain rule tests the best.ckpt validation chooses: a fit that cannot validate is refused before
     any training (it tested an earlier run's best.ckpt, or failed on a missing file after training)."""
-    what = "--trainer.limit_val_batches 0" if "limit" in never else (
-        "--trainer.check_val_every_n_epoch 2 beyond --trainer.max_epochs 1"
+    what = (
+        "--trainer.limit_val_batches 0"
+        if "limit" in never
+        else ("--trainer.check_val_every_n_epoch 2 beyond --trainer.max_epochs 1")
     )
     run = tmp_path / "run"
     assert error(["fit", *TINY, f"--data.root={tree}", "--data.test_domains=photo", "--trainer.max_epochs=1",

@@ -23,6 +23,7 @@ from coretune.cli import main
 from coretune.data import ImageClassificationData, ImageFileDataset, SkippedImagesWarning, eval_transform
 from coretune.engine import FineTuner, epoch_summary, make_trainer, read_metrics
 from coretune.engine.fitcli import _print_run_summary
+from coretune.memory import CrossBatchMemory
 from coretune.objectives import create
 from fit_flags import QUIET, TINY_FIT
 
@@ -322,7 +323,7 @@ def _assert_same_state(a: object, b: object, key: str) -> None:
         (2, "core", {}),
         (1, "bi_tuning", {}),
         (1, "rifle", {}),
-        (1, "core", {"memory_size": 12, "memory_warmup_steps": 2}),
+        (1, "core", {"memory": CrossBatchMemory(12, warmup_steps=2)}),
     ],
     ids=[
         "validated-epoch",

@@ -421,8 +421,11 @@ def test_fit_warns_when_test_images_are_training_files(tree: Path, tmp_path: Pat
     shutil.rmtree(root / "val" / "cat")
     (root / "val" / "cat").symlink_to(root / "train" / "cat", target_is_directory=True)
     first = sorted((root / "val" / "cat").iterdir())[0]
-    with pytest.warns(UserWarning, match=rf"^12 of the 20 validation images are training images too \(the same "
-                      rf"files, e\.g\. {re.escape(str(first))}\): best\.ckpt is chosen partly on training accuracy"):
+    with pytest.warns(
+        UserWarning,
+        match=rf"^12 of the 20 validation images are training images too \(the same "
+        rf"files, e\.g\. {re.escape(str(first))}\): best\.ckpt is chosen partly on training accuracy",
+    ):
         main(fit_args(root, tmp_path / "run3"))  # fmt: skip
 
 
@@ -911,7 +914,8 @@ def test_setting_changes_tells_the_changes_a_resume_may_make_from_the_others() -
     relaxed = {"class_path": guard["class_path"], "init_args": {"patience": 20, "stop": False}}
     # one --trainer.callbacks class is recorded as a mapping, a list (+=) under the one key: both may change
     assert setting_changes({"trainer": {"callbacks": guard}}, {"trainer": {"callbacks": relaxed}}) == (
-        ["trainer.callbacks.patience 5 → 20", "trainer.callbacks.stop True → False"], []
+        ["trainer.callbacks.patience 5 → 20", "trainer.callbacks.stop True → False"],
+        [],
     )
     assert setting_changes({"trainer": {"callbacks": [guard]}}, {"trainer": {"callbacks": [relaxed]}})[1] == []
 
@@ -993,16 +997,17 @@ def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path
             "invalid Core-tuning settings: temperature must be > 0 (got -0.07)",
         ),
         (
-            ["--objective=core", "--objective.lambda_n=1.5"],
-            "invalid Core-tuning settings: lambda_n must lie in [0, 1] (got 1.5)",
+            ["--objective=core", "--objective.miner.lambda_n=1.5"],
+            "invalid hard-pair miner settings: lambda_n must lie in [0, 1] (got 1.5)",
         ),
         (
-            ["--objective=core", "--objective.lambda_n=-0.2"],
-            "invalid Core-tuning settings: lambda_n must lie in [0, 1] (got -0.2)",
+            ["--objective=core", "--objective.lambda_n=-0.2"],  # the old spelling (deprecated), the same check
+            "invalid hard-pair miner settings: lambda_n must lie in [0, 1] (got -0.2)",
         ),
         (
-            ["--objective=core", "--objective.memory_size=-5"],
-            "invalid Core-tuning settings: memory_size must be >= 0 (got -5); 0 turns the memory off",
+            ["--objective=core", "--objective.memory.size=0"],
+            "invalid cross-batch memory settings: size must be >= 1 (got 0); an objective without a memory has memory "
+            "null",
         ),
         (
             ["--data.image_size=0"],
@@ -1378,9 +1383,9 @@ def test_a_collapse_the_guard_cannot_record_still_raises_the_collapse(tree: Path
 @pytest.mark.parametrize(
     ("extra", "warned"),
     [
-        (["--objective.memory_size=32"], True),  # 36 training images in batches of 8: an epoch trains 32 rows
-        (["--objective.memory_size=31"], False),
-        (["--objective.memory_size=32", "--adversarial.enable=true", "--adversarial.steps=1"], False),  # 64 rows
+        (["--objective.memory.size=32"], True),  # 36 training images in batches of 8: an epoch trains 32 rows
+        (["--objective.memory.size=31"], False),
+        (["--objective.memory.size=32", "--adversarial.enable=true", "--adversarial.steps=1"], False),  # 64 rows
     ],
     ids=["an-epoch", "less", "adversarial-rows-double-an-epoch"],
 )
@@ -1388,15 +1393,15 @@ def test_a_memory_that_holds_an_epoch_is_warned_about(
     tree: Path, tmp_path: Path, extra: list[str], warned: bool
 ) -> None:
     """Issue 40: with a memory of an epoch's rows, half the anchors or more meet their own earlier feature."""
-    args = fit_args(tree, tmp_path / "run", "--objective=core", "--objective.memory_warmup_steps=0", *extra)
+    args = fit_args(tree, tmp_path / "run", "--objective=core", *extra, "--objective.memory.warmup_steps=0")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         main(args)
-    messages = [str(w.message) for w in seen if "memory_size" in str(w.message)]
+    messages = [str(w.message) for w in seen if "cross-batch memory's size" in str(w.message)]
     expected = (
-        "memory_size 32 holds an epoch's 32 training rows or more: half the anchors or more meet their own earlier "
-        "feature in the memory (an easy positive; all of them from 64 rows). Half an epoch, --objective.memory_size "
-        "16, keeps it to about one anchor in eight"
+        "the cross-batch memory's size 32 holds an epoch's 32 training rows or more: half the anchors or more meet "
+        "their own earlier feature in the memory (an easy positive; all of them from 64 rows). Half an epoch, "
+        "--objective.memory.size 16, keeps it to about one anchor in eight"
     )
     assert messages == ([expected] if warned else [])
 

@@ -14,7 +14,8 @@ from torch import nn
 
 import coretune as ct
 from coretune import objectives
-from coretune.mining import beta_draws
+from coretune.memory import CrossBatchMemory
+from coretune.mining import HardPairMiner, beta_draws
 from coretune.objectives import TABLE2_ROWS, CoreTuning
 
 SWITCHES = {
@@ -33,6 +34,28 @@ def valid(s: dict[str, Any]) -> bool:
 
 
 COMBINATIONS = [dict(zip(SWITCHES, values, strict=True)) for values in itertools.product(*SWITCHES.values())]
+
+
+def parts(
+    mixing: str = "hard",
+    lambda_n: float = 0.8,
+    lambda_p: float = 0.0,
+    original_positives: bool = True,
+    generated_pairs: str = "all",
+    memory_size: int = 0,
+    memory_warmup_steps: int = 1000,
+    **settings: Any,
+) -> dict[str, Any]:
+    """This file's switches (``mixing``, the miner's and the memory's settings side by side) as CoreTuning's
+    arguments: its ``miner`` (None unless ``mixing`` is ``hard``), ``manifold_mixup`` and ``memory``."""
+    miner = HardPairMiner(lambda_n, lambda_p, original_positives, generated_pairs) if mixing == "hard" else None
+    memory = CrossBatchMemory(memory_size, memory_warmup_steps) if memory_size else None
+    return {"miner": miner, "manifold_mixup": mixing == "manifold", "memory": memory, **settings}
+
+
+def miner_of(obj: CoreTuning) -> HardPairMiner:
+    """The objective's miner, or one with the defaults (what the contrast reads without one)."""
+    return obj.miner or HardPairMiner()
 
 
 def positive_mask(labels: list[int], layout: str, original_positives: bool = True) -> torch.Tensor:
@@ -59,13 +82,13 @@ def recompute(obj: CoreTuning, z: torch.Tensor, y: torch.Tensor, seed: int) -> d
     targets: list[torch.Tensor] = []
     rows, mask = z, positive_mask(y.tolist(), "supcon")
     if obj.mixing == "hard":
-        p = ct.mine_hard_pairs(z, y, k, obj.alpha, obj.lambda_n, obj.lambda_p, generator=g)
+        p = ct.mine_hard_pairs(z, y, k, obj.alpha, obj.miner.lambda_n, obj.miner.lambda_p, generator=g)
         if obj.classifier_pairs == "both":
             generated, targets = [p.pos_features], [p.pos_targets]
         generated.append(p.neg_features)
         targets.append(p.neg_targets)
         rows = torch.cat([z, p.pos_features, p.neg_features])
-        mask = positive_mask(y.tolist(), "core", obj.original_positives)
+        mask = positive_mask(y.tolist(), "core", obj.miner.original_positives)
     elif obj.mixing == "manifold":
         # The specification fixes no draw order for manifold mixup: use the objective's (perm, then λ).
         perm = torch.randperm(b, generator=g)
@@ -91,7 +114,9 @@ def recompute(obj: CoreTuning, z: torch.Tensor, y: torch.Tensor, seed: int) -> d
 @pytest.mark.parametrize("eta", [0.5, 0.0])
 def test_total_equals_hand_recomputation(switches: dict[str, Any], eta: float) -> None:
     torch.manual_seed(0)
-    obj = objectives.create("core", 6, 4, eta=eta, alpha=0.7, lambda_n=0.6, lambda_p=0.2, proj_dim=5, **switches)
+    obj = objectives.create(
+        "core", 6, 4, eta=eta, alpha=0.7, proj_dim=5, **parts(lambda_n=0.6, lambda_p=0.2, **switches)
+    )
     z = torch.randn(10, 6, requires_grad=True)
     y = torch.tensor([0, 1, 1, 2, 0, 1, 3, 3, 0, 2])
     obj.generator = torch.Generator().manual_seed(0)
@@ -144,19 +169,15 @@ PAPER_DEFAULTS = {
     "eta": 0.1,
     "temperature": 0.07,
     "alpha": 1.0,
-    "lambda_n": 0.8,
-    "lambda_p": 0.0,
+    "miner": {"lambda_n": 0.8, "lambda_p": 0.0, "original_positives": True, "generated_pairs": "all"},
+    "memory": None,  # no cross-batch memory
     "proj_dim": 256,
     "proj_depth": 2,
     "focal": True,
-    "mixing": "hard",
+    "manifold_mixup": False,
     "smooth_classifier": True,
     "classifier_pairs": "both",
-    "original_positives": True,
     "gather": True,  # global batch under DDP (coretune.distributed); a no-op in one process
-    "generated_pairs": "all",
-    "memory_size": 0,
-    "memory_warmup_steps": 1000,
     "same_domain_positives": False,  # domain generalization: positives by class across domains, as the paper
 }
 
@@ -165,8 +186,8 @@ PAPER_DEFAULTS = {
     ("name", "changes"),
     [
         ("core", {}),
-        ("ce_con", {"focal": False, "mixing": "none"}),
-        ("ce_mix", {"eta": 0.0, "mixing": "manifold"}),
+        ("ce_con", {"focal": False, "miner": None}),
+        ("ce_mix", {"eta": 0.0, "miner": None, "manifold_mixup": True}),
         ("ce_con_mixh", {"focal": False}),
     ],
 )
@@ -215,24 +236,130 @@ def test_projection_head_shape(depth: int, linears: int) -> None:
         ({"temperature": 0.0}, r"temperature must be > 0 \(got 0.0\)"),
         ({"alpha": 0.0}, r"alpha must be > 0 \(got 0.0\)"),
         ({"alpha": -1.0}, r"alpha must be > 0 \(got -1.0\)"),
-        ({"lambda_n": 1.2}, r"lambda_n must lie in \[0, 1\] \(got 1.2\)"),
-        ({"lambda_p": -0.5}, r"lambda_p must lie in \[0, 1\] \(got -0.5\)"),
         ({"proj_dim": 0}, r"proj_dim must be >= 1 \(got 0\)"),
         ({"proj_depth": 4}, r"proj_depth must be 1, 2 or 3 \(got 4\)"),
-        ({"mixing": "hardest"}, r"mixing must be 'hard', 'manifold' or 'none' \(got 'hardest'\)"),
         ({"classifier_pairs": "all"}, r"classifier_pairs must be 'both' or 'negatives' \(got 'all'\)"),
-        ({"mixing": "manifold", "smooth_classifier": False}, r"mixing='manifold' only feeds the classifier"),
-        ({"mixing": "none", "original_positives": False}, r"original_positives=False needs mixing='hard'"),
-        ({"memory_size": -5}, r"memory_size must be >= 0 \(got -5\); 0 turns the memory off"),
-        ({"memory_warmup_steps": -1}, r"memory_warmup_steps must be >= 0 \(got -1\)"),
-        ({"eta": 0.0, "mixing": "none", "memory_size": 8}, r"memory_size > 0 needs mixing='hard' or eta > 0"),
-        ({"generated_pairs": "mine"}, r"generated_pairs must be 'all' or 'own' \(got 'mine'\)"),
-        ({"mixing": "none", "generated_pairs": "own"}, r"generated_pairs='own' needs mixing='hard' and eta > 0"),
     ],
 )
 def test_invalid_settings_raise(kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError, match=r"^invalid Core-tuning settings: .*" + message):
+    with pytest.raises(ValueError, match=r"^invalid Core-tuning settings: " + message + "$"):
         objectives.create("core", **kwargs)
+
+
+NO_MINER = {"miner": None}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"manifold_mixup": True}, "manifold_mixup replaces the hard-pair miner: it needs miner null"),
+        (
+            {**NO_MINER, "manifold_mixup": True, "smooth_classifier": False},
+            "manifold_mixup only feeds the classifier: it needs smooth_classifier=True",
+        ),
+        (
+            {"eta": 0.0, "miner": HardPairMiner(generated_pairs="own")},
+            "the miner's generated_pairs='own' needs eta > 0 (no generated rows are contrasted)",
+        ),
+        (
+            {**NO_MINER, "eta": 0.0, "memory": CrossBatchMemory(8)},
+            "memory needs a miner or eta > 0 (nothing would use the memory)",
+        ),
+        (
+            {"same_domain_positives": True, "memory": CrossBatchMemory(8)},
+            "same_domain_positives needs memory null (the memory keeps no domain labels)",
+        ),
+        (
+            {**NO_MINER, "eta": 0.0, "same_domain_positives": True},
+            "same_domain_positives needs a miner or eta > 0 (no positives are used)",
+        ),
+    ],
+)
+def test_the_rules_that_join_the_parts(kwargs: dict[str, Any], message: str) -> None:
+    """What CoreTuning itself checks beyond its own numbers: how its parts combine."""
+    with pytest.raises(ValueError) as error:
+        CoreTuning(**kwargs)
+    assert str(error.value) == f"invalid Core-tuning settings: {message}"
+
+
+def test_the_rules_allow_what_they_do_not_name() -> None:
+    """The combinations next to each refused one are accepted (the rules are no wider than their message)."""
+    CoreTuning(**NO_MINER, manifold_mixup=True)  # ce_mix with eta 0.1
+    CoreTuning(miner=HardPairMiner(generated_pairs="own"))
+    CoreTuning(**NO_MINER, memory=CrossBatchMemory(8))  # ce_con with a memory
+    CoreTuning(eta=0.0, memory=CrossBatchMemory(8))  # the miner reads it
+    CoreTuning(**NO_MINER, same_domain_positives=True)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: HardPairMiner(lambda_n=1.2),
+            r"^invalid hard-pair miner settings: lambda_n must lie in \[0, 1\] \(got 1.2\)$",
+        ),
+        (
+            lambda: HardPairMiner(lambda_p=-0.5),
+            r"^invalid hard-pair miner settings: lambda_p must lie in \[0, 1\] \(got -0.5\)$",
+        ),
+        (
+            lambda: HardPairMiner(generated_pairs="mine"),  # type: ignore[arg-type]
+            r"^invalid hard-pair miner settings: generated_pairs must be 'all' or 'own' \(got 'mine'\)$",
+        ),
+        (
+            lambda: CrossBatchMemory(0),
+            r"^invalid cross-batch memory settings: size must be >= 1 \(got 0\); an objective without a memory has "
+            r"memory null$",
+        ),
+        (
+            lambda: CrossBatchMemory(8, warmup_steps=-1),
+            r"^invalid cross-batch memory settings: warmup_steps must be >= 0 \(got -1\)$",
+        ),
+    ],
+)
+def test_each_part_checks_its_own_settings(make: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_settings_recorded_as_plain_values_rebuild_the_objective() -> None:
+    """hparams() records the parts as dicts (checkpoints, config.yaml); from_settings makes them parts again."""
+    obj = CoreTuning(miner=HardPairMiner(lambda_n=0.5, generated_pairs="own"), memory=CrossBatchMemory(16, 3))
+    recorded = obj.hparams()
+    assert recorded["miner"] == {"lambda_n": 0.5, "lambda_p": 0.0, "original_positives": True, "generated_pairs": "own"}
+    assert recorded["memory"] == {"size": 16, "warmup_steps": 3}
+    again = CoreTuning.from_settings(recorded)
+    assert again.miner == obj.miner and again.cross_batch == obj.cross_batch and again.hparams() == recorded
+    obj.build(6, 3)  # its FeatureMemory (objective.memory in state dicts) does not replace the recorded settings
+    assert obj.hparams() == recorded and obj.memory_size == 16
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ({"lambda_n": 0.5, "lambda_p": 0.1}, {"miner": {"lambda_n": 0.5, "lambda_p": 0.1}}),
+        ({"mixing": "none", "lambda_n": 0.5, "original_positives": True}, {"miner": None, "manifold_mixup": False}),
+        ({"mixing": "manifold", "eta": 0.0}, {"miner": None, "manifold_mixup": True, "eta": 0.0}),
+        ({"mixing": "hard", "generated_pairs": "own"}, {"miner": {"generated_pairs": "own"}, "manifold_mixup": False}),
+        ({"memory_size": 0, "memory_warmup_steps": 1000}, {"memory": None}),
+        ({"memory_size": 64, "memory_warmup_steps": 5}, {"memory": {"size": 64, "warmup_steps": 5}}),
+        ({"lambda_n": 0.5, "miner": {"lambda_n": 0.7}}, {"miner": {"lambda_n": 0.7}}),  # the current spelling wins
+    ],
+)
+def test_old_flat_settings_upgrade_to_the_parts(old: dict[str, Any], new: dict[str, Any]) -> None:
+    upgraded, moved = CoreTuning.upgrade_settings(old)
+    assert upgraded == new
+    assert moved == [k for k in old if k in CoreTuning.moved_settings]
+
+
+def test_an_old_version_s_whole_record_rebuilds_the_same_objective() -> None:
+    """Every setting a config.yaml of the flat version recorded (ce_con's, with a memory) gives the same objective."""
+    flat = {**{k: v for k, v in PAPER_DEFAULTS.items() if k not in ("miner", "memory", "manifold_mixup")}}
+    flat |= {"lambda_n": 0.6, "lambda_p": 0.0, "original_positives": True, "generated_pairs": "all", "mixing": "none"}
+    flat |= {"memory_size": 32, "memory_warmup_steps": 10, "focal": False}
+    obj = CoreTuning.from_settings(CoreTuning.upgrade_settings(flat)[0])
+    assert obj.hparams() == objectives.create("ce_con", memory=CrossBatchMemory(32, 10)).hparams()
+    assert objectives.preset_name(obj) == "ce_con"
 
 
 def test_all_problems_are_reported_at_once() -> None:
@@ -328,7 +455,7 @@ def fingerprint(name: str, dtype: torch.dtype = torch.float32, **hparams: Any) -
     bf16-mixed fit computes them): the summed loss (hex) and a SHA-256 of every loss, the features' gradient and
     every parameter's gradient, bit for bit."""
     torch.manual_seed(0)
-    obj = objectives.create(name, 6, 3, proj_dim=4, **hparams)
+    obj = objectives.create(name, 6, 3, proj_dim=4, **hparams)  # (the parts: HardPairMiner, CrossBatchMemory)
     z = torch.randn(12, 6, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_()
     y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 0, 1, 2, 2, 1])
     obj.generator = torch.Generator().manual_seed(2)
@@ -362,11 +489,11 @@ BEFORE_THE_MEMORY = {
 
 @pytest.mark.parametrize("name", sorted(BEFORE_THE_MEMORY))
 def test_memory_zero_is_the_paper_number_for_number(name: str) -> None:
-    """The default (memory_size=0) reproduces the losses and gradients of the code before the memory, bit for bit;
+    """The default (no memory) reproduces the losses and gradients of the code before the memory, bit for bit;
     so does a memory still in its warm-up, and it adds no state to the default's checkpoints."""
     assert fingerprint(name) in BEFORE_THE_MEMORY[name]
     if name != "ce_mix":  # no memory there: nothing would use it
-        assert fingerprint(name, memory_size=8, memory_warmup_steps=3) == fingerprint(name)
+        assert fingerprint(name, memory=CrossBatchMemory(8, warmup_steps=3)) == fingerprint(name)
     assert not any(key.startswith("memory") for key in objectives.create(name, 6, 3).state_dict())
 
 
@@ -408,12 +535,12 @@ def reference_con(
         contrast = [
             j
             for j in range(len(v))
-            if j != i and (obj.generated_pairs == "all" or kinds[j] in ("orig", "memory") or owner[j] == i)
+            if j != i and (miner_of(obj).generated_pairs == "all" or kinds[j] in ("orig", "memory") or owner[j] == i)
         ]
         positives = [
             j
             for j in contrast
-            if (kinds[j] in ("orig", "memory") and obj.original_positives and row_labels[j] == labels[i])
+            if (kinds[j] in ("orig", "memory") and miner_of(obj).original_positives and row_labels[j] == labels[i])
             or (kinds[j] == "pos" and owner[j] == i)
         ]
         if not positives:
@@ -441,7 +568,9 @@ def test_memory_step_equals_the_loop_reference(settings: dict[str, Any]) -> None
     """A step after one that filled the memory: its rows are mining candidates and extra contrast rows (keys
     through the current head, no gradient); loss terms and the gradients of z and of the heads as the loops."""
     torch.manual_seed(0)
-    obj = objectives.create("core", 6, 4, eta=0.5, proj_dim=5, memory_size=7, memory_warmup_steps=1, **settings)
+    obj = objectives.create(
+        "core", 6, 4, eta=0.5, proj_dim=5, **parts(memory_size=7, memory_warmup_steps=1, **settings)
+    )
     g = torch.Generator().manual_seed(1)
     first = torch.randn(5, 6, generator=g)
     obj(torch.randn(3, 6, generator=g), torch.tensor([0, 1, 2]))  # warm-up: neither read nor written
@@ -463,7 +592,7 @@ def test_memory_step_equals_the_loop_reference(settings: dict[str, Any]) -> None
     hard = obj.mixing == "hard"
     generated, targets, rows = [], [], zr
     if hard:
-        p = ct.mine_hard_pairs(zr, y, 4, obj.alpha, obj.lambda_n, obj.lambda_p, g, memory, memory_labels)
+        p = ct.mine_hard_pairs(zr, y, 4, obj.alpha, obj.miner.lambda_n, obj.miner.lambda_p, g, memory, memory_labels)
         generated, targets = [p.pos_features, p.neg_features], [p.pos_targets, p.neg_targets]
         rows = torch.cat([zr, p.pos_features, p.neg_features])
     elif obj.mixing == "manifold":
@@ -502,7 +631,7 @@ def test_memory_step_equals_the_loop_reference(settings: dict[str, Any]) -> None
 def test_the_a_i_reading_without_memory_equals_the_loop_reference(generated_pairs: str) -> None:
     """``generated_pairs``: every generated row in each A_i (the authors' code) or only the anchor's own."""
     torch.manual_seed(0)
-    obj = objectives.create("core", 6, 3, proj_dim=5, generated_pairs=generated_pairs)
+    obj = objectives.create("core", 6, 3, proj_dim=5, miner=HardPairMiner(generated_pairs=generated_pairs))
     z, y = torch.randn(8, 6, requires_grad=True), torch.tensor([0, 1, 2, 0, 1, 2, 0, 2])
     obj.generator = torch.Generator().manual_seed(3)
     out = obj(z, y)
@@ -515,14 +644,16 @@ def test_the_a_i_reading_without_memory_equals_the_loop_reference(generated_pair
         obj.classifier(torch.cat([p.pos_features, p.neg_features])), torch.cat([p.pos_targets, p.neg_targets])
     )
     torch.testing.assert_close(grad, torch.autograd.grad(ce_m + 0.1 * con, z)[0])
-    other = objectives.create("core", 6, 3, proj_dim=5, generated_pairs="own" if generated_pairs == "all" else "all")
+    other = objectives.create(
+        "core", 6, 3, proj_dim=5, miner=HardPairMiner(generated_pairs="own" if generated_pairs == "all" else "all")
+    )
     other.load_state_dict(obj.state_dict())
     other.generator = torch.Generator().manual_seed(3)
     assert not torch.equal(other(z, y).terms["con"], out.terms["con"])  # the two readings differ
 
 
 def test_the_memory_is_only_used_and_filled_in_training_mode() -> None:
-    obj = objectives.create("core", 4, 2, memory_size=4, memory_warmup_steps=0)
+    obj = objectives.create("core", 4, 2, memory=CrossBatchMemory(4, warmup_steps=0))
     obj.eval()
     obj(torch.randn(3, 4), torch.tensor([0, 1, 0]))
     assert len(obj.memory) == 0 and int(obj.memory.steps) == 0
@@ -532,10 +663,10 @@ def test_the_memory_is_only_used_and_filled_in_training_mode() -> None:
 
 
 def test_a_memory_restores_from_a_state_dict() -> None:
-    obj = objectives.create("ce_con", 4, 2, memory_size=5, memory_warmup_steps=0)
+    obj = objectives.create("ce_con", 4, 2, memory=CrossBatchMemory(5, warmup_steps=0))
     for _ in range(2):
         obj(torch.randn(3, 4), torch.tensor([0, 1, 1]))
-    restored = objectives.create("ce_con", 4, 2, memory_size=5, memory_warmup_steps=0)
+    restored = objectives.create("ce_con", 4, 2, memory=CrossBatchMemory(5, warmup_steps=0))
     restored.load_state_dict(obj.state_dict())
     assert torch.equal(restored.memory.rows()[0], obj.memory.rows()[0])
     assert int(restored.memory.ptr) == 1 and int(restored.memory.steps) == 2

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import coretune as ct
 from coretune import objectives
+from coretune.memory import CrossBatchMemory
 from coretune.objectives import CoreTuning
 
 LABELS = torch.tensor([0, 1, 1, 2, 0, 1, 0, 2, 2, 0])
@@ -96,8 +97,11 @@ def test_the_hardest_positive_is_mined_in_the_anchors_domain() -> None:
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"memory_size": 8}, "same_domain_positives needs memory_size 0 (the memory keeps no domain labels)"),
-        ({"mixing": "none", "eta": 0.0}, "same_domain_positives needs mixing='hard' or eta > 0"),
+        (
+            {"memory": CrossBatchMemory(8)},
+            "same_domain_positives needs memory null (the memory keeps no domain labels)",
+        ),
+        ({"miner": None, "eta": 0.0}, "same_domain_positives needs a miner or eta > 0"),
     ],
 )
 def test_settings_that_cannot_restrict_positives_are_refused(settings: dict[str, Any], message: str) -> None:

@@ -287,9 +287,12 @@ def test_a_stop_inside_an_epoch_writes_no_snapshot_of_it(tmp_path: Path) -> None
     run = tmp_path / "run"
     args = pretrain_args(make_image_folder(tmp_path / "images"), run, "--trainer.max_epochs=2",
                          "--snapshot_epochs=[1, 2]", "--trainer.max_steps=4")  # fmt: skip
-    with pytest.warns(UserWarning, match=r"pre-training stopped inside epoch 2 \(1 of 3 steps\): pretrained\.pth\.tar "
-                      r"holds the encoder as it stopped \(its 'epoch' counts the 1 complete epoch\(s\), 'steps' the 4 "
-                      r"optimiser steps\) and no snapshot of epoch 2 is written"):
+    with pytest.warns(
+        UserWarning,
+        match=r"pre-training stopped inside epoch 2 \(1 of 3 steps\): pretrained\.pth\.tar "
+        r"holds the encoder as it stopped \(its 'epoch' counts the 1 complete epoch\(s\), 'steps' the 4 "
+        r"optimiser steps\) and no snapshot of epoch 2 is written",
+    ):
         main(args)  # fmt: skip
     assert sorted(p.name for p in run.glob("pretrained*")) == ["pretrained-epoch1.pth.tar", PRETRAINED_FILENAME]
     stopped = torch.load(run / PRETRAINED_FILENAME, weights_only=True)

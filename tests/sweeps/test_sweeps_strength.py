@@ -317,9 +317,7 @@ def test_a_comparison_keeps_its_colour_across_label_fractions(
     (ax,) = [a for a in drawn[0].axes if a.get_xlabel()]
     lines = [line for line in ax.get_lines() if _a_series(line)]
     assert sorted((line.get_color(), line.get_linestyle(), line.get_marker()) for line in lines) == sorted(
-        (colour, style, marker)
-        for colour in ("C0", "C1", "black")
-        for style, marker in (("-", "o"), ("--", "s"))
+        (colour, style, marker) for colour in ("C0", "C1", "black") for style, marker in (("-", "o"), ("--", "s"))
     )
 
 

@@ -71,7 +71,9 @@ def test_refuses_to_select_on_the_test_split(tmp_path: Path) -> None:
     # a preset whose η defines it, or that mixes nothing (α without effect): the grid would not tune that method
     with pytest.raises(ValueError, match=r"^--objective 'ce_mix' fixes eta at 0.0 \(it defines the method\); choose"):
         tune([], output=tmp_path, objective="ce_mix")
-    with pytest.raises(ValueError, match=r"^--objective 'ce_con' mixes nothing \(mixing='none'\): alpha would have"):
+    with pytest.raises(
+        ValueError, match=r"^--objective 'ce_con' mixes nothing \(miner null, no manifold_mixup\): alpha would have"
+    ):
         tune([], output=tmp_path, objective="ce_con")
     for bad, message in (
         ({"eta": []}, r"^--eta and --alpha need at least one value each \(got eta \[\]"),

@@ -201,12 +201,12 @@ def test_config_of_another_task_is_refused(trained: tuple[Path, Path], image_tre
         (["--objective=bi_tuning"], "'bi_tuning'", "it is a classification method"),
         (
             ["--objective=ce_mix"],
-            "'core' with mixing='manifold' (as ce_mix)",
+            "'core' with manifold_mixup (as ce_mix)",
             "it mixes features to train the classifier, which has no pixels to mix",
         ),
         (
-            ["--objective=core", "--objective.memory_size=64"],
-            "'core' with memory_size 64",
+            ["--objective=core", "--objective.memory.size=64"],
+            "'core' with a cross-batch memory (memory.size 64)",
             "its cross-batch memory is for classification only",
         ),
     ],
@@ -346,7 +346,7 @@ def test_dense_contrastive_term_positives_and_generated_rows() -> None:
     # by hand: rows [originals; one generated hard positive each], P_i = same label ∪ {own generated row} for the
     # 3 labelled crops; the unlabelled crops' generated rows are left out of every A_i
     again = torch.Generator().manual_seed(1)
-    generated = mine_hard_positives(pooled, positive_mask(labels), core.alpha, core.lambda_p, again)
+    generated = mine_hard_positives(pooled, positive_mask(labels), core.alpha, core.miner.lambda_p, again)
     v = torch.nn.functional.normalize(core.projector(torch.cat([pooled, generated])).float(), dim=1)
     labelled = torch.tensor([True, True, True, False, False])
     pos = torch.cat([positive_mask(labels), torch.diag(labelled)], dim=1)

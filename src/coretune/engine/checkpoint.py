@@ -145,7 +145,7 @@ class CheckedCheckpoint:
         """
         path, meta = self.path, self.meta
         try:
-            objective = self.objective_cls(**self.objective_hparams)
+            objective = self.objective_cls.from_settings(self.objective_hparams)
             model = self.model_cls(objective=objective, **self.hparams, weights=None)  # the weights: the file's
         except ValueError as err:  # a setting out of range: the class's own message
             raise CheckpointError(f"checkpoint {path} holds settings coretune refuses: {err}") from err
@@ -203,7 +203,9 @@ def _checked(path: Path, ckpt: Any, model_cls: type) -> CheckedCheckpoint:
         objective_cls, _ = get_objective(name)
     except ValueError as err:
         raise refuse(str(err)) from None
-    objective_hparams = settings(objective_cls, meta.get("objective_hparams", {}), "objective settings")
+    recorded = meta.get("objective_hparams", {})  # an older version's spelling (Core-tuning's lambda_n): upgraded
+    recorded = objective_cls.upgrade_settings(recorded)[0] if isinstance(recorded, dict) else recorded
+    objective_hparams = settings(objective_cls, recorded, "objective settings")
     recorded = ckpt.get("hyper_parameters", {})  # an older version's task settings (output_stride): task_settings
     recorded = moved_task_settings(recorded) if isinstance(recorded, dict) else recorded
     hparams = settings(model_cls, recorded, "model settings", frozenset({"objective", "weights"}))

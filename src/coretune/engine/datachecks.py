@@ -154,7 +154,7 @@ def _warn_memory_spans_epoch(model: Any, datamodule: TaskData) -> None:
     rows *= 2 if isinstance(model.batch_transform, AdversarialBatches) else 1
     if size >= rows:
         rank_zero_warn(
-            f"memory_size {size} holds an epoch's {rows} training rows or more: half the anchors or more meet "
-            f"their own earlier feature in the memory (an easy positive; all of them from {2 * rows} rows). "
-            f"Half an epoch, --objective.memory_size {rows // 2}, keeps it to about one anchor in eight"
+            f"the cross-batch memory's size {size} holds an epoch's {rows} training rows or more: half the anchors or "
+            f"more meet their own earlier feature in the memory (an easy positive; all of them from {2 * rows} rows). "
+            f"Half an epoch, --objective.memory.size {rows // 2}, keeps it to about one anchor in eight"
         )

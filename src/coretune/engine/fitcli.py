@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
-import pydoc
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -46,19 +45,19 @@ from .trainer import (
     quiet_lightning,
 )
 
-__all__ = ["FitArgsError", "FitCLI", "fit", "resolved_fit_config", "task_of_args", "translate_args"]
+__all__ = [
+    "FitArgsError",
+    "FitCLI",
+    "current_objective_args",
+    "fit",
+    "resolved_fit_config",
+    "task_of_args",
+    "translate_args",
+]
 
 
 def _class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _registered_class(name: str) -> type[objectives.Objective] | None:
-    """The registered objective class a class path (any module that exports it) or class name (``CoreTuning``) names,
-    else None."""
-    classes = {objectives.get(n)[0] for n in objectives.available()}
-    found = pydoc.locate(name) if "." in name else next((cls for cls in classes if cls.__name__ == name), None)
-    return found if found in classes else None
 
 
 def _defaults(cls: type) -> dict[str, Any]:
@@ -69,8 +68,8 @@ def _defaults(cls: type) -> dict[str, Any]:
 def _sibling_relics(cls: type, preset: dict[str, Any], current_args: Mapping[str, Any]) -> dict[str, Any]:
     """The settings another preset of ``cls`` left in ``current_args`` (a config's or an earlier ``--objective``'s
     ``init_args``) that the preset ``preset`` of the same class does not set, with the class defaults that replace
-    them: ``ce_mix``'s ``eta: 0.0`` and ``mixing: manifold`` when ``--objective core`` follows a ``ce_mix`` run's
-    config. A value no sibling preset sets (a tuned ``eta: 0.5``) is the user's and stays."""
+    them: ``ce_mix``'s ``eta: 0.0``, ``miner: null`` and ``manifold_mixup: true`` when ``--objective core`` follows a
+    ``ce_mix`` run's config. A value no sibling preset sets (a tuned ``eta: 0.5``) is the user's and stays."""
     defaults = _defaults(cls)
     sibling_values: dict[str, list[Any]] = {}
     for other in objectives.available():
@@ -100,13 +99,16 @@ def _objective_class_path(
     preset: dict[str, Any] = {}
     if name in objectives.available():
         cls, preset = objectives.get(name)
-    elif (cls := _registered_class(name)) is None:
+    elif (cls := objectives.registered_class(name)) is None:
         if "." not in name:
             objectives.get(name)  # neither a name nor a class (path): "unknown objective 'x'; choose one of: ..."
         return name, [f"--objective={name}"], {}
     class_path = _class_path(cls)
     if current is not None and class_path != current:
-        init_args = {k: list(v) if isinstance(v, tuple) else v for k, v in {**_defaults(cls), **preset}.items()}
+        init_args = {
+            k: list(v) if isinstance(v, tuple) else objectives.plain_setting(v)
+            for k, v in {**_defaults(cls), **preset}.items()
+        }
         return class_path, [f"--objective={json.dumps({'class_path': class_path, 'init_args': init_args})}"], init_args
     given = class_path if name in objectives.available() else name  # a class (path) jsonargparse resolves itself
     settings = {**_sibling_relics(cls, preset, current_args or {}), **preset} if current is not None else preset
@@ -115,7 +117,100 @@ def _objective_class_path(
 
 
 def _cli_value(value: Any) -> str:
+    value = objectives.plain_setting(value)  # a component (Core-tuning's miner) as the dict of its settings
+    if value is None or isinstance(value, dict):
+        return json.dumps(value)
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _moved_objective_setting(objective: str | None, key: str) -> tuple[type[objectives.Objective], str] | None:
+    """The objective class (``objective``: the class path set so far) and setting of an ``--objective.<old>`` key
+    that an older version spelled so (:attr:`~coretune.objectives.Objective.moved_settings`), or None."""
+    old = key.removeprefix("--objective.")
+    cls = objectives.registered_class(objective) if objective is not None and key != old else None
+    return (cls, old) if cls is not None and old in cls.moved_settings else None
+
+
+def _moved_objective_args(
+    cls: type[objectives.Objective], old: str, value: str, settings: dict[str, Any], held: dict[str, list[str]]
+) -> list[str]:
+    """``--objective.<old> value``, an older version's spelling, as its current arguments, with one line on stderr
+    (``--objective.lambda_n 0.5``: ``--objective.miner.lambda_n=0.5``). ``settings`` are the objective's known so
+    far (by dotted key; updated). A renamed setting of a component that is off (``ce_con``'s miner, a memory
+    before its size) had no effect in the old spelling and would turn it on in the new: it is ``held`` until a
+    setting turns the component on (a move by value, as ``--objective.mixing hard`` or ``--objective.memory_size
+    64``, says exactly what the old value meant), else dropped."""
+    new = cls.moved_setting(old, yaml.safe_load(value))
+    renamed = isinstance(cls.moved_settings[old], str)
+    print(
+        f"coretune fit: --objective.{old} is deprecated and will be removed in the next release: use "
+        f"{' '.join(f'--objective.{path} {_cli_value(v)}' for path, v in new.items())}",
+        file=sys.stderr,
+    )
+    args: list[str] = []
+    for path, setting in new.items():
+        head, dot, _ = path.partition(".")
+        arg = f"--objective.{path}={_cli_value(setting)}"
+        if dot and renamed and not _component_on(cls, settings, head):
+            held.setdefault(head, []).append(arg)
+            continue
+        _record_setting(settings, path, setting)
+        args.append(arg)
+        if setting is not None and _component_on(cls, settings, head):
+            args.extend(held.pop(head, []))
+    return args
+
+
+def current_objective_args(args: Sequence[str]) -> list[str]:
+    """``args`` with each ``--objective.<old> V`` that an older version spelled so (after ``--objective NAME``) in
+    its current spelling (``--objective.memory_size=4096``: ``--objective.memory.size=4096``), silently, and
+    nothing else changed: how a sweep compares the fit arguments a run recorded with its spec's."""
+    out: list[str] = []
+    objective: str | None = None
+    it = iter(args)
+    for arg in it:
+        key, eq, value = arg.partition("=")
+        if key == "--objective":
+            value = value if eq else next(it, "")
+            out.extend([arg] if eq else [arg, value])
+            cls = objectives.registered_class(value)
+            objective = None if cls is None else _class_path(cls)
+        elif moved := _moved_objective_setting(objective, key):
+            new = moved[0].moved_setting(moved[1], yaml.safe_load(value if eq else next(it, "")))
+            out.extend(f"--objective.{path}={_cli_value(setting)}" for path, setting in new.items())
+        else:
+            out.append(arg)
+    return out
+
+
+def _component_on(cls: type, settings: Mapping[str, Any], name: str) -> bool:
+    """Whether the component setting ``name`` of ``cls`` is on (not None) with the ``settings`` known so far."""
+    return any(k.startswith(f"{name}.") for k in settings) or settings.get(name, _defaults(cls).get(name)) is not None
+
+
+def _record_setting(settings: dict[str, Any], key: str, value: Any) -> None:
+    """``settings[key] = value``; a component turned off (``miner: null``) forgets the settings beneath it."""
+    if value is None:
+        for beneath in [k for k in settings if k.startswith(f"{key}.")]:
+            del settings[beneath]
+    settings[key] = value
+
+
+def _upgraded_objective(spec: dict[str, Any], path: str) -> list[str]:
+    """Rewrite a ``--config`` file's ``objective`` entry (``spec``, its class path resolved) whose ``init_args``
+    spell settings as an older version did, with one line on stderr; the old names."""
+    upgraded, old = objectives.upgrade_objective_config(spec)
+    if old:
+        cls = objectives.registered_class(str(spec["class_path"]))
+        assert cls is not None  # upgrade_objective_config found it
+        new = {k: v for key in old for k, v in cls.moved_setting(key, spec["init_args"][key]).items()}
+        print(
+            f"coretune fit: {path}: objective settings {', '.join(old)} are deprecated and will be removed in the "
+            f"next release: use {', '.join(f'{k}: {_cli_value(v)}' for k, v in new.items())} (nested under init_args)",
+            file=sys.stderr,
+        )
+        spec.update(upgraded)
+    return old
 
 
 def _translate_config(path: str) -> tuple[str, str | None, dict[str, Any]]:
@@ -140,10 +235,12 @@ def _translate_config(path: str) -> tuple[str, str | None, dict[str, Any]]:
     text = yaml.safe_dump(config, sort_keys=False) if logged else path
     if not isinstance(name, str):
         return text, None, {}
+    if isinstance(spec, dict) and _upgraded_objective(spec, path):  # an older version's settings (lambda_n: 0.5)
+        text = yaml.safe_dump(config, sort_keys=False)
     own = (spec.get("init_args") or {}) if isinstance(spec, dict) else {}
     own = own if isinstance(own, dict) else {}
     if name not in objectives.available():
-        return text, _class_path(cls) if (cls := _registered_class(name)) else name, own
+        return text, _class_path(cls) if (cls := objectives.registered_class(name)) else name, own
     cls, preset = objectives.get(name)
     init_args = {**preset, **own}
     config["objective"] = {"class_path": _class_path(cls), "init_args": init_args}
@@ -202,6 +299,7 @@ def translate_args(args: list[str]) -> list[str]:
     out: list[str] = []
     objective: str | None = None  # the class path of the objective set so far (a config's, an --objective's)
     settings: dict[str, Any] = {}  # its init_args known so far
+    held: dict[str, list[str]] = {}  # an older version's settings of a component that is off so far
     it = iter(args)
     for arg in it:
         key, eq, value = arg.partition("=")
@@ -215,8 +313,10 @@ def translate_args(args: list[str]) -> list[str]:
             objective, objective_args, given = _objective_class_path(value if eq else next(it, ""), objective, settings)
             out.extend(objective_args)
             settings = {**(settings if objective == previous else {}), **given}
+        elif moved := _moved_objective_setting(objective, key):  # an older version's --objective.lambda_n
+            out.extend(_moved_objective_args(*moved, value if eq else next(it, ""), settings, held))
         elif key.startswith("--objective.") and key != "--objective.help" and eq:
-            settings[key[len("--objective.") :]] = yaml.safe_load(value)
+            _record_setting(settings, key[len("--objective.") :], yaml.safe_load(value))
             out.append(arg)
         elif key == "--objective.help":
             out.append(f"{key}={_objective_class_path(value if eq else next(it, ''))[0]}")

@@ -274,7 +274,9 @@ def run_settings(model: L.LightningModule, datamodule: L.LightningDataModule | N
         settings["method"] = method  # a pre-training method (coretune pretrain)
     if (objective := getattr(model, "objective", None)) is not None:
         settings["objective"] = objective.registered_name
-        settings |= {f"objective.{k}": v for k, v in objective.hparams().items()}
+        for key, value in objective.hparams().items():  # a component's settings (Core-tuning's miner) one by one
+            nested = isinstance(value, dict) and value
+            settings |= {f"objective.{key}.{k}": v for k, v in value.items()} if nested else {f"objective.{key}": value}
     settings |= {f"model.{k}": v for k, v in model.hparams.items()}
     settings |= {f"data.{k}": v for k, v in (datamodule.hparams if datamodule is not None else {}).items()}
     return {k: v for k, v in settings.items() if k not in RESUMABLE_CHANGES and not k.split(".")[-1].startswith("_")}

@@ -22,6 +22,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from ..arguments import OneLineErrors
 from ..distributed import is_launching_process
 from ..models import CheckpointError, UnreadableCheckpointError, load_checkpoint_file, weights_digest
+from ..objectives import upgrade_objective_config
 from ..runs.atomic import atomic_write
 from ..runs.claim import fit_claim
 from ..runs.layout import RunDir
@@ -174,6 +175,15 @@ def _with_task_settings(settings: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**settings, "model": model}
 
 
+def _current_spelling(settings: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A run configuration with an older version's settings spelled as now: its task settings
+    (:func:`_with_task_settings`) and its objective's (Core-tuning's ``lambda_n`` as ``miner.lambda_n``:
+    :func:`~coretune.objectives.upgrade_objective_config`), so they compare with the current ones."""
+    settings = _with_task_settings(settings)
+    objective, moved = upgrade_objective_config(settings.get("objective"))
+    return {**settings, "objective": objective} if moved else settings
+
+
 def _weights_digests(checkpoint: Any, current: Mapping[str, Any]) -> tuple[str, str | None] | None:
     """The SHA-256 of the file the run started from (its checkpoint's ``coretune.weights_sha256``) and that of the
     file ``--model.weights`` names now (None: no such file), or None when the checkpoint records none."""
@@ -221,7 +231,7 @@ def check_resume(config: Mapping[str, Any], current: Mapping[str, Any]) -> list[
     digests = _weights_digests(checkpoint, current)
     same_file = digests is not None and digests[0] == digests[1]  # the very file, perhaps moved: may be renamed
     for settings in _recorded_settings(checkpoint, config_file):
-        may, may_not = setting_changes(_with_task_settings(settings), _with_task_settings(current))
+        may, may_not = setting_changes(_current_spelling(settings), _current_spelling(current))
         allowed |= dict.fromkeys(may + [c for c in may_not if c.startswith("model.weights ") and same_file])
         refused |= dict.fromkeys(c for c in may_not if not (c.startswith("model.weights ") and same_file))
     epochs = _flat(current).get("trainer.max_epochs")

@@ -1,7 +1,18 @@
 """Fine-tuning objectives: one class per method against :class:`Objective`, named in a registry."""
 
 from . import bi_tuning, bss, ce, core, delta, l2sp, manifold_mixup, mm, rifle, scl
-from .base import Objective, ObjectiveOutput, available, create, get, preset_name, register
+from .base import (
+    Objective,
+    ObjectiveOutput,
+    available,
+    create,
+    get,
+    plain_setting,
+    preset_name,
+    register,
+    registered_class,
+    upgrade_objective_config,
+)
 from .bi_tuning import BiTuning
 from .bss import BSS
 from .ce import CETuning
@@ -41,8 +52,11 @@ __all__ = [
     "l2sp",
     "manifold_mixup",
     "mm",
+    "plain_setting",
     "preset_name",
     "register",
+    "registered_class",
     "rifle",
     "scl",
+    "upgrade_objective_config",
 ]

@@ -9,8 +9,11 @@ the optional hooks below instead of reaching into the training engine.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from collections.abc import Callable, Iterable
+import pydoc
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -19,7 +22,24 @@ from torch import Tensor, nn
 
 from ..distributed import world_size
 
-__all__ = ["Objective", "ObjectiveOutput", "available", "create", "get", "preset_name", "register"]
+__all__ = [
+    "MovedSetting",
+    "Objective",
+    "ObjectiveOutput",
+    "available",
+    "create",
+    "get",
+    "plain_setting",
+    "preset_name",
+    "register",
+    "registered_class",
+    "upgrade_objective_config",
+]
+
+MovedSetting = str | Callable[[Any], Mapping[str, Any]]
+"""Where an older version's setting went (:attr:`Objective.moved_settings`): its current dotted path
+(``"miner.lambda_n"``), or a function of its old value giving the current settings, by dotted path, that replace it
+(``memory_size: 0`` is ``{"memory": None}``; ``None`` turns a component off, ``{}`` on at its defaults)."""
 
 
 @dataclass
@@ -170,9 +190,83 @@ class Objective(nn.Module):
             raise RuntimeError(f"objective {self.name!r} has no heads yet: call .build(feature_dim, num_classes)")
 
     def hparams(self) -> dict[str, Any]:
-        """The constructor's hyper-parameters (stored as attributes of the same names), for configs and logs."""
+        """The constructor's hyper-parameters (stored as attributes of the same names), for configs and logs; a
+        component's settings (a dataclass such as Core-tuning's ``miner``) as a dict (:func:`plain_setting`)."""
         names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
-        return {n: getattr(self, n) for n in names if hasattr(self, n)}
+        missing = object()
+        settings = {n: self.setting(n, missing) for n in names}
+        return {n: plain_setting(v) for n, v in settings.items() if v is not missing}
+
+    def setting(self, name: str, default: Any = None) -> Any:
+        """The value of the constructor argument ``name``: the attribute of that name (override where another
+        attribute keeps it)."""
+        return getattr(self, name, default)
+
+    #: Settings that older versions took under another name, still read for one release (a flag, a config's
+    #: ``init_args``, a checkpoint's settings): old name → :data:`MovedSetting`. :meth:`upgrade_settings` applies it.
+    moved_settings: ClassVar[Mapping[str, MovedSetting]] = {}
+
+    @classmethod
+    def moved_setting(cls, old: str, value: Any) -> dict[str, Any]:
+        """The current settings, by dotted path, that the old setting ``old`` (one of :attr:`moved_settings`) with
+        ``value`` stands for: ``lambda_n 0.5`` → ``{"miner.lambda_n": 0.5}``."""
+        new = cls.moved_settings[old]
+        return {new: value} if isinstance(new, str) else dict(new(value))
+
+    @classmethod
+    def upgrade_settings(cls, settings: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """``settings`` (constructor arguments as a config or checkpoint records them: plain values, a component's
+        as a dict) with each old one of :attr:`moved_settings` in its current place, and the old names found.
+
+        A component an old setting turned off (``None``) drops the old settings beneath it (they had no effect);
+        a setting given both ways keeps its current spelling's value."""
+        old = [k for k in settings if k in cls.moved_settings]
+        if not old:
+            return dict(settings), []
+        assigned: dict[str, Any] = {}
+        for key in old:
+            assigned |= cls.moved_setting(key, settings[key])
+        current = {k: v for k, v in settings.items() if k not in cls.moved_settings}
+        for key, value in _nested(assigned).items():
+            given = current.get(key, value)
+            current[key] = {**value, **given} if isinstance(value, dict) and isinstance(given, Mapping) else given
+        return current, old
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> Objective:
+        """An instance with ``settings`` as a config or checkpoint records them (:meth:`hparams`): a component
+        given as a dict becomes the dataclass its parameter is annotated with."""
+        hints = typing.get_type_hints(cls.__init__)
+        values = dict(settings)
+        for name, value in settings.items():
+            components = [
+                t for t in typing.get_args(hints.get(name)) or (hints.get(name),) if dataclasses.is_dataclass(t)
+            ]
+            if isinstance(value, Mapping) and len(components) == 1:
+                values[name] = components[0](**value)
+        return cls(**values)
+
+
+def _nested(assigned: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings by dotted path (``{"miner.lambda_n": 0.5, "memory": None}``) as nested dicts; a path beneath one set
+    to ``None`` (a component turned off) is dropped."""
+    off = [path for path, value in assigned.items() if value is None]
+    nested: dict[str, Any] = {}
+    for path, value in sorted(assigned.items(), key=lambda item: item[0].count(".")):
+        if any(path.startswith(f"{parent}.") for parent in off):
+            continue
+        *parents, leaf = path.split(".")
+        node = nested
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        before = node.get(leaf)
+        node[leaf] = {**before, **value} if isinstance(before, dict) and isinstance(value, dict) else value
+    return nested
+
+
+def plain_setting(value: Any) -> Any:
+    """A setting as a config records it: a component (a dataclass instance) as the dict of its fields."""
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
 
 
 _REGISTRY: dict[str, tuple[type[Objective], dict[str, Any], str]] = {}
@@ -233,3 +327,26 @@ def create(name: str, feature_dim: int | None = None, num_classes: int | None = 
     if feature_dim is not None and num_classes is not None:
         objective.build(feature_dim, num_classes)
     return objective
+
+
+def registered_class(name: str) -> type[Objective] | None:
+    """The registered objective class that ``name`` names: a registered name (``ce_con``), a class path (any module
+    that exports it: ``coretune.objectives.CoreTuning``) or a class name (``CoreTuning``); None if none."""
+    if name in _REGISTRY:
+        return _REGISTRY[name][0]
+    classes = {cls for cls, _, _ in _REGISTRY.values()}
+    found = pydoc.locate(name) if "." in name else next((cls for cls in classes if cls.__name__ == name), None)
+    return found if found in classes else None  # type: ignore[return-value]
+
+
+def upgrade_objective_config(spec: Any) -> tuple[Any, list[str]]:
+    """A configuration's ``objective`` entry (``{class_path: …, init_args: {…}}``, as ``config.yaml`` records it)
+    with the moved settings of an older version in their current place (:meth:`Objective.upgrade_settings`), and
+    the old names found; anything else as it is."""
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("init_args"), Mapping):
+        return spec, []
+    cls = registered_class(str(spec.get("class_path")))
+    if cls is None:
+        return spec, []
+    init_args, old = cls.upgrade_settings(spec["init_args"])
+    return ({**spec, "init_args": init_args} if old else spec), old

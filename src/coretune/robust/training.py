@@ -10,7 +10,7 @@ keeps its running statistics), only the images differentiated (the parameters ge
 **Contrastive objectives.** The adversarial row ``B + i`` is a positive of its clean source ``i``. With class-label
 positives this needs nothing more: the row carries its source's label ``y_i``, so SupCon's mask and Core-tuning's
 original-pair mask pair ``i`` with ``B + i`` (both ways), and Core-tuning mines its hard pairs over all ``2B`` rows
-(but ``core --objective.original_positives false`` drops the original pairs, and with them this pairing: its only
+(but ``core --objective.miner.original_positives false`` drops the original pairs, and with them this pairing: its only
 positives are the generated ones).
 Objectives that take ``inputs`` (a second view, e.g. Bi-tuning's keys) get the clean source's inputs for an
 adversarial row (:func:`repeat_rows`), so its instance positive is its clean source's key.

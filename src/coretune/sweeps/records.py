@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from ..engine.fitcli import current_objective_args
 from ..runs.config import recorded_task
 from ..runs.layout import RunDir
 from ..tasks import DEFAULT_TASK, TASKS
@@ -194,7 +195,7 @@ def check_run_args(job: FitJob | Sequence[str], run_dir: str | Path | None = Non
     if not path.is_file():
         return
     before = json.loads(path.read_text())
-    if before != list(args):
+    if before != list(args) and current_objective_args(before) != current_objective_args(args):  # old spellings
         raise OtherFitArgs(
             f"run directory {run_dir} was started with other fit arguments (recorded in {path}): "
             f"{shlex.join(before)}  ≠  {shlex.join(args)}. Delete that directory to redo the run with the new "

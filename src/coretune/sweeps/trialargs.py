@@ -56,7 +56,9 @@ def check_trial_args(
     except FitArgsError as error:
         raise ValueError(f"coretune fit would refuse the trial arguments: {error}. Fix the fit arguments") from None
     try:
-        task(config.get("model")).check_objective(objectives.get(objective)[0](**config["objective"]["init_args"]))
+        task(config.get("model")).check_objective(
+            objectives.get(objective)[0].from_settings(config["objective"]["init_args"])
+        )
     except ValueError as error:
         raise ValueError(f"coretune fit would refuse the trial arguments: {error}") from None
     if problem := unvalidated_final_epoch(config):

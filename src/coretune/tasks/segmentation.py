@@ -279,8 +279,8 @@ class SegmentationTask(Task):
     - Network: the backbone's last stages dilated to the setting ``output_stride`` (16, the paper's, or 8;
       weights through the same loader and load report as classification), torchvision's DeepLab-V3 head (ASPP)
       as the objective's classifier ``G_y``; logits upsampled to the input size.
-    - Objectives: ``ce`` (pixel-wise CE), and Core-tuning's class with ``mixing`` ``"hard"`` (``core``) or
-      ``"none"`` (``ce_con``): pixel-wise CE from the head + ``η ×`` the contrastive term of
+    - Objectives: ``ce`` (pixel-wise CE), and Core-tuning's class with its hard-pair ``miner`` (``core``) or
+      without (``ce_con``): pixel-wise CE from the head + ``η ×`` the contrastive term of
       :func:`~coretune.objectives.core.dense_contrastive_loss` (the objective's
       :meth:`~coretune.objectives.Objective.dense_loss`) on the pooled last feature map, through the objective's own
       projection head.

@@ -24,6 +24,7 @@ import yaml
 from lightning.pytorch import loggers
 
 from ..runs.layout import RunDir
+from .modelsettings import GROUPS
 from .runcli import RESUMABLE_CHANGES
 from .seeds import run_seed
 
@@ -266,16 +267,19 @@ def _mlflow_run(uri: str, experiment_name: str, run_dir: str) -> str | None:
 
 def run_settings(model: L.LightningModule, datamodule: Any = None) -> dict[str, Any]:
     """What a run's loggers record as its parameters: ``objective`` (its registered name) and ``objective.<x>``
-    (η, α, …) or a pre-training run's ``method``, ``seed``, ``model.<x>`` and ``data.<x>`` (label fraction, image
-    size, …), without the settings a resume may change (:data:`~coretune.engine.RESUMABLE_CHANGES`), so a resumed
-    run logs the same values, and without private entries (LightningCLI's ``_instantiator``)."""
+    (η, α, …) or a pre-training run's ``method``, ``seed``, ``model.<x>`` (a group's as ``model.optim.lr``) and
+    ``data.<x>`` (label fraction, image size, …), without the settings a resume may change
+    (:data:`~coretune.engine.RESUMABLE_CHANGES`), so a resumed run logs the same values, and without private
+    entries (LightningCLI's ``_instantiator``)."""
     settings: dict[str, Any] = {"seed": run_seed()}
     if method := getattr(model, "method", ""):
         settings["method"] = method  # a pre-training method (coretune pretrain)
     if (objective := getattr(model, "objective", None)) is not None:
         settings["objective"] = objective.registered_name
         settings |= {f"objective.{k}": v for k, v in objective.hparams().items()}
-    settings |= {f"model.{k}": v for k, v in model.hparams.items()}
+    for key, value in model.hparams.items():  # a group's settings one by one: model.optim.lr
+        group = key in GROUPS and isinstance(value, Mapping)
+        settings |= {f"model.{key}.{k}": v for k, v in value.items()} if group else {f"model.{key}": value}
     settings |= {f"data.{k}": v for k, v in getattr(datamodule, "hparams", {}).items()}
     return {k: v for k, v in settings.items() if k not in RESUMABLE_CHANGES and not k.split(".")[-1].startswith("_")}
 

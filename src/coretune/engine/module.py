@@ -112,7 +112,7 @@ class FineTuner(L.LightningModule):
         adversarial: AdversarialTraining | None = None,
     ) -> None:
         super().__init__()
-        problems = optim.problems()
+        problems = [f"optim.{problem}" for problem in optim.problems()]
         if task not in TASKS:
             problems.append(f"task must be one of {', '.join(TASKS)} (got {task!r})")
         adversarial_on = adversarial is not None and adversarial.enable

@@ -65,7 +65,8 @@ def test_shipped_fit_configs_parse(path: Path, capsys: pytest.CaptureFixture[str
     assert config["objective"]["class_path"].startswith("coretune.objectives.")
     assert config["model"]["backbone"] == written["model"]["backbone"]
     assert config["trainer"]["max_epochs"] == written["trainer"]["max_epochs"]
-    if config["model"]["optim"]["lr"] >= 0.1 and config["model"]["task"] == "classification":  # issue 41: lr 0.1 collapses
+    # issue 41: lr 0.1 collapses
+    if config["model"]["optim"]["lr"] >= 0.1 and config["model"]["task"] == "classification":
         assert config["trainer"]["gradient_clip_val"] == 1.0, "Core-tuning at lr 0.1 needs gradient clipping"
 
 

@@ -699,7 +699,7 @@ def crafted(ckpt: dict[str, Any], case: str) -> None:
         ("too few class names", "its class_names (['cat', 'dog']) are not 3 names, one per class"),
         (
             "a setting of the wrong type",
-            "its model settings do not fit FineTuner: Parser key \"lr\": Expected a <class 'float'>. Got value: fast",
+            "its model settings do not fit FineTuner: Parser key \"optim.lr\": Expected a <class 'float'>. Got value: fast",
         ),
     ],
 )
@@ -1135,7 +1135,7 @@ def test_a_run_whose_training_accuracy_collapses_to_chance_fails(tree: Path, tmp
         r"loss never fell below that of guessing the class frequencies \(cross-entropy 1\.1\): check that the "
         r"training images hold signal \(not blank or all alike\) and that their labels match them, and the "
         r"pre-trained weights; if they do, clip the gradients \(--trainer\.gradient_clip_val 1\.0\) or lower the "
-        r"learning rate \(--model\.lr\); "
+        r"learning rate \(--model\.optim\.lr\); "
         r"docs/results\.md, section 7\. If it learns slowly on purpose, give it more time with a guard of your own: "
         r"--trainer\.callbacks\+=coretune\.engine\.ChanceLevelGuard --trainer\.callbacks\.min_fraction 0\.5 \(or "
         r"--trainer\.callbacks\.stop false to only warn\)",

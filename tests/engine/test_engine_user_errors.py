@@ -699,7 +699,8 @@ def crafted(ckpt: dict[str, Any], case: str) -> None:
         ("too few class names", "its class_names (['cat', 'dog']) are not 3 names, one per class"),
         (
             "a setting of the wrong type",
-            "its model settings do not fit FineTuner: Parser key \"optim.lr\": Expected a <class 'float'>. Got value: fast",
+            "its model settings do not fit FineTuner: Parser key \"optim.lr\": Expected a <class 'float'>. Got value: "
+            "fast",
         ),
     ],
 )

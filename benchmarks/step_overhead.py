@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from coretune.data import IMAGENET_MEAN, IMAGENET_STD, TaskDataDefaults
-from coretune.engine import FineTuner
+from coretune.engine import FineTuner, OptimSettings
 from coretune.objectives import create
 
 
@@ -53,7 +53,7 @@ def median_step(starts: list[float], warmup: int) -> float:
 
 
 def engine_step(objective: str, loader: DataLoader, steps: int, warmup: int) -> float:
-    model = FineTuner(create(objective), backbone="resnet18", lr=0.01)
+    model = FineTuner(create(objective), backbone="resnet18", optim=OptimSettings(lr=0.01))
     timer = StepTimer()
     trainer = L.Trainer(
         max_steps=steps + warmup + 1,

@@ -83,8 +83,8 @@ def test_a_parser_prints_one_line_and_exits_2(capsys: pytest.CaptureFixture[str]
     ("command", "expected"),
     [
         (
-            ["fit", "--model.schedule=foo"],
-            "coretune fit: error: --model.schedule: expected one of 'cosine', 'linear', 'poly', 'constant', "
+            ["fit", "--model.optim.schedule=foo"],
+            "coretune fit: error: --model.optim.schedule: expected one of 'cosine', 'linear', 'poly', 'constant', "
             "'exponential', got foo (coretune fit --help lists the options)",
         ),
         (

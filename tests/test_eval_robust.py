@@ -33,7 +33,7 @@ def fitted_greys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tree = make_image_tree(base / "data", per_class=30, val_per_class=10, size=16, palette=GREYS, noise=4)
     run = base / "run"
     main(["fit", *TINY_FIT, *QUIET, f"--data.root={tree}", f"--run_dir={run}", "--data.image_size=8",
-          "--data.batch_size=10", "--trainer.max_epochs=5", "--model.lr=0.02"])  # fmt: skip
+          "--data.batch_size=10", "--trainer.max_epochs=5", "--model.optim.lr=0.02"])  # fmt: skip
     return tree, RunDir(run).last_checkpoint
 
 

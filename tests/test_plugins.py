@@ -1,6 +1,6 @@
 """Adding an objective or a checkpoint layout is one class or function plus a decorator, from user code (this file)
-alone: ``coretune fit --objective NAME`` trains with it, ``--model.weights_format NAME`` (and auto-detection) loads
-with it, without any edit of coretune (issue 61; the task's counterpart is ``tests/tasks/test_tasks_plugin.py``).
+alone: ``coretune fit --objective NAME`` trains with it, ``--model.weights_options.format NAME`` (and auto-detection)
+loads with it, without any edit of coretune (issue 61; the task's counterpart is ``tests/tasks/test_tasks_plugin.py``).
 docs/architecture.md shows these examples."""
 
 from __future__ import annotations

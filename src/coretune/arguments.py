@@ -3,7 +3,7 @@
 jsonargparse answers a bad option with the command's whole usage (80 lines for ``coretune fit``) and a message over
 several lines. coretune's parsers answer with the message alone, on one line, naming the option as it is typed::
 
-    coretune fit: error: --model.schedule: expected one of 'cosine', 'linear', 'poly', 'constant', 'exponential',
+    coretune fit: error: --model.optim.schedule: expected one of 'cosine', 'linear', 'poly', 'constant', 'exponential',
     got foo (coretune fit --help lists the options)
 """
 

@@ -116,7 +116,7 @@ def test_every_objective_trains_adversarially(
 
 
 def test_a_run_resumed_with_adversarial_training_repeats_the_uninterrupted_one(tree: Path, tmp_path: Path) -> None:
-    common = ["fit", *TINY_FIT, *QUIET, f"--data.root={tree}", "--model.schedule=constant", *AT]
+    common = ["fit", *TINY_FIT, *QUIET, f"--data.root={tree}", "--model.optim.schedule=constant", *AT]
     main([*common, f"--run_dir={tmp_path / 'whole'}", "--trainer.max_epochs=2"])
     main([*common, f"--run_dir={tmp_path / 'resumed'}", "--trainer.max_epochs=1"])
     main([*common, f"--run_dir={tmp_path / 'resumed'}", "--trainer.max_epochs=2"])  # resumes from last.ckpt

@@ -88,8 +88,8 @@ def test_each_unseen_domain_the_held_out_parts_and_the_chosen_checkpoint_are_rep
     tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "run"
-    results = fit(tree, run, "--objective", "ce_con", "--trainer.max_epochs=3", "--model.optimizer=adam",
-                  "--model.lr=0.003", "--model.schedule=exponential", "--seed=1")  # fmt: skip
+    results = fit(tree, run, "--objective", "ce_con", "--trainer.max_epochs=3", "--model.optim.optimizer=adam",
+                  "--model.optim.lr=0.003", "--model.optim.schedule=exponential", "--seed=1")  # fmt: skip
     out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
     rows = read_metrics(run / "metrics.csv")
     assert len(rows) == 3 and {"val/art/top1", "val/cartoon/top1", "val/sketch/top1", "val/top1"} <= set(rows[0])
@@ -284,7 +284,8 @@ def test_the_configs_resolve_to_appendix_c(config: str, tree: Path) -> None:
     )
     model, data = resolved["model"], resolved["data"]
     assert model["task"] == "domain_generalization"
-    assert (model["optimizer"], model["lr"], model["schedule"], model["weight_decay"]) == (
+    optim = model["optim"]
+    assert (optim["optimizer"], optim["lr"], optim["schedule"], optim["weight_decay"]) == (
         "adam", 5e-5, "exponential", 0.0,
     )  # fmt: skip
     assert data["selection"] == "training_domain_validation" and data["holdout_fraction"] == 0.2

@@ -76,12 +76,13 @@ def test_optimizer_problems_name_every_bad_setting() -> None:
 @pytest.mark.parametrize(("objective", "decay"), [("ce", 1e-4), ("l2sp", 0.0), ("delta", 0.0)])
 def test_l2sp_and_delta_train_without_weight_decay(objective: str, decay: float, tmp_path: Path) -> None:
     """The reference implementations of L2-SP and DELTA use no weight decay (their penalties replace it): every
-    parameter group of the fit's optimiser has none, whatever --model.weight_decay says; other objectives keep it."""
+    parameter group of the fit's optimiser has none, whatever --model.optim.weight_decay says; other objectives keep
+    it."""
     from image_trees import make_image_tree
 
     root = make_image_tree(tmp_path / "data")
     run = tmp_path / "run"
-    main(["fit", f"--data.root={root}", *TINY_FIT, "--model.weight_decay=1e-4", f"--objective={objective}",
+    main(["fit", f"--data.root={root}", *TINY_FIT, "--model.optim.weight_decay=1e-4", f"--objective={objective}",
           f"--run_dir={run}", *QUIET])  # fmt: skip
     state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     groups = state["optimizer_states"][0]["param_groups"]
@@ -116,7 +117,8 @@ def test_an_extended_run_steps_at_its_stretched_schedules_lr_from_the_first_step
         new_model = lambda: SimCLR(backbone="small_cnn", proj_dim=16)  # noqa: E731
         trainer = lambda epochs, *cb: make_pretrain_trainer(tmp_path / "run", max_epochs=epochs,  # noqa: E731
             enable_progress_bar=False, enable_model_summary=False, callbacks=list(cb))  # fmt: skip
-    lr = new_model().hparams.lr
+    model = new_model()
+    lr = model.optim.lr if command == "fit" else model.hparams.lr
     trainer(2).fit(new_model(), datamodule=data)
     steps = FirstStepLr()
     trainer(4, steps).fit(new_model(), datamodule=data, ckpt_path=str(tmp_path / "run" / "checkpoints" / "last.ckpt"))

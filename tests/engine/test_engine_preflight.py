@@ -69,7 +69,7 @@ def test_a_pretraining_that_would_train_nothing_is_refused_before_training(tmp_p
 UNBOUNDED = (
     "and no --trainer.max_steps give the cosine learning-rate schedule no length to decay over: pass "
     "--trainer.max_steps N (the run and its schedule end after N optimiser steps), a number of epochs "
-    "(--trainer.max_epochs N), or --model.schedule constant"
+    "(--trainer.max_epochs N), or --model.optim.schedule constant"
 )
 
 
@@ -89,15 +89,16 @@ def test_a_run_without_end_under_a_decaying_schedule_is_refused_naming_max_steps
     assert not (tmp_path / "run").exists()
     if "max_epochs" in options[0]:  # pre-training's default is a number of epochs
         images = make_image_folder(tmp_path / "images")
-        assert error(pretrain_args(images, tmp_path / "pre", *options)) == f"{what} {UNBOUNDED}"
+        pretraining = UNBOUNDED.replace("--model.optim.schedule", "--model.schedule")  # its own option
+        assert error(pretrain_args(images, tmp_path / "pre", *options)) == f"{what} {pretraining}"
         assert not (tmp_path / "pre").exists()
 
 
 def test_an_unbounded_run_with_max_steps_trains_with_warm_up_of_its_epochs(tree: Path, tmp_path: Path) -> None:
-    """max_epochs -1 with max_steps: the schedule is max_steps long, and --model.warmup_epochs counts the loader's
+    """max_epochs -1 with max_steps: the schedule is max_steps long, and --model.optim.warmup_epochs counts the loader's
     steps per epoch (36 images, batches of 8: 4), not max_steps (which made a 1-epoch warm-up the whole run)."""
     run = tmp_path / "run"
-    main(fit_args(tree, run, "--trainer.max_epochs=-1", "--trainer.max_steps=6", "--model.warmup_epochs=1"))
+    main(fit_args(tree, run, "--trainer.max_epochs=-1", "--trainer.max_steps=6", "--model.optim.warmup_epochs=1"))
     rows = read_metrics(run / "metrics.csv")
     assert [(r["epoch"], r["step"]) for r in rows] == [("0", "4"), ("1", "6")]
     assert float(rows[0]["lr"]) == pytest.approx(0.01 / 4)  # warm-up step 1 of 4
@@ -174,6 +175,7 @@ def test_the_chance_guard_names_the_data_when_the_training_loss_never_fell(tmp_p
         ": the run collapsed or is not learning, and its training loss never fell below that of guessing the class "
         "frequencies (cross-entropy 0.693): check that the training images hold signal (not blank or all alike) and "
         "that their labels match them, and the pre-trained weights; if they do, clip the gradients "
-        "(--trainer.gradient_clip_val 1.0) or lower the learning rate (--model.lr); docs/results.md, section 7. If"
+        "(--trainer.gradient_clip_val 1.0) or lower the learning rate (--model.optim.lr); docs/results.md, section 7. "
+        "If"
     ) in message, message
     assert "collapsed" in json.loads((tmp_path / "run" / "results.json").read_text())

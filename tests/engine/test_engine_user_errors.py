@@ -256,11 +256,11 @@ def test_a_run_directory_another_process_is_running_is_refused_untouched(
 
 
 def test_diverging_loss_names_epoch_and_step(tree: Path, tmp_path: Path) -> None:
-    message = error(fit_args(tree, tmp_path / "run", "--model.lr=1e30", "--trainer.precision=32-true"))
+    message = error(fit_args(tree, tmp_path / "run", "--model.optim.lr=1e30", "--trainer.precision=32-true"))
     assert re.match(r"the training loss is (nan|inf) at epoch 0, step 1 \(batch 1; ce=", message), message
     # in float32 already: the fix does not suggest it
     assert message.endswith(
-        "lower the learning rate (--model.lr) or clip the gradients (--trainer.gradient_clip_val 1.0)."
+        "lower the learning rate (--model.optim.lr) or clip the gradients (--trainer.gradient_clip_val 1.0)."
     )
     assert (tmp_path / "run" / "config.yaml").is_file()  # it trained a step: its run directory stays
     assert recorded_divergence(tmp_path / "run") == message  # a result: coretune tune does not run it again
@@ -281,33 +281,34 @@ def test_diverging_loss_names_epoch_and_step(tree: Path, tmp_path: Path) -> None
     ],
 )
 def test_a_diverging_run_whose_training_loss_stays_finite_fails(precision: str, expected: str, tmp_path: Path) -> None:
-    # --model.lr 1e6: the training loss stays finite (1e15-1e18) but the model is broken; it used to end with
+    # --model.optim.lr 1e6: the training loss stays finite (1e15-1e18) but the model is broken; it used to end with
     # "top-1 50%" (every image predicted as class a) and exit 0
     from image_trees import make_image_tree
 
     root = make_image_tree(tmp_path / "data", classes=("a", "b"), per_class=6, val_per_class=3, size=16)
     args = ["fit", f"--data.root={root}", "--model.backbone=small_cnn", "--data.image_size=16",
-            "--trainer.max_epochs=1", "--data.batch_size=4", "--model.lr=1e6", f"--trainer.precision={precision}",
+            "--trainer.max_epochs=1", "--data.batch_size=4", "--model.optim.lr=1e6", f"--trainer.precision={precision}",
             f"--run_dir={tmp_path / 'run'}", *QUIET]  # fmt: skip
     message = error(args)
     assert re.match(expected, message), message
     fix = {
-        "bf16-mixed": "lower the learning rate (--model.lr), clip the gradients (--trainer.gradient_clip_val 1.0), or "
-        "train in float32 (--trainer.precision 32-true).",
-        "32-true": "lower the learning rate (--model.lr) or clip the gradients (--trainer.gradient_clip_val 1.0).",
+        "bf16-mixed": "lower the learning rate (--model.optim.lr), clip the gradients (--trainer.gradient_clip_val "
+        "1.0), or train in float32 (--trainer.precision 32-true).",
+        "32-true": "lower the learning rate (--model.optim.lr) or clip the gradients (--trainer.gradient_clip_val "
+        "1.0).",
     }[precision]
     assert message.endswith(f"Check the pre-trained weights, {fix}")
     assert recorded_divergence(tmp_path / "run") == message
 
 
 def test_a_diverged_run_whose_logits_still_differ_fails(tmp_path: Path) -> None:
-    # --model.lr 1e4, one epoch: finite logits of ~1e15 that differ between images (no collapse), one class predicted
-    # for every image; it used to end with "top-1 50%" and exit 0
+    # --model.optim.lr 1e4, one epoch: finite logits of ~1e15 that differ between images (no collapse), one class
+    # predicted for every image; it used to end with "top-1 50%" and exit 0
     from image_trees import make_image_tree
 
     root = make_image_tree(tmp_path / "data", classes=("a", "b"), per_class=6, val_per_class=3, size=16)
     args = ["fit", f"--data.root={root}", "--model.backbone=small_cnn", "--data.image_size=16",
-            "--trainer.max_epochs=1", "--data.batch_size=4", "--model.lr=1e4", "--trainer.precision=32-true",
+            "--trainer.max_epochs=1", "--data.batch_size=4", "--model.optim.lr=1e4", "--trainer.precision=32-true",
             f"--run_dir={tmp_path / 'run'}", *QUIET]  # fmt: skip
     message = error(args)
     assert re.match(
@@ -376,7 +377,7 @@ def test_a_run_without_last_ckpt_is_not_overwritten_by_a_new_fit(tree: Path, tmp
     main(fit_args(tree, run))
     results = (run / "results.json").read_text()
     shutil.rmtree(run / "checkpoints")
-    message = error(fit_args(tree, run, "--model.lr=0.5"))
+    message = error(fit_args(tree, run, "--model.optim.lr=0.5"))
     assert message == (
         f"{run} holds a run (test results) but no last.ckpt to resume it from: a new fit there would overwrite its "
         "results and metrics. Pass another --run_dir, resume it from one of its checkpoints with --ckpt_path, or "
@@ -596,7 +597,7 @@ def test_unknown_layout_lists_the_layouts_tried(tree: Path, tmp_path: Path) -> N
         f"no tensor of checkpoint {ckpt} matches backbone 'small_cnn'. Layouts tried: torchvision (not applicable"
     )
     assert "Checkpoint starts with [weights: {trunk.conv.weight}]" in message
-    assert "force it with --model.weights_format (one of torchvision, timm, " in message
+    assert "force it with --model.weights_options.format (one of torchvision, timm, " in message
 
 
 def test_integer_weights_are_refused_unless_the_cast_is_forced(
@@ -614,11 +615,12 @@ def test_integer_weights_are_refused_unless_the_cast_is_forced(
         f"checkpoint {weights} stores {len(floats)} floating-point tensors of backbone 'small_cnn' as int64 (e.g. "
         f"{', '.join(floats[:3])}): integer or quantised weights are not the float weights the model needs. "
         "Dequantise the checkpoint or export its float weights; if the integers are the real values, force the "
-        "conversion with --model.weights_allow_cast true (coretune eval: --weights_allow_cast true; allow_cast=True "
-        "in Python)"
+        "conversion with --model.weights_options.allow_cast true (coretune eval: --weights_allow_cast true; "
+        "allow_cast=True in Python)"
     )
     assert not (tmp_path / "run" / "checkpoints").exists()
-    forced = error(fit_args(tree, tmp_path / "run", f"--model.weights={weights}", "--model.weights_allow_cast=true"))
+    cast = "--model.weights_options.allow_cast=true"
+    forced = error(fit_args(tree, tmp_path / "run", f"--model.weights={weights}", cast))
     # loaded as asked; 100x the real weights are no model: its logits blow up, which the run reports, not a result
     assert forced.startswith("the model diverged at epoch 0, step 0: its validation logits reach "), forced
     report = f"{len(state)}/{len(state)} tensors loaded, 0 missing, 0 unexpected; cast {len(floats)} non-floating "
@@ -657,13 +659,15 @@ def test_predict_refuses_nan_weights_or_outputs_and_keeps_its_old_output(tree: P
     out.write_text("path,prediction,confidence\nthe previous predictions\n")
     assert error(command("predict", nan, tree, tmp_path)) == (
         f"checkpoint {nan} holds NaN or infinite weights (1 of 26 tensors, e.g. objective.classifier.weight): the run "
-        "that wrote it diverged; use an earlier checkpoint, or fine-tune again with a lower learning rate (--model.lr)"
+        "that wrote it diverged; use an earlier checkpoint, or fine-tune again with a lower learning rate "
+        "(--model.optim.lr)"
     )
     huge = fine_tuned_checkpoint(tmp_path / "huge.ckpt", 3, overflowing)  # finite weights, infinite logits
     first = sorted((tree / "val").glob("*/*.png"))[0]
     assert error(command("predict", huge, tree, tmp_path)) == (
         f"checkpoint {huge} gives NaN or infinite outputs for {first} (and 11 more of its batch): its weights "
-        "overflow; use an earlier checkpoint of the run, or fine-tune again with a lower learning rate (--model.lr)"
+        "overflow; use an earlier checkpoint of the run, or fine-tune again with a lower learning rate "
+        "(--model.optim.lr)"
     )
     assert out.read_text() == "path,prediction,confidence\nthe previous predictions\n"
 
@@ -680,7 +684,7 @@ def crafted(ckpt: dict[str, Any], case: str) -> None:
     elif case == "too few class names":
         meta["class_names"] = meta["class_names"][:2]
     elif case == "a setting of the wrong type":
-        hparams["lr"] = "fast"
+        hparams["optim"]["lr"] = "fast"
     elif case == "an objective setting out of range":
         ckpt["coretune"] = {**meta, "objective": "core", "objective_hparams": {"eta": -1.0}}
 
@@ -698,7 +702,8 @@ def crafted(ckpt: dict[str, Any], case: str) -> None:
         ("too few class names", "its class_names (['cat', 'dog']) are not 3 names, one per class"),
         (
             "a setting of the wrong type",
-            "its model settings do not fit FineTuner: Parser key \"lr\": Expected a <class 'float'>. Got value: fast",
+            "its model settings do not fit FineTuner: Parser key \"optim.lr\": Expected a <class 'float'>. Got value: "
+            "fast",
         ),
     ],
 )
@@ -758,8 +763,8 @@ def copy_run(run: Path, tmp_path: Path) -> Path:
     ("options", "differences"),
     [
         (
-            ["--model.lr=0.5", "--seed=3", "--data.batch_size=2"],
-            "seed_everything 0 → 3; model.lr 0.01 → 0.5; data.batch_size 8 → 2",
+            ["--model.optim.lr=0.5", "--seed=3", "--data.batch_size=2"],
+            "seed_everything 0 → 3; model.optim.lr 0.01 → 0.5; data.batch_size 8 → 2",
         ),
         (["--model.backbone=resnet18"], "model.backbone small_cnn → resnet18"),
         (
@@ -820,7 +825,7 @@ def test_a_resume_may_extend_the_run_and_config_yaml_says_what_ran(
     assert [int(r["epoch"]) for r in read_metrics(run / "metrics.csv")] == [0, 1]
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert config["trainer"]["max_epochs"] == 2 and config["data"]["num_workers"] == 1
-    assert config["model"]["lr"] == 0.01 and config["data"]["batch_size"] == 8
+    assert config["model"]["optim"]["lr"] == 0.01 and config["data"]["batch_size"] == 8
     main(["fit", f"--config={run / 'config.yaml'}"])  # the fix the refusal names: the run's own settings
     assert [int(r["epoch"]) for r in read_metrics(run / "metrics.csv")] == [0, 1]
     # shortened below what it trained: config.yaml would record 1 epoch of a run that trained 2
@@ -1013,8 +1018,8 @@ def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path
             ["--data.image_size=0"],
             "invalid data option(s): image_size must be >= 1 pixel, got 0 — set valid values (--data.<option>)",
         ),
-        (["--model.lr=0"], "invalid model settings: lr must be > 0 (got 0.0)"),
-        (["--model.lr=-0.01"], "invalid model settings: lr must be > 0 (got -0.01)"),
+        (["--model.optim.lr=0"], "invalid model settings: optim.lr must be > 0 (got 0.0)"),
+        (["--model.optim.lr=-0.01"], "invalid model settings: optim.lr must be > 0 (got -0.01)"),
         (
             ["--model.output_stride=8"],
             "invalid model settings: output_stride is a segmentation setting that task 'classification' ignores (got "
@@ -1136,7 +1141,7 @@ def test_a_run_whose_training_accuracy_collapses_to_chance_fails(tree: Path, tmp
         r"loss never fell below that of guessing the class frequencies \(cross-entropy 1\.1\): check that the "
         r"training images hold signal \(not blank or all alike\) and that their labels match them, and the "
         r"pre-trained weights; if they do, clip the gradients \(--trainer\.gradient_clip_val 1\.0\) or lower the "
-        r"learning rate \(--model\.lr\); "
+        r"learning rate \(--model\.optim\.lr\); "
         r"docs/results\.md, section 7\. If it learns slowly on purpose, give it more time with a guard of your own: "
         r"--trainer\.callbacks\+=coretune\.engine\.ChanceLevelGuard --trainer\.callbacks\.min_fraction 0\.5 \(or "
         r"--trainer\.callbacks\.stop false to only warn\)",
@@ -1410,24 +1415,24 @@ def test_a_memory_that_holds_an_epoch_is_warned_about(
     ("extra", "expected"),
     [
         (
-            ["--model.optimizer=adam", "--model.momentum=0.5"],
-            "--model.momentum has no effect with --model.optimizer adam (they are SGD's): use --model.optimizer sgd, "
-            "or drop it",
+            ["--model.optim.optimizer=adam", "--model.optim.momentum=0.5"],
+            "--model.optim.momentum has no effect with --model.optim.optimizer adam (they are SGD's): use "
+            "--model.optim.optimizer sgd, or drop it",
         ),
         (
-            ["--model.optimizer=adamw", "--model.nesterov=true"],
-            "--model.nesterov has no effect with --model.optimizer adamw (they are SGD's): use --model.optimizer sgd, "
-            "or drop it",
+            ["--model.optim.optimizer=adamw", "--model.optim.nesterov=true"],
+            "--model.optim.nesterov has no effect with --model.optim.optimizer adamw (they are SGD's): use "
+            "--model.optim.optimizer sgd, or drop it",
         ),
         (
-            ["--model.freeze_backbone=true", "--model.backbone_lr=0.1"],
-            "--model.backbone_lr has no effect with --model.freeze_backbone true (the backbone does not train): drop "
-            "it, or let the backbone train",
+            ["--model.freeze_backbone=true", "--model.optim.backbone_lr=0.1"],
+            "--model.optim.backbone_lr has no effect with --model.freeze_backbone true (the backbone does not train): "
+            "drop it, or let the backbone train",
         ),
         (
-            ["--model.weights_format=moco", "--model.weights_allow_cast=true"],
-            "--model.weights_format, --model.weights_allow_cast have no effect without --model.weights (a random "
-            "initialisation reads no file): pass the pre-trained weights with --model.weights, or drop them",
+            ["--model.weights_options.format=moco", "--model.weights_options.allow_cast=true"],
+            "--model.weights_options.format, --model.weights_options.allow_cast have no effect without --model.weights "
+            "(a random initialisation reads no file): pass the pre-trained weights with --model.weights, or drop them",
         ),
     ],
     ids=["momentum-adam", "nesterov-adamw", "backbone_lr-frozen", "weights-options-without-weights"],

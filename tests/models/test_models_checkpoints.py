@@ -484,7 +484,7 @@ def test_unknown_layout_lists_layouts_tried_and_first_keys(tmp_path: Path) -> No
     message = str(info.value)
     for layout in list_layouts():
         assert f"{layout} (" in message
-    assert "weights: {net.0.0.weight, net.0.1.weight}" in message and "--model.weights_format" in message
+    assert "weights: {net.0.0.weight, net.0.1.weight}" in message and "--model.weights_options.format" in message
 
 
 def test_every_layout_is_one_module_of_the_layouts_package_in_detection_order() -> None:

@@ -96,7 +96,8 @@ def test_a_name_missing_from_the_cache_names_the_folder_and_the_fixes(hub_cache:
         "weights timm:resnet18.a1_in1k (timm/resnet18.a1_in1k (model.safetensors or pytorch_model.bin)) are not in "
         f"the Hugging Face cache {hub_cache / 'models--timm--resnet18.a1_in1k'}, and coretune does not download by "
         "default: download them into that cache (HF_HUB_CACHE) on a machine with network (e.g. hf download "
-        "timm/resnet18.a1_in1k), pass --model.weights_download true (needs network), or give a checkpoint file path"
+        "timm/resnet18.a1_in1k), pass --model.weights_options.download true (needs network), or give a checkpoint "
+        "file path"
     )
 
 
@@ -178,9 +179,11 @@ def test_fit_eval_and_sweeps_refuse_a_name_missing_from_the_cache(
     assert not list((tmp_path / "run").glob("*"))  # nothing written
     with pytest.raises(FitArgsError, match="are not in the Hugging Face cache"):
         resolved_fit_config(fit)
-    assert resolved_fit_config([*fit, "--model.weights_download=true"])["model"]["weights_download"] is True
+    config = resolved_fit_config([*fit, "--model.weights_options.download=true"])
+    assert config["model"]["weights_options"]["download"] is True
 
 
 def test_a_resume_may_switch_the_download_flag() -> None:
-    recorded, current = {"model": {"weights_download": True}}, {"model": {"weights_download": False}}
-    assert setting_changes(recorded, current) == (["model.weights_download True → False"], [])
+    recorded = {"model": {"weights_options": {"download": True}}}
+    current = {"model": {"weights_options": {"download": False}}}
+    assert setting_changes(recorded, current) == (["model.weights_options.download True → False"], [])

@@ -43,7 +43,9 @@ def finish(run_dir: Path, val_top1: list[float]) -> None:
 def diverge(run_dir: Path, key: str = "diverged") -> str:
     """A run directory as coretune fit leaves a fit that diverged (or, ``collapsed``, fell to chance): results.json
     records the message and no test results. Returns the message."""
-    message = f"the training loss is nan at epoch 2, step 7 in {run_dir.name}: lower the learning rate (--model.lr)"
+    message = (
+        f"the training loss is nan at epoch 2, step 7 in {run_dir.name}: lower the learning rate (--model.optim.lr)"
+    )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "results.json").write_text(json.dumps({key: message}))
     return message
@@ -305,8 +307,8 @@ def test_a_study_whose_every_trial_diverged_says_so(
     grid = {"eta": [1.0, 10.0], "alpha": [1.0], "output": tmp_path}
     expected = (
         rf"^every trial of study 'coretune' diverged \(eta 1 alpha 1, eta 10 alpha 1; each fit's message is in the "
-        rf"failure column of {tmp_path}/trials.csv\): lower the learning rate \(--model.lr\) or clip the gradients "
-        r"\(--trainer.gradient_clip_val 1.0\) in the fit arguments, and tune into a new --output$"
+        rf"failure column of {tmp_path}/trials.csv\): lower the learning rate \(--model.optim.lr\) or clip the "
+        r"gradients \(--trainer.gradient_clip_val 1.0\) in the fit arguments, and tune into a new --output$"
     )
     with pytest.raises(TrialFailed, match=expected):
         tune([data_arg], **grid)

@@ -38,7 +38,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     run = tmp / "run"
     main([
         "fit", *SEG, f"--data.root={root}", f"--run_dir={run}", "--objective=core", "--model.output_stride=8",
-        "--model.lr=0.05", "--model.schedule=poly", "--data.image_size=48", "--data.batch_size=8",
+        "--model.optim.lr=0.05", "--model.optim.schedule=poly", "--data.image_size=48", "--data.batch_size=8",
         "--data.eval_mode=whole", "--trainer.max_epochs=10", "--trainer.check_val_every_n_epoch=5",
         "--trainer.precision=32-true", *QUIET,
     ])  # fmt: skip

@@ -312,7 +312,7 @@ def _finetune(
 
     from .. import objectives
     from ..data import ImageClassificationData
-    from ..engine import FineTuner, make_trainer
+    from ..engine import FineTuner, OptimSettings, make_trainer
     from ..runs.layout import RunDir
 
     L.seed_everything(seed, verbose=False)
@@ -322,7 +322,10 @@ def _finetune(
         label_fraction=label_fraction, seed=seed,
     )  # fmt: skip
     model = FineTuner(
-        objectives.create(objective), backbone=BACKBONE, weights=weights, lr=FINETUNE_LR, weight_decay=5e-4
+        objectives.create(objective),
+        backbone=BACKBONE,
+        weights=weights,
+        optim=OptimSettings(lr=FINETUNE_LR, weight_decay=5e-4),
     )
     trainer = make_trainer(
         run_dir, progress=trainer_options["enable_progress_bar"], max_epochs=epochs, check_val_every_n_epoch=epochs,

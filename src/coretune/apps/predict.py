@@ -162,7 +162,7 @@ def _finite_logits(
         raise CheckpointError(
             f"checkpoint {ckpt_path} gives NaN or infinite outputs for {bad[0]}"
             f"{f' (and {len(bad) - 1} more of its batch)' if len(bad) > 1 else ''}: its weights overflow; "
-            "use an earlier checkpoint of the run, or fine-tune again with a lower learning rate (--model.lr)"
+            "use an earlier checkpoint of the run, or fine-tune again with a lower learning rate (--model.optim.lr)"
         )
     return logits
 

@@ -1,6 +1,7 @@
 """The training engine: Lightning module (:mod:`.module`, the training loop), what its checkpoints record
 (:mod:`.checkpoint`), its output health checks (:mod:`.health`) and data module checks (:mod:`.datachecks`), trainer
-set-up, run outputs, optimisers and schedules, and ``coretune fit`` (:mod:`.fitcli`)."""
+set-up, run outputs, optimisers and schedules (:class:`~.optim.OptimSettings`; :mod:`.modelsettings`: the
+settings older versions spelled flat), and ``coretune fit`` (:mod:`.fitcli`)."""
 
 from .callbacks import (
     ChanceLevelGuard,
@@ -16,7 +17,7 @@ from .fitcli import FitArgsError, FitCLI, resolved_fit_config, translate_args
 from .health import NonFiniteLossError, OutputHealth
 from .interrupts import StopOnSignal, TrainingInterrupted
 from .module import FineTuner
-from .optim import build_optimizer, lr_factor
+from .optim import OptimSettings, build_optimizer, lr_factor
 from .runcli import RESUMABLE_CHANGES, RunDirCLI, check_resume, resolve_run_dir, setting_changes
 from .trainer import (
     LIGHTNING_PYTREE_DEPRECATION,
@@ -37,6 +38,7 @@ __all__ = [
     "FitArgsError",
     "FitCLI",
     "NonFiniteLossError",
+    "OptimSettings",
     "OutputHealth",
     "RunArtifacts",
     "RunDirCLI",

@@ -478,7 +478,7 @@ class ChanceLevelGuard(L.Callback):
         )
         fix = (
             f"the run collapsed or is not learning{self._no_signal()} the gradients (--trainer.gradient_clip_val 1.0) "
-            "or lower the learning rate (--model.lr); docs/results.md, section 7"
+            "or lower the learning rate (--model.optim.lr); docs/results.md, section 7"
         )
         if self.stop:
             fix += (

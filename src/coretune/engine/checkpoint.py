@@ -22,6 +22,7 @@ from ..models import CheckpointError, load_checkpoint_file
 from ..objectives import Objective
 from ..objectives import get as get_objective
 from ..tasks import moved_task_settings
+from .modelsettings import GROUPS, grouped_model_settings
 
 __all__ = ["CheckedCheckpoint", "CheckpointMeta", "check_resumed_model", "split_settings", "written_at"]
 
@@ -146,7 +147,8 @@ class CheckedCheckpoint:
         path, meta = self.path, self.meta
         try:
             objective = self.objective_cls.from_settings(self.objective_hparams)
-            model = self.model_cls(objective=objective, **self.hparams, weights=None)  # the weights: the file's
+            groups = {k: GROUPS[k](**v) for k, v in self.hparams.items() if k in GROUPS and isinstance(v, dict)}
+            model = self.model_cls(objective=objective, **{**self.hparams, **groups}, weights=None)  # the file's
         except ValueError as err:  # a setting out of range: the class's own message
             raise CheckpointError(f"checkpoint {path} holds settings coretune refuses: {err}") from err
         objective.registered_name = meta.objective
@@ -206,8 +208,9 @@ def _checked(path: Path, ckpt: Any, model_cls: type) -> CheckedCheckpoint:
     recorded = meta.get("objective_hparams", {})  # an older version's spelling (Core-tuning's lambda_n): upgraded
     recorded = objective_cls.upgrade_settings(recorded)[0] if isinstance(recorded, dict) else recorded
     objective_hparams = settings(objective_cls, recorded, "objective settings")
-    recorded = ckpt.get("hyper_parameters", {})  # an older version's task settings (output_stride): task_settings
-    recorded = moved_task_settings(recorded) if isinstance(recorded, dict) else recorded
+    # an older version's task settings (output_stride) move into task_settings, its optimiser's (lr) into optim, ...
+    recorded = ckpt.get("hyper_parameters", {})
+    recorded = grouped_model_settings(moved_task_settings(recorded)) if isinstance(recorded, dict) else recorded
     hparams = settings(model_cls, recorded, "model settings", frozenset({"objective", "weights"}))
     backbone_args = hparams.get("backbone_args") or {}
     if fetching := sorted(_WEIGHT_FETCHING_OPTIONS & set(backbone_args)):
@@ -232,7 +235,7 @@ def _checked(path: Path, ckpt: Any, model_cls: type) -> CheckedCheckpoint:
         raise CheckpointError(
             f"checkpoint {path} holds NaN or infinite weights ({len(broken)} of {len(weights)} tensors, e.g. "
             f"{broken[0]}): the run that wrote it diverged; use an earlier checkpoint, or fine-tune again with a "
-            "lower learning rate (--model.lr)"
+            "lower learning rate (--model.optim.lr)"
         )
     entry = CheckpointMeta.from_entry(meta)
     return CheckedCheckpoint(path, entry, objective_cls, objective_hparams, hparams, model_cls, ckpt)

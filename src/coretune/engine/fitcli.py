@@ -32,6 +32,7 @@ from ..runs.layout import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task, moved_task_settings
 from .checkpoint_io import with_atomic_io
 from .loggers import LOGGER_ALIAS, expand_config_loggers, logger_args, place_loggers
+from .modelsettings import MOVED_SETTINGS, deprecated_option_line, grouped_model_settings, moved_option
 from .module import FineTuner
 from .preflight import check_validates_before_max_steps
 from .runcli import RunDirCLI
@@ -219,17 +220,22 @@ def _translate_config(path: str) -> tuple[str, str | None, dict[str, Any]]:
     class path and the preset's settings (the file's own ``init_args`` win), and so is one whose ``trainer.logger``
     is a short name (:func:`~coretune.engine.loggers.expand_config_loggers`) or that records a task's setting among
     the model's as older versions did (``model: {output_stride: 8}``, moved into ``task_settings``:
-    :func:`~coretune.tasks.moved_task_settings`); other configs pass through. Also returns the class path of the
-    objective it sets (None: it sets none, or is not a readable file) and its ``init_args``."""
+    :func:`~coretune.tasks.moved_task_settings`), and so is one that spells the optimiser's or the weights' settings
+    flat as older versions did (``model: {lr: 0.01}``, moved into ``model: {optim: {lr: 0.01}}``, with one
+    deprecation line on stderr: :func:`~coretune.engine.modelsettings.grouped_model_settings`); other configs pass
+    through. Also returns the class path of the objective it sets (None: it sets none, or is not a readable file)
+    and its ``init_args``."""
     file = Path(path)
     if not file.is_file():
         return path, None, {}
     config = yaml.safe_load(file.read_text())
     logged = expand_config_loggers(config, path)
     if isinstance(config, dict) and isinstance(model := config.get("model"), dict):  # model: {output_stride: 8}
-        moved = moved_task_settings(model)
+        moved = grouped_model_settings(moved_task_settings(model))
         logged |= moved != model
         config["model"] = moved
+        if flat := [key for key in model if key in MOVED_SETTINGS]:
+            _warn_deprecated_config(path, flat)
     spec = config.get("objective") if isinstance(config, dict) else None
     name = spec if isinstance(spec, str) else spec.get("class_path") if isinstance(spec, dict) else None
     text = yaml.safe_dump(config, sort_keys=False) if logged else path
@@ -289,12 +295,26 @@ def _warn_deprecated_setting(key: str) -> None:
     )
 
 
+def _warn_deprecated_config(path: str, keys: Sequence[str]) -> None:
+    """One line on stderr: the ``--config`` file ``path`` spells the model settings ``keys`` flat, as older versions
+    did (``model: {lr: 0.01}``)."""
+    old = ", ".join(f"model.{key}" for key in keys)
+    new = ", ".join(f"model.{moved_option(key)}" for key in keys)
+    print(
+        f"coretune fit: --config {path} sets {old}, which are deprecated and will be removed in the next release: "
+        f"use {new} (model: {{optim: {{lr: …}}}}, model: {{weights_options: {{format: …}}}})",
+        file=sys.stderr,
+    )
+
+
 def translate_args(args: list[str]) -> list[str]:
     """Rewrite the friendly aliases: ``--objective NAME`` (registry names and Table 2 presets, also inside
     ``--config`` files), ``--task NAME``, ``--task.<setting> V`` (a task's own setting, e.g. segmentation's
     ``--task.output_stride 8``: ``--model.task_settings.<setting>``; its older spelling ``--model.<setting>`` still
     works, with a deprecation line on stderr, and so does a ``--config`` file's ``model: {output_stride: 8}``),
-    ``--seed N``, ``--trainer.logger NAME``
+    ``--seed N``, ``--trainer.logger NAME``, and the optimiser's and weights' settings as older versions spelled
+    them (``--model.lr``: ``--model.optim.lr``; ``--model.weights_format``: ``--model.weights_options.format``;
+    :data:`~coretune.engine.modelsettings.MOVED_SETTINGS`), each with a deprecation line on stderr
     (:func:`~coretune.engine.loggers.logger_args`; also ``trainer: {logger: NAME}`` inside ``--config`` files)."""
     out: list[str] = []
     objective: str | None = None  # the class path of the objective set so far (a config's, an --objective's)
@@ -326,6 +346,9 @@ def translate_args(args: list[str]) -> list[str]:
             out.append(f"--model.task={value if eq else next(it, '')}")
         elif key.startswith("--task.") and key[len("--task.") :] in _task_settings():
             out.append(f"--model.task_settings.{key[len('--task.') :]}={value if eq else next(it, '')}")
+        elif key.startswith("--model.") and (new := moved_option(key[len("--model.") :])) is not None:
+            print(deprecated_option_line("fit", key, f"--model.{new}"), file=sys.stderr)
+            out.append(f"--model.{new}={value if eq else next(it, '')}")
         elif key.startswith("--model.") and key[len("--model.") :] in _task_settings():
             _warn_deprecated_setting(key[len("--model.") :])
             out.append(f"--model.task_settings.{key[len('--model.') :]}={value if eq else next(it, '')}")
@@ -383,7 +406,7 @@ class FitCLI(RunDirCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
-        check_trainer_options(config["trainer"], (config.get("model") or {}).get("schedule"))
+        check_trainer_options(config["trainer"], _schedule(config))
         check_switched_options(config, self.given)
         self.settle_run_dir(str(config["objective"]["class_path"]).rsplit(".", 1)[-1].lower())
         place_loggers(config, resuming=config.get("ckpt_path") is not None)
@@ -569,12 +592,18 @@ def resolved_fit_config(args: Sequence[str]) -> dict[str, Any]:
         raise FitArgsError(" ".join(str(error).split())) from None
     try:
         # fit checks them after --print_config would exit
-        check_trainer_options(config.get("trainer") or {}, (config.get("model") or {}).get("schedule"))
+        check_trainer_options(config.get("trainer") or {}, _schedule(config))
         check_switched_options(config, given_options(args))
         _check_local_paths(config)
     except ValueError as error:
         raise FitArgsError(" ".join(str(error).split())) from None
     return config
+
+
+def _schedule(config: Any) -> str | None:
+    """The learning-rate schedule a parsed fit configuration (a dict or a jsonargparse ``Namespace``) sets."""
+    optim = (config.get("model") or {}).get("optim") or {}
+    return optim.get("schedule")
 
 
 def _check_local_paths(config: dict[str, Any]) -> None:
@@ -584,5 +613,6 @@ def _check_local_paths(config: dict[str, Any]) -> None:
         task = TASKS.get(recorded_task(config) or DEFAULT_TASK, TASKS[DEFAULT_TASK])
         task.data_class(**config["data"]).check_folders()
     model = config.get("model", {})
-    if (weights := model.get("weights")) and not (model.get("weights_download") and weights.startswith(HUB_PREFIXES)):
+    download = (model.get("weights_options") or {}).get("download")
+    if (weights := model.get("weights")) and not (download and weights.startswith(HUB_PREFIXES)):
         resolve_weights(weights)  # a file that exists, or a hub name in the local cache (no network)

@@ -24,6 +24,7 @@ import yaml
 from lightning.pytorch import loggers
 
 from ..runs.layout import RunDir
+from .modelsettings import GROUPS
 from .runcli import RESUMABLE_CHANGES
 from .seeds import run_seed
 
@@ -266,9 +267,10 @@ def _mlflow_run(uri: str, experiment_name: str, run_dir: str) -> str | None:
 
 def run_settings(model: L.LightningModule, datamodule: L.LightningDataModule | None = None) -> dict[str, Any]:
     """What a run's loggers record as its parameters: ``objective`` (its registered name) and ``objective.<x>``
-    (η, α, …) or a pre-training run's ``method``, ``seed``, ``model.<x>`` and ``data.<x>`` (label fraction, image
-    size, …), without the settings a resume may change (:data:`~coretune.engine.RESUMABLE_CHANGES`), so a resumed
-    run logs the same values, and without private entries (LightningCLI's ``_instantiator``)."""
+    (η, α, …) or a pre-training run's ``method``, ``seed``, ``model.<x>`` (a group's as ``model.optim.lr``) and
+    ``data.<x>`` (label fraction, image size, …), without the settings a resume may change
+    (:data:`~coretune.engine.RESUMABLE_CHANGES`), so a resumed run logs the same values, and without private
+    entries (LightningCLI's ``_instantiator``)."""
     settings: dict[str, Any] = {"seed": run_seed()}
     if method := getattr(model, "method", ""):
         settings["method"] = method  # a pre-training method (coretune pretrain)
@@ -277,7 +279,9 @@ def run_settings(model: L.LightningModule, datamodule: L.LightningDataModule | N
         for key, value in objective.hparams().items():  # a component's settings (Core-tuning's miner) one by one
             nested = isinstance(value, dict) and value
             settings |= {f"objective.{key}.{k}": v for k, v in value.items()} if nested else {f"objective.{key}": value}
-    settings |= {f"model.{k}": v for k, v in model.hparams.items()}
+    for key, value in model.hparams.items():  # a group's settings one by one: model.optim.lr
+        group = key in GROUPS and isinstance(value, Mapping)
+        settings |= {f"model.{key}.{k}": v for k, v in value.items()} if group else {f"model.{key}": value}
     settings |= {f"data.{k}": v for k, v in (datamodule.hparams if datamodule is not None else {}).items()}
     return {k: v for k, v in settings.items() if k not in RESUMABLE_CHANGES and not k.split(".")[-1].startswith("_")}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from torch import Tensor
 
 from ..data import require_task_data
 from ..distributed import rank, ranks_where, scale_grad, world_size
-from ..models import weights_digest
+from ..models import WeightsOptions, weights_digest
 from ..objectives import CETuning, Objective, preset_name
 from ..robust.batches import AdversarialBatches
 from ..robust.training import AdversarialTraining
@@ -20,7 +21,7 @@ from ..tasks import TASKS, Batch
 from .checkpoint import CheckpointMeta, check_resumed_model, written_at
 from .datachecks import check_data
 from .health import NonFiniteLossError, OutputHealth, training_blowup
-from .optim import OptimizerName, Schedule, build_optimizer, build_schedule, optimizer_problems, resume_schedule
+from .optim import OptimSettings, build_optimizer, build_schedule, resume_schedule
 from .seeds import epoch_seed, run_seed, step_seed
 
 __all__ = ["BatchTransform", "FineTuner", "NonFiniteLossError", "run_seed", "step_seed"]
@@ -62,29 +63,22 @@ class FineTuner(L.LightningModule):
 
     Exactly one backbone forward per training step: ``z = G_e(x)`` goes to the objective, which returns the loss.
 
+    Its settings are recorded as the checkpoint's ``hyper_parameters`` (the groups ``optim`` and ``weights_options``
+    as dicts) and in a run's ``config.yaml``; those of older versions, which had the groups' settings as their own
+    (``lr``, ``weights_format``), are read through :func:`~coretune.engine.modelsettings.grouped_model_settings`.
+
     Args:
         objective: the fine-tuning method (default: CE-tuning); built here once the number of classes is known.
         backbone: backbone name (``resnet18`` … ``resnet152``, ``resnext50_32x4d``, ``wide_resnet50_2``,
             ``small_cnn``, or ``timm/<model>``).
         weights: a local pre-trained checkpoint to load into the backbone (``None``: random initialisation), or a
             name in the local Hugging Face cache: ``timm:<model>[.<tag>]`` or ``hf-hub:<org>/<repo>``.
-        weights_download: download a named ``weights`` missing from the Hugging Face cache (needs network; off by
-            default, when nothing is ever downloaded).
-        weights_format: checkpoint layout (``auto`` detects it).
-        weights_allow_cast: load ``weights`` whose floating-point tensors are stored as integers (or quantised),
-            converted to floats; refused by default, since such weights are rarely the float values.
+        weights_options: how ``weights`` are read (:class:`~coretune.models.WeightsOptions`: ``download`` a named
+            one missing from the cache, the checkpoint's ``format``, ``allow_cast``; ``--model.weights_options.<x>``).
         backbone_args: options of the backbone's constructor, e.g. ``{drop_path_rate: 0.1}`` for a timm ViT
             (``--model.backbone_args '{drop_path_rate: 0.1}'``). timm ViTs take any image size by default.
-        optimizer: ``sgd`` (Nesterov momentum, the paper's), ``adam`` (domain generalisation) or ``adamw``.
-        lr: learning rate of the new heads, and of the backbone unless ``backbone_lr`` is given.
-        backbone_lr: separate learning rate of the pre-trained backbone.
-        momentum: SGD momentum.
-        nesterov: Nesterov momentum for SGD.
-        weight_decay: weight decay of every parameter group (objectives whose reference code trains without it,
-            L2-SP and DELTA, replace it: ``Objective.optimizer_weight_decay``).
-        schedule: per-step learning-rate decay: ``cosine`` (paper default), ``linear`` (ImageNet20), ``poly``
-            (DeepLab's ``(1 - step / total) ** 0.9``, segmentation) or ``constant``.
-        warmup_epochs: linear warm-up length in epochs (may be fractional).
+        optim: the optimiser and learning-rate schedule (:class:`~coretune.engine.optim.OptimSettings`: optimizer,
+            lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs; ``--model.optim.<x>``).
         channels_last: use the channels-last memory format for the backbone and the images (fast for CNNs).
         freeze_backbone: train the heads only (linear probing).
         task: what the data, the network on the backbone and the predictions are: ``classification`` (default)
@@ -108,18 +102,9 @@ class FineTuner(L.LightningModule):
         objective: Objective | None = None,
         backbone: str = "resnet50",
         weights: str | None = None,
-        weights_download: bool = False,
-        weights_format: str = "auto",
-        weights_allow_cast: bool = False,
+        weights_options: WeightsOptions = WeightsOptions(),  # noqa: B008  (frozen: never changed)
         backbone_args: dict[str, Any] | None = None,
-        optimizer: OptimizerName = "sgd",
-        lr: float = 0.01,
-        backbone_lr: float | None = None,
-        momentum: float = 0.9,
-        nesterov: bool = True,
-        weight_decay: float = 1e-4,
-        schedule: Schedule = "cosine",
-        warmup_epochs: float = 0.0,
+        optim: OptimSettings = OptimSettings(),  # noqa: B008  (frozen: never changed)
         channels_last: bool = True,
         freeze_backbone: bool = False,
         task: str = "classification",
@@ -127,9 +112,7 @@ class FineTuner(L.LightningModule):
         adversarial: AdversarialTraining | None = None,
     ) -> None:
         super().__init__()
-        problems = optimizer_problems(lr, weight_decay, momentum, warmup_epochs)
-        if backbone_lr is not None and backbone_lr < 0:
-            problems.append(f"backbone_lr must be >= 0 (got {backbone_lr})")
+        problems = [f"optim.{problem}" for problem in optim.problems()]
         if task not in TASKS:
             problems.append(f"task must be one of {', '.join(TASKS)} (got {task!r})")
         adversarial_on = adversarial is not None and adversarial.enable
@@ -140,6 +123,11 @@ class FineTuner(L.LightningModule):
         if problems:
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective", "adversarial"])
+        # the groups as dicts: a checkpoint is read weights-only, which unpickles no dataclass
+        groups = {"optim": asdict(optim), "weights_options": asdict(weights_options)}
+        self.hparams.update(groups)
+        self._hparams_initial.update(groups)
+        self.optim, self.weights_options = optim, weights_options
         self.task = TASKS[task](task_settings)
         self.objective = objective if objective is not None else CETuning()
         if self.objective.registered_name == type(self.objective).name:  # built from its class (the CLI): a preset?
@@ -148,9 +136,9 @@ class FineTuner(L.LightningModule):
         self.backbone = self.task.build_backbone(
             backbone,
             weights=weights,
-            weights_format=weights_format,
-            allow_cast=weights_allow_cast,
-            weights_download=weights_download,
+            weights_format=weights_options.format,
+            allow_cast=weights_options.allow_cast,
+            weights_download=weights_options.download,
             **(backbone_args or {}),
         )
         # which file the backbone started from: a resume may then name the same file at another path
@@ -345,18 +333,19 @@ class FineTuner(L.LightningModule):
 
     # -- optimisation ---------------------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        backbone_lr = hp.lr if hp.backbone_lr is None else hp.backbone_lr
+        optim = self.optim
         backbone_params = [p for p in self.backbone.parameters() if p.requires_grad]
         head_params = [p for p in self.objective.parameters() if p.requires_grad]
         optimizer = build_optimizer(
-            [(backbone_params, backbone_lr), (head_params, hp.lr)],
-            hp.optimizer,
-            hp.momentum,
-            hp.nesterov,
-            hp.weight_decay if self.objective.optimizer_weight_decay is None else self.objective.optimizer_weight_decay,
+            [(backbone_params, optim.backbone_rate), (head_params, optim.lr)],
+            optim.optimizer,
+            optim.momentum,
+            optim.nesterov,
+            optim.weight_decay
+            if self.objective.optimizer_weight_decay is None
+            else self.objective.optimizer_weight_decay,
         )
-        scheduler = build_schedule(optimizer, self.trainer, hp.warmup_epochs, hp.schedule)
+        scheduler = build_schedule(optimizer, self.trainer, optim.warmup_epochs, optim.schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_train_start(self) -> None:

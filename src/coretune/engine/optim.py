@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
 
 __all__ = [
     "EXPONENTIAL_FINAL_FACTOR",
+    "LR_OPTION",
+    "SCHEDULE_OPTION",
+    "OptimSettings",
+    "OptimizerName",
     "Schedule",
     "build_optimizer",
     "build_schedule",
@@ -35,7 +40,8 @@ EXPONENTIAL_FINAL_FACTOR = 0.1
 
 
 def optimizer_problems(lr: float, weight_decay: float, momentum: float, warmup_epochs: float) -> list[str]:
-    """What is wrong with these optimiser settings (one sentence each; empty when they are valid)."""
+    """What is wrong with these optimiser settings (one sentence each; empty when they are valid): those a
+    pre-training run shares with :meth:`OptimSettings.problems`."""
     checks = (
         (lr > 0, f"lr must be > 0 (got {lr})"),
         (weight_decay >= 0, f"weight_decay must be >= 0 (got {weight_decay})"),
@@ -43,6 +49,54 @@ def optimizer_problems(lr: float, weight_decay: float, momentum: float, warmup_e
         (warmup_epochs >= 0, f"warmup_epochs must be >= 0 (got {warmup_epochs})"),
     )
     return [message for ok, message in checks if not ok]
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """The optimiser and learning-rate schedule of a fine-tuning run (paper Appendix C: SGD with Nesterov momentum,
+    cosine decay): ``coretune fit --model.optim.<x>``, ``model: {optim: {lr: 0.01}}`` in a config file,
+    ``FineTuner(optim=OptimSettings(lr=0.01))`` in Python.
+
+    Args:
+        optimizer: ``sgd`` (Nesterov momentum, the paper's), ``adam`` (domain generalisation) or ``adamw``.
+        lr: learning rate of the new heads, and of the backbone unless ``backbone_lr`` is given.
+        backbone_lr: separate learning rate of the pre-trained backbone.
+        momentum: SGD momentum.
+        nesterov: Nesterov momentum for SGD.
+        weight_decay: weight decay of every parameter group (objectives whose reference code trains without it,
+            L2-SP and DELTA, replace it: ``Objective.optimizer_weight_decay``).
+        schedule: per-step learning-rate decay: ``cosine`` (paper default), ``linear`` (ImageNet20), ``poly``
+            (DeepLab's ``(1 - step / total) ** 0.9``, segmentation), ``constant`` or ``exponential`` (to a tenth
+            over the run: domain generalisation's Adam).
+        warmup_epochs: linear warm-up length in epochs (may be fractional).
+    """
+
+    optimizer: OptimizerName = "sgd"
+    lr: float = 0.01
+    backbone_lr: float | None = None
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 1e-4
+    schedule: Schedule = "cosine"
+    warmup_epochs: float = 0.0
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings (one sentence each, naming the setting and its valid values; empty
+        when they are valid)."""
+        problems = []
+        if self.optimizer not in get_args(OptimizerName):
+            problems.append(f"optimizer must be one of {', '.join(get_args(OptimizerName))} (got {self.optimizer!r})")
+        problems += optimizer_problems(self.lr, self.weight_decay, self.momentum, self.warmup_epochs)
+        if self.backbone_lr is not None and self.backbone_lr < 0:
+            problems.append(f"backbone_lr must be >= 0 (got {self.backbone_lr})")
+        if self.schedule not in get_args(Schedule):
+            problems.append(f"schedule must be one of {', '.join(get_args(Schedule))} (got {self.schedule!r})")
+        return problems
+
+    @property
+    def backbone_rate(self) -> float:
+        """The backbone's learning rate: ``backbone_lr``, else ``lr``."""
+        return self.lr if self.backbone_lr is None else self.backbone_lr
 
 
 def build_optimizer(
@@ -85,19 +139,29 @@ def lr_factor(step: int, total_steps: int, schedule: Schedule = "cosine", warmup
     raise ValueError(f"unknown schedule {schedule!r}; choose 'cosine', 'linear', 'poly', 'constant' or 'exponential'")
 
 
-def unbounded_schedule_problem(schedule: str) -> str | None:
+SCHEDULE_OPTION = "--model.optim.schedule"
+"""The option of ``coretune fit`` that sets the schedule (``coretune pretrain``'s is ``--model.schedule``)."""
+
+LR_OPTION = "--model.optim.lr"
+"""The option of ``coretune fit`` that sets the learning rate (``coretune pretrain``'s is ``--model.lr``)."""
+
+
+def unbounded_schedule_problem(schedule: str, option: str = SCHEDULE_OPTION) -> str | None:
     """Why a run without an epoch or step limit cannot follow ``schedule`` (the rest of a sentence that names the
-    options that leave it unbounded, with the fixes), or None for a schedule that needs no length (``constant``)."""
+    options that leave it unbounded, with the fixes; ``option``: the command's schedule option), or None for a
+    schedule that needs no length (``constant``)."""
     if schedule == "constant":
         return None
     return (
         f"and no --trainer.max_steps give the {schedule} learning-rate schedule no length to decay over: pass "
         "--trainer.max_steps N (the run and its schedule end after N optimiser steps), a number of epochs "
-        "(--trainer.max_epochs N), or --model.schedule constant"
+        f"(--trainer.max_epochs N), or {option} constant"
     )
 
 
-def schedule_steps(trainer: Any, warmup_epochs: float, schedule: Schedule) -> tuple[int, int]:
+def schedule_steps(
+    trainer: Any, warmup_epochs: float, schedule: Schedule, option: str = SCHEDULE_OPTION
+) -> tuple[int, int]:
     """The optimiser steps of a Lightning ``trainer``'s run (the schedule's length) and of its warm-up,
     ``warmup_epochs`` × the steps of one epoch of its training loader (not of the run's length over its epochs: a
     ``max_steps`` that ends the run early, or an unbounded ``max_epochs -1``, leaves an epoch's steps as they are).
@@ -107,7 +171,7 @@ def schedule_steps(trainer: Any, warmup_epochs: float, schedule: Schedule) -> tu
     """
     total = trainer.estimated_stepping_batches  # inf: max_epochs -1 without max_steps
     if not math.isfinite(total) or total < 0:
-        if (problem := unbounded_schedule_problem(schedule)) is not None:
+        if (problem := unbounded_schedule_problem(schedule, option)) is not None:
             raise ValueError(f"--trainer.max_epochs {trainer.max_epochs} (no epoch limit) {problem}")
         total = 0  # a constant schedule never reads it
     if trainer.train_dataloader is None:  # max_epochs -1: Lightning knows the length without the loader
@@ -122,11 +186,16 @@ def schedule_steps(trainer: Any, warmup_epochs: float, schedule: Schedule) -> tu
 
 
 def build_schedule(
-    optimizer: torch.optim.Optimizer, trainer: Any, warmup_epochs: float, schedule: Schedule
+    optimizer: torch.optim.Optimizer,
+    trainer: Any,
+    warmup_epochs: float,
+    schedule: Schedule,
+    option: str = SCHEDULE_OPTION,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """The per-step ``LambdaLR`` of ``schedule`` over a Lightning ``trainer``'s run, after a linear warm-up of
-    ``warmup_epochs`` (:func:`schedule_steps`, which raises ``ValueError`` for a run without a length)."""
-    total, warmup = schedule_steps(trainer, warmup_epochs, schedule)
+    ``warmup_epochs`` (:func:`schedule_steps`, which raises ``ValueError`` for a run without a length, naming the
+    schedule's ``option``)."""
+    total, warmup = schedule_steps(trainer, warmup_epochs, schedule, option)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, schedule, warmup))
 
 
@@ -146,11 +215,11 @@ def resume_schedule(trainer: Any) -> None:
         scheduler._last_lr = lrs  # what get_last_lr() reports
 
 
-def diverged_fix(precision: str | None) -> str:
+def diverged_fix(precision: str | None, lr_option: str = LR_OPTION) -> str:
     """What to try when a run's loss or outputs blew up, for a run at Lightning ``precision`` (``"bf16-mixed"``,
-    ``"32-true"``, …): a smaller step or clipped gradients (docs/results.md, section 7), and float32 when the run is
-    not already in it."""
-    fix = "lower the learning rate (--model.lr), clip the gradients (--trainer.gradient_clip_val 1.0)"
+    ``"32-true"``, …): a smaller step (``lr_option``: the command's learning-rate option) or clipped gradients
+    (docs/results.md, section 7), and float32 when the run is not already in it."""
+    fix = f"lower the learning rate ({lr_option}), clip the gradients (--trainer.gradient_clip_val 1.0)"
     if str(precision).startswith(("32", "64")):
         return fix.replace(", clip", " or clip") + "."
     return f"{fix}, or train in float32 (--trainer.precision 32-true)."

@@ -17,7 +17,7 @@ from torch import Tensor
 from torch.utils.data import TensorDataset
 
 from ..data import ImageFileDataset, LabeledImageDataset, SegmentationDataset, TaskData, load_rgb
-from .optim import unbounded_schedule_problem
+from .optim import SCHEDULE_OPTION, unbounded_schedule_problem
 
 __all__ = [
     "check_images_vary",
@@ -28,12 +28,14 @@ __all__ = [
 ]
 
 
-def training_length_problems(trainer: Mapping[str, Any], schedule: str | None = None) -> list[str]:
+def training_length_problems(
+    trainer: Mapping[str, Any], schedule: str | None = None, schedule_option: str = SCHEDULE_OPTION
+) -> list[str]:
     """What makes the ``--trainer.*`` options ``trainer`` (a parsed configuration) train nothing, or without end
     under a learning-rate ``schedule`` that decays over the run's length (one sentence with its fix each; empty when
     the run has a length): ``max_epochs 0``, ``max_steps 0`` or ``limit_train_batches 0`` (no optimiser step: the run
     would record its untrained model as the result), and ``max_epochs -1`` (or ``max_time`` alone) without
-    ``max_steps`` (Lightning trains without end; the schedule has no length)."""
+    ``max_steps`` (Lightning trains without end; the schedule, set by ``schedule_option``, has no length)."""
     max_epochs, max_steps = trainer.get("max_epochs"), trainer.get("max_steps", -1)
     limit = trainer.get("limit_train_batches")
     untrained = "runs no optimiser step, so the run would record its untrained model as a result"
@@ -48,7 +50,8 @@ def training_length_problems(trainer: Mapping[str, Any], schedule: str | None = 
             "(0, 1] (1.0: every batch)"
         )
     no_epoch_limit = max_epochs == -1 or (max_epochs is None and trainer.get("max_time") is not None)
-    if no_epoch_limit and max_steps in (-1, None) and (problem := unbounded_schedule_problem(schedule or "cosine")):
+    problem = unbounded_schedule_problem(schedule or "cosine", schedule_option)
+    if no_epoch_limit and max_steps in (-1, None) and problem:
         what = "--trainer.max_epochs -1 (no epoch limit)" if max_epochs == -1 else (
             "--trainer.max_time without --trainer.max_epochs (no epoch limit)"
         )  # fmt: skip

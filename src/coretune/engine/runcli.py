@@ -28,6 +28,7 @@ from ..runs.claim import fit_claim
 from ..runs.layout import RunDir
 from ..runs.outputs import check_folder_output, data_paths, mark_folder
 from ..tasks import DEFAULT_TASK, TASKS, moved_task_settings
+from .modelsettings import grouped_model_settings
 
 __all__ = ["RESUMABLE_CHANGES", "RunDirCLI", "check_resume", "check_run_dir", "resolve_run_dir", "setting_changes"]
 
@@ -58,7 +59,7 @@ RESUMABLE_CHANGES = frozenset(
         "data.cache_images",
         "data.eval_batch_size",
         "model.channels_last",
-        "model.weights_download",
+        "model.weights_options.download",
     }
 )
 """Settings a run may be resumed with after a change (a class's ``init_args.x`` named as its ``x``): how long it trains
@@ -73,7 +74,8 @@ refused."""
 
 def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"trainer": {"max_epochs": 2}}`` as ``{"trainer.max_epochs": 2}``; a class's ``init_args`` are its own
-    (``model.init_args.lr`` is ``model.lr``, as a checkpoint's hyper-parameters name it), tuples are lists."""
+    (``model.init_args.backbone`` is ``model.backbone``, as a checkpoint's hyper-parameters name it), tuples are
+    lists."""
     flat: dict[str, Any] = {}
     for key, value in config.items():
         if key == "init_args" and isinstance(value, Mapping):
@@ -161,14 +163,16 @@ def _recorded_settings(checkpoint: Any, config_file: Path | None) -> list[Mappin
 
 def _with_task_settings(settings: Mapping[str, Any]) -> Mapping[str, Any]:
     """A run configuration (or a checkpoint's hyper-parameters as ``{"model": …}``) whose ``model`` holds its task
-    settings as coretune records them now, the task's defaults filled in (``model.task_settings``): an older run's
-    ``model.output_stride`` then compares with ``--task.output_stride``, and a setting left at its default with the
-    default given (:func:`~coretune.tasks.moved_task_settings`, :meth:`~coretune.tasks.Task.resolved_settings`)."""
+    settings as coretune records them now, the task's defaults filled in (``model.task_settings``), and its
+    optimiser's and weights' settings in their groups: an older run's ``model.output_stride`` then compares with
+    ``--task.output_stride``, its ``model.lr`` with ``--model.optim.lr``, and a setting left at its default with the
+    default given (:func:`~coretune.tasks.moved_task_settings`, :meth:`~coretune.tasks.Task.resolved_settings`,
+    :func:`~coretune.engine.modelsettings.grouped_model_settings`)."""
     model = settings.get("model")
     owned = {key for task in TASKS.values() for key in task.own_settings} | {"task", "task_settings"}
     if not isinstance(model, Mapping) or not owned & set(model):
         return settings  # not a FineTuner's
-    model = moved_task_settings(model)
+    model = grouped_model_settings(moved_task_settings(model))
     task, given = TASKS.get(str(model.get("task", DEFAULT_TASK))), model.get("task_settings")
     if task is not None and (given is None or isinstance(given, Mapping)):
         model["task_settings"] = task.resolved_settings(given)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
 from ..robust.training import AdversarialTraining
+from .modelsettings import moved_option
 
 __all__ = ["check_switched_options", "given_options"]
 
@@ -40,19 +41,19 @@ _RULES = (
         "add it, or drop {them}",
     ),
     _Switched(
-        ("model.momentum", "model.nesterov"),
-        lambda c: c["model"].get("optimizer", "sgd") == "sgd",
-        lambda c: f"with --model.optimizer {c['model'].get('optimizer')} (they are SGD's)",
-        "use --model.optimizer sgd, or drop {them}",
+        ("model.optim.momentum", "model.optim.nesterov"),
+        lambda c: _optim(c).get("optimizer", "sgd") == "sgd",
+        lambda c: f"with --model.optim.optimizer {_optim(c).get('optimizer')} (they are SGD's)",
+        "use --model.optim.optimizer sgd, or drop {them}",
     ),
     _Switched(
-        ("model.backbone_lr",),
+        ("model.optim.backbone_lr",),
         lambda c: not c["model"].get("freeze_backbone"),
         lambda c: "with --model.freeze_backbone true (the backbone does not train)",
         "drop {them}, or let the backbone train",
     ),
     _Switched(
-        ("model.weights_format", "model.weights_allow_cast", "model.weights_download"),
+        ("model.weights_options.format", "model.weights_options.allow_cast", "model.weights_options.download"),
         lambda c: bool(c["model"].get("weights")),
         lambda c: "without --model.weights (a random initialisation reads no file)",
         "pass the pre-trained weights with --model.weights, or drop {them}",
@@ -60,10 +61,29 @@ _RULES = (
 )
 
 
+def _optim(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The optimiser's settings of a configuration (``model.optim``)."""
+    return config["model"].get("optim") or {}
+
+
+def _flat_model(model: Mapping[str, Any]) -> dict[str, Any]:
+    """The model's settings as ``model.<name>``, a group's as ``model.<group>.<name>`` (``model.optim.lr``)."""
+    flat: dict[str, Any] = {}
+    for key, value in model.items():
+        value = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+        if key in ("optim", "weights_options") and isinstance(value, Mapping):
+            flat |= {f"model.{key}.{k}": v for k, v in value.items()}
+        else:
+            flat[f"model.{key}"] = value
+    return flat
+
+
 def given_options(args: Iterable[str]) -> set[str]:
     """The options a command line names, as ``section.name`` (``--adversarial.eps=8/255`` and ``--adversarial.eps
-    8/255`` give ``adversarial.eps``)."""
-    return {arg[2:].partition("=")[0] for arg in args if arg.startswith("--")}
+    8/255`` give ``adversarial.eps``), an older version's spelling as the current one (``--model.lr``:
+    ``model.optim.lr``)."""
+    names = {arg[2:].partition("=")[0] for arg in args if arg.startswith("--")}
+    return {f"model.{moved_option(n[6:])}" if n.startswith("model.") and moved_option(n[6:]) else n for n in names}
 
 
 def _plain(config: Any) -> dict[str, Any]:
@@ -79,13 +99,13 @@ def _defaults() -> dict[str, Any]:
 
     model = {k: p.default for k, p in inspect.signature(FineTuner).parameters.items() if p.default is not p.empty}
     adversarial = AdversarialTraining().hparams()
-    return {**{f"model.{k}": v for k, v in model.items()}, **{f"adversarial.{k}": v for k, v in adversarial.items()}}
+    return {**_flat_model(model), **{f"adversarial.{k}": v for k, v in adversarial.items()}}
 
 
 def _values(config: Mapping[str, Any]) -> dict[str, Any]:
     """The switched options' values in ``config``, adversarial fractions as numbers (``8/255``)."""
     adversarial = {k: v for k, v in config["adversarial"].items() if k in _ADVERSARIAL}
-    values = {f"model.{k}": v for k, v in config["model"].items()}
+    values = _flat_model(config["model"])
     return {**values, **{f"adversarial.{k}": v for k, v in AdversarialTraining(**adversarial).hparams().items()}}
 
 

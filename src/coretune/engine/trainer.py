@@ -20,6 +20,7 @@ from .callbacks import ChanceLevelGuard, RunArtifacts, task_of
 from .checkpoint_io import AtomicCheckpointIO
 from .interrupts import StopOnSignal
 from .loggers import LogRunSettings
+from .optim import SCHEDULE_OPTION
 from .preflight import training_length_problems
 
 __all__ = [
@@ -81,15 +82,18 @@ def _start_method(strategy: Any) -> str | None:
     return init_args.get("start_method") if hasattr(init_args, "get") else None
 
 
-def check_trainer_options(trainer: Mapping[str, Any], schedule: str | None = None) -> None:
+def check_trainer_options(
+    trainer: Mapping[str, Any], schedule: str | None = None, schedule_option: str = SCHEDULE_OPTION
+) -> None:
     """Refuse, before anything is built or written, the ``--trainer.*`` options of a CLI run that cannot run here:
     an accelerator this machine lacks, SyncBatchNorm on CPU (torch synchronises CUDA tensors only), a gradient
     accumulation below 1 batch, a strategy whose processes Lightning starts with multiprocessing (``ddp_spawn``
     cannot pickle the run; errors in ``ddp_fork``'s and ``ddp_notebook``'s processes reach the command only as a
     traceback, and a diverged run is not recorded), and a training length of nothing or, under the learning-rate
-    ``schedule`` (default cosine), of no end (:func:`~coretune.engine.preflight.training_length_problems`). One
-    ``ValueError`` lists every problem with its fix."""
-    problems = training_length_problems(trainer, schedule)
+    ``schedule`` (default cosine; set by ``schedule_option``), of no end
+    (:func:`~coretune.engine.preflight.training_length_problems`). One ``ValueError`` lists every problem with its
+    fix."""
+    problems = training_length_problems(trainer, schedule, schedule_option)
     strategy = trainer.get("strategy", "auto")
     if (method := _start_method(strategy)) in ("spawn", "fork", "forkserver"):
         name = strategy if isinstance(strategy, str) else f"with start_method {method}"

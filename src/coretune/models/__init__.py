@@ -9,7 +9,7 @@ for segmentation.
 """
 
 from . import layouts  # noqa: F401  (importing it registers the built-in checkpoint layouts)
-from .backbones import SmallCNN, create_backbone, list_backbones, register_backbone
+from .backbones import SmallCNN, WeightsOptions, create_backbone, list_backbones, register_backbone
 from .checkpoints import (
     HUB_PREFIXES,
     CheckpointError,
@@ -49,6 +49,7 @@ __all__ = [
     "LoadReport",
     "SmallCNN",
     "UnreadableCheckpointError",
+    "WeightsOptions",
     "create_backbone",
     "create_deeplabv3",
     "create_dilated_backbone",

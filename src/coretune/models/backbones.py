@@ -14,6 +14,7 @@ Hugging Face cache (``timm:resnet18.a1_in1k``, ``hf-hub:ORG/REPO``), downloaded 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,36 @@ from torch import Tensor, nn
 from .checkpoints import load_pretrained
 from .encoder import TIMM_PREFIX, Encoder
 
-__all__ = ["TIMM_PREFIX", "Encoder", "SmallCNN", "create_backbone", "list_backbones", "register_backbone"]
+__all__ = [
+    "TIMM_PREFIX",
+    "Encoder",
+    "SmallCNN",
+    "WeightsOptions",
+    "create_backbone",
+    "list_backbones",
+    "register_backbone",
+]
 
 _REGISTRY: dict[str, Callable[..., Encoder]] = {}
+
+
+@dataclass(frozen=True)
+class WeightsOptions:
+    """How pre-trained ``weights`` are read into a backbone (``coretune fit --model.weights_options.<x>``; the
+    arguments of :func:`create_backbone` of the same meaning).
+
+    Args:
+        download: download a named ``weights`` (``timm:<model>``, ``hf-hub:<org>/<repo>``) missing from the Hugging
+            Face cache (needs network; off by default, when nothing is ever downloaded).
+        format: the checkpoint's layout (``auto`` detects it; :func:`~coretune.models.list_layouts` lists them).
+        allow_cast: load weights whose floating-point tensors are stored as integers (or quantised), converted to
+            floats; refused by default, since such weights are rarely the float values.
+    """
+
+    download: bool = False
+    format: str = "auto"
+    allow_cast: bool = False
+
 
 _TORCHVISION_RESNETS = (
     "resnet18",

@@ -6,7 +6,7 @@ in a checkpoint ever runs. Every failure is a :class:`CheckpointError` whose mes
 Weights may also be named: ``timm:<model>[.<tag>]`` (the Hugging Face hub file timm's ``pretrained_cfg`` names) or
 ``hf-hub:<org>/<repo>[@<revision>]``. :func:`resolve_weights` finds the file in the local Hugging Face cache
 (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``) without any network call; it downloads
-only when asked to (``download=True``, ``--model.weights_download true``). The file is then read like any other.
+only when asked to (``download=True``, ``--model.weights_options.download true``). The file is then read like any other.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def resolve_weights(weights: str | Path, download: bool = False) -> Path:
         raise CheckpointError(
             f"weights {weights} ({what}) are not in the Hugging Face cache {folder}, and coretune does not download "
             "by default: download them into that cache (HF_HUB_CACHE) on a machine with network (e.g. hf download "
-            f"{repo_id}), pass --model.weights_download true (needs network), or give a checkpoint file path"
+            f"{repo_id}), pass --model.weights_options.download true (needs network), or give a checkpoint file path"
         )
     for filename in files:
         try:

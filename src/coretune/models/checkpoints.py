@@ -252,7 +252,7 @@ def extract_backbone_state(
         raise CheckpointError(
             f"no tensor of checkpoint {path} matches backbone {encoder.name!r}. Layouts tried: "
             f"{'; '.join(tried)}. Checkpoint starts with {_describe_keys(raw)}. If the layout is known, "
-            f"force it with --model.weights_format (one of {', '.join(_LAYOUTS)}); otherwise re-save the "
+            f"force it with --model.weights_options.format (one of {', '.join(_LAYOUTS)}); otherwise re-save the "
             "backbone's state_dict with torchvision/timm key names"
         )
     return best[1], best[2]
@@ -365,7 +365,7 @@ def load_pretrained(
             f"checkpoint {path} stores {len(cast)} floating-point tensors of backbone {encoder.name!r} as "
             f"{', '.join(dtypes)} (e.g. {', '.join(cast[:3])}): integer or quantised weights are not the float "
             "weights the model needs. Dequantise the checkpoint or export its float weights; if the integers are "
-            "the real values, force the conversion with --model.weights_allow_cast true (coretune eval: "
+            "the real values, force the conversion with --model.weights_options.allow_cast true (coretune eval: "
             "--weights_allow_cast true; allow_cast=True in Python)"
         )
     for key in cast:  # allowed: quantised tensors by their real values, integers as they are

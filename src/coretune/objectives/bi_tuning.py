@@ -77,7 +77,7 @@ class BiTuning(Objective):
       each forward: the same sequence of updates (tllib's first is a no-op);
     - the classifier is PyTorch's default ``nn.Linear`` initialisation, tllib draws ``N(0, 0.01²)`` weights and
       zero biases;
-    - one learning rate for backbone and heads unless ``--model.backbone_lr`` is given (tllib's ``--finetune``
+    - one learning rate for backbone and heads unless ``--model.optim.backbone_lr`` is given (tllib's ``--finetune``
       puts the backbone *and the projector* at 0.1× the classifier's lr; coretune's ``backbone_lr`` leaves the
       projector at the heads' lr);
     - soft-label cross-entropies instead of KL divergences (the same gradients, see above);

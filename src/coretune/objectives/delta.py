@@ -127,7 +127,7 @@ class DELTA(Objective):
 
     Optimiser: the authors' ``train.py`` trains DELTA (and L2-SP) *without* weight decay (it uses 1e-4 for
     plain fine-tuning only): :attr:`optimizer_weight_decay` is 0, so the engine gives this objective's run no
-    weight decay whatever ``--model.weight_decay`` says (the ``β`` term on the new heads replaces it). The
+    weight decay whatever ``--model.optim.weight_decay`` says (the ``β`` term on the new heads replaces it). The
     authors' other settings: SGD with momentum 0.9 (not Nesterov), lr 0.01, batch 64, 9,000 iterations with
     the lr divided by 10 after two thirds (``train.py``'s defaults; ``run.sh`` runs 6,000 with an exponential
     decay), ``α = β = 0.01``, attention temperature 5 (both).

@@ -32,7 +32,7 @@ class L2SP(Objective):
     Optimiser: the reference implementations train L2-SP *without* weight decay (the DELTA authors'
     ``train.py`` uses 1e-4 for plain fine-tuning only; tllib's ``delta.py`` example, which runs L2-SP too,
     defaults to 0), and the paper replaces weight decay by the penalty: :attr:`optimizer_weight_decay` is 0, so
-    the engine gives this objective's run no weight decay whatever ``--model.weight_decay`` says. The reference
+    the engine gives this objective's run no weight decay whatever ``--model.optim.weight_decay`` says. The reference
     settings otherwise (DELTA's ``train.py`` defaults): SGD with momentum 0.9 (not Nesterov), lr 0.01, batch
     64, 9,000 iterations with the lr divided by 10 after two thirds (its ``run.sh``: 6,000 iterations with an
     exponential decay).

@@ -134,7 +134,7 @@ class PretrainCLI(RunDirCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         model = config.get("model") or {}
-        check_trainer_options(config["trainer"], (model.get("init_args") or model).get("schedule"))
+        check_trainer_options(config["trainer"], (model.get("init_args") or model).get("schedule"), "--model.schedule")
         check_snapshot_epochs(config["snapshot_epochs"], config["trainer"].get("max_epochs"))
         self.settle_run_dir("pretrain-" + str(config["model"]["class_path"]).rsplit(".", 1)[-1].lower())
         place_loggers(config, resuming=config.get("ckpt_path") is not None)

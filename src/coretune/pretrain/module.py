@@ -150,7 +150,7 @@ class ContrastivePretrainer(L.LightningModule):
             where = f" on process {listed(failed)}" if world_size() > 1 else ""
             raise NonFiniteLossError(
                 f"the {self.method} loss is {value}{where} at epoch {self.current_epoch}, "
-                f"step {self.global_step}: {diverged_fix(getattr(self._trainer, 'precision', None))}"
+                f"step {self.global_step}: {diverged_fix(getattr(self._trainer, 'precision', None), '--model.lr')}"
             )
         self.log("train/loss", loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=view1.shape[0])
         return loss
@@ -162,7 +162,7 @@ class ContrastivePretrainer(L.LightningModule):
         hp = self.hparams
         params = [p for p in self.parameters() if p.requires_grad]
         optimizer = build_optimizer([(params, hp.lr)], hp.optimizer, hp.momentum, False, hp.weight_decay)
-        scheduler = build_schedule(optimizer, self.trainer, hp.warmup_epochs, hp.schedule)
+        scheduler = build_schedule(optimizer, self.trainer, hp.warmup_epochs, hp.schedule, "--model.schedule")
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def pretrained_checkpoint(self) -> dict[str, Any]:

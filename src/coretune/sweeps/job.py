@@ -14,14 +14,14 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..runs.layout import RunDir
 from ..runs.outputs import data_paths
 
-__all__ = ["SUBPROCESS_FIT_ARGS", "FitArgs", "FitJob", "FitOption", "fit_command"]
+__all__ = ["SUBPROCESS_FIT_ARGS", "FitArgs", "FitJob", "FitOption", "current_spelling", "fit_command"]
 
 
 SUBPROCESS_FIT_ARGS = ("--trainer.enable_progress_bar=false",)
@@ -107,6 +107,21 @@ class FitArgs:
         for name, value in self.section("data"):
             found |= dict.fromkeys(data_paths({name: value}))
         return list(found)
+
+
+def current_spelling(args: Iterable[str]) -> list[str]:
+    """Fit arguments with each option an older version spelled otherwise renamed as it is spelled now
+    (``--model.lr=0.1``: ``--model.optim.lr=0.1``, :func:`~coretune.engine.modelsettings.moved_option`; Core-tuning's
+    ``--objective.lambda_n``: ``--objective.miner.lambda_n``, :func:`~coretune.engine.fitcli.current_objective_args`):
+    what two argument lists are compared as, so that a run recorded with the old spelling is the same run."""
+    from ..engine.fitcli import current_objective_args
+    from ..engine.modelsettings import moved_option
+
+    def renamed(option: FitOption) -> FitOption:
+        new = moved_option(option.name.removeprefix("model.")) if option.name.startswith("model.") else None
+        return option if new is None else replace(option, name=f"model.{new}")
+
+    return FitArgs(tuple(map(renamed, FitArgs.parse(current_objective_args(list(args)))))).argv()
 
 
 def fit_command(argv: Sequence[str], run_dir: str | Path, resume: bool | None = None) -> list[str]:

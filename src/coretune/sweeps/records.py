@@ -12,11 +12,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from ..engine.fitcli import current_objective_args
 from ..runs.config import recorded_task
 from ..runs.layout import RunDir
 from ..tasks import DEFAULT_TASK, TASKS
-from .job import FitJob
+from .job import FitJob, current_spelling
 from .spec import Metric, check_val_split
 
 __all__ = [
@@ -180,7 +179,8 @@ class OtherFitArgs(ValueError):
 def check_run_args(job: FitJob | Sequence[str], run_dir: str | Path | None = None) -> None:
     """Refuse to skip, resume or table a run directory (the ``job``'s, or ``run_dir``) that was started with other
     fit arguments than the job's :meth:`~.job.FitJob.argv` (or the argument list ``job``), which its
-    ``fit_args.json`` records: a table must not put runs of other settings side by side.
+    ``fit_args.json`` records: a table must not put runs of other settings side by side. An option an older
+    version spelled otherwise (``--model.lr``) is the same as its current spelling (:func:`~.job.current_spelling`).
 
     Raises:
         OtherFitArgs: naming the run, both argument lists and the fix.
@@ -195,7 +195,7 @@ def check_run_args(job: FitJob | Sequence[str], run_dir: str | Path | None = Non
     if not path.is_file():
         return
     before = json.loads(path.read_text())
-    if before != list(args) and current_objective_args(before) != current_objective_args(args):  # old spellings
+    if before != list(args) and current_spelling(before) != current_spelling(args):  # --model.lr: --model.optim.lr
         raise OtherFitArgs(
             f"run directory {run_dir} was started with other fit arguments (recorded in {path}): "
             f"{shlex.join(before)}  ≠  {shlex.join(args)}. Delete that directory to redo the run with the new "

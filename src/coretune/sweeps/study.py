@@ -18,6 +18,7 @@ from typing import Any
 
 from ..extras import need
 from ..tasks import DEFAULT_TASK, Task
+from .job import current_spelling
 
 __all__ = [
     "best_trial",
@@ -194,7 +195,8 @@ def check_repeats(study: Any, repeats: int) -> None:
 def check_settings(study: Any, settings: dict[str, Any]) -> None:
     """Tie a study to its ``--seed`` (the validation split, and the grid's order), ``--val_fraction``,
     ``--sampler``, ``--objective``, ``--eta``/``--alpha`` or ``--space`` (TPE's ranges) and fit arguments: trials
-    fitted or scored otherwise do not compare, and a grid resumed in another order would run some points twice and
+    fitted or scored otherwise do not compare (fit arguments in their current spelling: ``--model.lr`` is
+    ``--model.optim.lr``), and a grid resumed in another order would run some points twice and
     others never. A study from before a setting was recorded is taken as it is."""
     names = {"eta_alpha": "--eta/--alpha", "space": "--space", "fit_args": "fit arguments"}
 
@@ -204,7 +206,7 @@ def check_settings(study: Any, settings: dict[str, Any]) -> None:
     changed = [
         f"{names.get(key, f'--{key}')} {shown(key, study.user_attrs[key])} (now {shown(key, value)})"
         for key, value in settings.items()
-        if key in study.user_attrs and study.user_attrs[key] != value
+        if key in study.user_attrs and _current(key, study.user_attrs[key]) != _current(key, value)
     ]
     if changed:
         raise ValueError(
@@ -214,6 +216,12 @@ def check_settings(study: Any, settings: dict[str, Any]) -> None:
     if not study.get_trials(deepcopy=False):
         for key, value in settings.items():
             study.set_user_attr(key, value)
+
+
+def _current(key: str, value: Any) -> Any:
+    """A recorded study setting as it compares: fit arguments in their current spelling (``--model.lr`` is
+    ``--model.optim.lr``: :func:`~.job.current_spelling`)."""
+    return current_spelling(value) if key == "fit_args" and isinstance(value, list) else value
 
 
 def check_task(study: Any, task: type[Task]) -> None:

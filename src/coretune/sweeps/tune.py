@@ -312,7 +312,7 @@ def _write_outputs(
             points = ", ".join(label(p) for p in sorted(diverged))
             raise TrialFailed(
                 f"every trial of study {study.study_name!r} diverged ({points}; each fit's message is in the failure "
-                f"column of {output / 'trials.csv'}): lower the learning rate (--model.lr) or clip the gradients "
+                f"column of {output / 'trials.csv'}): lower the learning rate (--model.optim.lr) or clip the gradients "
                 "(--trainer.gradient_clip_val 1.0) in the fit arguments, and tune into a new --output"
             )
         raise TrialFailed(f"no trial of study {study.study_name!r} finished: see the logs under {output / 'trials'}")

@@ -3,7 +3,7 @@
 
 A *layout* extracts the backbone tensors from a loaded checkpoint (``extract(raw, encoder) -> Extraction | None``,
 None where its entries or prefixes are absent); :func:`~coretune.models.checkpoints.load_pretrained` tries every
-layout (or the one ``--model.weights_format`` names) and keeps the one that matches the most backbone keys.
+layout (or the one ``--model.weights_options.format`` names) and keeps the one that matches the most backbone keys.
 Importing :mod:`coretune.models` imports this package, which registers them all in :data:`DETECTION_ORDER` (the
 order of ``list_layouts()``, of the messages, and the tie-break between layouts that match equally well).
 

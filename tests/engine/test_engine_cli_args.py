@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from coretune.cli import main
-from coretune.engine.fitcli import translate_args
+from coretune.engine.fitargs import translate_args
 
 
 def test_objective_names_become_class_paths_with_presets() -> None:

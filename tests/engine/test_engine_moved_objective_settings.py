@@ -16,7 +16,7 @@ from coretune import objectives
 from coretune.cli import main
 from coretune.engine import FineTuner
 from coretune.engine.checkpoint import CheckpointMeta
-from coretune.engine.fitcli import current_objective_args, translate_args
+from coretune.engine.fitargs import current_objective_args, translate_args
 from coretune.engine.runcli import _current_spelling, setting_changes
 from coretune.memory import CrossBatchMemory
 from coretune.mining import HardPairMiner

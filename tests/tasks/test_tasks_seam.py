@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from coretune.cli import main
 from coretune.data import TaskDataDefaults
 from coretune.engine import FineTuner, make_trainer
-from coretune.engine.fitcli import task_of_args
+from coretune.engine.fitargs import task_of_args
 from coretune.objectives import CETuning, ObjectiveOutput
 from coretune.tasks import TASKS, Batch, ClassificationTask, get_task
 from fit_flags import QUIET, TINY_FIT

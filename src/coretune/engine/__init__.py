@@ -1,7 +1,8 @@
 """The training engine: Lightning module (:mod:`.module`, the training loop), what its checkpoints record
 (:mod:`.checkpoint`), its output health checks (:mod:`.health`) and data module checks (:mod:`.datachecks`), trainer
 set-up, run outputs, optimisers and schedules (:class:`~.optim.OptimSettings`; :mod:`.modelsettings`: the
-settings older versions spelled flat), and ``coretune fit`` (:mod:`.fitcli`)."""
+settings older versions spelled flat), and ``coretune fit`` (:mod:`.fitcli`; its arguments' aliases and older
+spellings: :mod:`.fitargs`)."""
 
 from .callbacks import (
     ChanceLevelGuard,

@@ -114,7 +114,7 @@ def current_spelling(args: Iterable[str]) -> list[str]:
     (``--model.lr=0.1``: ``--model.optim.lr=0.1``, :func:`~coretune.engine.modelsettings.moved_option`; Core-tuning's
     ``--objective.lambda_n``: ``--objective.miner.lambda_n``, :func:`~coretune.engine.fitcli.current_objective_args`):
     what two argument lists are compared as, so that a run recorded with the old spelling is the same run."""
-    from ..engine.fitcli import current_objective_args
+    from ..engine.fitargs import current_objective_args
     from ..engine.modelsettings import moved_option
 
     def renamed(option: FitOption) -> FitOption:

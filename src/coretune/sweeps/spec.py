@@ -66,7 +66,7 @@ _METRIC_TEXT = {"test": "test top-1", "val": "final-epoch validation top-1"}
 def metric_text(metric: Metric, fit_args: Sequence[str] = ()) -> str:
     """What a sweep's ``metric`` tabulates for runs with these fit arguments: ``test top-1``, or the score of their
     task (``test MIoU`` for ``--task segmentation`` or a segmentation ``--config``)."""
-    from ..engine.fitcli import task_of_args
+    from ..engine.fitargs import task_of_args
     from ..tasks import DEFAULT_TASK, TASKS
 
     try:

@@ -4,7 +4,9 @@ at the first call, the same numbers as ``.build()``, the optimiser rule, and no 
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,3 +156,21 @@ def test_an_objective_with_its_own_num_classes_argument_keeps_it() -> None:
 
     assert Own(num_classes=4).own == 4 and not Own(num_classes=4).is_built
     assert Inherits(num_classes=2, feature_dim=3).classifier.weight.shape == (2, 3)
+
+
+def test_the_docs_python_examples_run(tiny_backbone: Factory) -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "objectives.md").read_text(encoding="utf-8")
+    (section,) = re.findall(r"## Using an objective\n(.*?)\n## ", text, flags=re.S)
+    made, lazy = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    backbone = tiny_backbone(16)
+    namespace = {"torch": torch, "backbone": backbone, "x": torch.randn(6, 3, 8, 8), "y": LABELS}
+    namespace |= {"feature_dim": 16, "num_classes": 3}
+    exec(compile(made, "docs/objectives.md", "exec"), namespace)
+    obj = namespace["obj"]
+    assert isinstance(obj, objectives.L2SP) and obj.hparams() == {"alpha": 0.1, "beta": 0.01}
+    assert obj.classifier.weight.grad is not None
+    exec(compile(lazy, "docs/objectives.md", "exec"), namespace)
+    obj, optimizer = namespace["obj"], namespace["optimizer"]
+    assert isinstance(obj, CoreTuning) and obj.feature_dim == 16
+    optimised = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert {id(p) for p in obj.parameters()} <= optimised

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable
+from copy import deepcopy
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,16 @@ def test_the_docs_python_examples_run(tiny_backbone: Factory) -> None:
     assert isinstance(obj, CoreTuning) and obj.feature_dim == 16
     optimised = {id(p) for group in optimizer.param_groups for p in group["params"]}
     assert {id(p) for p in obj.parameters()} <= optimised
+
+
+def test_a_copy_of_a_lazy_objective_builds_its_own_heads_once() -> None:
+    original = CoreTuning(num_classes=3, proj_dim=4)
+    copy = deepcopy(original)
+    copy.predict(torch.randn(6, 5))
+    weight = copy.classifier.weight.detach().clone()
+    copy.generator = torch.Generator().manual_seed(0)
+    copy(torch.randn(6, 5), LABELS)  # built already: the call builds nothing again
+    assert torch.equal(copy.classifier.weight, weight) and copy.feature_dim == 5
+    assert not original.is_built
+    original.predict(torch.randn(2, 7))
+    assert original.feature_dim == 7

@@ -357,7 +357,7 @@ Objective.__init__ = _taking_head_sizes(Objective.__init__)  # type: ignore[meth
 def _build_at_first_call(objective: Objective, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """The forward pre-hook of a lazily built objective: build its heads from the first call's features."""
     features = args[0] if args else kwargs.get("features")
-    if isinstance(features, Tensor):
+    if objective._lazy_num_classes is not None and isinstance(features, Tensor):  # a copy's hook may outlive it
         objective._build_lazily(features)
 
 

@@ -188,3 +188,13 @@ def test_a_copy_of_a_lazy_objective_builds_its_own_heads_once() -> None:
     assert not original.is_built
     original.predict(torch.randn(2, 7))
     assert original.feature_dim == 7
+
+
+def test_the_engine_builds_a_lazy_objective_for_its_data_or_names_the_mismatch() -> None:
+    from coretune.engine.module import FineTuner
+
+    model = FineTuner(CoreTuning(num_classes=3), backbone="small_cnn")
+    model.build(3)  # FineTuner sizes the heads from its data and backbone
+    assert model.objective.is_built and model.objective.feature_dim == model.backbone.feature_dim
+    with pytest.raises(ValueError, match=r"made with num_classes=3, but its heads are built for 4 classes"):
+        FineTuner(CoreTuning(num_classes=3), backbone="small_cnn").build(4)

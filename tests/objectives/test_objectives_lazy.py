@@ -198,3 +198,14 @@ def test_the_engine_builds_a_lazy_objective_for_its_data_or_names_the_mismatch()
     assert model.objective.is_built and model.objective.feature_dim == model.backbone.feature_dim
     with pytest.raises(ValueError, match=r"made with num_classes=3, but its heads are built for 4 classes"):
         FineTuner(CoreTuning(num_classes=3), backbone="small_cnn").build(4)
+
+
+@pytest.mark.parametrize("name", sorted(objectives.available()))
+def test_every_head_is_made_on_the_features_device(name: str) -> None:
+    # the meta device stands in for a GPU: a head left on the CPU would show here, Bi-tuning's key head included
+    obj = objectives.create(name, num_classes=3)
+    logits = obj.predict(torch.randn(6, 16, device="meta"))
+    assert logits.device.type == "meta"
+    tensors = [*obj.parameters(), *obj.buffers()]
+    tensors += [p for head in getattr(obj, "_key_projector", []) for p in head.parameters()]
+    assert tensors and {t.device.type for t in tensors} == {"meta"}

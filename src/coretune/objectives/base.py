@@ -170,7 +170,8 @@ class Objective(nn.Module):
                 f"(B, d) features, got shape {tuple(features.shape)}"
             )
         dtype = self._lazy_dtype or torch.get_default_dtype()
-        self.build(features.shape[1], typing.cast(int, self._lazy_num_classes))
+        with features.device:  # made there: copies kept outside the module tree (Bi-tuning's key head) too
+            self.build(features.shape[1], typing.cast(int, self._lazy_num_classes))
         self.to(device=features.device, dtype=dtype)
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> Objective:

@@ -3,7 +3,14 @@
 from importlib.metadata import version
 
 from . import objectives
-from .losses import contrastive_loss, core_positive_mask, own_pairs_mask, soft_cross_entropy, supcon_positive_mask
+from .losses import (
+    FocalContrastiveLoss,
+    contrastive_loss,
+    core_positive_mask,
+    own_pairs_mask,
+    soft_cross_entropy,
+    supcon_positive_mask,
+)
 from .memory import CrossBatchMemory, FeatureMemory
 from .mining import HardPairMiner, HardPairs, mine_hard_pairs
 
@@ -13,6 +20,7 @@ __version__ = version("coretune")
 __all__ = [
     "CrossBatchMemory",
     "FeatureMemory",
+    "FocalContrastiveLoss",
     "HardPairMiner",
     "HardPairs",
     "__version__",

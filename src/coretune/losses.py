@@ -1,14 +1,17 @@
 """Contrastive losses of Core-tuning (Zhang et al., NeurIPS 2021, §3 Eq. 1 and §4.1 "Hard pair reweighting").
 
-Pure tensor functions: no state, no framework. Computed in float32 (float64 stays float64) even under autocast.
+Pure tensor functions (no state, no framework) and :class:`FocalContrastiveLoss`, the focal contrastive loss as an
+``nn.Module`` for any training loop. Computed in float32 (float64 stays float64) even under autocast.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 __all__ = [
+    "FocalContrastiveLoss",
     "contrastive_loss",
     "core_positive_mask",
     "image_label_positive_mask",
@@ -160,3 +163,66 @@ def soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     dtype = _loss_dtype(logits)
     log_p = torch.log_softmax(logits.to(dtype), dim=1)
     return -(targets.to(dtype) * log_p).sum(dim=1).mean()
+
+
+class FocalContrastiveLoss(nn.Module):
+    r"""Core-tuning's focal contrastive loss :math:`\mathcal{L}^f_{con}` (§4.1) as a module, as
+    pytorch-metric-learning's losses are: ``loss_fn = FocalContrastiveLoss(); loss = loss_fn(embeddings, labels)``.
+
+    For embeddings ``v`` (rows L2-normalised here unless ``normalize=False``), with ``A_i`` every row but ``i`` and
+    ``P_i`` the rows of ``A_i`` with ``i``'s label::
+
+        p_ij = exp(v_i·v_j / τ) / Σ_{k ∈ A_i} exp(v_i·v_k / τ)
+        L    = -(1/n) Σ_i (1/|P_i|) Σ_{j ∈ P_i} (1 - p_ij) · log p_ij
+
+    the mean over the ``n`` anchors that have a positive (one alone in its class is no anchor, only a negative of
+    the others; no positive at all gives ``0``, in the graph, never NaN). ``focal=False`` drops the weight
+    ``1 - p_ij``: SupCon's :math:`\mathcal{L}_{con}` (Eq. 1). Computed by :func:`contrastive_loss`, in float32
+    for fp16/bf16 embeddings, even under autocast.
+
+    Instead of labels, ``positive_mask`` ``(M, N)`` names the positives (anchors: the first ``M`` rows), for row
+    layouts with generated rows such as Core-tuning's ``[z; z⁺; z⁻]`` (:func:`core_positive_mask`);
+    ``contrast_mask`` ``(M, N)`` restricts each ``A_i`` (:func:`own_pairs_mask`).
+
+    Args:
+        temperature: ``τ > 0``.
+        focal: weight each positive by ``1 - p_ij`` (``False``: SupCon).
+        normalize: L2-normalise the embeddings' rows first (``False``: they already are).
+    """
+
+    def __init__(self, temperature: float = 0.07, focal: bool = True, normalize: bool = True) -> None:
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature, self.focal, self.normalize = temperature, focal, normalize
+
+    def forward(
+        self,
+        embeddings: Tensor,
+        labels: Tensor | None = None,
+        *,
+        positive_mask: Tensor | None = None,
+        contrast_mask: Tensor | None = None,
+    ) -> Tensor:
+        """The loss of ``embeddings`` ``(N, d)`` with ``labels`` ``(N,)`` or a ``positive_mask`` ``(M, N)``
+        (exactly one of them); a scalar, float32 (float64 for float64 embeddings)."""
+        if embeddings.dim() != 2:
+            raise ValueError(f"embeddings must be (N, d), got shape {tuple(embeddings.shape)}")
+        if (labels is None) == (positive_mask is None):
+            raise ValueError(
+                "FocalContrastiveLoss takes labels (N,) or positive_mask=(M, N), not "
+                + ("both" if labels is not None else "neither")
+            )
+        if labels is not None:
+            if labels.dim() != 1 or labels.numel() != embeddings.shape[0]:
+                raise ValueError(
+                    f"labels must be ({embeddings.shape[0]},), one per embedding, got shape {tuple(labels.shape)}"
+                )
+            positive_mask = supcon_positive_mask(labels)
+        v = embeddings.to(_loss_dtype(embeddings))
+        if self.normalize:
+            v = F.normalize(v, dim=1)
+        return contrastive_loss(v, positive_mask, self.temperature, self.focal, contrast_mask)
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}, focal={self.focal}, normalize={self.normalize}"

@@ -10,10 +10,11 @@ the optional hooks below instead of reaching into the training engine.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import pydoc
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -60,8 +61,19 @@ class ObjectiveOutput:
 class Objective(nn.Module):
     """Base class of a fine-tuning method.
 
-    Life cycle: construct with hyper-parameters only, then :meth:`build` with the feature dimension and number of
-    classes (the engine does it once it knows the backbone and data; :func:`create` does it when given both).
+    Life cycle: construct with hyper-parameters, then :meth:`build` the heads with the feature dimension and number
+    of classes (the engine does it once it knows the backbone and data; :func:`create` does it when given both).
+
+    Every objective's constructor also takes the keyword-only ``num_classes`` and ``feature_dim``, for a plain
+    PyTorch loop (they are not hyper-parameters: :meth:`hparams` and the command line's ``--objective.*`` leave them
+    out, as ``coretune fit`` sizes the heads from its data and backbone):
+
+    - ``CoreTuning(num_classes=10, feature_dim=512)`` builds the heads at once: hand ``objective.parameters()`` to
+      the optimiser after it;
+    - ``CoreTuning(num_classes=10)`` builds them at its first call (``objective(z, y)`` or ``objective.predict(z)``)
+      from the width of ``z``, on ``z``'s device, in the objective's floating dtype (float32 unless cast, e.g.
+      ``.double()``), like :class:`torch.nn.LazyLinear`. Its :meth:`parameters` are refused until then, so the
+      optimiser never misses the heads: run one call (``objective.predict(encoder(images))``) before making it.
 
     Hooks (all optional, no-ops by default):
         :meth:`attach_backbone` — called once with the backbone before training (L2-SP/DELTA keep a frozen copy);
@@ -80,6 +92,18 @@ class Objective(nn.Module):
     #: Whether it trains dense prediction (segmentation: a per-pixel classifier on the backbone's feature map);
     #: :meth:`dense_problem` may still refuse some of its settings.
     dense: ClassVar[bool] = False
+
+    #: The number of classes a lazily built objective (``num_classes`` without ``feature_dim``) will be built for
+    #: at its first call; ``None`` once built, or when not made so.
+    _lazy_num_classes: int | None = None
+    #: The floating dtype that ``.to()``/``.double()`` … gave a lazily built objective before its first call.
+    _lazy_dtype: torch.dtype | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and not _HEAD_SIZES & set(inspect.signature(init).parameters):
+            cls.__init__ = _taking_head_sizes(init)  # type: ignore[method-assign]
 
     def __init__(self) -> None:
         super().__init__()
@@ -110,9 +134,61 @@ class Objective(nn.Module):
         """Create the heads for features of width ``feature_dim`` and ``num_classes`` classes."""
         if feature_dim < 1 or num_classes < 1:
             raise ValueError(f"feature_dim and num_classes must be >= 1, got {feature_dim} and {num_classes}")
+        pending = self._lazy_num_classes
+        if pending is not None and pending != num_classes:
+            raise ValueError(
+                f"objective {self.name!r} was made with num_classes={pending}, but its heads are built for "
+                f"{num_classes} classes (the data's): make it with num_classes={num_classes}, or without num_classes"
+            )
         self.feature_dim, self.num_classes = feature_dim, num_classes
         self.classifier = nn.Linear(feature_dim, num_classes)
         self.build_heads(feature_dim, num_classes)
+        if pending is not None:
+            self._lazy_num_classes = None
+            self._lazy_hook.remove()
+
+    def _set_head_sizes(self, num_classes: int | None, feature_dim: int | None) -> None:
+        """The constructor's ``num_classes``/``feature_dim``: build now (both) or at the first call (the classes)."""
+        if num_classes is None:
+            raise ValueError(
+                f"{type(self).__name__}(feature_dim={feature_dim}) needs num_classes= too: give both, or neither "
+                "and call .build(feature_dim, num_classes)"
+            )
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"num_classes must be an int >= 1, got {num_classes!r}")
+        if feature_dim is not None:
+            self.build(feature_dim, num_classes)
+            return
+        self._lazy_num_classes = num_classes
+        self._lazy_hook = self.register_forward_pre_hook(_build_at_first_call, with_kwargs=True)
+
+    def _build_lazily(self, features: Tensor) -> None:
+        """Build the heads of a lazily built objective for ``features``' width, on their device."""
+        if features.dim() != 2:
+            raise ValueError(
+                f"objective {self.name!r} builds its heads at its first call from the features' width: expected "
+                f"(B, d) features, got shape {tuple(features.shape)}"
+            )
+        dtype = self._lazy_dtype or torch.get_default_dtype()
+        with features.device:  # made there: copies kept outside the module tree (Bi-tuning's key head) too
+            self.build(features.shape[1], typing.cast(int, self._lazy_num_classes))
+        self.to(device=features.device, dtype=dtype)
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> Objective:
+        if self._lazy_num_classes is not None:  # .to()/.double() before the heads exist: their future dtype
+            self._lazy_dtype = fn(torch.empty(0, dtype=self._lazy_dtype or torch.get_default_dtype())).dtype
+        return super()._apply(fn, recurse)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
+        """As :meth:`torch.nn.Module.named_parameters` (and so :meth:`parameters`); refused while a lazily built
+        objective has no heads yet (an optimiser made then would never train them)."""
+        if self._lazy_num_classes is not None:
+            raise RuntimeError(
+                f"objective {self.name!r} builds its heads at its first call (made with num_classes="
+                f"{self._lazy_num_classes} and no feature_dim), so an optimiser made now would miss them: give "
+                "feature_dim= when making it, or call it once (objective.predict(features)) before .parameters()"
+            )
+        return super().named_parameters(*args, **kwargs)
 
     def build_heads(self, feature_dim: int, num_classes: int) -> None:
         """Create heads beyond the classifier ``G_y`` (override in subclasses)."""
@@ -177,7 +253,9 @@ class Objective(nn.Module):
 
     # -- computation ----------------------------------------------------------------------------------------
     def predict(self, features: Tensor) -> Tensor:
-        """Class logits ``G_y(z)`` for evaluation."""
+        """Class logits ``G_y(z)`` for evaluation (a lazily built objective's first call builds its heads)."""
+        if self._lazy_num_classes is not None:
+            self._build_lazily(features)
         return self.classifier(features)
 
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
@@ -186,8 +264,16 @@ class Objective(nn.Module):
         raise NotImplementedError
 
     def _check_built(self) -> None:
+        if self._lazy_num_classes is not None:
+            raise RuntimeError(
+                f"objective {self.name!r} builds its heads at its first call: call it once "
+                "(objective.predict(features)) first"
+            )
         if not self.is_built:
-            raise RuntimeError(f"objective {self.name!r} has no heads yet: call .build(feature_dim, num_classes)")
+            raise RuntimeError(
+                f"objective {self.name!r} has no heads yet: call .build(feature_dim, num_classes), or make it with "
+                "num_classes="
+            )
 
     def hparams(self) -> dict[str, Any]:
         """The constructor's hyper-parameters (stored as attributes of the same names), for configs and logs; a
@@ -245,6 +331,35 @@ class Objective(nn.Module):
             if isinstance(value, Mapping) and len(components) == 1:
                 values[name] = components[0](**value)
         return cls(**values)
+
+
+_HEAD_SIZES = {"num_classes", "feature_dim"}
+
+
+def _taking_head_sizes(init: Callable[..., None]) -> Callable[..., None]:
+    """An objective's constructor ``init`` that also takes the keyword-only ``num_classes`` and ``feature_dim``
+    (:class:`Objective`'s life cycle). Its signature stays ``init``'s (``functools.wraps``), so the hyper-parameters
+    that :meth:`Objective.hparams` records and the command line offers are its own."""
+
+    @functools.wraps(init)
+    def __init__(
+        self: Objective, *args: Any, num_classes: int | None = None, feature_dim: int | None = None, **kwargs: Any
+    ) -> None:
+        init(self, *args, **kwargs)
+        if num_classes is not None or feature_dim is not None:
+            self._set_head_sizes(num_classes, feature_dim)
+
+    return __init__
+
+
+Objective.__init__ = _taking_head_sizes(Objective.__init__)  # type: ignore[method-assign]
+
+
+def _build_at_first_call(objective: Objective, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """The forward pre-hook of a lazily built objective: build its heads from the first call's features."""
+    features = args[0] if args else kwargs.get("features")
+    if objective._lazy_num_classes is not None and isinstance(features, Tensor):  # a copy's hook may outlive it
+        objective._build_lazily(features)
 
 
 def _nested(assigned: Mapping[str, Any]) -> dict[str, Any]:
@@ -319,13 +434,14 @@ def get(name: str) -> tuple[type[Objective], dict[str, Any]]:
 
 
 def create(name: str, feature_dim: int | None = None, num_classes: int | None = None, **hparams: Any) -> Objective:
-    """Instantiate the objective ``name`` (``hparams`` override its preset); build it if both dims are given."""
+    """Instantiate the objective ``name`` (``hparams`` override its preset); build its heads when both dims are given,
+    at its first call when only ``num_classes`` is (the constructor's keyword-only arguments, see
+    :class:`Objective`)."""
     cls, defaults = get(name)
     defaults.update(hparams)
-    objective = cls(**defaults)
+    sizes = {k: v for k, v in (("num_classes", num_classes), ("feature_dim", feature_dim)) if v is not None}
+    objective = cls(**defaults, **sizes)
     objective.registered_name = name
-    if feature_dim is not None and num_classes is not None:
-        objective.build(feature_dim, num_classes)
     return objective
 
 

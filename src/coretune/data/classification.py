@@ -395,14 +395,17 @@ def _shared_files(scored: LabeledImageDataset | None, train: LabeledImageDataset
         return []
     folders: dict[str, str] = {}
 
-    def real(path: str) -> str:
+    def real(path: str) -> tuple[str, str]:
         folder, _, name = path.rpartition(os.sep)
         if folder not in folders:
             folders[folder] = os.path.realpath(folder)
-        return f"{folders[folder]}{os.sep}{name}"
+        return folders[folder], name
 
-    trained = {real(path) for path in train.paths}
-    return [path for path in scored.paths if real(path) in trained]
+    scored_real = [real(path) for path in scored.paths]
+    scored_folders = {folder for folder, _ in scored_real}
+    # only the training files in a scored folder are kept (usually none: no set of a million training paths)
+    trained = {pair for path in train.paths if (pair := real(path))[0] in scored_folders}
+    return [path for path, pair in zip(scored.paths, scored_real, strict=True) if pair in trained]
 
 
 def _first(*datasets: LabeledImageDataset | None) -> LabeledImageDataset | None:

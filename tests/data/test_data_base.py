@@ -125,6 +125,6 @@ def test_shared_options_are_checked_in_one_message(cls: type[ImageDataModule]) -
         cls(root="x", batch_size=0, num_workers=-1, on_bad_image="ignore", mean=(2.0, 0.0, 0.0))  # type: ignore
     message = str(err.value)
     assert message.startswith("invalid data option(s): ") and message.endswith(" — set valid values (--data.<option>)")
-    for part in ("batch_size must be >= 1, got 0", "num_workers must be >= 0, got -1",
+    for part in ("batch_size must be >= 1, got 0", "num_workers must be >= 0 or auto, got -1",
                  "on_bad_image must be 'error' or 'skip', got 'ignore'", "mean"):  # fmt: skip
         assert part in message

@@ -467,7 +467,7 @@ def test_class_names_differ_between_train_and_val(make_tree: MakeTree) -> None:
         ("label_fraction", 1.5, r"label_fraction must be in \(0, 1\]"),
         ("val_fraction", 1.0, r"val_fraction must be in \[0, 1\) .*, got 1.0"),
         ("val_fraction", -0.1, r"val_fraction must be in \[0, 1\)"),
-        ("num_workers", -1, r"num_workers must be >= 0, got -1"),
+        ("num_workers", -1, r"num_workers must be >= 0 or auto, got -1"),
         ("rotation", -5.0, r"rotation must be in \[0, 180\] degrees"),
         ("crop_scale", (0.6, 0.5), r"crop_scale must be \(low, high\) with 0 < low <= high <= 1, got \(0.6, 0.5\)"),
         ("crop_scale", (0.0, 1.0), r"crop_scale must be"),

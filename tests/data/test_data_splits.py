@@ -135,3 +135,18 @@ def test_split_needs_two_items_per_class() -> None:
 def test_split_rejects_fraction_outside_range(fraction: float) -> None:
     with pytest.raises(DataError, match=r"holdout_fraction must be in \[0, 1\)"):
         stratified_split([0, 0, 1, 1], fraction)
+
+
+def test_each_class_is_grouped_as_a_pass_per_class_would_find_it() -> None:
+    """``_per_class`` groups a million labels with one sort; each class's indices, before its shuffle, are those a
+    pass over the labels for that class finds, in order, so every subset and split stays as it was."""
+    from coretune.data.splits import _per_class
+
+    labels = np.random.default_rng(0).integers(0, 37, 2000)
+    labels[labels == 5] = 6  # a class with no items is left out
+    grouped = _per_class(labels.tolist(), seed=3, stream=1)
+    assert [c for c, _ in grouped] == sorted(set(labels.tolist()))
+    for c, shuffled in grouped:
+        expected = np.random.default_rng([3, 1, c]).permutation(np.flatnonzero(labels == c))
+        assert np.array_equal(shuffled, expected)
+    assert _per_class([], seed=0, stream=0) == []

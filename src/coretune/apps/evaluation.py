@@ -234,7 +234,9 @@ def evaluate_encoder(
     """
     data.setup("test")  # with cache_images: the test split decoded, and the training split as evaluated below
     train_set = data.train_as_evaluated()
-    loader = DataLoader(train_set, batch_size=data.eval_batch_size, num_workers=data.num_workers)
+    loading = data.loader_settings()  # auto: for this machine (no trainer)
+    loader = DataLoader(train_set, batch_size=data.eval_batch_size, num_workers=loading.num_workers,
+                        pin_memory=loading.pin_memory)  # fmt: skip
     train_f, train_y = extract_features(encoder, loader, device)
     test_f, test_y = extract_features(encoder, data.test_dataloader(), device)
     classes = data.num_classes

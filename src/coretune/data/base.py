@@ -15,11 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, get_args
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from .datasets import OnBadImage
 from .errors import DataError
-from .samplers import eval_loader, loader_options
+from .loading import LoaderSettings, NumWorkers, PinMemory, hardware_of_trainer, is_auto, resolve_loading
+from .samplers import eval_loader
 from .taskdata import TaskData, TaskDataDefaults
 from .transforms import normalisation_problems
 
@@ -56,7 +58,7 @@ SHARED_CHECKS: dict[str, OptionCheck] = {
     "image_size": rule("image_size", lambda v: v >= 1, ">= 1 pixel"),
     "batch_size": rule("batch_size", lambda v: v >= 1, ">= 1"),
     "eval_batch_size": rule("eval_batch_size", lambda v: v is None or v >= 1, ">= 1 (or unset to use batch_size)"),
-    "num_workers": rule("num_workers", lambda v: v >= 0, ">= 0"),
+    "num_workers": rule("num_workers", lambda v: is_auto(v) or v >= 0, ">= 0 or auto"),
     "crop_scale": rule(
         "crop_scale", lambda v: len(v) == 2 and 0 < v[0] <= v[1] <= 1, "(low, high) with 0 < low <= high <= 1"
     ),
@@ -99,7 +101,8 @@ class ImageDataModule(TaskDataDefaults, L.LightningDataModule):
         image_size: Side of the square network input in pixels.
         batch_size: Training batch size.
         eval_batch_size: Validation/test batch size (default: batch_size).
-        num_workers: DataLoader worker processes (0 loads in the main process).
+        num_workers: DataLoader worker processes (0 loads in the main process); auto: min(8, CPU cores per
+            process) on CUDA, else 0.
         label_fraction: Fraction of the training labels to use, drawn with seed; in (0, 1].
         seed: Seed of the splits and subsets drawn and of the training order and augmentation.
         mean: Per-channel normalisation mean (RGB, in [0, 1]) of the pre-trained model.
@@ -107,7 +110,7 @@ class ImageDataModule(TaskDataDefaults, L.LightningDataModule):
         hflip: Random horizontal flips in training augmentation.
         on_bad_image: Unreadable image files: "error" stops at the first with its path; "skip" decodes every
             file at setup, leaves the bad ones out and warns once.
-        pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies).
+        pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies); auto: on CUDA only.
     """
 
     #: The checks of the options (a check, or the name of a shared one), in the order their problems are named
@@ -126,14 +129,14 @@ class ImageDataModule(TaskDataDefaults, L.LightningDataModule):
         image_size: int,
         batch_size: int,
         eval_batch_size: int | None,
-        num_workers: int,
+        num_workers: NumWorkers,
         label_fraction: float,
         seed: int,
         mean: tuple[float, float, float],
         std: tuple[float, float, float],
         hflip: bool,
         on_bad_image: OnBadImage,
-        pin_memory: bool,
+        pin_memory: PinMemory,
         **task_options: Any,
     ) -> None:
         """Check every option (``task_options``: the subclass's own, checked only) and keep the shared ones."""
@@ -151,6 +154,7 @@ class ImageDataModule(TaskDataDefaults, L.LightningDataModule):
         self.val_dataset: Any = None
         self.test_dataset: Any = None
         self._class_names: list[str] | None = None  # set by setup
+        self._told_loading = False  # the line naming what auto chose, printed once
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Add the shared options' help lines (this class's Args) that ``cls``'s docstring leaves out, for the
@@ -195,8 +199,19 @@ class ImageDataModule(TaskDataDefaults, L.LightningDataModule):
         """In item order, each item once (:func:`~.samplers.eval_loader`)."""
         return eval_loader(dataset, self.eval_batch_size, **self._loader_options())
 
+    def loader_settings(self) -> LoaderSettings:
+        """The loaders' ``num_workers``, ``pin_memory`` and prefetching: the options as given, ``auto`` resolved for
+        the attached trainer's accelerator (without one: CUDA where it is available), named in one line the first
+        time ``auto`` chooses (:func:`~coretune.data.loading.resolve_loading`)."""
+        cuda, processes = hardware_of_trainer(getattr(self, "trainer", None))
+        settings = resolve_loading(self.num_workers, self.pin_memory, cuda=cuda, processes_per_node=processes)
+        if settings.chosen and not self._told_loading:
+            rank_zero_info(settings.describe())
+            self._told_loading = True
+        return settings
+
     def _loader_options(self) -> dict[str, Any]:
-        return loader_options(self.num_workers, self.pin_memory)
+        return self.loader_settings().options()
 
 
 def option_docs(doc: str) -> dict[str, str]:

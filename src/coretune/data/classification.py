@@ -13,6 +13,7 @@ from .base import ImageDataModule, label_fraction_rule, rule, val_fraction_rule
 from .datasets import ImageFileDataset, LabeledImageDataset, OnBadImage, check_cifar_root, load_cifar
 from .errors import DataError
 from .images import require_folder, warn_skipped
+from .loading import NumWorkers, PinMemory
 from .samplers import seeded_train_loader
 from .splits import stratified_split, stratified_subset
 from .transforms import (
@@ -106,7 +107,7 @@ class ImageClassificationData(ImageDataModule):
         image_size: int = 224,
         batch_size: int = 64,
         eval_batch_size: int | None = None,
-        num_workers: int = 0,
+        num_workers: NumWorkers = "auto",
         label_fraction: float = 1.0,
         val_fraction: float = 0.0,
         seed: int = 0,
@@ -116,7 +117,7 @@ class ImageClassificationData(ImageDataModule):
         crop_scale: tuple[float, float] = (0.08, 1.0),
         hflip: bool = True,
         on_bad_image: OnBadImage = "error",
-        pin_memory: bool = False,
+        pin_memory: PinMemory = "auto",
         cache_images: bool = False,
     ) -> None:
         super().__init__(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
@@ -394,14 +395,17 @@ def _shared_files(scored: LabeledImageDataset | None, train: LabeledImageDataset
         return []
     folders: dict[str, str] = {}
 
-    def real(path: str) -> str:
+    def real(path: str) -> tuple[str, str]:
         folder, _, name = path.rpartition(os.sep)
         if folder not in folders:
             folders[folder] = os.path.realpath(folder)
-        return f"{folders[folder]}{os.sep}{name}"
+        return folders[folder], name
 
-    trained = {real(path) for path in train.paths}
-    return [path for path in scored.paths if real(path) in trained]
+    scored_real = [real(path) for path in scored.paths]
+    scored_folders = {folder for folder, _ in scored_real}
+    # only the training files in a scored folder are kept (usually none: no set of a million training paths)
+    trained = {pair for path in train.paths if (pair := real(path))[0] in scored_folders}
+    return [path for path, pair in zip(scored.paths, scored_real, strict=True) if pair in trained]
 
 
 def _first(*datasets: LabeledImageDataset | None) -> LabeledImageDataset | None:

@@ -29,6 +29,7 @@ from .base import ImageDataModule, label_fraction_rule, rule
 from .datasets import LabeledImageDataset, OnBadImage
 from .errors import DataError
 from .images import require_folder, warn_skipped
+from .loading import NumWorkers, PinMemory
 from .samplers import balanced_train_loader
 from .splits import stratified_split, stratified_subset
 from .transforms import (
@@ -297,7 +298,7 @@ class DomainGeneralizationData(ImageDataModule):
         batch_size: int = 96,
         eval_batch_size: int | None = None,
         steps_per_epoch: int = 250,
-        num_workers: int = 0,
+        num_workers: NumWorkers = "auto",
         label_fraction: float = 1.0,
         seed: int = 0,
         mean: tuple[float, float, float] = IMAGENET_MEAN,
@@ -307,7 +308,7 @@ class DomainGeneralizationData(ImageDataModule):
         color_jitter: float = 0.3,
         grayscale: float = 0.1,
         on_bad_image: OnBadImage = "error",
-        pin_memory: bool = False,
+        pin_memory: PinMemory = "auto",
         cache_images: bool = False,
         selection: SelectionRule = "training_domain_validation",
     ) -> None:

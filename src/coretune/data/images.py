@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -41,7 +42,11 @@ class SkippedImagesWarning(UserWarning):
 
 def is_image_file(path: str) -> bool:
     """Whether ``path`` names an image by its extension; hidden files (``.x``, macOS ``._x.jpg``) are not."""
-    name = os.path.basename(path)
+    return _is_image_name(os.path.basename(path))
+
+
+def _is_image_name(name: str) -> bool:
+    """:func:`is_image_file` of a file name (no folder): what a listing of a million files calls per file."""
     return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
 
 
@@ -62,11 +67,16 @@ def list_image_files(folder: str) -> list[str]:
     listed: set[str] = set()
 
     def walk(path: str, inside: tuple[str, ...]) -> None:
-        entries = sorted((e for e in os.scandir(path) if not e.name.startswith(".")), key=lambda e: e.name)
-        found.extend(e.path for e in entries if is_image_file(e.name) and _regular_or_broken(e))
+        # one listing (os.scandir: the file types come with the names, no stat per file), one pass over it
+        with os.scandir(path) as listing:
+            entries = sorted((e for e in listing if not e.name.startswith(".")), key=_NAME)
+        folders = []
         for entry in entries:
-            if not entry.is_dir():
-                continue
+            if _is_image_name(entry.name) and _regular_or_broken(entry):
+                found.append(entry.path)
+            elif entry.is_dir():
+                folders.append(entry)
+        for entry in folders:
             real = os.path.realpath(entry.path)
             if any(os.path.commonpath([real, folder]) == real for folder in inside):
                 raise DataError(
@@ -79,6 +89,9 @@ def list_image_files(folder: str) -> list[str]:
 
     walk(folder, (os.path.realpath(folder),))
     return found
+
+
+_NAME = operator.attrgetter("name")
 
 
 def _regular_or_broken(entry: os.DirEntry[str]) -> bool:

@@ -29,7 +29,6 @@ __all__ = [
     "eval_loader",
     "eval_sampler",
     "item_seed",
-    "loader_options",
     "same_size_batches",
     "same_size_eval_loader",
     "seeded_train_loader",
@@ -277,11 +276,6 @@ def balanced_train_loader(
     mid-epoch. ``loader_options`` go to the ``DataLoader``."""
     sampler = BalancedDomainSampler(domain_indices, batch_size, steps_per_epoch, seed, world_size(), rank())
     return ResumableLoader(SeededItems(dataset), batch_size=batch_size, sampler=sampler, **loader_options)
-
-
-def loader_options(num_workers: int, pin_memory: bool) -> dict[str, Any]:
-    """The ``DataLoader`` options of the data modules' loaders (workers kept alive between epochs)."""
-    return {"num_workers": num_workers, "pin_memory": pin_memory, "persistent_workers": num_workers > 0}
 
 
 def eval_loader(dataset: Dataset, batch_size: int, **loader_options: Any) -> DataLoader:

@@ -22,6 +22,7 @@ from .base import ImageDataModule, label_fraction_rule, rule, val_fraction_rule
 from .datasets import OnBadImage
 from .errors import DataError
 from .images import find_bad_images, load_rgb, warn_skipped
+from .loading import NumWorkers, PinMemory
 from .mask_classes import inferred_class_count
 from .samplers import eval_sampler, same_size_eval_loader, seeded_train_loader
 from .segmentation_transforms import (
@@ -226,7 +227,7 @@ class SegmentationData(ImageDataModule):
         image_size: int = 513,
         batch_size: int = 16,
         eval_batch_size: int | None = None,
-        num_workers: int = 0,
+        num_workers: NumWorkers = "auto",
         label_fraction: float = 1.0,
         val_fraction: float = 0.0,
         seed: int = 0,
@@ -238,7 +239,7 @@ class SegmentationData(ImageDataModule):
         hflip: bool = True,
         eval_mode: EvalMode = "center_crop",
         on_bad_image: OnBadImage = "error",
-        pin_memory: bool = False,
+        pin_memory: PinMemory = "auto",
     ) -> None:
         super().__init__(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self.save_hyperparameters()

@@ -29,11 +29,17 @@ def _round_half_up(x: float) -> int:
 def _per_class(labels: Sequence[int] | np.ndarray, seed: int, stream: int) -> list[tuple[int, np.ndarray]]:
     """``(class, its indices in a seeded random order)`` for every class present, classes ascending."""
     y = np.asarray(labels, dtype=np.int64).reshape(-1)
-    out = []
-    for c in np.unique(y).tolist():
-        idx = np.flatnonzero(y == c)
-        out.append((c, np.random.default_rng([seed, stream, c]).permutation(idx)))
-    return out
+    # one stable sort groups each class's indices, ascending (as np.flatnonzero(y == c) lists them), in O(n log n)
+    # instead of a pass over every label for each class (ImageNet: 1,000 passes over 1.28 M labels)
+    order = np.argsort(y, kind="stable")
+    grouped = y[order]
+    starts = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1]))) if len(y) else order
+    classes = grouped[starts]
+    ends = [*starts[1:].tolist(), len(y)][: len(starts)]
+    return [
+        (c, np.random.default_rng([seed, stream, c]).permutation(order[start:end]))
+        for c, start, end in zip(classes.tolist(), starts.tolist(), ends, strict=True)
+    ]
 
 
 def _class_name(c: int, class_names: Sequence[str] | None) -> str:

@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from ..arguments import OneLineErrors
+from ..data.loading import AUTO, hardware_of_settings, is_auto, resolve_loading
 from ..distributed import is_launching_process
 from ..models import CheckpointError, UnreadableCheckpointError, load_checkpoint_file, weights_digest
 from ..objectives import upgrade_objective_config
@@ -30,7 +31,15 @@ from ..runs.outputs import check_folder_output, data_paths, mark_folder
 from ..tasks import DEFAULT_TASK, TASKS, moved_task_settings
 from .modelsettings import grouped_model_settings
 
-__all__ = ["RESUMABLE_CHANGES", "RunDirCLI", "check_resume", "check_run_dir", "resolve_run_dir", "setting_changes"]
+__all__ = [
+    "RESUMABLE_CHANGES",
+    "RunDirCLI",
+    "check_resume",
+    "check_run_dir",
+    "resolve_auto_loading",
+    "resolve_run_dir",
+    "setting_changes",
+]
 
 _WHERE = frozenset({"ckpt_path", "weights_only", "run_dir", "trainer.default_root_dir", "trainer.logger"})
 """Where a run resumes from and writes to, and logs to (``trainer.logger`` and its settings, which may be added,
@@ -308,6 +317,33 @@ def resolve_run_dir(config: Any, default_name: str) -> None:
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 
+def resolve_auto_loading(config: Any) -> str | None:
+    """Replace ``auto`` in a parsed run configuration's ``data.num_workers`` and ``data.pin_memory`` by the values
+    chosen for its ``trainer`` settings' accelerator (:func:`~coretune.data.loading.resolve_loading`), in place, so
+    that ``config.yaml``, the checkpoint and a resume's comparison hold them; the line naming them, or None when
+    neither was ``auto`` (explicit values are left as they are, for the data module to check)."""
+    data = config.get("data")
+    if data is None:
+        return None
+    if "init_args" in data:  # a data class given by class path
+        data = data["init_args"]
+    workers, pin = data.get("num_workers", 0), data.get("pin_memory", AUTO)
+    if not (is_auto(workers) or is_auto(pin)) or not (is_auto(workers) or _count(workers)):
+        return None  # nothing to choose, or a number of workers the data module refuses
+    cuda, processes = hardware_of_settings(config.get("trainer") or {})
+    settings = resolve_loading(workers, pin, cuda=cuda, processes_per_node=processes)
+    if is_auto(workers):
+        data["num_workers"] = settings.num_workers
+    if "pin_memory" in data and is_auto(pin):
+        data["pin_memory"] = settings.pin_memory
+    return settings.describe()
+
+
+def _count(value: Any) -> bool:
+    """Whether ``value`` is a count (an int >= 0)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _made_by_a_run(folder: Path) -> bool:
     """Whether a folder without the command's marker is a run all the same: made before runs were marked (its
     checkpoints, results, claim, or a sweep's fit arguments)."""
@@ -450,6 +486,8 @@ class RunDirCLI(LightningCLI):
 
     def settle_run_dir(self, default_name: str) -> None:
         config = self.config[self.subcommand]
+        if (loading := resolve_auto_loading(config)) is not None:
+            rank_zero_info(loading)
         found = config.get("ckpt_path") is None
         resolve_run_dir(config, default_name)
         found = found and config.get("ckpt_path") is not None

@@ -13,6 +13,7 @@ from torchvision.transforms import v2
 
 from ..data import IMAGENET_MEAN, IMAGENET_STD, DataError, ImageFileDataset
 from ..data.datasets import OnBadImage
+from ..data.loading import LoaderSettings, NumWorkers, PinMemory, hardware_of_trainer, is_auto, resolve_loading
 from ..data.samplers import EpochShuffleSampler, ResumableLoader, SeededItems
 from ..distributed import rank, world_size
 from .augment import BatchAugment
@@ -32,7 +33,8 @@ class PretrainData(L.LightningDataModule):
             ``train/`` beside ``val/`` or ``test/`` is refused: pass its ``train/``.
         image_size: Side of the square views in pixels.
         batch_size: Images per batch (each yields two views).
-        num_workers: DataLoader worker processes (0 decodes in the main process).
+        num_workers: DataLoader worker processes (0 decodes in the main process); auto: min(8, CPU cores per
+            process) on CUDA, else 0.
         seed: Seed of the shuffle order.
         on_bad_image: Unreadable files: "error" stops at the first; "skip" leaves them out and warns once.
         crop_scale: Area range of the random resized crop.
@@ -47,6 +49,7 @@ class PretrainData(L.LightningDataModule):
         std: Normalisation standard deviation (RGB, in (0, 1]).
         cache_images: Decode every image once at setup and keep them in memory (N·3·image_size² bytes): saves
             the decoding in every epoch of small data sets.
+        pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies); auto: on CUDA only.
     """
 
     def __init__(
@@ -54,7 +57,7 @@ class PretrainData(L.LightningDataModule):
         root: str,
         image_size: int = 64,
         batch_size: int = 256,
-        num_workers: int = 0,
+        num_workers: NumWorkers = "auto",
         seed: int = 0,
         on_bad_image: OnBadImage = "error",
         crop_scale: tuple[float, float] = (0.2, 1.0),
@@ -68,12 +71,13 @@ class PretrainData(L.LightningDataModule):
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
         cache_images: bool = False,
+        pin_memory: PinMemory = "auto",
     ) -> None:
         super().__init__()
         if batch_size < 2:
             raise DataError(f"batch_size must be >= 2 for contrastive pre-training (got {batch_size})")
-        if num_workers < 0:
-            raise DataError(f"num_workers must be >= 0 (got {num_workers})")
+        if not is_auto(num_workers) and num_workers < 0:
+            raise DataError(f"num_workers must be >= 0 or auto (got {num_workers})")
         try:
             self.augment = BatchAugment(
                 image_size, crop_scale, flip_p=flip_p, jitter_p=jitter_p, brightness=brightness,
@@ -86,6 +90,7 @@ class PretrainData(L.LightningDataModule):
         self.root, self.image_size, self.batch_size = root, image_size, batch_size
         self.num_workers, self.seed, self.on_bad_image = num_workers, seed, on_bad_image
         self.mean, self.std, self.cache_images = tuple(mean), tuple(std), cache_images
+        self.pin_memory = pin_memory
         self.train_dataset: Dataset | None = None
 
     def setup(self, stage: str | None = None) -> None:
@@ -126,9 +131,14 @@ class PretrainData(L.LightningDataModule):
             batch_size=self.batch_size,
             sampler=EpochShuffleSampler(n, self.seed, self.batch_size, processes, rank(), drop_last),
             drop_last=drop_last,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            **self.loader_settings().options(),
         )
+
+    def loader_settings(self) -> LoaderSettings:
+        """``num_workers`` and ``pin_memory`` as given, ``auto`` resolved for the attached trainer's accelerator
+        (:func:`~coretune.data.loading.resolve_loading`; ``coretune pretrain`` resolves them before it starts)."""
+        cuda, processes = hardware_of_trainer(getattr(self, "trainer", None))
+        return resolve_loading(self.num_workers, self.pin_memory, cuda=cuda, processes_per_node=processes)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """``(images uint8, indices)`` → ``(view1, view2)``, augmented on the batch's device. A bare tensor (the

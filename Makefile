@@ -45,6 +45,7 @@ FAST_TESTS := tests/objectives tests/data tests/models tests/test_losses.py test
 	tests/test_version.py tests/test_reliability_catalogue.py tests/test_rundir.py tests/test_fuzz.py \
 	tests/sweeps/test_sweeps_records.py tests/sweeps/test_sweeps_report.py tests/sweeps/test_sweeps_spec.py \
 	tests/sweeps/test_sweeps_stats.py tests/sweeps/test_sweeps_status.py tests/sweeps/test_sweeps_golden.py \
+	tests/sweeps/test_sweeps_compare_choice.py \
 	tests/sweeps/test_sweeps_table6.py tests/sweeps/test_sweeps_table7.py tests/sweeps/test_sweeps_table8.py
 
 test-fast: venv

@@ -32,6 +32,7 @@ def test_importing_the_cli_loads_no_command() -> None:
         ["demo"],
         ["bench"],
         ["tune"],
+        ["compare"],
     ],
 )
 def test_every_command_help_names_itself(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:

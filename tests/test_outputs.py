@@ -137,6 +137,10 @@ def _tune(w: dict[str, Path], o: Path) -> list[str]:
     return ["tune", f"--output={o}", "--eta", "1", "--alpha", "1", "--", *TINY_FIT, f"--data.root={w['data']}"]
 
 
+def _compare(w: dict[str, Path], o: Path) -> list[str]:
+    return ["compare", f"--output={o}", "--methods=ce,ce_mix", "--seeds=2", *TINY_FIT, f"--data.root={w['data']}"]
+
+
 COMMANDS: dict[str, tuple[str, str, Command]] = {
     # name: (what it writes: a file or a folder, the data it reads, its command line given the output)
     "test": ("file", "data", _test),
@@ -152,6 +156,7 @@ COMMANDS: dict[str, tuple[str, str, Command]] = {
     "bench": ("folder", "data", _spec),
     "bench-export": ("folder", "data", _bench_export),
     "tune": ("folder", "data", _tune),
+    "compare": ("folder", "data", _compare),
 }
 
 TARGETS: dict[str, Callable[[dict[str, Path], str, Path], Path]] = {

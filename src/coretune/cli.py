@@ -1,7 +1,7 @@
 """The ``coretune`` command line. Thin: it parses, builds and hands over; Python can do all of it by the same names.
 
 Each command imports what it runs when it runs: ``coretune fit`` is :mod:`coretune.engine.fitcli` (a LightningCLI),
-``bench`` and ``tune`` are :mod:`coretune.sweeps`, ``pretrain`` is :mod:`coretune.pretrain.cli`.
+``bench``, ``tune`` and ``compare`` are :mod:`coretune.sweeps`, ``pretrain`` is :mod:`coretune.pretrain.cli`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ commands:
   demo        run the embedded demo end to end
   bench       run a grid of fit runs from a YAML spec; mean ± std tables and plots (coretune bench CONFIG.yaml)
   tune        choose η and α with an Optuna study on a validation split (coretune tune [options] -- FIT_ARGS)
+  compare     which method to use on your data: methods × seeds on a validation split, a paired table and a
+              recommendation (coretune compare --data.root DIR --model.weights CKPT [--methods ce,ce_mix,core])
 
 options:
   -V, --version  print coretune's version
@@ -358,6 +360,12 @@ def tune(args: list[str]) -> None:
     tune_main(args)
 
 
+def compare(args: list[str]) -> None:
+    from .sweeps.compare import main as compare_main
+
+    compare_main(args)
+
+
 COMMANDS = {
     "fit": fit,
     "test": test,
@@ -370,6 +378,7 @@ COMMANDS = {
     "demo": demo,
     "bench": bench,
     "tune": tune,
+    "compare": compare,
 }
 
 

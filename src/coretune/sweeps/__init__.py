@@ -1,14 +1,15 @@
-"""Experiments: grids of ``coretune fit`` runs and what is made of them (``coretune bench``, ``coretune tune``).
+"""Experiments: grids of ``coretune fit`` runs and what is made of them (``coretune bench``, ``tune``, ``compare``).
 
 One module per concern: :mod:`.spec` (the YAML grid and its runs), :mod:`.job` (a run's fit as a typed
 :class:`~.job.FitJob`, rendered as a ``coretune fit`` command line only where a process starts), :mod:`.launch`
 (each run a ``coretune fit`` subprocess, with run claims and stop signals), :mod:`.records` (a run read back from
 its directory), :mod:`.collect` (runs into cells and curves), :mod:`.stats` (means, standard deviations, paired
 t-tests), :mod:`.report` (the tables and summary files), :mod:`.plots`, :mod:`.status` (``--status``),
-:mod:`.export` (``--export``), and the two commands, :mod:`.bench` and :mod:`.tune` (an Optuna study of an
+:mod:`.export` (``--export``), and the three commands: :mod:`.bench`, :mod:`.tune` (an Optuna study of an
 objective's hyper-parameters, Core-tuning's η and α) with :mod:`.space` (the search space an objective declares),
 :mod:`.study` (the study's storage, resumed trials and settings) and :mod:`.trialargs` (the checks of the trials'
-fit arguments).
+fit arguments), and :mod:`.compare` (which method to use on your data, chosen on a validation split) with
+:mod:`.choice` (its paired table, its recommendation and the rule on the validation split's size).
 """
 
 from .collect import CurvePoint, collect_cells, collect_curves

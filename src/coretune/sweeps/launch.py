@@ -201,6 +201,7 @@ def run_sweep(
     console: Any = None,
     logger: str | None = None,
     retry_diverged: bool = False,
+    command: str = "bench",
 ) -> SweepReport:
     """Run every unfinished run of ``spec`` as a ``coretune fit`` subprocess, ``workers`` at a time.
 
@@ -224,6 +225,9 @@ def run_sweep(
     A run that another live process is running (a second sweep of the same spec, in another terminal or on another
     machine sharing the output folder) is skipped when its turn comes (``in_use``), so several sweeps of one spec
     share out its runs instead of training one twice (:mod:`coretune.runs.claim`).
+
+    ``command``: the command whose output folder the spec's is (``bench``; ``compare`` runs its comparison as a
+    spec), marked as made by it (:func:`~coretune.runs.outputs.mark_folder`).
     """
     from rich.console import Console
     from rich.markup import escape
@@ -256,7 +260,7 @@ def run_sweep(
     retry = [run for run in todo if RunDir(run.run_dir).divergence() is not None]
     check_fit_args(todo, spec.metric)
     if not dry_run:
-        mark_folder(spec.output, "bench")  # checked by coretune bench: its next sweep may write into it again
+        mark_folder(spec.output, command)  # checked by the command: its next sweep may write into it again
     earlier = f"{len(report.diverged)} diverged (not run again), " if report.diverged else ""
     console.print(
         f"[bold]{spec.name}[/bold]: {len(report.skipped) + len(report.diverged) + len(todo)} runs, "

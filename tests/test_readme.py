@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import timm
 import torch
 import torch.nn.functional as F
@@ -52,3 +53,42 @@ def test_the_readme_python_examples_run() -> None:
     want = ct.contrastive_loss(projected, ct.core_positive_mask(labels), 0.07, focal=True)  # type: ignore[arg-type]
     torch.testing.assert_close(namespace["loss"], want)
     assert z.requires_grad  # type: ignore[attr-defined]
+
+
+def test_the_readme_is_short_and_opens_with_the_two_commands() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 120
+    first = re.search(r"```bash\n(.*?)```", text, flags=re.S)
+    assert first is not None and [line.split()[:2] for line in first.group(1).splitlines()] == [
+        ["make", "demo"], ["make", "test"],
+    ]  # fmt: skip
+
+
+def _readme_commands() -> list[list[str]]:
+    """Each ``coretune …`` command of the README's shell blocks (continuation lines joined, comments dropped)."""
+    text = README.read_text()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = line.partition(" #")[0].split()
+            if words[:1] == ["coretune"]:
+                commands.append(words[1:])
+    return commands
+
+
+def test_every_option_the_readme_shows_is_one_its_command_takes(capsys) -> None:
+    """The quickstart's commands name real commands and options (``--help`` lists each; fit's aliases too)."""
+    from coretune.cli import COMMANDS, main
+
+    helps: dict[str, str] = {}
+    commands = _readme_commands()
+    assert len(commands) >= 6
+    for words in commands:
+        command = words[0]
+        assert command in COMMANDS, command
+        if command not in helps:
+            with pytest.raises(SystemExit):
+                main([command, "--help"])
+            helps[command] = capsys.readouterr().out
+        for option in (w.partition("=")[0] for w in words[1:] if w.startswith("--")):
+            assert option in helps[command], f"coretune {command} {option}"

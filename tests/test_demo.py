@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +67,19 @@ def test_fast_demo_runs_the_whole_pipeline(tmp_path: Path, capsys) -> None:
     assert report.layout == "backbone" and len(report.loaded) == report.total
     markdown = (output / "summary.md").read_text()
     assert "| CE-tuning |" in markdown and "| Core-tuning |" in markdown
+    # the difference, paired by seed as bench reads it: the same test in summary.json, summary.md and the terminal
+    ce, core = (m["top1"] for m in summary["methods"])
+    paired = summary["paired_difference"]
+    assert paired["n"] == 2 and paired["difference"] == pytest.approx(sum(core) / 2 - sum(ce) / 2)
+    assert paired["beyond_noise"] == (paired["p"] < 0.05)
+    line = re.search(
+        r"Core-tuning − CE-tuning: [+-]\d+\.\d\d points, paired over 2 seed\(s\) \(.*\): "
+        r"(within|beyond) the seeds' noise",
+        markdown,
+    )
+    assert line is not None
     out = capsys.readouterr().out
+    assert line.group(0) in " ".join(out.split())  # rich wraps it
     assert "Core-tuning" in out and str(output / "summary.md") in out.replace("\n", "")
     # an output written before the demo marked its folders: adopted (make demo re-runs over it after an upgrade)
     for marker in output.rglob(".coretune-demo"):

@@ -166,7 +166,7 @@ def runs_from_another_file(specs: Sequence[BenchSpec], found: dict[str, list[str
             if run.dataset not in found:
                 continue
             if run.dataset not in today:
-                weights = _option(found[run.dataset], "weights")
+                weights = _option(found[run.dataset], "model.weights")
                 today[run.dataset] = weights_digest(weights) if weights and Path(weights).is_file() else None
             used = _fine_tuned_digest(run)
             if used and today[run.dataset] and used != today[run.dataset]:

@@ -103,7 +103,7 @@ def _command(command: str, run: dict[str, Path], out: Path, given: list[str]) ->
         "eval robust": ["eval", "robust", f"--ckpt_path={ckpt}", data, "--attack=pgd", "--steps=1",
                         "--threat_models=linf:1/255", "--max_images=4", f"--output={out}"],
     }[command]  # fmt: skip
-    old = given[0]
+    old = given[0] if given else None
     replaced = {"--weights": "--model.weights=", "--backbone": "--model.backbone=", "--ckpt": "--ckpt_path="}
     if old in replaced:  # the command's own spelling of the option gives way to the old one
         base = [arg for arg in base if not arg.startswith(replaced[old])]
@@ -170,11 +170,17 @@ def test_auto_is_cuda_when_available_else_the_cpu(monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"devices": 2}, "--trainer.devices 2: coretune predict runs on one device: pass --trainer.devices 1 (the "
-                         "first) or [N] (device N)"),
+        (
+            {"devices": 2},
+            "--trainer.devices 2: coretune predict runs on one device: pass --trainer.devices 1 (the "
+            "first) or [N] (device N)",
+        ),
         ({"devices": [0, 1]}, "--trainer.devices [0, 1]: coretune predict runs on one device"),
-        ({"precision": "bf16-true"}, "--trainer.precision bf16-true: coretune predict runs a model at 32-true, "
-                                     "bf16-mixed or 16-mixed (autocast): pass one of them"),
+        (
+            {"precision": "bf16-true"},
+            "--trainer.precision bf16-true: coretune predict runs a model at 32-true, "
+            "bf16-mixed or 16-mixed (autocast): pass one of them",
+        ),
         ({"accelerator": "tpu"}, "--trainer.accelerator tpu: choose auto, cpu, gpu (cuda) or mps"),
     ],
     ids=["two-devices", "a-list-of-two", "true-half", "tpu"],

@@ -125,7 +125,7 @@ def _trainer(settings: Any, root: Path) -> Any:
             logger=False,
             enable_checkpointing=False,
         )
-    except (MisconfigurationException, ValueError) as err:
+    except (MisconfigurationException, ValueError, ImportError) as err:  # ImportError: "tpu" without torch_xla
         raise ValueError(f"invalid trainer settings: {' '.join(str(err).split())}") from None
 
 

@@ -301,3 +301,25 @@ def test_a_checkpoint_saved_on_a_gpu_loads_on_the_cpu(run: dict[str, Path], tmp_
     # the other way round: a CPU checkpoint's model moved to another device (meta: no GPU needed) and back
     moved = FineTuner.from_checkpoint(run["ckpt"], map_location="meta")
     assert {p.device.type for p in moved.parameters()} == {"meta"}
+
+
+def test_a_predict_config_of_the_old_flat_options_still_applies(
+    run: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "predict.yaml"
+    config.write_text("image_size: 8\nbatch_size: 2\ndata:\n  batch_size: 3\n")  # data's own wins
+    seen: list[tuple[int, ...]] = []
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda m, inputs, _: seen.append(tuple(inputs[0].shape)) if isinstance(m, FineTuner) else None
+    )
+    try:
+        main(["predict", f"--config={config}", f"--ckpt_path={run['ckpt']}", f"--input={run['images']}",
+              f"--output={tmp_path / 'p.csv'}"])  # fmt: skip
+    finally:
+        handle.remove()
+    assert seen == [(3, 3, 8, 8), (1, 3, 8, 8)]
+    line = (
+        f"coretune predict: --config {config} sets image_size, batch_size, which is deprecated and will be removed in "
+        "the next release: use data: {image_size: …, batch_size: …}"
+    )
+    assert line in capsys.readouterr().err.splitlines()

@@ -17,6 +17,7 @@ one line (:func:`parse_with_config`'s ``task``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ def parse_with_config(
         if key in ("--config", "-c"):
             path = value if eq else next(it, "")
             check_config_task(path, task, checkpoint)
-            out.append(f"--config={_narrowed(path, taken, {s: keys for s in loose})}")
+            out.append(f"--config={_narrowed(path, taken, {s: keys for s in loose}, parser.prog)}")
         else:
             out.append(arg)
     return parser.parse_args(out)
@@ -114,10 +115,11 @@ _FIT_ONLY = frozenset({"ckpt_path", "model", "trainer"})
 """Top-level keys of a fit's ``config.yaml`` that a reading command has under the same name with another meaning."""
 
 
-def _narrowed(path: str, taken: set[str], loose: dict[str, set[str]] | None = None) -> str:
+def _narrowed(path: str, taken: set[str], loose: dict[str, set[str]] | None = None, prog: str = "coretune") -> str:
     """The YAML text of the config file ``path`` with only the keys in ``taken`` (of each ``loose`` section, only
-    the dotted keys of its set); ``path`` itself when it is no readable mapping (the parser then gives its own
-    error)."""
+    the dotted keys of its set; a top-level key that is one of them, as ``predict``'s own YAML spelled its options
+    before they moved into ``data``, moved there with one deprecation line of ``prog`` on stderr); ``path`` itself when
+    it is no readable mapping (the parser then gives its own error)."""
     config = _read_mapping(path)
     if config is None:
         return path
@@ -129,4 +131,12 @@ def _narrowed(path: str, taken: set[str], loose: dict[str, set[str]] | None = No
     for section, keys in (loose or {}).items():
         if isinstance(kept.get(section), dict):
             kept[section] = {k: v for k, v in kept[section].items() if f"{section}.{k}" in keys and v is not None}
+        moved = {k: v for k, v in config.items() if k not in taken and f"{section}.{k}" in keys and v is not None}
+        if moved and isinstance(kept.setdefault(section, {}), dict):
+            kept[section] = {**moved, **kept[section]}
+            print(
+                f"{prog}: --config {path} sets {', '.join(moved)}, which is deprecated and will be removed in the next "
+                f"release: use {section}: {{{', '.join(f'{k}: …' for k in moved)}}}",
+                file=sys.stderr,
+            )
     return yaml.safe_dump(kept, sort_keys=False) if kept else "{}"

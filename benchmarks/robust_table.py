@@ -57,7 +57,7 @@ def evaluate(
             print(f"skip {run.label}: {'diverged: nothing to score' if rundir.divergence() else 'not finished'}")
             continue
         # the run's config first: options after it override it (and it never names the checkpoint to score)
-        scored = ["eval", "robust", f"--config={rundir.config}", f"--ckpt={rundir.last_checkpoint}"]
+        scored = ["eval", "robust", f"--config={rundir.config}", f"--ckpt_path={rundir.last_checkpoint}"]
         commands = []
         if not rundir.robust_results.is_file():
             attacks = "[pgd, torchattacks-pgd]" if referee_seeds is None or run.seed in referee_seeds else "pgd"

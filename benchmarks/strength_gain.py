@@ -95,8 +95,8 @@ def checkpoints(spec: BenchSpec) -> dict[str, list[str]]:
         fit = fit_settings([*spec.base_args, *dataset_args])
         weights = fit.get("model.weights")
         found[name] = [
-            f"--backbone={fit.get('model.backbone', 'resnet18')}",
-            *([f"--weights={weights}"] if weights not in (None, "null") else []),
+            f"--model.backbone={fit.get('model.backbone', 'resnet18')}",
+            *([f"--model.weights={weights}"] if weights not in (None, "null") else []),
             f"--data.root={fit.get('data.root')}",
             f"--data.image_size={fit.get('data.image_size', 224)}",
             *(f"--data.{key}={fit[f'data.{key}']}" for key in ("mean", "std") if f"data.{key}" in fit),
@@ -109,7 +109,7 @@ def stale(eval_dir: Path, name: str, args: list[str]) -> str | None:
     """Why the column's scores in ``eval_dir`` no longer describe its checkpoint (re-made since, scored before
     digests were recorded, or at another image size or normalisation), or None: fine, not scored, or the checkpoint
     is not on this machine."""
-    weights = _option(args, "weights")  # None: a random initialisation
+    weights = _option(args, "model.weights")  # None: a random initialisation
     digest = weights_digest(weights) if weights is not None and Path(weights).is_file() else None
     for protocol in PROTOCOLS:
         path = eval_dir / f"{name}-{protocol}.json"
@@ -166,7 +166,7 @@ def runs_from_another_file(specs: Sequence[BenchSpec], found: dict[str, list[str
             if run.dataset not in found:
                 continue
             if run.dataset not in today:
-                weights = _option(found[run.dataset], "weights")
+                weights = _option(found[run.dataset], "model.weights")
                 today[run.dataset] = weights_digest(weights) if weights and Path(weights).is_file() else None
             used = _fine_tuned_digest(run)
             if used and today[run.dataset] and used != today[run.dataset]:

@@ -96,8 +96,9 @@ def test_a_parser_prints_one_line_and_exits_2(capsys: pytest.CaptureFixture[str]
             "coretune pretrain: error: --model.lr: expected float, got x (coretune pretrain --help lists the options)",
         ),
         (
-            ["predict", "--ckpt_path=x.ckpt", "--batch_size=abc"],
-            "coretune predict: error: --batch_size: expected int, got abc (coretune predict --help lists the options)",
+            ["predict", "--ckpt_path=x.ckpt", "--data.batch_size=abc"],
+            "coretune predict: error: --data.batch_size: expected int, got abc (coretune predict --help lists the "
+            "options)",
         ),
         (
             ["bench", "spec.yaml", "--workers=abc"],

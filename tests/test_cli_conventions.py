@@ -125,7 +125,7 @@ def test_a_runs_config_yaml_works_for_test_validate_predict_export_and_eval(
     assert json.loads((tmp_path / "export" / "config.json").read_text())["image_size"] == 16
 
     result = tmp_path / "knn.json"
-    main(["eval", "knn", f"--config={config}", f"--weights={ckpt}", "--k=3", f"--output={result}"])
+    main(["eval", "knn", f"--config={config}", f"--model.weights={ckpt}", "--k=3", f"--output={result}"])
     knn = json.loads(result.read_text())
     assert (knn["backbone"], knn["num_train"], knn["num_test"]) == ("small_cnn", 36, 12)  # the fit's data folder
 

@@ -42,7 +42,7 @@ def test_clean_and_robust_accuracy_of_a_checkpoint_under_both_pgds(
 ) -> None:
     tree, ckpt = fitted_greys
     capsys.readouterr()
-    main(["eval", "robust", f"--ckpt={ckpt}", f"--data.root={tree}"])
+    main(["eval", "robust", f"--ckpt_path={ckpt}", f"--data.root={tree}"])
     out = capsys.readouterr().out
     output = RunDir.of_checkpoint(ckpt).robust_results
     written = json.loads(output.read_text())
@@ -62,7 +62,7 @@ def test_clean_and_robust_accuracy_of_a_checkpoint_under_both_pgds(
     assert all(r["step_size"] == pytest.approx(r["eps"] / 4) for r in pgd["results"])
     # clean accuracy in pixel space equals the usual evaluation's
     main(["test", f"--ckpt_path={ckpt}", f"--data.root={tree}", f"--output={tmp_path / 't.json'}",
-          "--precision=32-true"])  # fmt: skip
+          "--trainer.precision=32-true"])  # fmt: skip
     assert (
         pgd["clean_accuracy"]
         == referee["clean_accuracy"]
@@ -88,7 +88,7 @@ def test_autoattack_a_config_and_a_chosen_threat_model(fitted_greys: tuple[Path,
     _, ckpt = fitted_greys
     config = RunDir.of_checkpoint(ckpt).config  # the fit's data folder
     out = tmp_path / "aa.json"
-    args = ["eval", "robust", f"--config={config}", f"--ckpt={ckpt}", "--threat_models", "linf:8/255",
+    args = ["eval", "robust", f"--config={config}", f"--ckpt_path={ckpt}", "--threat_models", "linf:8/255",
             "--max_images=12", f"--output={out}"]  # fmt: skip
     assert error([*args, "--attack", "[pgd, autoattack]"]) == (
         "AutoAttack needs a model of 4 or more classes (its targeted attacks' DLR loss), this one has 3: use "
@@ -112,7 +112,7 @@ def test_a_resumed_runs_config_leaves_the_scored_checkpoint_alone(
     config, out = tmp_path / "config.yaml", tmp_path / "pgd.json"
     for resumed_from in ("last", str(tmp_path / "elsewhere.ckpt")):
         config.write_text(yaml.safe_dump({**recorded, "ckpt_path": resumed_from}))
-        main(["eval", "robust", f"--ckpt={ckpt}", f"--config={config}", "--attack=pgd", "--steps=1",
+        main(["eval", "robust", f"--ckpt_path={ckpt}", f"--config={config}", "--attack=pgd", "--steps=1",
               "--threat_models=linf:4/255", "--max_images=4", f"--output={out}"])  # fmt: skip
         assert json.loads(out.read_text())["checkpoint"] == str(ckpt)
     # the user's own YAML (no fit's trainer, run_dir or seed) may name the checkpoint to score
@@ -128,7 +128,7 @@ def test_max_images_of_the_whole_test_set_is_recorded_as_the_whole_set(
     """``--max_images`` at least the test set's size (30 images) scored every image but recorded a sample, which
     Table 8 tabulates in columns of its own (``clean [30 images]``) beside the same numbers of the whole set."""
     tree, ckpt = fitted_greys
-    args = ["eval", "robust", f"--ckpt={ckpt}", f"--data.root={tree}", "--attack=pgd", "--steps=1",
+    args = ["eval", "robust", f"--ckpt_path={ckpt}", f"--data.root={tree}", "--attack=pgd", "--steps=1",
             "--threat_models=linf:4/255"]  # fmt: skip
     main([*args, f"--output={tmp_path / 'whole.json'}"])
     whole = json.loads((tmp_path / "whole.json").read_text())
@@ -146,12 +146,12 @@ def test_max_images_of_the_whole_test_set_is_recorded_as_the_whole_set(
 def test_a_fractional_step_size_is_recorded_as_a_number(fitted_greys: tuple[Path, Path], tmp_path: Path) -> None:
     tree, ckpt = fitted_greys
     out = tmp_path / "pgd.json"
-    main(["eval", "robust", f"--ckpt={ckpt}", f"--data.root={tree}", "--attack=pgd", "--threat_models=linf:4/255",
+    main(["eval", "robust", f"--ckpt_path={ckpt}", f"--data.root={tree}", "--attack=pgd", "--threat_models=linf:4/255",
           "--steps=2", "--step_size=2/255", "--max_images=4", f"--output={out}"])  # fmt: skip
     (report,) = json.loads(out.read_text())["reports"]
     assert report["results"][0]["step_size"] == 2 / 255 and report["steps"] == 2
     # one labelled folder without training data (tree/val's class folders) is scored too
-    main(["eval", "robust", f"--ckpt={ckpt}", f"--data.root={tree / 'val'}", "--attack=pgd", "--steps=2",
+    main(["eval", "robust", f"--ckpt_path={ckpt}", f"--data.root={tree / 'val'}", "--attack=pgd", "--steps=2",
           "--threat_models=linf:4/255", f"--output={out}"])  # fmt: skip
     assert json.loads(out.read_text())["reports"][0]["num_images"] == 30
 
@@ -178,7 +178,7 @@ def test_bad_settings_are_one_line_before_the_checkpoint_is_read(
 ) -> None:
     missing = tmp_path / "missing.ckpt"  # the settings are checked first: no "checkpoint not found"
     with pytest.raises(SystemExit) as exit_:
-        main(["eval", "robust", f"--ckpt={missing}", f"--data.root={tmp_path}", *options])
+        main(["eval", "robust", f"--ckpt_path={missing}", f"--data.root={tmp_path}", *options])
     assert exit_.value.code.startswith(f"coretune eval: error: {message}") and "\n" not in exit_.value.code
     assert not list(tmp_path.iterdir())
 
@@ -192,10 +192,10 @@ def test_a_missing_robust_extra_is_one_line(
     with pytest.raises(SystemExit, match=re.escape(
         "coretune eval: error: this attack needs torchattacks, which is not installed: pip install 'coretune[robust]'"
     )):  # fmt: skip
-        main(["eval", "robust", f"--ckpt={ckpt}", f"--data.root={tree}", f"--output={out}"])
+        main(["eval", "robust", f"--ckpt_path={ckpt}", f"--data.root={tree}", f"--output={out}"])
     assert not out.exists()
     # coretune's own PGD needs nothing
-    main(["eval", "robust", f"--ckpt={ckpt}", f"--data.root={tree}", f"--output={out}", "--attack=pgd",
+    main(["eval", "robust", f"--ckpt_path={ckpt}", f"--data.root={tree}", f"--output={out}", "--attack=pgd",
           "--threat_models=l2:0.5", "--steps=2"])  # fmt: skip
     assert [r["attack"] for r in json.loads(out.read_text())["reports"]] == ["pgd"]
 
@@ -205,4 +205,5 @@ def test_eval_robust_help_names_itself(capsys: pytest.CaptureFixture[str]) -> No
         main(["eval", "robust", "--help"])
     help_text = capsys.readouterr().out
     assert help_text.startswith("usage: coretune eval robust")
-    assert "--attack" in help_text and "--threat_models" in help_text and "--ckpt_path CKPT_PATH, --ckpt" in help_text
+    assert "--attack" in help_text and "--threat_models" in help_text and "--ckpt_path CKPT_PATH" in help_text
+    assert "--ckpt " not in help_text and "--device" not in help_text  # deprecated: not listed

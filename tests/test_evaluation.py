@@ -127,7 +127,7 @@ def test_eval_command_scores_a_checkpoint(tmp_path: Path, capsys: pytest.Capture
     root = _digit_folder(tmp_path / "digits")
     weights = tmp_path / "simclr.pth.tar"
     torch.save(SimCLR(backbone="small_cnn").pretrained_checkpoint(), weights)
-    common = ["--weights", str(weights), "--data.root", str(root), "--data.image_size", "8"]
+    common = ["--model.weights", str(weights), "--data.root", str(root), "--data.image_size", "8"]
     main(["eval", "knn", *common, "--output", str(tmp_path / "knn.json")])
     knn = json.loads((tmp_path / "knn.json").read_text())
     assert knn["backbone"] == "small_cnn" and knn["protocol"] == "knn"  # the backbone name comes from 'arch'
@@ -146,7 +146,7 @@ def test_eval_command_scores_a_checkpoint(tmp_path: Path, capsys: pytest.Capture
 def test_eval_of_a_random_initialisation_is_the_same_network_for_a_seed(tmp_path: Path) -> None:
     # the floor of a strength study: without --weights the backbone is random, and it was a new one on every call
     root = _digit_folder(tmp_path / "digits")
-    common = ["--backbone", "small_cnn", "--data.root", str(root), "--data.image_size", "8", "--k", "1"]
+    common = ["--model.backbone", "small_cnn", "--data.root", str(root), "--data.image_size", "8", "--k", "1"]
     results = []
     for seed, name in ((0, "a"), (0, "b"), (1, "c")):
         torch.rand(7)  # whatever the caller drew before
@@ -160,11 +160,11 @@ def test_eval_without_images_to_score_says_so_before_extracting_features(tmp_pat
     root = _digit_folder(tmp_path / "digits")
     shutil.rmtree(root / "test")  # train/ alone: the held-out validation part is no test split
     with pytest.raises(SystemExit, match=r"coretune eval: error: no images to score: .* or pass --data.test_dir$"):
-        main(["eval", "knn", "--backbone", "small_cnn", "--data.root", str(root), "--data.val_fraction", "0.2"])
+        main(["eval", "knn", "--model.backbone", "small_cnn", "--data.root", str(root), "--data.val_fraction", "0.2"])
 
 
 def test_eval_command_without_backbone_or_weights_explains(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="pass --backbone"):
+    with pytest.raises(SystemExit, match=r"pass --model\.backbone"):
         main(["eval", "knn", "--data.root", str(tmp_path)])
 
 
@@ -175,7 +175,7 @@ def test_eval_refuses_a_test_split_that_reads_the_training_folder(tmp_path: Path
         shutil.rmtree(root / "test", ignore_errors=True)
         refused = r"coretune eval: error: coretune eval scores the test split, which reads the training folder here: "
         with pytest.raises(SystemExit, match=refused + r".* pass --data.test_dir \(or a val/ or test/ folder"):
-            main(["eval", "knn", "--backbone", "small_cnn", "--data.root", str(root), flag, str(root / "train")])
+            main(["eval", "knn", "--model.backbone", "small_cnn", "--data.root", str(root), flag, str(root / "train")])
 
 
 def test_eval_refuses_test_images_that_are_training_files(tmp_path: Path) -> None:
@@ -189,7 +189,7 @@ def test_eval_refuses_test_images_that_are_training_files(tmp_path: Path) -> Non
         rf"e\.g\. {re.escape(str(shared[0]))}\): .* \(a symlink into it counts\)$"
     )
     with pytest.raises(SystemExit, match=refused):
-        main(["eval", "knn", "--backbone", "small_cnn", "--data.root", str(root), "--data.image_size", "8"])
+        main(["eval", "knn", "--model.backbone", "small_cnn", "--data.root", str(root), "--data.image_size", "8"])
 
 
 def test_eval_warns_when_the_data_is_normalised_otherwise_than_the_weights_were_trained(tmp_path: Path) -> None:
@@ -199,13 +199,13 @@ def test_eval_warns_when_the_data_is_normalised_otherwise_than_the_weights_were_
     weights = tmp_path / "simclr.pth.tar"
     trained = {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}
     torch.save({**SimCLR(backbone="small_cnn").pretrained_checkpoint(), "normalization": trained}, weights)
-    common = ["eval", "knn", "--weights", str(weights), "--data.root", str(root), "--data.image_size", "8"]
+    common = ["eval", "knn", "--model.weights", str(weights), "--data.root", str(root), "--data.image_size", "8"]
     with pytest.warns(UserWarning) as caught:
         main(common)
     assert (
-        f"--weights {weights} were trained on images normalised with mean [0.5,0.5,0.5] and std [0.25,0.25,0.25], "
-        "but the data is normalised with mean [0.485,0.456,0.406] and std [0.229,0.224,0.225]: pass --data.mean "
-        "[0.5,0.5,0.5] --data.std [0.25,0.25,0.25] to feed the backbone inputs on the scale it learned"
+        f"--model.weights {weights} were trained on images normalised with mean [0.5,0.5,0.5] and std "
+        "[0.25,0.25,0.25], but the data is normalised with mean [0.485,0.456,0.406] and std [0.229,0.224,0.225]: "
+        "pass --data.mean [0.5,0.5,0.5] --data.std [0.25,0.25,0.25] to feed the backbone inputs on the scale it learned"
     ) in [str(w.message) for w in caught]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -162,7 +162,8 @@ def test_the_old_flags_keep_their_meaning_and_name_their_format(
 ) -> None:
     assert export(checkpoint, tmp_path, *options) == sorted(["config.json", *files])
     given = " and ".join(f"--{o[2:].replace('=', ' ')}" for o in options)
-    assert capsys.readouterr().err == f"coretune export: warning: {given} is deprecated: use --format {equivalent}\n"
+    deprecated = f"{given} is deprecated and will be removed in the next release: use --format {equivalent}"
+    assert capsys.readouterr().err == f"coretune export: {deprecated}\n"
 
 
 @pytest.mark.parametrize(

@@ -106,8 +106,8 @@ def _predict_masks(w: dict[str, Path], o: Path) -> list[str]:
 
 def _eval(protocol: str) -> Command:
     def args(w: dict[str, Path], o: Path) -> list[str]:
-        return ["eval", protocol, "--backbone=small_cnn", f"--weights={_best(w)}", f"--data.root={w['data']}",
-                "--data.image_size=16", f"--output={o}"]  # fmt: skip
+        return ["eval", protocol, "--model.backbone=small_cnn", f"--model.weights={_best(w)}",
+                f"--data.root={w['data']}", "--data.image_size=16", f"--output={o}"]  # fmt: skip
 
     return args
 

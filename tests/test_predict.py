@@ -70,7 +70,7 @@ def test_segmentation_predicts_photos_stored_sideways_on_their_stored_pixels(seg
     exif[0x0112] = 6
     Image.new("RGB", (48, 32), (30, 30, 200)).save(images / "portrait.jpg", exif=exif)
     main(["predict", f"--ckpt_path={segmenter}", f"--input={images}", f"--output={tmp_path / 'masks'}",
-          "--batch_size=2"])  # fmt: skip
+          "--data.batch_size=2"])  # fmt: skip
     for name in ("landscape", "portrait"):  # masks of the stored size, as the model was trained and ground truth is
         assert Image.open(tmp_path / "masks" / f"{name}.png").size == (48, 32)
 

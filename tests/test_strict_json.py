@@ -51,8 +51,8 @@ def test_every_json_a_representative_set_of_commands_writes_is_strict(tmp_path: 
     ckpt = RunDir(run).last_checkpoint
     main(["test", f"--ckpt_path={ckpt}", f"--config={RunDir(run).config}"])
     main(["validate", f"--ckpt_path={ckpt}", f"--config={RunDir(run).config}"])
-    main(["eval", "knn", f"--weights={ckpt}", "--backbone=small_cnn", f"--data.root={tree}", "--data.image_size=16",
-          "--k=3", f"--output={tmp_path / 'knn.json'}"])  # fmt: skip
+    main(["eval", "knn", f"--model.weights={ckpt}", "--model.backbone=small_cnn", f"--data.root={tree}",
+          "--data.image_size=16", "--k=3", f"--output={tmp_path / 'knn.json'}"])  # fmt: skip
     # segmentation whose evaluation masks are all ignored: undefined scores, NaN and -Infinity before
     voc = make_voc_set(tmp_path / "voc", {"train": 8, "val": 4})
     for mask in (voc / "SegmentationClass").glob("val_*.png"):

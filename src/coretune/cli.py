@@ -56,6 +56,7 @@ def validate(args: list[str]) -> None:
 
 
 def _predict_parser() -> ArgumentParser:
+    from .apps.devices import add_trainer_arguments
     from .data.datasets import OnBadImage
     from .runs.config import add_config_argument
 
@@ -78,45 +79,50 @@ def _predict_parser() -> ArgumentParser:
         "predictions/).",
     )
     parser.add_argument(
-        "--image_size",
-        type=int | None,
-        default=None,
-        help="Default: the training image size (segmentation: each image at its own size).",
-    )
-    parser.add_argument(
         "--overlay",
         type=bool,
         default=False,
         help="Segmentation: also write <image>_overlay.png, the image with its mask's colours blended in.",
     )
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--num_workers", type=int, default=0)
     parser.add_argument(
-        "--on_bad_image",
+        "--data.image_size",
+        type=int | None,
+        default=None,
+        help="Default: the training image size (segmentation: each image at its own size).",
+    )
+    parser.add_argument("--data.batch_size", type=int, default=64, help="Images predicted at a time, on the device.")
+    parser.add_argument("--data.num_workers", type=int, default=0)
+    parser.add_argument(
         "--data.on_bad_image",
         type=OnBadImage,
         default="error",
         help="Unreadable image files: 'error' stops at the first (the output file is left as it was); 'skip' decodes "
         "every file first, leaves the unreadable ones out of the CSV and lists them in one warning.",
     )
+    add_trainer_arguments(parser, what="the model")
     return parser
 
 
 def predict(args: list[str]) -> None:
     from .apps.predict import predict_folder
+    from .apps.vocabulary import translate
     from .runs.config import config_files, parse_with_config
 
-    cfg = parse_with_config(_predict_parser(), args)
+    args = translate("predict", args)
+    cfg = parse_with_config(_predict_parser(), args, loose=("data",))
     out = predict_folder(
         cfg.ckpt_path,
         cfg.input,
         cfg.output,
-        image_size=cfg.image_size,
-        batch_size=cfg.batch_size,
-        num_workers=cfg.num_workers,
-        on_bad_image=cfg.on_bad_image,
+        image_size=cfg.data.image_size,
+        batch_size=cfg.data.batch_size,
+        num_workers=cfg.data.num_workers,
+        on_bad_image=cfg.data.on_bad_image,
         overlay=cfg.overlay,
         config_files=config_files(args),
+        accelerator=cfg.trainer.accelerator,
+        devices=cfg.trainer.devices,
+        precision=cfg.trainer.precision,
     )
     print(f"predictions: {out}")
 
@@ -126,6 +132,9 @@ _LEGACY_EXPORT_FLAGS = {"exported_program": "pt2", "torchscript": "torchscript",
 
 
 def export(args: list[str]) -> None:
+    import argparse
+
+    from .apps.devices import add_trainer_arguments
     from .apps.export import DEFAULT_FORMATS, EXPORT_FORMATS, export_checkpoint
     from .runs.config import add_config_argument, config_files, parse_with_config
 
@@ -133,7 +142,8 @@ def export(args: list[str]) -> None:
         allow_abbrev=False,
         prog="coretune export",
         description="Export a fine-tuned model: config.json plus model.safetensors, torch.export (model.pt2), "
-        "TorchScript and ONNX, as --format selects.",
+        "TorchScript and ONNX, as --format selects. Each file is read back and checked against the checkpoint's "
+        "model, in float32, on --trainer.accelerator.",
     )
     add_config_argument(parser)
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
@@ -146,10 +156,10 @@ def export(args: list[str]) -> None:
         "(--format onnx,pt2, or --format+ onnx --format+ pt2). Default: "
         f"{','.join(DEFAULT_FORMATS)}. ONNX needs pip install 'coretune[onnx]'.",
     )
-    for flag, fmt in _LEGACY_EXPORT_FLAGS.items():
-        parser.add_argument(
-            f"--{flag}", type=bool | None, default=None, help=f"Deprecated: true adds, false drops --format {fmt}."
-        )
+    add_trainer_arguments(parser, what="the read-back check (ONNX's on the CPU; the files are float32 either way)")
+    parser.set_defaults({"trainer.accelerator": "cpu"})
+    for flag in _LEGACY_EXPORT_FLAGS:  # deprecated: not in --help
+        parser.add_argument(f"--{flag}", type=bool | None, default=None, help=argparse.SUPPRESS)
     if sum(arg == "--format" or arg.startswith("--format=") for arg in args) > 1:
         raise ValueError(
             "--format is given more than once: list the formats in one (--format onnx,pt2) or append with "
@@ -165,8 +175,22 @@ def export(args: list[str]) -> None:
         drop = {_LEGACY_EXPORT_FLAGS[flag] for flag, on in legacy.items() if not on}
         add = {_LEGACY_EXPORT_FLAGS[flag] for flag, on in legacy.items() if on}
         formats = [name for name in EXPORT_FORMATS if name not in drop and (name in DEFAULT_FORMATS or name in add)]
-        print(f"coretune export: warning: {given} is deprecated: use --format {','.join(formats)}", file=sys.stderr)
-    for path in export_checkpoint(cfg.ckpt_path, cfg.output, formats=formats, config_files=config_files(args)):
+        print(
+            f"coretune export: {given} is deprecated and will be removed in the next release: use --format "
+            f"{','.join(formats)}",
+            file=sys.stderr,
+        )
+    trainer = cfg.trainer
+    written = export_checkpoint(
+        cfg.ckpt_path,
+        cfg.output,
+        formats=formats,
+        config_files=config_files(args),
+        accelerator=trainer.accelerator,
+        devices=trainer.devices,
+        precision=trainer.precision,
+    )
+    for path in written:
         print(path)
 
 
@@ -194,6 +218,7 @@ def pretrain(args: list[str]) -> None:
 def _eval_parser() -> ArgumentParser:
     from typing import Literal
 
+    from .apps.devices import add_trainer_arguments
     from .apps.evaluation import DEFAULT_WEIGHT_DECAYS
     from .data import ImageClassificationData
     from .runs.config import add_config_argument
@@ -211,23 +236,29 @@ def _eval_parser() -> ArgumentParser:
         "protocol", type=Literal["knn", "linear"], help="knn or linear (robust: see coretune eval robust --help)."
     )
     parser.add_argument(
-        "--backbone",
+        "--ckpt_path",
         type=str | None,
         default=None,
-        help="Backbone name (default: the 'arch' or backbone stored in --weights).",
+        help="A .ckpt written by coretune fit: its fine-tuned backbone is evaluated (or --model.weights).",
     )
     parser.add_argument(
-        "--weights",
+        "--model.backbone",
         type=str | None,
         default=None,
-        help="Checkpoint: pre-trained (coretune pretrain, MoCo, SimCLR …) or fine-tuned.",
+        help="Backbone name (default: the 'arch' or backbone stored in --model.weights or --ckpt_path).",
     )
-    parser.add_argument("--weights_format", type=str, default="auto", help="Checkpoint layout (auto).")
     parser.add_argument(
-        "--weights_allow_cast",
+        "--model.weights",
+        type=str | None,
+        default=None,
+        help="Pre-trained weights (coretune pretrain, MoCo, SimCLR …, a file, hub or timm name).",
+    )
+    parser.add_argument("--model.weights_options.format", type=str, default="auto", help="Checkpoint layout (auto).")
+    parser.add_argument(
+        "--model.weights_options.allow_cast",
         type=bool,
         default=False,
-        help="Load --weights whose floating-point tensors are stored as integers (or quantised), converted.",
+        help="Load weights whose floating-point tensors are stored as integers (or quantised), converted.",
     )
     parser.add_class_arguments(ImageClassificationData, "data")
     parser.add_argument("--k", type=int, default=20, help="kNN: number of neighbours.")
@@ -242,14 +273,14 @@ def _eval_parser() -> ArgumentParser:
         "--seed",
         type=int,
         default=0,
-        help="Seed of a backbone's random initialisation (without --weights: the floor) and of the probe's hold-out.",
+        help="Seed of a backbone's random initialisation (without weights: the floor) and of the probe's hold-out.",
     )
-    parser.add_argument("--device", type=str | None, default=None, help="Default: cuda if available, or cpu.")
+    add_trainer_arguments(parser, what="the backbone extracts features")
     parser.add_argument("--output", type=str | None, default=None, help="Also write the result to this JSON.")
     return parser
 
 
-def _stored_backbone(weights: str) -> str:
+def _stored_backbone(weights: str, option: str) -> str:
     """The backbone name a checkpoint records: MoCo/SimCLR ``arch``, or a coretune run's hyper-parameters; for
     ``timm:<model>[.<tag>]`` weights, ``timm/<model>``."""
     from .models import TIMM_PREFIX, load_checkpoint_file, resolve_weights
@@ -261,7 +292,7 @@ def _stored_backbone(weights: str) -> str:
     if isinstance(raw, dict):
         name = raw.get("arch") or raw.get("hyper_parameters", {}).get("backbone")
     if not isinstance(name, str):
-        raise ValueError(f"{weights} does not record its backbone: pass --backbone (e.g. resnet50)")
+        raise ValueError(f"{option} {weights} does not record its backbone: pass --model.backbone (e.g. resnet50)")
     return name
 
 
@@ -277,8 +308,10 @@ def evaluate(args: list[str]) -> None:
     import torch
     from rich.console import Console
 
+    from .apps.devices import placement_of
     from .apps.evaluation import evaluate_encoder
     from .apps.scoring import written_by
+    from .apps.vocabulary import translate
     from .data import DataError, ImageClassificationData
     from .data.transforms import other_normalisation
     from .engine import atomic_write
@@ -286,11 +319,24 @@ def evaluate(args: list[str]) -> None:
     from .runs.config import config_files, parse_with_config
     from .runs.outputs import check_file_output, data_paths
 
+    args = translate("eval", args)
     cfg = parse_with_config(_eval_parser(), args)
-    if cfg.backbone is None and cfg.weights is None:
-        raise ValueError("pass --backbone (and --weights for a pre-trained checkpoint)")
-    if cfg.output:  # before any image is read or weights loaded
-        reads = [("the weights", cfg.weights), *(("a --config file", path) for path in config_files(args))]
+    if cfg.ckpt_path is not None and cfg.model.weights is not None:
+        raise ValueError(
+            f"--ckpt_path {cfg.ckpt_path} and --model.weights {cfg.model.weights} both given: pass --ckpt_path for a "
+            "fine-tuned checkpoint or --model.weights for pre-trained weights"
+        )
+    weights, option = (
+        (cfg.ckpt_path, "--ckpt_path") if cfg.ckpt_path is not None else (cfg.model.weights, "--model.weights")
+    )
+    if cfg.model.backbone is None and weights is None:
+        raise ValueError(
+            "pass --model.backbone (and --model.weights for pre-trained weights), or --ckpt_path for a fine-tuned "
+            "checkpoint"
+        )
+    place = placement_of(cfg, "eval")  # before any image is read or weights loaded
+    if cfg.output:
+        reads = [("the weights", weights), *(("a --config file", path) for path in config_files(args))]
         ours = written_by("backbone", "weights", "protocol", "top1")
         check_file_output(cfg.output, "eval", reads=reads, data=data_paths(cfg.data.as_dict()), ours=ours)
     data = ImageClassificationData(**cfg.data.as_dict())
@@ -308,16 +354,14 @@ def evaluate(args: list[str]) -> None:
             "each would find itself in the kNN memory bank and be in the probe's training set; keep the test images "
             "out of the training folder (a symlink into it counts)"
         )
-    backbone = cfg.backbone or _stored_backbone(cfg.weights)
-    digest = weights_digest(cfg.weights)  # of the file read next (it may be re-made while this runs)
+    backbone = cfg.model.backbone or _stored_backbone(weights, option)
+    digest = weights_digest(weights)  # of the file read next (it may be re-made while this runs)
     torch.manual_seed(cfg.seed)  # a random initialisation is the same network on every call
-    encoder = create_backbone(
-        backbone, weights=cfg.weights, weights_format=cfg.weights_format, allow_cast=cfg.weights_allow_cast
-    )
+    options = cfg.model.weights_options
+    encoder = create_backbone(backbone, weights=weights, weights_format=options.format, allow_cast=options.allow_cast)
     trained = getattr(encoder, "pretrained_normalization", None)
-    if (why := other_normalisation(trained, data.mean, data.std, cfg.weights, option="--weights")) is not None:
+    if (why := other_normalisation(trained, data.mean, data.std, weights, option=option)) is not None:
         warnings.warn(why, UserWarning, stacklevel=1)
-    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     result = evaluate_encoder(
         encoder,
         data,
@@ -325,18 +369,19 @@ def evaluate(args: list[str]) -> None:
         k=cfg.k,
         temperature=cfg.temperature,
         weight_decay=cfg.weight_decay,
-        device=device,
+        device=place.device,
+        precision=place.precision,
         seed=cfg.seed,
     )
     top5 = f", top-5 {100 * result.top5:.2f}%" if result.top5 is not None else ""
     Console().print(
-        f"[bold]{cfg.protocol}[/bold] {backbone} ({cfg.weights or 'random init'}): top-1 "
+        f"[bold]{cfg.protocol}[/bold] {backbone} ({weights or 'random init'}): top-1 "
         f"{100 * result.top1:.2f}%{top5} on {result.num_test} test images "
         f"({result.num_train} training images; {result.settings})",
         highlight=False,
     )
     if cfg.output:
-        recorded = {"backbone": backbone, "weights": cfg.weights, "weights_sha256": digest}
+        recorded = {"backbone": backbone, "weights": weights, "weights_sha256": digest}
         recorded |= {"image_size": data.image_size, "mean": list(data.mean), "std": list(data.std)}  # as scored
         with atomic_write(cfg.output) as f:
             f.write(strict_json({**recorded, "seed": cfg.seed, **result.__dict__}, indent=2) + "\n")

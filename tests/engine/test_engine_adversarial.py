@@ -98,7 +98,7 @@ def test_the_trained_batch_holds_pgd_rows_and_the_attack_leaves_the_model_alone(
     checkpoint = torch.load(RunDir(run).last_checkpoint, weights_only=True)
     assert checkpoint["coretune"]["adversarial"] == {**config["adversarial"], "eps": 0.05}
     assert FineTuner.from_checkpoint(RunDir(run).last_checkpoint).batch_transform is None  # evaluation: clean
-    main(["eval", "robust", f"--ckpt={RunDir(run).last_checkpoint}", f"--data.root={tree}", "--attack=pgd",
+    main(["eval", "robust", f"--ckpt_path={RunDir(run).last_checkpoint}", f"--data.root={tree}", "--attack=pgd",
           "--threat_models=linf:8/255", "--steps=1"])  # fmt: skip
     robust = json.loads(RunDir(run).robust_results.read_text())
     assert robust["adversarial_training"] == checkpoint["coretune"]["adversarial"]

@@ -192,14 +192,15 @@ def test_predict_keeps_its_old_output_when_an_image_is_bad_or_skips_it(tree: Pat
     out = tmp_path / "out" / "preds.csv"
     out.parent.mkdir()
     out.write_text("path,prediction,confidence\nthe previous predictions\n")
-    args = ["predict", f"--ckpt_path={ckpt}", f"--input={images}", f"--output={out}", "--batch_size=4"]
+    args = ["predict", f"--ckpt_path={ckpt}", f"--input={images}", f"--output={out}", "--data.batch_size=4"]
     assert error(args) == (
         f"cannot decode image {bad}: image file is truncated; fix or remove it, or pass --data.on_bad_image skip"
     )
     # was: a header and the 4 rows before the bad batch
     assert out.read_text() == "path,prediction,confidence\nthe previous predictions\n"
     assert [p.name for p in out.parent.iterdir()] == ["preds.csv"]  # no temporary file left
-    for option in ("--on_bad_image=skip", "--data.on_bad_image=skip"):  # the second is what the message says
+    for option in ("--data.on_bad_image=skip", "--on_bad_image=skip"):  # the first is what the message says; the
+        # second, deprecated, still works
         with pytest.warns(SkippedImagesWarning, match=rf"^skipped 1 unreadable image file\(s\) of 12 .*{bad.name}"):
             main([*args, option])
         rows = list(csv.DictReader(out.open()))
@@ -615,8 +616,7 @@ def test_integer_weights_are_refused_unless_the_cast_is_forced(
         f"checkpoint {weights} stores {len(floats)} floating-point tensors of backbone 'small_cnn' as int64 (e.g. "
         f"{', '.join(floats[:3])}): integer or quantised weights are not the float weights the model needs. "
         "Dequantise the checkpoint or export its float weights; if the integers are the real values, force the "
-        "conversion with --model.weights_options.allow_cast true (coretune eval: --weights_allow_cast true; "
-        "allow_cast=True in Python)"
+        "conversion with --model.weights_options.allow_cast true (allow_cast=True in Python)"
     )
     assert not (tmp_path / "run" / "checkpoints").exists()
     cast = "--model.weights_options.allow_cast=true"
@@ -626,10 +626,10 @@ def test_integer_weights_are_refused_unless_the_cast_is_forced(
     report = f"{len(state)}/{len(state)} tensors loaded, 0 missing, 0 unexpected; cast {len(floats)} non-floating "
     assert report + "tensors to floating point (allow_cast)" in capsys.readouterr().err
     # the option the message names exists wherever weights load: continued pre-training and coretune eval
-    eval_args = ["eval", "knn", "--backbone=small_cnn", f"--weights={weights}", f"--data.root={tree}",
+    eval_args = ["eval", "knn", "--model.backbone=small_cnn", f"--model.weights={weights}", f"--data.root={tree}",
                  "--data.image_size=16", f"--output={tmp_path / 'knn.json'}"]  # fmt: skip
     assert error(eval_args) == message
-    main([*eval_args, "--weights_allow_cast=true"])
+    main([*eval_args, "--model.weights_options.allow_cast=true"])
     assert report + "tensors to floating point (allow_cast)" in capsys.readouterr().err
     pretrain = pretrain_args(tree / "train", tmp_path / "pre", f"--model.weights={weights}")
     assert error(pretrain) == message

@@ -170,7 +170,7 @@ def test_fit_eval_and_sweeps_refuse_a_name_missing_from_the_cache(
     folder = hub_cache / "models--timm--resnet18.a1_in1k"
     name = "timm:resnet18.a1_in1k"
     fit = [f"--data.root={image_tree}", "--model.backbone=timm/resnet18", f"--model.weights={name}"]
-    for args in (["fit", *fit, f"--run_dir={tmp_path / 'run'}"], ["eval", "knn", f"--weights={name}", *fit[:1]]):
+    for args in (["fit", *fit, f"--run_dir={tmp_path / 'run'}"], ["eval", "knn", f"--model.weights={name}", *fit[:1]]):
         with pytest.raises(SystemExit) as info:
             main(args)
         message = str(info.value.code)

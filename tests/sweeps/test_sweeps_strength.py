@@ -64,11 +64,12 @@ def test_evaluate_scores_each_checkpoint_once_with_its_weights_or_none(
     data = [f"--data.root={tmp_path / 'data'}", "--data.image_size=32", "--data.batch_size=256"]
     seeded = "--seed=0"  # the random initialisation: the same network on every call
     assert calls == [
-        ["eval", "knn", "--backbone=resnet18", *data, seeded, f"--output={out / 'weak-knn.json'}"],  # null: random
-        ["eval", "linear", "--backbone=resnet18", *data, seeded, f"--output={out / 'weak-linear.json'}"],
-        ["eval", "knn", "--backbone=resnet18", "--weights=strong.pth", *data, seeded,
+        # null weights: a random initialisation
+        ["eval", "knn", "--model.backbone=resnet18", *data, seeded, f"--output={out / 'weak-knn.json'}"],
+        ["eval", "linear", "--model.backbone=resnet18", *data, seeded, f"--output={out / 'weak-linear.json'}"],
+        ["eval", "knn", "--model.backbone=resnet18", "--model.weights=strong.pth", *data, seeded,
          f"--output={out / 'strong-knn.json'}"],
-        ["eval", "linear", "--backbone=resnet18", "--weights=strong.pth", *data, seeded,
+        ["eval", "linear", "--model.backbone=resnet18", "--model.weights=strong.pth", *data, seeded,
          f"--output={out / 'strong-linear.json'}"],
     ]  # fmt: skip
     out.mkdir()
@@ -429,8 +430,8 @@ def test_columns_are_scored_as_they_are_fine_tuned(
     spec = _spec(tmp_path)
     configured = replace(spec, base_args=(f"--config={config}", *spec.base_args[:1]))
     assert strength.checkpoints(configured)["strong"] == [
-        "--backbone=resnet18", "--weights=strong.pth", f"--data.root={tmp_path / 'data'}", "--data.image_size=48",
-        "--data.mean=[0.5,0.5,0.5]", "--data.batch_size=256",
+        "--model.backbone=resnet18", "--model.weights=strong.pth", f"--data.root={tmp_path / 'data'}",
+        "--data.image_size=48", "--data.mean=[0.5,0.5,0.5]", "--data.batch_size=256",
     ]  # fmt: skip
     overridden = replace(configured, base_args=(*configured.base_args, "--data.image_size=32", "--data.std=[.2,.2,.2]"))
     assert strength.checkpoints(overridden)["weak"][-4:] == [
@@ -447,9 +448,10 @@ def test_columns_are_scored_as_they_are_fine_tuned(
     for name in ("cifar10_cpu_strength", "cifar10_cpu_strength_1pct"):
         found = strength.checkpoints(BenchSpec.from_yaml(ROOT / "configs" / "bench" / f"{name}.yaml"))
         assert found["random"] == [
-            "--backbone=resnet18", "--data.root=/work/data/cifar10", "--data.image_size=32", "--data.batch_size=256"
+            "--model.backbone=resnet18", "--data.root=/work/data/cifar10", "--data.image_size=32",
+            "--data.batch_size=256",
         ]  # fmt: skip
-        assert found["simclr_in20"][1] == "--weights=../shared/checkpoints/simclr_resnet18_in20_64px.pth.tar"
+        assert found["simclr_in20"][1] == "--model.weights=../shared/checkpoints/simclr_resnet18_in20_64px.pth.tar"
     args = strength.checkpoints(spec)["weak"]
     scores = tmp_path / "weak-knn.json"
     scores.write_text(json.dumps({"top1": 0.2, "seed": 0}))  # older files: neither size nor normalisation

@@ -224,7 +224,7 @@ def test_robust_table_evaluate_scores_each_finished_unscored_run_once(
     (ce / "robust_results.json").unlink()
     assert robust_table.evaluate(spec, ["linf:4/255", "l2:0.5"], 100) == []
     # the run's config first, then the checkpoint: a resumed run's config.yaml records ckpt_path: last
-    run = ["eval", "robust", f"--config={ce / 'config.yaml'}", f"--ckpt={ce / 'checkpoints' / 'last.ckpt'}"]
+    run = ["eval", "robust", f"--config={ce / 'config.yaml'}", f"--ckpt_path={ce / 'checkpoints' / 'last.ckpt'}"]
     common = [*run, "--threat_models=[linf:4/255, l2:0.5]"]
     sample = ["--max_images=100", f"--output={ce / 'robust_results_autoattack.json'}"]
     assert calls == [

@@ -81,7 +81,7 @@ def test_whole_images_of_several_sizes_score_the_same_whatever_the_batch_size(tm
     for size in (1, 6):
         out = tmp_path / f"test{size}.json"
         main(["test", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"--data.root={root}",
-              f"--data.eval_batch_size={size}", "--precision=32-true", "--output", str(out)])  # fmt: skip
+              f"--data.eval_batch_size={size}", "--trainer.precision=32-true", "--output", str(out)])  # fmt: skip
         scores.append(json.loads(out.read_text())["test"])
     assert scores[0]["miou"] == pytest.approx(scores[1]["miou"], abs=1e-6)
     assert scores[0]["miou"] == pytest.approx(fitted["miou"], abs=1e-6)
@@ -96,7 +96,7 @@ def test_test_predict_and_export_follow_the_checkpoint(trained: tuple[Path, Path
             "test",
             f"--ckpt_path={ckpt}",
             f"--data.root={root}",  # no --data.eval_mode: the checkpoint's (whole images), not the default crop
-            "--precision=32-true",  # as the fit
+            "--trainer.precision=32-true",  # as the fit
             "--output",
             str(tmp_path / "t.json"),
         ]
@@ -112,7 +112,7 @@ def test_test_predict_and_export_follow_the_checkpoint(trained: tuple[Path, Path
         (images / "sub" / name).write_bytes((root / "JPEGImages" / name).read_bytes())
     Image.open(root / "JPEGImages" / "val_002.jpg").resize((40, 32)).save(images / "small.png")  # another size
     main(["predict", f"--ckpt_path={ckpt}", f"--input={images}", f"--output={tmp_path / 'masks'}", "--overlay=true",
-          "--batch_size=2"])  # fmt: skip
+          "--data.batch_size=2"])  # fmt: skip
     model = FineTuner.from_checkpoint(ckpt).eval()
     mask = read_mask(str(tmp_path / "masks" / "sub" / "val_000.png"))
     assert mask.shape == (48, 64) and (tmp_path / "masks" / "sub" / "val_001_overlay.png").is_file()
@@ -159,7 +159,7 @@ def test_non_finite_logits_on_ignored_pixels_only_fail_the_test(
     monkeypatch.setattr(FineTuner, "forward", poisoned)
     ckpt = run / "checkpoints" / "last.ckpt"
     message = error(["test", f"--ckpt_path={ckpt}", f"--data.root={copy}", "--data.eval_mode=whole",
-                     "--precision=32-true", "--output", str(tmp_path / "t.json")])  # fmt: skip
+                     "--trainer.precision=32-true", "--output", str(tmp_path / "t.json")])  # fmt: skip
     assert re.match(r"the model diverged at epoch \d+, step \d+: its test logits are not finite \(a trained", message)
     assert not (tmp_path / "t.json").exists()
 
@@ -187,9 +187,9 @@ def test_config_of_another_task_is_refused(trained: tuple[Path, Path], image_tre
         "--overlay true is for segmentation checkpoints (it draws masks over images): drop it"
     )
     segmenter = run / "checkpoints" / "last.ckpt"
-    assert error(["predict", f"--ckpt_path={segmenter}", f"--input={image_tree}", "--image_size=32"]) == (
-        "--image_size 32: a segmentation model predicts each image at its own size (its mask has the image's size); "
-        "drop --image_size"
+    assert error(["predict", f"--ckpt_path={segmenter}", f"--input={image_tree}", "--data.image_size=32"]) == (
+        "--data.image_size 32: a segmentation model predicts each image at its own size (its mask has the image's "
+        "size); drop --data.image_size"
     )
 
 

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from .devices import PRECISIONS, Placement
+
 __all__ = [
     "DEFAULT_WEIGHT_DECAYS",
     "EvalResult",
@@ -42,19 +44,23 @@ DEFAULT_WEIGHT_DECAYS: tuple[float, ...] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
 
 @torch.no_grad()
 def extract_features(
-    encoder: nn.Module, loader: Iterable[Any], device: torch.device | str | None = None
+    encoder: nn.Module, loader: Iterable[Any], device: torch.device | str | None = None, precision: str = "32-true"
 ) -> tuple[Tensor, Tensor]:
     """Features ``(N, d)`` (float32, CPU) and labels ``(N,)`` of every ``(images, labels, ...)`` batch.
 
-    The encoder runs in eval mode (BatchNorm running statistics) and is put back in its previous mode after.
+    The encoder runs in eval mode (BatchNorm running statistics) on ``device`` (default: its own) at ``precision``
+    (``32-true``, or ``bf16-mixed`` / ``16-mixed`` under autocast: :class:`~coretune.apps.devices.Placement`), and is
+    put back in its previous mode after.
     """
     device = torch.device(device) if device is not None else next(encoder.parameters()).device
+    place = Placement(device, PRECISIONS.get(str(precision), str(precision)))
     was_training = encoder.training
     encoder.eval().to(device)
     features, labels = [], []
     try:
         for batch in loader:
-            features.append(encoder(batch[0].to(device)).float().cpu())
+            with place.autocast():
+                features.append(encoder(batch[0].to(device)).float().cpu())
             labels.append(torch.as_tensor(batch[1]).long().cpu())
     finally:
         encoder.train(was_training)
@@ -224,21 +230,23 @@ def evaluate_encoder(
     temperature: float = 0.07,
     weight_decay: float | Sequence[float] = DEFAULT_WEIGHT_DECAYS,
     device: torch.device | str | None = None,
+    precision: str = "32-true",
     seed: int = 0,
 ) -> EvalResult:
     """kNN or linear-probe accuracy of ``encoder`` on an :class:`~coretune.data.ImageClassificationData`.
 
     Features of its training split (after ``label_fraction`` / ``val_fraction``; evaluation transform, no
-    augmentation) are the kNN memory bank / probe training set; its test split is scored. ``seed``: the linear
-    probe's hold-out split (:func:`linear_probe`).
+    augmentation) are the kNN memory bank / probe training set; its test split is scored. ``device`` and
+    ``precision``: where and how the features are extracted (:func:`extract_features`; the kNN and the probe run in
+    float32). ``seed``: the linear probe's hold-out split (:func:`linear_probe`).
     """
     data.setup("test")  # with cache_images: the test split decoded, and the training split as evaluated below
     train_set = data.train_as_evaluated()
     loading = data.loader_settings()  # auto: for this machine (no trainer)
     loader = DataLoader(train_set, batch_size=data.eval_batch_size, num_workers=loading.num_workers,
                         pin_memory=loading.pin_memory)  # fmt: skip
-    train_f, train_y = extract_features(encoder, loader, device)
-    test_f, test_y = extract_features(encoder, data.test_dataloader(), device)
+    train_f, train_y = extract_features(encoder, loader, device, precision)
+    test_f, test_y = extract_features(encoder, data.test_dataloader(), device, precision)
     classes = data.num_classes
     if protocol == "knn":
         pred = knn_predict(train_f, train_y, test_f, k=k, temperature=temperature, num_classes=classes)

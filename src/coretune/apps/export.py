@@ -13,8 +13,9 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -31,6 +32,7 @@ from ..runs.atomic import strict_json
 from ..runs.config import check_config_task
 from ..runs.outputs import check_folder_output, trained_data_paths
 from ..tasks import DEFAULT_TASK, get_task
+from .devices import placement
 
 __all__ = [
     "DEFAULT_FORMATS",
@@ -135,6 +137,9 @@ def export_checkpoint(
     output: str | Path,
     formats: str | Sequence[str] = DEFAULT_FORMATS,
     config_files: Sequence[str] = (),
+    accelerator: str = "cpu",
+    devices: Any = "auto",
+    precision: Any = "32-true",
 ) -> list[Path]:
     """Write the files of ``formats`` (:data:`EXPORT_FORMATS`, default :data:`DEFAULT_FORMATS`) and
     ``config.json`` into ``output``; return their paths.
@@ -155,9 +160,17 @@ def export_checkpoint(
     ``output`` (``config.json``'s ``check``: the images, the tolerance and each format's largest logit difference);
     a file beyond :data:`CHECK_TOLERANCE` fails the export. The files are written into a temporary folder inside
     ``output`` and moved into it once every format is done: an error leaves ``output`` as it was, and afterwards it
-    holds no file of a format not written this time (an earlier export's).
+    holds no file of a format not written this time (an earlier export's). ``accelerator`` and ``devices``
+    (``--trainer.*``, :func:`~coretune.apps.devices.placement`; default the CPU) are where that check runs (ONNX's on
+    the CPU, onnxruntime's), in float32 (TF32 off): ``precision`` is ``32-true``, the files' own.
     """
     formats = check_formats(formats)
+    place = placement(accelerator, devices, precision, command="export")
+    if place.dtype is not None:
+        raise ValueError(
+            f"--trainer.precision {precision}: coretune export writes float32 files and checks them in float32 "
+            "against the checkpoint's model: pass --trainer.precision 32-true (or leave it out)"
+        )
     if Path(output).exists() and not Path(output).is_dir():
         raise ValueError(
             f"--output {output} is a file: give a folder (the export writes its model files and config.json into it)"
@@ -201,7 +214,7 @@ def export_checkpoint(
     output.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".export-", dir=output))  # inside: the same file system, no parent write
     try:
-        names = _write_formats(net, staging, formats, config, dense, size)
+        names = _write_formats(net, staging, formats, config, dense, size, place.device)
         _move_in(staging, output, names)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -209,11 +222,18 @@ def export_checkpoint(
 
 
 def _write_formats(
-    net: nn.Module, folder: Path, formats: Sequence[str], config: dict, dense: bool, size: int
+    net: nn.Module,
+    folder: Path,
+    formats: Sequence[str],
+    config: dict,
+    dense: bool,
+    size: int,
+    device: torch.device | None = None,
 ) -> list[str]:
     """Write ``net`` in ``formats`` and then ``config`` (its ``input_shape`` completed) into ``folder``; return the
     names of the files written, in order. ``dense``: ``net`` gives logits at its input's size (segmentation's,
-    :attr:`~coretune.tasks.Task.dense_logits`), exported for any size."""
+    :attr:`~coretune.tasks.Task.dense_logits`), exported for any size. The files are made on the CPU and checked on
+    ``device`` (:func:`_check_written`)."""
     written: list[str] = []
     reference = net
     if "safetensors" in formats:
@@ -262,20 +282,30 @@ def _write_formats(
             )
     if not any_size:
         config["input_shape"] = ["batch", 3, size, size]
-    config["check"] = _check_written(folder, config, reference, size, any_size, dense)
+    config["check"] = _check_written(folder, config, reference, size, any_size, dense, device)
     written.append("config.json")  # last: it lists the formats written
     (folder / written[-1]).write_text(strict_json(config, indent=2) + "\n")
     return written
 
 
-def _check_written(folder: Path, config: dict, reference: nn.Module, size: int, any_size: bool, dense: bool) -> dict:
+def _check_written(
+    folder: Path,
+    config: dict,
+    reference: nn.Module,
+    size: int,
+    any_size: bool,
+    dense: bool,
+    device: torch.device | None = None,
+) -> dict:
     """Load each model file of ``config["formats"]`` back from ``folder``, one at a time, and run it against
     ``reference`` (the checkpoint's model, eager, float32) on seeded random images: one at the training size and two
     at another size (a classifier's: twice the height, 1.5 times the width; a segmentation model's: 16 and a quarter
-    more, which keeps a large crop affordable; the training size when the export keeps it). Return the images'
-    shapes, :data:`CHECK_TOLERANCE` and each format's largest logit difference (``config.json``'s ``check``);
-    ``ValueError`` naming the file that cannot be read back or run, or whose logits lie further than the tolerance
-    allows, before anything reaches the output folder."""
+    more, which keeps a large crop affordable; the training size when the export keeps it), on ``device`` (default
+    the CPU; ``model.onnx`` runs on the CPU, onnxruntime's) with TF32 off. Return the images' shapes,
+    :data:`CHECK_TOLERANCE` and each format's largest logit difference (``config.json``'s ``check``); ``ValueError``
+    naming the file that cannot be read back or run, or whose logits lie further than the tolerance allows, before
+    anything reaches the output folder."""
+    device = device or torch.device("cpu")
     if not any_size:
         other = (2, 3, size, size)
     elif dense:
@@ -283,11 +313,13 @@ def _check_written(folder: Path, config: dict, reference: nn.Module, size: int, 
     else:
         other = (2, 3, 2 * size, size + size // 2)
     generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
+    reference = reference.to(device)
+    with torch.no_grad(), _float32_only(device):
         cases = [
-            (images, reference(images))
+            (images, reference(images.to(device)).float().cpu())
             for images in (torch.randn(s, generator=generator) for s in ((1, 3, size, size), other))
         ]
+    reference.cpu()
     differences: dict[str, float] = {}
     for name in config["formats"]:
         file = EXPORT_FORMATS[name]
@@ -296,10 +328,11 @@ def _check_written(folder: Path, config: dict, reference: nn.Module, size: int, 
             "so nothing was written and --output is as it was. Export the other formats (--format) and report this "
             "with the checkpoint's backbone and the installed torch version"
         )
+        on = torch.device("cpu") if name == "onnx" else device
         try:
-            run = _load_written(name, folder, config)
-            with torch.no_grad():
-                outputs = [run(images).float() for images, _ in cases]
+            run = _load_written(name, folder, config, on)
+            with torch.no_grad(), _float32_only(on):
+                outputs = [run(images.to(on)).float().cpu() for images, _ in cases]
         except Exception as err:  # any failure of the file written is the export's, named as such
             raise ValueError(
                 f"{fails} fails ({type(err).__name__}: {' '.join(str(err).split())[:300]}), {fix}"
@@ -322,17 +355,40 @@ def _check_written(folder: Path, config: dict, reference: nn.Module, size: int, 
     }
 
 
-def _load_written(name: str, folder: Path, config: dict) -> Callable[[Tensor], Tensor]:
-    """The file of format ``name`` in ``folder``, loaded back as its users load it, as a function of images."""
+@contextlib.contextmanager
+def _float32_only(device: torch.device) -> Iterator[None]:
+    """On a CUDA device, float32 matrix products and convolutions without TF32 (cuDNN's convolutions use it by
+    default, which would put ~1e-3 between the files' logits and the reference's)."""
+    if device.type != "cuda":
+        yield
+        return
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        cudnn = torch.backends.cudnn
+        with cudnn.flags(
+            enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic, allow_tf32=False
+        ):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+
+
+def _load_written(
+    name: str, folder: Path, config: dict, device: torch.device | None = None
+) -> Callable[[Tensor], Tensor]:
+    """The file of format ``name`` in ``folder``, loaded back as its users load it onto ``device`` (default the CPU;
+    ``model.onnx`` runs on the CPU), as a function of images."""
+    device = device or torch.device("cpu")
     path = folder / EXPORT_FORMATS[name]
     if name == "safetensors":
-        return _rebuild(config, path)
+        return _rebuild(config, path).to(device)
     if name == "pt2":
-        return torch.export.load(path).module()
+        return torch.export.load(path).module().to(device)
     if name == "torchscript":
         with warnings.catch_warnings():  # the format asked for: not torch's deprecation notice
             warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
-            return torch.jit.load(str(path))
+            return torch.jit.load(str(path), map_location=device)
     return _onnx_runner(path)
 
 
@@ -341,7 +397,7 @@ def _onnx_runner(path: Path) -> Callable[[Tensor], Tensor]:
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return lambda images: torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+    return lambda images: torch.from_numpy(session.run(None, {"images": images.cpu().numpy()})[0])
 
 
 def _check_replaceable(output: Path) -> None:

@@ -10,6 +10,7 @@ import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from ..models import CheckpointError
 from ..runs.config import check_config_task
 from ..runs.outputs import check_file_output, check_folder_output, check_output_path, mark_folder, trained_data_paths
 from ..tasks import Task
+from .devices import Placement, placement
 
 __all__ = ["default_output", "predict_folder", "predict_masks"]
 
@@ -45,6 +47,9 @@ def predict_folder(
     on_bad_image: OnBadImage = "error",
     overlay: bool = False,
     config_files: Sequence[str] = (),
+    accelerator: str = "auto",
+    devices: Any = "auto",
+    precision: Any = "32-true",
 ) -> Path:
     """Predict every image under ``folder`` (or the one image file it names) with the checkpoint's task; return what
     was written (default :func:`default_output`).
@@ -52,6 +57,9 @@ def predict_folder(
     Classification writes ``path, prediction, confidence, p_<class>…`` for every image into a CSV; segmentation
     one palette mask per image (:func:`predict_masks`, which ``overlay`` concerns). ``config_files``: the
     ``--config`` files the options came from, refused when they record another task than the checkpoint's.
+    ``accelerator``, ``devices`` and ``precision`` (``--trainer.*``, :func:`~coretune.apps.devices.placement`): where
+    the images are predicted, a batch at a time (``auto``: CUDA if available, else the CPU), and at what precision
+    (``bf16-mixed`` and ``16-mixed`` under autocast).
 
     The image size and normalisation default to those the model was fine-tuned with (stored in the checkpoint).
     The CSV is written to a temporary file that replaces ``output`` only once every image is predicted: an error
@@ -61,12 +69,14 @@ def predict_folder(
     Raises:
         CheckpointError: the checkpoint is unusable, or gives NaN or infinite outputs.
         DataError: the folder holds no image, or an unreadable one (``on_bad_image="error"``).
-        ValueError: a ``config_files`` entry is another task's, or an option does not apply to the task.
+        ValueError: a ``config_files`` entry is another task's, or an option does not apply to the task (or the
+            device or precision is not one this machine runs).
     """
+    place = placement(accelerator, devices, precision, command="predict")
     reads = [("the checkpoint", ckpt_path), *(("a --config file", path) for path in config_files)]
     trained = trained_data_paths(ckpt_path)
     check_output_path(output, "predict", reads=reads, data=[Path(folder), *trained])  # before the checkpoint is read
-    model = FineTuner.from_checkpoint(ckpt_path).eval()
+    model = FineTuner.from_checkpoint(ckpt_path, map_location=str(place.device)).eval()
     for config in config_files:
         check_config_task(config, model.task.name, str(ckpt_path))
     output = Path(output if output is not None else default_output(model.task))
@@ -74,10 +84,10 @@ def predict_folder(
     if model.task.prediction_kind == "masks":
         if image_size is not None:
             raise ValueError(
-                f"--image_size {image_size}: a segmentation model predicts each image at its own size (its mask has "
-                "the image's size); drop --image_size"
+                f"--data.image_size {image_size}: a segmentation model predicts each image at its own size (its mask "
+                "has the image's size); drop --data.image_size"
             )
-        return predict_masks(model, ckpt_path, folder, output, num_workers, on_bad_image, overlay, batch_size)
+        return predict_masks(model, ckpt_path, folder, output, num_workers, on_bad_image, overlay, batch_size, place)
     if overlay:
         raise ValueError("--overlay true is for segmentation checkpoints (it draws masks over images): drop it")
     data = _trained_data(model, ckpt_path, ("mean", "std") if image_size else ("image_size", "mean", "std"))
@@ -91,7 +101,7 @@ def predict_folder(
         writer = csv.writer(f)
         writer.writerow([*CSV_HEADER, *(f"p_{n}" for n in names)])
         for images, indices in loader:
-            logits = _finite_logits(model, images, ckpt_path, dataset.paths, indices)
+            logits = _finite_logits(model, images, ckpt_path, dataset.paths, indices, place)
             probs = torch.softmax(logits, dim=1)
             conf, pred = probs.max(dim=1)
             for i, p, c, row in zip(indices.tolist(), pred.tolist(), conf.tolist(), probs.tolist(), strict=True):
@@ -110,7 +120,7 @@ def _trained_data(model: FineTuner, ckpt_path: str | Path, needed: Sequence[str]
         warnings.warn(
             f"checkpoint {ckpt_path} does not record its {', '.join(missing)}: predicting with "
             f"{' and '.join(used)}, which may not be what the model was trained on"
-            f"{' (pass --image_size)' if 'image_size' in missing else ''}",
+            f"{' (pass --data.image_size)' if 'image_size' in missing else ''}",
             UserWarning,
             stacklevel=3,
         )
@@ -153,10 +163,18 @@ def check_output(
 
 
 def _finite_logits(
-    model: FineTuner, images: torch.Tensor, ckpt_path: str | Path, paths: Sequence[str], indices: torch.Tensor
+    model: FineTuner,
+    images: torch.Tensor,
+    ckpt_path: str | Path,
+    paths: Sequence[str],
+    indices: torch.Tensor,
+    place: Placement | None = None,
 ) -> torch.Tensor:
-    """``model(images)`` in float32; :class:`CheckpointError` naming the first image with a NaN or infinite one."""
-    logits = model(images).float()
+    """``model(images)`` on ``place``'s device at its precision, in float32 on the CPU; :class:`CheckpointError`
+    naming the first image with a NaN or infinite one."""
+    place = place or Placement(torch.device("cpu"))
+    with place.autocast():
+        logits = model(images.to(place.device, non_blocking=True)).float().cpu()
     if not (finite := torch.isfinite(logits).reshape(len(logits), -1).all(dim=1)).all():
         bad = [paths[i] for i in indices[~finite].tolist()]
         raise CheckpointError(
@@ -194,6 +212,7 @@ def predict_masks(
     on_bad_image: OnBadImage = "error",
     overlay: bool = False,
     batch_size: int = 64,
+    place: Placement | None = None,
 ) -> Path:
     """Segment every image under ``folder`` at its own size, up to ``batch_size`` images of one size at a time
     (:func:`same_size_batches`): ``output/<its path under folder>.png``, a palette mask of class indices (the task's
@@ -201,7 +220,7 @@ def predict_masks(
     with ``overlay`` ``<…>_overlay.png``, the image with the mask's colours blended in (50 %). The files are written
     into a temporary folder beside ``output`` and moved into it once every image is done: an error leaves ``output``
     as it was. Two images whose files would have one name (``a.jpg`` and ``a.png``) are refused (``ValueError``)
-    before anything is written."""
+    before anything is written. ``place``: the device and precision (default the CPU, float32)."""
     data = _trained_data(model, ckpt_path, ("mean", "std"))  # each image at its own size
     mean, std = tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD))
     transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
@@ -216,7 +235,7 @@ def predict_masks(
         written: list[Path] = []
         with torch.inference_mode():
             for images, indices in loader:
-                masks = _finite_logits(model, images, ckpt_path, dataset.paths, indices).argmax(1).numpy()
+                masks = _finite_logits(model, images, ckpt_path, dataset.paths, indices, place).argmax(1).numpy()
                 for image, index, mask in zip(images, indices.tolist(), masks, strict=True):
                     name = _mask_name(dataset.paths[index], base)
                     (staging / name).parent.mkdir(parents=True, exist_ok=True)

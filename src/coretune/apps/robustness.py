@@ -51,7 +51,9 @@ from ..robust.attacks import PGD, Norm, NormalizedModel, check_pixel_images, eva
 from ..runs.atomic import strict_json
 from ..runs.config import add_config_argument, config_files, parse_with_config
 from ..runs.outputs import data_paths
+from .devices import add_trainer_arguments, placement_of
 from .scoring import check_classes, results_output, written_by
+from .vocabulary import translate
 
 __all__ = [
     "ATTACKS",
@@ -362,7 +364,7 @@ def robust_parser() -> ArgumentParser:
         "robust_results.json in the checkpoint's run directory (or --output).",
     )
     add_config_argument(parser)
-    parser.add_argument("--ckpt_path", "--ckpt", type=str, required=True, help="A .ckpt written by coretune fit.")
+    parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
     parser.add_class_arguments(ImageClassificationData, "data")
     parser.add_argument(
         "--attack",
@@ -395,7 +397,7 @@ def robust_parser() -> ArgumentParser:
         "and records the whole test set, as without --max_images.",
     )
     parser.add_argument("--seed", type=int, default=0, help="Seeds the random starts (and AutoAttack's).")
-    parser.add_argument("--device", type=str | None, default=None, help="Default: cuda if available, or cpu.")
+    add_trainer_arguments(parser, what="the model and the attacks")
     parser.add_argument(
         "--output",
         type=str | None,
@@ -421,9 +423,11 @@ def evaluate_robust(args: Sequence[str]) -> Path:
         for attack in cfg.attack:
             check_settings(attack, threats, cfg.steps, cfg.step_size, cfg.max_images)
 
+    args = translate("eval robust", args, prog="coretune eval")
     parser = robust_parser()
     cfg = parse_with_config(parser, args)
     check(cfg)
+    place = placement_of(cfg, "eval")
     ckpt, results = Path(cfg.ckpt_path).resolve(), attrgetter("robust_results")
     reads = [("the checkpoint", cfg.ckpt_path), *(("a --config file", path) for path in config_files(args))]
     ours = written_by("checkpoint", "data", "reports")
@@ -452,8 +456,9 @@ def evaluate_robust(args: Sequence[str]) -> Path:
         cfg.max_images = None  # every test image: recorded as the whole test set, as Table 8 tabulates it
     if cfg.max_images is not None:
         loader = sample_loader(loader, cfg.max_images, cfg.seed)
-    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    pixels = NormalizedModel(model, cfg.data.mean, cfg.data.std)  # the loader's images are unnormalised
+    place = placement_of(cfg, "eval")
+    # the loader's images are unnormalised; bf16-mixed / 16-mixed: the model runs under autocast, the attack in float32
+    pixels = place.wrap(NormalizedModel(model, cfg.data.mean, cfg.data.std))
     threats = [parse_threat(t) for t in cfg.threat_models]
     reports = [
         robust_accuracy(
@@ -463,7 +468,7 @@ def evaluate_robust(args: Sequence[str]) -> Path:
             attack=attack,
             steps=cfg.steps,
             step_size=cfg.step_size,
-            device=device,
+            device=place.device,
             seed=cfg.seed,
             max_images=cfg.max_images,
         )

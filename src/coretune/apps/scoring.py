@@ -26,6 +26,8 @@ from ..runs.config import add_config_argument, config_files, parse_with_config
 from ..runs.layout import RunDir
 from ..runs.outputs import check_file_output, data_paths, trained_data_paths
 from ..tasks import DEFAULT_TASK, TASKS, Task
+from .devices import add_trainer_arguments
+from .vocabulary import translate
 
 __all__ = ["Split", "arg_value", "check_classes", "results_output", "score", "score_parser", "written_by"]
 
@@ -53,7 +55,7 @@ def score_parser(command: Split, task: type[Task] | Task = TASKS[DEFAULT_TASK]) 
         help=f"JSON file to write the results to (default: {_results_name(command)} in the checkpoint's run "
         "directory, the folder holding its checkpoints/ folder, or beside the checkpoint).",
     )
-    parser.add_argument("--precision", type=str, default=default_precision())
+    add_trainer_arguments(parser, precision=default_precision(), what="the checkpoint is scored")
     return parser
 
 
@@ -64,8 +66,7 @@ def _results_name(command: Split) -> str:
 
 def score(command: Split, args: Sequence[str]) -> Path:
     """Run ``coretune test`` or ``coretune validate`` with ``args``; print and return the results file."""
-    import lightning as L
-
+    args = translate(command, args)
     ckpt_path = arg_value(args, "--ckpt_path")
     if ckpt_path is None:  # the parser's own error (or --help)
         parse_with_config(score_parser(command), args)
@@ -83,15 +84,13 @@ def score(command: Split, args: Sequence[str]) -> Path:
     cfg = parse_with_config(parser, args, task=model.task.name, checkpoint=ckpt_path)
     data_read = [*data_paths(cfg.data.as_dict()), *trained_data_paths(ckpt)]
     output = results_output(cfg.output, ckpt, results, command, reads=reads, data=data_read, ours=ours)
+    trainer = _trainer(cfg.trainer, output.parent)  # its settings checked before any image is read
     options = cfg.data.as_dict()
     standalone = model.task.scored_folder_options(command, options)
     data = model.task.data_class(**(standalone or options))
     model.task.check_scored_data(model, data, cfg.ckpt_path)  # reads folder names only: before any image is read
     data.setup("test" if command == "test" else "validate")  # with cache_images: only the split it scores decoded
     check_classes(model, data, cfg.ckpt_path)
-    trainer = L.Trainer(
-        default_root_dir=str(output.parent), precision=cfg.precision, logger=False, enable_checkpointing=False
-    )
     results: dict[str, Any] = {"checkpoint": str(ckpt), "data": options}
     if standalone:
         results["scored_folder"] = standalone["train_dir"]
@@ -109,6 +108,25 @@ def score(command: Split, args: Sequence[str]) -> Path:
         print(text, end="")
     print(f"{command} results: {output}")
     return output
+
+
+def _trainer(settings: Any, root: Path) -> Any:
+    """The Lightning ``Trainer`` that scores, on ``--trainer.accelerator/devices/precision`` (``settings``); a setting
+    Lightning refuses is a one-line ``ValueError`` naming it, before the data is read."""
+    import lightning as L
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    try:
+        return L.Trainer(
+            default_root_dir=str(root),
+            accelerator=settings.accelerator,
+            devices=settings.devices,
+            precision=settings.precision,
+            logger=False,
+            enable_checkpointing=False,
+        )
+    except (MisconfigurationException, ValueError, ImportError) as err:  # ImportError: "tpu" without torch_xla
+        raise ValueError(f"invalid trainer settings: {' '.join(str(err).split())}") from None
 
 
 def arg_value(args: Sequence[str], option: str) -> str | None:

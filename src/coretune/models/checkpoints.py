@@ -365,8 +365,8 @@ def load_pretrained(
             f"checkpoint {path} stores {len(cast)} floating-point tensors of backbone {encoder.name!r} as "
             f"{', '.join(dtypes)} (e.g. {', '.join(cast[:3])}): integer or quantised weights are not the float "
             "weights the model needs. Dequantise the checkpoint or export its float weights; if the integers are "
-            "the real values, force the conversion with --model.weights_options.allow_cast true (coretune eval: "
-            "--weights_allow_cast true; allow_cast=True in Python)"
+            "the real values, force the conversion with --model.weights_options.allow_cast true (allow_cast=True "
+            "in Python)"
         )
     for key in cast:  # allowed: quantised tensors by their real values, integers as they are
         if extraction.state[key].is_quantized:

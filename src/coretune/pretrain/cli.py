@@ -170,7 +170,8 @@ class PretrainCLI(RunDirCLI):
             highlight=False,
         )
         console.print(
-            f"evaluate it:   coretune eval knn --backbone {backbone} --weights {weights} --data.root <image folder>",
+            f"evaluate it:   coretune eval knn --model.backbone {backbone} --model.weights {weights} "
+            "--data.root <image folder>",
             highlight=False,
         )
 

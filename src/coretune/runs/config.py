@@ -1,20 +1,24 @@
-"""``--config`` for the commands that read a fitted run (``test``, ``validate``, ``predict``, ``export``, ``eval``):
-a run's ``config.yaml`` works as it is.
+"""``--config`` for the commands that read a fitted run (``test``, ``validate``, ``predict``, ``export``, ``eval``): a
+run's ``config.yaml`` works as it is.
 
-The sections and keys a command does not take (a fit's ``trainer``, ``model``, ``objective``, ``run_dir`` …) are left
-out; those it takes apply, and a ``data`` section's keys fill the options of the same name of a command that has no
-``--data`` group (``predict --image_size``). A fit's ``ckpt_path`` (in a file with a fit's ``trainer``, ``run_dir`` or
-``seed_everything``) is left out whatever its value: it names the checkpoint that fit resumed from (``last`` after a
-resume, ``null`` when it was not resumed), never the one a reading command scores, which its own ``--ckpt_path`` names
-wherever it stands; the user's own YAML may name it. Other null values are left out too. Inside a section the command
-takes, an unknown key is still the parser's error: the ``data`` of another task is refused, not half applied: a config
-that records its task (``model.task``) given for a checkpoint of another task is refused in one line
-(:func:`parse_with_config`'s ``task``).
+The sections and keys a command does not take (a fit's ``objective``, ``run_dir`` …) are left out; those it takes
+apply, and a ``data`` section's keys fill the options of the same name of a command that has no ``--data`` group. A
+section a command takes in part (``predict``'s ``--data.image_size``, ``--data.batch_size`` …: its ``loose``
+sections) takes the keys it has and leaves the others out. A fit's ``ckpt_path``, ``model`` and ``trainer`` (in a
+file with a fit's ``trainer``, ``run_dir`` or ``seed_everything``) are left out whatever their value: ``ckpt_path``
+names the checkpoint that fit resumed from (``last`` after a resume, ``null`` when it was not resumed), never the one
+a reading command scores, which its own ``--ckpt_path`` names wherever it stands; ``model`` the pre-trained weights
+it started from, not those ``coretune eval`` scores; ``trainer`` the hardware it ran on (a reading command runs where
+its own ``--trainer.*`` options say). The user's own YAML may name them. Other null values are left out too. Inside a
+section the command takes, an unknown key is still the parser's error: the ``data`` of another task is refused, not
+half applied: a config that records its task (``model.task``) given for a checkpoint of another task is refused in
+one line (:func:`parse_with_config`'s ``task``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ __all__ = ["add_config_argument", "check_config_task", "config_files", "parse_wi
 def add_config_argument(parser: ArgumentParser) -> None:
     """Give ``parser`` a ``--config`` option that takes another command's YAML config (see the module)."""
     parser.add_argument(
+        "-c",
         "--config",
         action=ActionConfigFile,
         help="A YAML config, such as a run's config.yaml: the keys this command takes apply (the data section), "
@@ -46,14 +51,21 @@ def recorded_task(config: Any) -> str | None:
 
 
 def parse_with_config(
-    parser: ArgumentParser, args: Sequence[str], task: str | None = None, checkpoint: str | None = None
+    parser: ArgumentParser,
+    args: Sequence[str],
+    task: str | None = None,
+    checkpoint: str | None = None,
+    loose: Collection[str] = (),
 ) -> Namespace:
-    """``parser.parse_args(args)``, each ``--config FILE`` narrowed to what ``parser`` takes (see the module).
+    """``parser.parse_args(args)``, each ``--config FILE`` narrowed to what ``parser`` takes (see the module; the
+    ``loose`` sections to the keys ``parser`` has in them).
 
     Raises:
         ValueError: a ``--config`` file records another task than ``task`` (that of ``checkpoint``).
     """
-    taken = set(vars(parser.get_defaults())) - {"config"}
+    defaults = parser.get_defaults()
+    taken = set(vars(defaults)) - {"config"}
+    keys = set(defaults.keys())
     out: list[str] = []
     it = iter(args)
     for arg in it:
@@ -61,7 +73,7 @@ def parse_with_config(
         if key in ("--config", "-c"):
             path = value if eq else next(it, "")
             check_config_task(path, task, checkpoint)
-            out.append(f"--config={_narrowed(path, taken)}")
+            out.append(f"--config={_narrowed(path, taken, {s: keys for s in loose}, parser.prog)}")
         else:
             out.append(arg)
     return parser.parse_args(out)
@@ -99,13 +111,15 @@ def check_config_task(path: str, task: str | None, checkpoint: str | None = None
         )
 
 
-_FIT_ONLY = frozenset({"ckpt_path"})
+_FIT_ONLY = frozenset({"ckpt_path", "model", "trainer"})
 """Top-level keys of a fit's ``config.yaml`` that a reading command has under the same name with another meaning."""
 
 
-def _narrowed(path: str, taken: set[str]) -> str:
-    """The YAML text of the config file ``path`` with only the keys in ``taken``; ``path`` itself when it is no
-    readable mapping (the parser then gives its own error)."""
+def _narrowed(path: str, taken: set[str], loose: dict[str, set[str]] | None = None, prog: str = "coretune") -> str:
+    """The YAML text of the config file ``path`` with only the keys in ``taken`` (of each ``loose`` section, only
+    the dotted keys of its set; a top-level key that is one of them, as ``predict``'s own YAML spelled its options
+    before they moved into ``data``, moved there with one deprecation line of ``prog`` on stderr); ``path`` itself when
+    it is no readable mapping (the parser then gives its own error)."""
     config = _read_mapping(path)
     if config is None:
         return path
@@ -114,4 +128,15 @@ def _narrowed(path: str, taken: set[str]) -> str:
     kept: dict[str, Any] = {k: v for k, v in config.items() if k in taken and k not in dropped and v is not None}
     if "data" not in taken and isinstance(data := config.get("data"), dict):
         kept |= {k: v for k, v in data.items() if k in taken and v is not None and k not in kept}
+    for section, keys in (loose or {}).items():
+        if isinstance(kept.get(section), dict):
+            kept[section] = {k: v for k, v in kept[section].items() if f"{section}.{k}" in keys and v is not None}
+        moved = {k: v for k, v in config.items() if k not in taken and f"{section}.{k}" in keys and v is not None}
+        if moved and isinstance(kept.setdefault(section, {}), dict):
+            kept[section] = {**moved, **kept[section]}
+            print(
+                f"{prog}: --config {path} sets {', '.join(moved)}, which is deprecated and will be removed in the next "
+                f"release: use {section}: {{{', '.join(f'{k}: …' for k in moved)}}}",
+                file=sys.stderr,
+            )
     return yaml.safe_dump(kept, sort_keys=False) if kept else "{}"

@@ -1,7 +1,7 @@
-"""The GPU check (issue 62): is coretune as fast as PyTorch on a GPU? One command, about 6 minutes on one GPU.
+"""The GPU check (issue 62): is coretune as fast as PyTorch on a GPU? One command, within ~8 minutes on one GPU.
 
     python benchmarks/gpu_check.py [--out DIR]      # on a GPU; writes DIR/gpu_check.json and DIR/gpu_check.md
-    python benchmarks/gpu_check.py --smoke          # the same code on CPU with tiny models, in ~1 minute
+    python benchmarks/gpu_check.py --smoke          # the same code on CPU with tiny models, under a minute
     benchmarks/gpu_check.sh                         # on a GPU machine without coretune's dependencies (offline)
 
 Measures, for ResNet-50 at 224 px (channels-last) and ViT-S/16 (``timm/vit_small_patch16_224``), batch 128:
@@ -136,26 +136,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"coretune GPU check ({'smoke' if args.smoke else 'gpu'}): {json.dumps(env)}", flush=True)
     specs = {spec.label: spec for spec in models}
     todo = plan(models)
-    bf16_rows = [r for r in todo if not r["compile"] and r["precision"] == "bf16-mixed"]
-    rows = [model_row(check, r, specs[r["model"]], settings, args.no_compile) for r in bf16_rows]
 
+    def run_rows(which: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [model_row(check, r, specs[r["model"]], settings, args.no_compile) for r in which]
+
+    rows = run_rows([r for r in todo if not r["compile"] and r["precision"] == "bf16-mixed"])
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "images"
         size, count = ((48, 40), 64) if args.smoke else ((500, 375), 4608)
         batch, batches = (8, 4) if args.smoke else (128, 24)
-        image_size = models[0].image_size
         written = check.run("JPEG folder", lambda: loading.make_jpeg_folder(folder, count, size))
-        loader = check.run("loader", lambda: loading.loader_rate(folder, image_size, batch, batches),
-                           None if written["status"] == "ok" else "no image folder")  # fmt: skip
-        loader["folder"] = written
-        rows += [model_row(check, r, specs[r["model"]], settings, args.no_compile) for r in todo if r not in bf16_rows]
-
-        two = args.smoke or torch.cuda.device_count() >= 2
-        why_not = "--no-ddp" if args.no_ddp else None if two else f"{torch.cuda.device_count()} GPU (needs 2)"
-        why_not = why_not or (None if written["status"] == "ok" else "no image folder")
+        no_folder = None if written["status"] == "ok" else "no image folder"
+        measure = lambda: loading.loader_rate(folder, models[0].image_size, batch, batches)  # noqa: E731
+        loader = check.run("loader", measure, no_folder) | {"folder": written}
+        rows += run_rows([r for r in todo if not r["compile"] and r["precision"] == "16-mixed"])
+        # before the compiled rows: where 2 GPUs are, whether DDP with global mining runs matters more
+        gpus = torch.cuda.device_count()
+        why_not = "--no-ddp" if args.no_ddp else None if args.smoke or gpus >= 2 else f"{gpus} GPU (needs 2)"
         ddp_args = ("small_cnn", 16, 4, 2, "cpu") if args.smoke else ("resnet50", 224, 64, 30, "gpu")
-        ddp = check.run("DDP fit, 2 processes, global mining",
-                        lambda: loading.ddp_fit(folder, Path(tmp) / "ddp-run", *ddp_args), why_not)  # fmt: skip
+        measure = lambda: loading.ddp_fit(folder, Path(tmp) / "ddp-run", *ddp_args)  # noqa: E731
+        ddp = check.run("DDP fit, 2 processes, global mining", measure, why_not or no_folder)
+    rows += run_rows([r for r in todo if r["compile"]])
 
     ratios = {spec.label: steps_ratios(rows, loader, spec.label) for spec in models}
     result = {

@@ -26,6 +26,7 @@ def gpu_check(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
         del sys.modules[name]
 
 
+@pytest.mark.ddp  # its DDP row starts 2 gloo processes
 def test_smoke_run_writes_every_measurement_as_json_and_a_markdown_table(gpu_check: ModuleType, tmp_path: Path) -> None:
     assert gpu_check.main(["--smoke", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "gpu_check.json").read_text())

@@ -122,9 +122,9 @@ def _stderr_line(line: str) -> None:
 def compile_in_place(
     module: nn.Module, what: str = "the backbone", report: Callable[[str], None] = _stderr_line, **options: Any
 ) -> CompileGuard:
-    """Compile ``module`` (``what`` it is, for the fallback's line) in place (``nn.Module.compile(**options)``: its parameters, buffers and ``state_dict`` keys
-    stay as they are) behind a :class:`CompileGuard`, which is returned; compiled again only if it is not yet. The
-    compilation itself happens at the first call."""
+    """Compile ``module`` (``what`` it is, for the fallback's line) in place, ``nn.Module.compile(**options)``: its
+    parameters, buffers and ``state_dict`` keys stay as they are. Behind a :class:`CompileGuard`, which is returned
+    (a module already behind one keeps it). The compilation itself happens at the first call."""
     current = module._compiled_call_impl
     if isinstance(current, CompileGuard):
         return current

@@ -120,6 +120,7 @@ def test_a_fit_without_a_working_compiler_trains_eager_and_says_so(
 
     monkeypatch.setattr(config.cpp, "cxx", ("/nonexistent/g++",))  # as on a machine without a C++ compiler
     monkeypatch.setattr(config, "fx_graph_cache", False)  # compiled kernels of another test would need none
+    torch._dynamo.reset()  # nor would the graphs this process compiled for small_cnn in another test
     run = tmp_path / "run"
     main(["fit", f"--data.root={image_tree}", *TINY_FIT, "--model.compile=true", f"--run_dir={run}", *QUIET])
     status = json.loads((run / "results.json").read_text())["compile"]

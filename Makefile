@@ -12,6 +12,7 @@ CONSTRAINTS := constraints.txt
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,docs,mlflow,tensorboard,wandb]'
+	@command -v g++ >/dev/null || echo "note: no C++ compiler (g++): torch.compile (--model.compile) falls back to eager on CPU and its tests are skipped; install g++ (apt-get install g++) to run them"
 	touch $@
 
 # make demo's: the core and the demo extra only (scikit-learn's digits), unless make test's is already there.

@@ -425,14 +425,16 @@ def test_lambda_draws_are_clipped_beta(alpha: float, lambda_n: float, lambda_p: 
 # ------------------------------------------------------------------------------------------------------------
 
 
-def test_autocast_does_not_change_the_hardest_choices() -> None:
-    """Under bf16 autocast the similarities must still be float32: a bf16 matmul (8-bit mantissa) turns close
-    similarities into ties and picks other pairs (seen on correlated 2048-d features, like an encoder's)."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_autocast_does_not_change_the_hardest_choices(dtype: torch.dtype) -> None:
+    """Under bf16 or fp16 autocast (bf16-mixed, 16-mixed) the similarities must still be float32: a bf16 matmul
+    (8-bit mantissa) turns close similarities into ties and picks other pairs (seen on correlated 2048-d features,
+    like an encoder's); an fp16 one (11 bits) too, less often."""
     g = gen(0)
     z = torch.randn(256, 2048, generator=g) + 0.5 * torch.randn(1, 2048, generator=g)
     y = torch.randint(0, 100, (256,), generator=g)
     plain = ct.mine_hard_pairs(z, y, 100, generator=gen(0))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=dtype):
         auto = ct.mine_hard_pairs(z, y, 100, generator=gen(0))
     assert torch.equal(plain.hardest_positive, auto.hardest_positive)
     assert torch.equal(plain.hardest_negative, auto.hardest_negative)

@@ -78,8 +78,8 @@ def as_older_version(run: Path, tmp_path: Path) -> Path:
 
 # -- the constructor ----------------------------------------------------------------------------------------
 def test_the_fine_tuner_takes_at_most_12_settings() -> None:
-    """Issue 61: the training loop's constructor stays small (12 at most; 11 leave room for one more)."""
-    assert len(inspect.signature(FineTuner).parameters) <= 11
+    """Issue 61: the training loop's constructor stays small (12 at most: the 12th is issue 62's compile)."""
+    assert len(inspect.signature(FineTuner).parameters) <= 12
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """The training engine: Lightning module (:mod:`.module`, the training loop), what its checkpoints record
-(:mod:`.checkpoint`), its output health checks (:mod:`.health`) and data module checks (:mod:`.datachecks`), trainer
+(:mod:`.checkpoint`), its output health checks (:mod:`.health`) and data module checks (:mod:`.datachecks`), its speed
+options (:mod:`.speed`: channels-last by architecture, ``torch.compile`` with an eager fallback), trainer
 set-up, run outputs, optimisers and schedules (:class:`~.optim.OptimSettings`; :mod:`.modelsettings`: the
 settings older versions spelled flat), and ``coretune fit`` (:mod:`.fitcli`; its arguments' aliases and older
 spellings: :mod:`.fitargs`)."""
@@ -15,7 +16,7 @@ from .callbacks import (
 from .checkpoint import CheckpointMeta
 from .checkpoint_io import AtomicCheckpointIO, atomic_torch_save, atomic_write, with_atomic_io
 from .fitcli import FitArgsError, FitCLI, resolved_fit_config, translate_args
-from .health import NonFiniteLossError, OutputHealth
+from .health import GradScalerWatch, NonFiniteLossError, OutputHealth
 from .interrupts import StopOnSignal, TrainingInterrupted
 from .module import FineTuner
 from .optim import OptimSettings, build_optimizer, lr_factor
@@ -38,6 +39,7 @@ __all__ = [
     "FineTuner",
     "FitArgsError",
     "FitCLI",
+    "GradScalerWatch",
     "NonFiniteLossError",
     "OptimSettings",
     "OutputHealth",

@@ -26,6 +26,7 @@ from ..models import weights_digest
 from ..runs.atomic import atomic_write, strict_json
 from ..runs.layout import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task
+from .health import grad_scaler_record
 from .module import FineTuner, NonFiniteLossError
 
 __all__ = [
@@ -206,7 +207,8 @@ class RunArtifacts(L.Callback):
         if trainer.is_global_zero and RunDir(self.run_dir(trainer)).results.is_file():
             # fit again after a failure, or extend a finished run (--trainer.max_epochs): until this fit tests
             # again, the run is not finished, and its old test score must not stand for the weights it trains on
-            update_results(self.run_dir(trainer), drop=("diverged", "collapsed", "test"))
+            # (and this fit's speed records: compiled or not, the 16-mixed scaler's skipped steps)
+            update_results(self.run_dir(trainer), drop=("diverged", "collapsed", "test", "compile", "grad_scaler"))
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = self._epoch_wall_start = time.perf_counter()
@@ -312,6 +314,9 @@ class RunArtifacts(L.Callback):
             # a fine-tuning's pre-trained file (None: a random initialisation); pre-training records none
             **({"weights_sha256": pl_module.weights_sha256} if hasattr(pl_module, "weights_sha256") else {}),
             provenance=provenance(),
+            # --model.compile: "compiled", or "eager: <why compilation failed>"; 16-mixed: the scaler's skipped steps
+            **({"compile": status} if (status := getattr(pl_module, "compile_status", None)) else {}),
+            **({"grad_scaler": record} if (record := grad_scaler_record(trainer)) else {}),
             # the final weights (what the test scores, and what coretune eval robust scores after it: Table 8
             # tables a robustness file only for the last.ckpt it was scored on)
             last_checkpoint_sha256=weights_digest(last)

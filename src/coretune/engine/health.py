@@ -2,12 +2,15 @@
 model. A non-finite training loss (:func:`training_blowup` words it; :class:`~coretune.engine.FineTuner` raises it at
 the step), and an evaluation epoch whose loss is not finite, whose outputs collapsed (:class:`OutputWatch`) or whose
 logits exploded (:data:`LOGIT_LIMIT`): :class:`OutputHealth`, the callback every FineTuner installs
-(``configure_callbacks``), raises :class:`NonFiniteLossError` at that epoch's end.
+(``configure_callbacks``), raises :class:`NonFiniteLossError` at that epoch's end. Under ``16-mixed`` a gradient
+scaler that keeps skipping optimiser steps (inf/NaN gradients at every loss scale) is reported in one line and in
+``results.json`` (:class:`GradScalerWatch`, installed the same way).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import lightning as L
@@ -17,7 +20,15 @@ from torch import Tensor
 from ..distributed import listed, rank, ranks_where, world_size
 from .optim import diverged_fix
 
-__all__ = ["LOGIT_LIMIT", "NonFiniteLossError", "OutputHealth", "OutputWatch", "training_blowup"]
+__all__ = [
+    "LOGIT_LIMIT",
+    "GradScalerWatch",
+    "NonFiniteLossError",
+    "OutputHealth",
+    "OutputWatch",
+    "grad_scaler_record",
+    "training_blowup",
+]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -183,3 +194,80 @@ class OutputHealth(L.Callback):
                 f"the model diverged at epoch {epoch}, step {step}: its {stage} logits {reach} (a trained model's "
                 f"stay within ~100), so its predictions no longer mean anything. Check the pre-trained weights, {fix}"
             )
+
+
+class GradScalerWatch(L.Callback):
+    """Counts the optimiser steps the gradient scaler of a ``16-mixed`` run skipped, and reports a run of them.
+
+    The scaler multiplies the loss by its scale before backward; a step whose gradients then hold inf or NaN is
+    skipped and the scale halved (a step is skipped exactly when the scale drops). A few skips at the start are
+    normal: the scale starts at 2^16 and comes down to what the gradients allow. ``streak`` (default 20) skipped
+    steps in a row mean the gradients are inf or NaN at every scale (down to 2^16 / 2^20 < 0.1), so the model no
+    longer trains: one line says so on stderr (once per such run of skips), and :meth:`record` (``results.json``'s
+    ``grad_scaler``) counts the skipped steps, the longest run of them and the last scale. Without a scaler
+    (``32-true``, ``bf16-mixed``) it does nothing.
+    """
+
+    def __init__(self, streak: int = 20) -> None:
+        if streak < 1:
+            raise ValueError(f"streak must be >= 1 (got {streak})")
+        self.streak = streak
+        self.skipped = 0  # the fit's skipped steps (every session of a resumed run)
+        self.longest = 0  # the longest run of skipped steps in a row
+        self.current = 0  # the skipped steps in a row until now
+        self.scale: float | None = None  # the scale after the last optimiser step
+        self._step = -1
+
+    @staticmethod
+    def _scaler(trainer: L.Trainer) -> Any:
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        return scaler if scaler is not None and scaler.is_enabled() else None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if (scaler := self._scaler(trainer)) is not None:
+            self.scale = float(scaler.get_scale())  # its initial scale (restored on a resume): the first step counts
+        self._step = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        scaler = self._scaler(trainer)
+        if scaler is None or trainer.global_step == self._step:
+            return  # no scaler, or no optimiser step since the last batch (gradient accumulation)
+        self._step = trainer.global_step
+        scale = float(scaler.get_scale())  # the scaler's step already synchronised (its inf check)
+        if self.scale is not None and scale < self.scale:
+            self.skipped += 1
+            self.current += 1
+            self.longest = max(self.longest, self.current)
+            if self.current == self.streak and trainer.is_global_zero:
+                print(
+                    f"coretune: the 16-mixed gradient scaler skipped the last {self.current} optimiser steps in a "
+                    f"row (epoch {trainer.current_epoch}, step {trainer.global_step}): the gradients are inf or NaN "
+                    f"at every loss scale (now {scale:.3g}), so the model is not training; check the images for "
+                    "NaN/Inf, lower the learning rate (--model.optim.lr), or train in bf16-mixed or 32-true "
+                    "(--trainer.precision)",
+                    file=sys.stderr,
+                )
+        elif self.scale is not None:
+            self.current = 0
+        self.scale = scale
+
+    def record(self) -> dict[str, Any] | None:
+        """``{"skipped_steps", "longest_skipped_run", "scale"}``, or None when no scaler was seen."""
+        if self.scale is None:
+            return None
+        return {"skipped_steps": self.skipped, "longest_skipped_run": self.longest, "scale": self.scale}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped": self.skipped, "longest": self.longest, "current": self.current, "scale": self.scale}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.skipped, self.longest = state_dict.get("skipped", 0), state_dict.get("longest", 0)
+        self.current, self.scale = state_dict.get("current", 0), state_dict.get("scale")
+
+
+def grad_scaler_record(trainer: L.Trainer) -> dict[str, Any] | None:
+    """The :class:`GradScalerWatch`'s record of ``trainer``'s fit (None: no watch, or no scaler)."""
+    watches = [c for c in trainer.callbacks if isinstance(c, GradScalerWatch)]
+    return watches[-1].record() if watches else None

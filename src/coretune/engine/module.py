@@ -20,9 +20,10 @@ from ..robust.training import AdversarialTraining
 from ..tasks import TASKS, Batch
 from .checkpoint import CheckpointMeta, check_resumed_model, written_at
 from .datachecks import check_data
-from .health import NonFiniteLossError, OutputHealth, training_blowup
+from .health import GradScalerWatch, NonFiniteLossError, OutputHealth, training_blowup
 from .optim import OptimSettings, build_optimizer, build_schedule, resume_schedule
 from .seeds import epoch_seed, run_seed, step_seed
+from .speed import ChannelsLast, CompileGuard, channels_last_problem, compile_in_place, resolve_channels_last
 
 __all__ = ["BatchTransform", "FineTuner", "NonFiniteLossError", "run_seed", "step_seed"]
 
@@ -79,7 +80,13 @@ class FineTuner(L.LightningModule):
             (``--model.backbone_args '{drop_path_rate: 0.1}'``). timm ViTs take any image size by default.
         optim: the optimiser and learning-rate schedule (:class:`~coretune.engine.optim.OptimSettings`: optimizer,
             lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs; ``--model.optim.<x>``).
-        channels_last: use the channels-last memory format for the backbone and the images (fast for CNNs).
+        channels_last: use the channels-last memory format for the backbone and the images: ``auto`` (default) for
+            CNN backbones, where it is faster, not for ViTs and other transformers
+            (:func:`~coretune.engine.speed.prefers_channels_last`); or ``True``/``False``.
+        compile: ``torch.compile`` the backbone for the fit (training and validation; ``coretune test``, ``predict``
+            and exports run eager), in place: checkpoints keep the eager keys. When compilation fails the fit goes
+            on eager, with one line naming why (:mod:`~coretune.engine.speed`); ``results.json``'s ``compile``
+            says which ran.
         freeze_backbone: train the heads only (linear probing).
         task: what the data, the network on the backbone and the predictions are: ``classification`` (default)
             or another task of :data:`coretune.tasks.TASKS` (``coretune fit --task NAME``).
@@ -105,7 +112,8 @@ class FineTuner(L.LightningModule):
         weights_options: WeightsOptions = WeightsOptions(),  # noqa: B008  (frozen: never changed)
         backbone_args: dict[str, Any] | None = None,
         optim: OptimSettings = OptimSettings(),  # noqa: B008  (frozen: never changed)
-        channels_last: bool = True,
+        channels_last: ChannelsLast = "auto",
+        compile: bool = False,
         freeze_backbone: bool = False,
         task: str = "classification",
         task_settings: dict[str, Any] | None = None,
@@ -120,6 +128,8 @@ class FineTuner(L.LightningModule):
             problems.append(f"adversarial training works with the classification task only (got task {task!r})")
         if task in TASKS:
             problems += TASKS[task].settings_problems(task_settings or {})
+        if problem := channels_last_problem(channels_last):
+            problems.append(problem)
         if problems:
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective", "adversarial"])
@@ -150,8 +160,10 @@ class FineTuner(L.LightningModule):
         self.class_names: list[str] | None = None
         self.checkpoint_meta: CheckpointMeta | None = None  # the checkpoint's 'coretune' entry (from_checkpoint)
         self.loaded_checkpoint: dict[str, Any] = {}  # the path, epoch and step of the checkpoint last loaded
-        if channels_last:
+        self.channels_last = resolve_channels_last(channels_last, self.backbone)  # what "auto" means here
+        if self.channels_last:
             self.backbone.to(memory_format=torch.channels_last)
+        self.compile_guard: CompileGuard | None = None  # set by the fit's setup (compile=True)
         if freeze_backbone:
             self.backbone.requires_grad_(False)
 
@@ -189,12 +201,21 @@ class FineTuner(L.LightningModule):
         check_data(self, datamodule, stage)
         if stage == "fit":
             self.objective.attach_backbone(self.backbone)
+            # after attach_backbone: a copy it keeps of the backbone (a frozen source, a key encoder) stays eager
+            if self.hparams.get("compile") and self.compile_guard is None:
+                self.compile_guard = compile_in_place(self.backbone)
+
+    @property
+    def compile_status(self) -> str | None:
+        """``compiled`` or ``eager: <why compilation failed>`` for a fit with ``compile=True``, else None."""
+        return None if self.compile_guard is None else self.compile_guard.status
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """:class:`~coretune.engine.health.OutputHealth` (non-finite, collapsed or exploded evaluation outputs),
-        unless the trainer already has one (``coretune fit`` then tests on the same trainer)."""
-        installed = self._trainer is not None and any(isinstance(c, OutputHealth) for c in self.trainer.callbacks)
-        return [] if installed else [OutputHealth()]
+        """:class:`~coretune.engine.health.OutputHealth` (non-finite, collapsed or exploded evaluation outputs) and
+        :class:`~coretune.engine.health.GradScalerWatch` (a 16-mixed scaler that keeps skipping steps), each unless
+        the trainer already has one (``coretune fit`` then tests on the same trainer)."""
+        have = self.trainer.callbacks if self._trainer is not None else []
+        return [kind() for kind in (OutputHealth, GradScalerWatch) if not any(isinstance(c, kind) for c in have)]
 
     @property
     def num_classes(self) -> int | None:
@@ -241,7 +262,7 @@ class FineTuner(L.LightningModule):
 
     # -- steps ----------------------------------------------------------------------------------------------
     def _images(self, x: Tensor) -> Tensor:
-        if self.hparams.channels_last and x.dim() == 4:
+        if self.channels_last and x.dim() == 4:
             return x.contiguous(memory_format=torch.channels_last)
         return x
 

@@ -68,6 +68,7 @@ RESUMABLE_CHANGES = frozenset(
         "data.cache_images",
         "data.eval_batch_size",
         "model.channels_last",
+        "model.compile",
         "model.weights_options.download",
     }
 )

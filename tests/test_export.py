@@ -107,7 +107,7 @@ def test_every_format_takes_any_image_size(checkpoint: Path, tmp_path: Path) -> 
 def test_a_model_that_fixes_the_image_size_is_exported_at_its_training_size() -> None:
     """A graph that requires a size (a ViT's patch grid: multiples of 16) keeps the example's size and any batch
     size, where a CNN's takes any size."""
-    vit = create_backbone("timm/vit_tiny_patch16_224")
+    vit = create_backbone("vit_tiny_patch16_224")
     program, (dynamic,) = _classifier_program(
         ExportedClassifier(vit, torch.nn.Linear(vit.feature_dim, 2)).eval(), (torch.zeros(2, 3, 32, 32),), 32
     )
@@ -287,11 +287,11 @@ def test_load_exported_builds_the_backbone_with_its_constructor_options(tmp_path
     """A ViT fine-tuned with ``--model.backbone_args '{img_size: 32}'`` has 4 + 1 position embeddings, not 196 + 1:
     config.json records the options and the weights load into the model they built (the export's check reads
     model.safetensors back this way)."""
-    vit = create_backbone("timm/vit_tiny_patch16_224", verbose=False, img_size=32)
+    vit = create_backbone("vit_tiny_patch16_224", verbose=False, img_size=32)
     net = ExportedClassifier(vit, torch.nn.Linear(vit.feature_dim, 3)).eval()
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(tmp_path / "model.safetensors"))
     config = {
-        "format": EXPORT_FORMAT, "task": "classification", "backbone": "timm/vit_tiny_patch16_224",
+        "format": EXPORT_FORMAT, "task": "classification", "backbone": "vit_tiny_patch16_224",
         "backbone_args": {"img_size": 32}, "feature_dim": vit.feature_dim, "num_classes": 3,
     }  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))

@@ -250,19 +250,21 @@ def _eval_parser() -> ArgumentParser:
 
 
 def _stored_backbone(weights: str) -> str:
-    """The backbone name a checkpoint records: MoCo/SimCLR ``arch``, or a coretune run's hyper-parameters; for
-    ``timm:<model>[.<tag>]`` weights, ``timm/<model>``."""
-    from .models import TIMM_PREFIX, load_checkpoint_file, resolve_weights
+    """The backbone name a checkpoint records: MoCo/SimCLR ``arch``, or a coretune run's hyper-parameters (old
+    spellings as now); for timm weights (``resnet50.a1_in1k``), that timm name; for ``hf-hub:ORG/REPO``, the same."""
+    from .models import current_backbone_name, is_weights_name, load_checkpoint_file, named_weights, resolve_weights
+    from .models.hubnames import timm_backbone
 
-    if weights.startswith("timm:"):
-        return TIMM_PREFIX + weights.removeprefix("timm:").partition(".")[0]
+    name = str(named_weights(weights, None))
+    if is_weights_name(name):
+        return timm_backbone(name)  # the timm model (or hub repository) the weights are of
     raw = load_checkpoint_file(resolve_weights(weights))
-    name = None
+    found = None
     if isinstance(raw, dict):
-        name = raw.get("arch") or raw.get("hyper_parameters", {}).get("backbone")
-    if not isinstance(name, str):
+        found = raw.get("arch") or raw.get("hyper_parameters", {}).get("backbone")
+    if not isinstance(found, str):
         raise ValueError(f"{weights} does not record its backbone: pass --backbone (e.g. resnet50)")
-    return name
+    return current_backbone_name(found, warn=False)
 
 
 def evaluate(args: list[str]) -> None:
@@ -309,7 +311,7 @@ def evaluate(args: list[str]) -> None:
             "out of the training folder (a symlink into it counts)"
         )
     backbone = cfg.backbone or _stored_backbone(cfg.weights)
-    digest = weights_digest(cfg.weights)  # of the file read next (it may be re-made while this runs)
+    digest = weights_digest(cfg.weights, backbone)  # of the file read next (it may be re-made while this runs)
     torch.manual_seed(cfg.seed)  # a random initialisation is the same network on every call
     encoder = create_backbone(
         backbone, weights=cfg.weights, weights_format=cfg.weights_format, allow_cast=cfg.weights_allow_cast

@@ -197,3 +197,93 @@ def test_a_resume_may_switch_the_download_flag() -> None:
     recorded = {"model": {"weights_options": {"download": True}}}
     current = {"model": {"weights_options": {"download": False}}}
     assert setting_changes(recorded, current) == (["model.weights_options.download True → False"], [])
+
+
+# -- names as their owners write them (issue 63) ---------------------------------------------------------------
+def test_coretune_names_keep_their_meaning_and_timm_names_build_timm_models() -> None:
+    import torchvision
+
+    torchvision_resnet = create_backbone("resnet18", verbose=False)
+    assert isinstance(torchvision_resnet.body, torchvision.models.ResNet) and not torchvision_resnet.is_timm
+    for name, tag in (
+        ("resnet18.a1_in1k", "a1_in1k"),
+        ("resnet10t", "c3_in1k"),
+        ("vit_tiny_patch16_224.augreg_in21k", "augreg_in21k"),
+    ):
+        encoder = create_backbone(name, verbose=False)
+        assert encoder.is_timm and encoder.name == name
+        assert isinstance(encoder.body, timm.models.ResNet | timm.models.VisionTransformer)
+        assert encoder.body.pretrained_cfg["tag"] == tag  # the tag (else timm's default one) picks the config
+
+
+def test_old_spellings_work_warn_once_and_build_the_same(
+    hub_cache: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coretune.models import hubnames
+
+    monkeypatch.setattr(hubnames, "_WARNED", set())
+    torch.manual_seed(0)
+    new = create_backbone("resnet10t").body.state_dict()
+    for _ in range(2):
+        torch.manual_seed(0)
+        old = create_backbone("timm/resnet10t")
+        assert old.name == "resnet10t" and all(torch.equal(old.body.state_dict()[k], v) for k, v in new.items())
+    assert create_backbone("timm/resnet18").name == "resnet18.a1_in1k"  # coretune's resnet18 is torchvision's
+    path = cache_entry(hub_cache, "timm/resnet18.a1_in1k", "model.safetensors", timm_resnet18_state())
+    assert resolve_weights("timm:resnet18.a1_in1k") == resolve_weights("timm:resnet18.a1_in1k") == path
+    assert capsys.readouterr().err.splitlines() == [
+        "coretune: backbone name 'timm/resnet10t' is deprecated and will be removed in the next release: use "
+        "'resnet10t'",
+        "coretune: backbone name 'timm/resnet18' is deprecated and will be removed in the next release: use "
+        "'resnet18.a1_in1k'",
+        "coretune: weights name 'timm:resnet18.a1_in1k' is deprecated and will be removed in the next release: use "
+        "'resnet18.a1_in1k'",
+    ]
+
+
+def test_recorded_old_spellings_are_read_as_now_silently(capsys: pytest.CaptureFixture[str]) -> None:
+    from coretune.engine.modelsettings import grouped_model_settings
+
+    recorded = {"backbone": "timm/resnet18", "weights": "timm:resnet18.a1_in1k", "weights_download": False}
+    assert grouped_model_settings(recorded) == {
+        "backbone": "resnet18.a1_in1k",
+        "weights": "resnet18.a1_in1k",
+        "weights_options": {"download": False},
+    }
+    assert capsys.readouterr().err == ""
+
+
+def test_a_file_that_exists_wins_over_a_name(hub_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    torch.save(timm_resnet18_state(), tmp_path / "resnet18.a1_in1k")
+    assert resolve_weights("resnet18.a1_in1k") == Path("resnet18.a1_in1k")  # not the (absent) hub file
+    assert create_backbone("resnet18.a1_in1k", weights="resnet18.a1_in1k", verbose=False).is_timm
+    with pytest.raises(CheckpointError, match=r"checkpoint resnet18\.pth does not exist"):
+        resolve_weights("resnet18.pth")  # a checkpoint suffix: a path, never a name
+
+
+def test_hub_weights_of_a_coretune_backbone_are_refused_in_one_line(hub_cache: Path) -> None:
+    with pytest.raises(CheckpointError) as info:
+        create_backbone("resnet50", weights="hub")
+    assert str(info.value) == (
+        "--model.weights hub loads the weights the backbone's name names, and the coretune backbone 'resnet50' (not "
+        "a timm model) names none: give a timm backbone (e.g. --model.backbone resnet50.a1_in1k) or the weights' name "
+        "or file as --model.weights (e.g. resnet50.a1_in1k, hf-hub:ORG/REPO)"
+    )
+
+
+def test_an_hf_hub_backbone_is_built_from_its_cached_config_and_loads_its_weights(
+    hub_cache: Path, tmp_path: Path
+) -> None:
+    torch.manual_seed(1)
+    source = timm.create_model("resnet10t", num_classes=5)
+    timm.models.save_for_hf(source, tmp_path / "repo", safe_serialization=True)  # config.json + model.safetensors
+    snapshot = cache_entry(hub_cache, "someone/tuned-resnet", "model.safetensors", source.state_dict()).parent
+    (snapshot / "config.json").write_text((tmp_path / "repo" / "config.json").read_text())
+    encoder = create_backbone("hf-hub:someone/tuned-resnet", weights="hub", verbose=False)
+    assert encoder.is_timm and encoder.name == "hf-hub:someone/tuned-resnet"
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(encoder.eval()(images), source.eval().forward_head(source.forward_features(images), True))
+    with pytest.raises(CheckpointError, match=r"the config of backbone hf-hub:someone/other \(someone/other \(config"):
+        create_backbone("hf-hub:someone/other")

@@ -123,6 +123,8 @@ def predict(args: list[str]) -> None:
 
 #: ``coretune export``'s options from before ``--format``: each adds (true) or drops (false) one format.
 _LEGACY_EXPORT_FLAGS = {"exported_program": "pt2", "torchscript": "torchscript", "onnx": "onnx"}
+#: The default formats of the versions those options come from: they keep writing the files they wrote then.
+_LEGACY_DEFAULT_FORMATS = ("safetensors", "pt2", "torchscript")
 
 
 def export(args: list[str]) -> None:
@@ -133,7 +135,7 @@ def export(args: list[str]) -> None:
         allow_abbrev=False,
         prog="coretune export",
         description="Export a fine-tuned model: config.json plus model.safetensors, torch.export (model.pt2), "
-        "TorchScript and ONNX, as --format selects.",
+        "TorchScript, ONNX and a timm model folder (timm/), as --format selects.",
     )
     add_config_argument(parser)
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
@@ -164,7 +166,9 @@ def export(args: list[str]) -> None:
             raise ValueError(f"{given} and --format both given: {given} is deprecated, list the formats in --format")
         drop = {_LEGACY_EXPORT_FLAGS[flag] for flag, on in legacy.items() if not on}
         add = {_LEGACY_EXPORT_FLAGS[flag] for flag, on in legacy.items() if on}
-        formats = [name for name in EXPORT_FORMATS if name not in drop and (name in DEFAULT_FORMATS or name in add)]
+        formats = [
+            name for name in EXPORT_FORMATS if name not in drop and (name in _LEGACY_DEFAULT_FORMATS or name in add)
+        ]
         print(f"coretune export: warning: {given} is deprecated: use --format {','.join(formats)}", file=sys.stderr)
     for path in export_checkpoint(cfg.ckpt_path, cfg.output, formats=formats, config_files=config_files(args)):
         print(path)

@@ -1,7 +1,8 @@
 """Encoders (torchvision, timm, a small CNN), safe loading of self-supervised checkpoints into them, and DeepLab-V3
 for segmentation.
 
-- :mod:`~.encoder` — the ``Encoder`` a backbone is; :mod:`~.backbones` — the registry of backbones by name;
+- :mod:`~.encoder` — the ``Encoder`` a backbone is; :mod:`~.backbones` — the backbones by name (:mod:`~.registry`: the
+  names registered; :mod:`~.errors`: ``CheckpointError``);
 - :mod:`~.hubnames` — backbone and weights names as timm and the Hugging Face hub write them, downloads, old spellings;
 - :mod:`~.checkpoint_files` — reading checkpoint files safely, weights given by hub name;
 - :mod:`~.checkpoints` — layouts (registry, detection) and :func:`load_pretrained` with its report;

@@ -33,6 +33,7 @@ from .checkpoint_files import CheckpointError, hub_file
 from .checkpoints import load_pretrained
 from .encoder import TIMM_PREFIX, Encoder
 from .hubnames import HF_HUB_PREFIX, OLD_BACKBONE_PREFIX, current_backbone_name, is_timm_name
+from .registry import REGISTRY
 
 __all__ = [
     "TIMM_PREFIX",
@@ -44,7 +45,7 @@ __all__ = [
     "register_backbone",
 ]
 
-_REGISTRY: dict[str, Callable[..., Encoder]] = {}
+_REGISTRY: dict[str, Callable[..., Encoder]] = REGISTRY
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from .errors import CheckpointError
 from .hubnames import HF_HUB_PREFIX, OLD_WEIGHTS_PREFIX, downloads_allowed, hub_offline, is_timm_name, named_weights
 
 __all__ = [
@@ -43,10 +44,6 @@ __all__ = [
 _SAFE_GLOBALS = [argparse.Namespace]
 """Allow-listed for ``weights_only`` loading: DINO, timm and many trainers store their ``args`` Namespace,
 which only holds attributes and cannot run code."""
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not fit the encoder; the message names cause and fix."""
 
 
 class UnreadableCheckpointError(CheckpointError):

@@ -29,6 +29,9 @@ import os
 import sys
 from pathlib import Path
 
+from .errors import CheckpointError
+from .registry import REGISTRY
+
 __all__ = [
     "HF_HUB_PREFIX",
     "HUB_KEYWORD",
@@ -86,9 +89,7 @@ def _default_tag(model: str) -> str:
 def timm_backbone(model: str) -> str:
     """The backbone name that builds timm's model ``model`` (or an ``hf-hub:`` one): ``model`` itself, or
     ``model.<timm's default tag>`` where a coretune name shadows it (``resnet50`` → ``resnet50.a1_in1k``)."""
-    from .backbones import list_backbones
-
-    return _default_tag(model) if model in list_backbones() else model
+    return _default_tag(model) if model in REGISTRY else model
 
 
 def current_backbone_name(name: str, warn: bool = True) -> str:
@@ -127,11 +128,8 @@ def named_weights(weights: str | Path, backbone: str | None) -> str | Path:
     weights = current_weights_name(weights)
     if str(weights) != HUB_KEYWORD:
         return weights
-    from .backbones import list_backbones
-    from .checkpoint_files import CheckpointError
-
     name = current_backbone_name(backbone, warn=False) if backbone else None
-    if name is None or name in list_backbones():
+    if name is None or name in REGISTRY:
         what = f"the coretune backbone {name!r} (not a timm model)" if name else "no backbone"
         raise CheckpointError(
             f"--model.weights {HUB_KEYWORD} loads the weights the backbone's name names, and {what} names none: "

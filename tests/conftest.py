@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# no test downloads: a hub name missing from the Hugging Face cache is an error, as under HF_HUB_OFFLINE=1 (the
+# tests that download set --model.weights_options.download true with a fake hf_hub_download)
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 import subprocess
 import sys
 from collections.abc import Iterator

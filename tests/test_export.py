@@ -1,4 +1,4 @@
-"""`coretune export --format …`: the formats asked for (safetensors, pt2, TorchScript, ONNX) beside config.json,
+"""`coretune export --format …`: the formats asked for (safetensors, pt2, TorchScript, ONNX, timm) beside config.json,
 onnxruntime computing the PyTorch logits, the deprecated `--onnx`/`--torchscript`/`--exported_program` flags, and a
 segmentation model that every format runs at other sizes than its training crop."""
 
@@ -107,7 +107,7 @@ def test_every_format_takes_any_image_size(checkpoint: Path, tmp_path: Path) -> 
 def test_a_model_that_fixes_the_image_size_is_exported_at_its_training_size() -> None:
     """A graph that requires a size (a ViT's patch grid: multiples of 16) keeps the example's size and any batch
     size, where a CNN's takes any size."""
-    vit = create_backbone("timm/vit_tiny_patch16_224")
+    vit = create_backbone("vit_tiny_patch16_224")
     program, (dynamic,) = _classifier_program(
         ExportedClassifier(vit, torch.nn.Linear(vit.feature_dim, 2)).eval(), (torch.zeros(2, 3, 32, 32),), 32
     )
@@ -126,7 +126,7 @@ def test_a_model_that_fixes_the_image_size_is_exported_at_its_training_size() ->
 @pytest.mark.parametrize(
     ("options", "files"),
     [
-        ([], ALL[:3]),  # the default, as before --format
+        ([], ALL[:2]),  # the default: TorchScript (deprecated by PyTorch) only when asked for
         (["--format=pt2,safetensors"], ALL[:2]),
         (["--format", "[torchscript, onnx]"], ALL[2:]),
         (["--format+", "onnx", "--format+", "torchscript", "--format+", "onnx"], ALL[2:]),
@@ -171,10 +171,10 @@ def test_the_old_flags_keep_their_meaning_and_name_their_format(
     [
         (
             ["--format=tflite"],
-            "unknown export format 'tflite': choose one or more of safetensors, pt2, torchscript, onnx "
+            "unknown export format 'tflite': choose one or more of safetensors, pt2, torchscript, onnx, timm "
             "(--format onnx,pt2)",
         ),
-        (["--format=[]"], "--format names no format: choose one or more of safetensors, pt2, torchscript, onnx"),
+        (["--format=[]"], "--format names no format: choose one or more of safetensors, pt2, torchscript, onnx, timm"),
         (
             ["--format=onnx", "--format", "pt2"],
             "--format is given more than once: list the formats in one (--format onnx,pt2) or append with "
@@ -288,11 +288,11 @@ def test_load_exported_builds_the_backbone_with_its_constructor_options(tmp_path
     """A ViT fine-tuned with ``--model.backbone_args '{img_size: 32}'`` has 4 + 1 position embeddings, not 196 + 1:
     config.json records the options and the weights load into the model they built (the export's check reads
     model.safetensors back this way)."""
-    vit = create_backbone("timm/vit_tiny_patch16_224", verbose=False, img_size=32)
+    vit = create_backbone("vit_tiny_patch16_224", verbose=False, img_size=32)
     net = ExportedClassifier(vit, torch.nn.Linear(vit.feature_dim, 3)).eval()
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(tmp_path / "model.safetensors"))
     config = {
-        "format": EXPORT_FORMAT, "task": "classification", "backbone": "timm/vit_tiny_patch16_224",
+        "format": EXPORT_FORMAT, "task": "classification", "backbone": "vit_tiny_patch16_224",
         "backbone_args": {"img_size": 32}, "feature_dim": vit.feature_dim, "num_classes": 3,
     }  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -377,3 +377,66 @@ def test_segmentation_exports_run_at_any_size(segmentation_checkpoint: Path, tmp
                 torch.testing.assert_close(exported(images), expected, atol=1e-4, rtol=1e-4)
         (logits,) = session.run(None, {"images": images.numpy()})
         torch.testing.assert_close(torch.from_numpy(logits), expected, atol=1e-4, rtol=1e-4)
+
+
+# -- --format timm: back into timm (issue 63) -----------------------------------------------------------------
+def test_format_timm_is_a_model_timm_loads_with_the_checkpoints_logits(checkpoint: Path, tmp_path: Path) -> None:
+    """A torchvision ResNet-18 fine-tuned by coretune goes out as timm's resnet18 (the same tensors and names):
+    timm.create_model gives the checkpoint's logits, from the folder or by architecture with the file."""
+    import timm
+
+    out = tmp_path / "export"
+    assert export(checkpoint, out, "--format=timm") == ["config.json", "timm"]
+    assert sorted(p.name for p in (out / "timm").iterdir()) == ["config.json", "model.safetensors"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["formats"] == ["timm"] and config["check"]["max_abs_logit_difference"]["timm"] == 0.0
+    timm_config = json.loads((out / "timm" / "config.json").read_text())
+    assert (timm_config["architecture"], timm_config["num_classes"]) == ("resnet18", 3)
+    assert timm_config["label_names"] == config["class_names"]
+    pretrained = timm_config["pretrained_cfg"]
+    assert (pretrained["mean"], pretrained["std"]) == (config["mean"], config["std"])
+    assert pretrained["input_size"] == [3, 32, 32]
+    model = FineTuner.from_checkpoint(checkpoint).eval()
+    file = str(out / "timm" / "model.safetensors")
+    loaded = [
+        timm.create_model(f"local-dir:{out / 'timm'}", pretrained=True),
+        timm.create_model(
+            "resnet18", pretrained=True, num_classes=3, pretrained_cfg_overlay={"file": file, "num_classes": 3}
+        ),
+    ]
+    images = torch.randn(2, 3, 48, 40, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for net in loaded:
+            torch.testing.assert_close(net.eval()(images), model(images), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["resnet10t", "convnext_atto", "vit_tiny_patch16_224"])
+def test_a_timm_backbone_exports_as_its_own_timm_model(name: str, tmp_path: Path) -> None:
+    import timm
+
+    from coretune.apps.timm_export import load_timm_export, write_timm_export
+
+    torch.manual_seed(0)
+    encoder = create_backbone(name, verbose=False)
+    net = ExportedClassifier(encoder, torch.nn.Linear(encoder.feature_dim, 4)).eval()
+    write_timm_export(net, tmp_path, {"mean": [0.5] * 3, "std": [0.25] * 3, "class_names": list("abcd")}, 64)
+    assert json.loads((tmp_path / "config.json").read_text())["architecture"] == name
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        expected = net(images)
+        for model in (load_timm_export(tmp_path), timm.create_model(f"local-dir:{tmp_path}", pretrained=True)):
+            torch.testing.assert_close(model.eval()(images), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_format_timm_refuses_a_model_timm_has_none_of(tmp_path: Path) -> None:
+    from coretune.apps.timm_export import check_timm_exportable
+
+    cnn = create_backbone("small_cnn", verbose=False)
+    with pytest.raises(ValueError) as info:
+        check_timm_exportable(ExportedClassifier(cnn, torch.nn.Linear(cnn.feature_dim, 2)), dense=False)
+    assert str(info.value) == (
+        "--format timm needs a timm backbone or a torchvision ResNet without backbone_args, and backbone "
+        "'small_cnn' has no timm model: choose other formats (--format safetensors,pt2,onnx)"
+    )
+    with pytest.raises(ValueError, match=r"^--format timm writes a classifier as a timm model, .* is none: choose"):
+        check_timm_exportable(torch.nn.Identity(), dense=True)

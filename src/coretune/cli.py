@@ -129,6 +129,8 @@ def predict(args: list[str]) -> None:
 
 #: ``coretune export``'s options from before ``--format``: each adds (true) or drops (false) one format.
 _LEGACY_EXPORT_FLAGS = {"exported_program": "pt2", "torchscript": "torchscript", "onnx": "onnx"}
+#: The default formats of the versions those options come from: they keep writing the files they wrote then.
+_LEGACY_DEFAULT_FORMATS = ("safetensors", "pt2", "torchscript")
 
 
 def export(args: list[str]) -> None:
@@ -142,8 +144,8 @@ def export(args: list[str]) -> None:
         allow_abbrev=False,
         prog="coretune export",
         description="Export a fine-tuned model: config.json plus model.safetensors, torch.export (model.pt2), "
-        "TorchScript and ONNX, as --format selects. Each file is read back and checked against the checkpoint's "
-        "model, in float32, on --trainer.accelerator.",
+        "TorchScript, ONNX and a timm model folder (timm/), as --format selects. Each file is read back and checked "
+        "against the checkpoint's model, in float32, on --trainer.accelerator.",
     )
     add_config_argument(parser)
     parser.add_argument("--ckpt_path", type=str, required=True, help="A .ckpt written by coretune fit.")
@@ -174,7 +176,9 @@ def export(args: list[str]) -> None:
             raise ValueError(f"{given} and --format both given: {given} is deprecated, list the formats in --format")
         drop = {_LEGACY_EXPORT_FLAGS[flag] for flag, on in legacy.items() if not on}
         add = {_LEGACY_EXPORT_FLAGS[flag] for flag, on in legacy.items() if on}
-        formats = [name for name in EXPORT_FORMATS if name not in drop and (name in DEFAULT_FORMATS or name in add)]
+        formats = [
+            name for name in EXPORT_FORMATS if name not in drop and (name in _LEGACY_DEFAULT_FORMATS or name in add)
+        ]
         print(
             f"coretune export: {given} is deprecated and will be removed in the next release: use --format "
             f"{','.join(formats)}",
@@ -281,19 +285,21 @@ def _eval_parser() -> ArgumentParser:
 
 
 def _stored_backbone(weights: str, option: str) -> str:
-    """The backbone name a checkpoint records: MoCo/SimCLR ``arch``, or a coretune run's hyper-parameters; for
-    ``timm:<model>[.<tag>]`` weights, ``timm/<model>``."""
-    from .models import TIMM_PREFIX, load_checkpoint_file, resolve_weights
+    """The backbone name a checkpoint records: MoCo/SimCLR ``arch``, or a coretune run's hyper-parameters (old
+    spellings as now); for timm weights (``resnet50.a1_in1k``), that timm name; for ``hf-hub:ORG/REPO``, the same."""
+    from .models import current_backbone_name, is_weights_name, load_checkpoint_file, named_weights, resolve_weights
+    from .models.hubnames import timm_backbone
 
-    if weights.startswith("timm:"):
-        return TIMM_PREFIX + weights.removeprefix("timm:").partition(".")[0]
+    name = str(named_weights(weights, None))
+    if is_weights_name(name):
+        return timm_backbone(name)  # the timm model (or hub repository) the weights are of
     raw = load_checkpoint_file(resolve_weights(weights))
-    name = None
+    found = None
     if isinstance(raw, dict):
-        name = raw.get("arch") or raw.get("hyper_parameters", {}).get("backbone")
-    if not isinstance(name, str):
+        found = raw.get("arch") or raw.get("hyper_parameters", {}).get("backbone")
+    if not isinstance(found, str):
         raise ValueError(f"{option} {weights} does not record its backbone: pass --model.backbone (e.g. resnet50)")
-    return name
+    return current_backbone_name(found, warn=False)
 
 
 def evaluate(args: list[str]) -> None:
@@ -355,7 +361,7 @@ def evaluate(args: list[str]) -> None:
             "out of the training folder (a symlink into it counts)"
         )
     backbone = cfg.model.backbone or _stored_backbone(weights, option)
-    digest = weights_digest(weights)  # of the file read next (it may be re-made while this runs)
+    digest = weights_digest(weights, backbone)  # of the file read next (it may be re-made while this runs)
     torch.manual_seed(cfg.seed)  # a random initialisation is the same network on every call
     options = cfg.model.weights_options
     encoder = create_backbone(backbone, weights=weights, weights_format=options.format, allow_cast=options.allow_cast)

@@ -208,7 +208,7 @@ def test_test_predict_export_round_trip(fitted: tuple[Path, Path], tmp_path: Pat
     with pytest.raises(SystemExit, match=r"is a folder: coretune predict writes one file there; give its path$"):
         main(["predict", f"--ckpt_path={ckpt}", f"--input={files.paths[1]}", f"--output={tmp_path}"])  # before work
 
-    main(["export", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'export'}"])
+    main(["export", f"--ckpt_path={ckpt}", f"--output={tmp_path / 'export'}", "--format=safetensors,pt2,torchscript"])
     net, config = load_exported(tmp_path / "export")
     assert config["class_names"] == ["cat", "dog", "eel"] and config["image_size"] == 32
     with torch.no_grad():

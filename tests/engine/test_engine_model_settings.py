@@ -132,7 +132,7 @@ def test_the_grouped_settings_train_and_are_recorded_as_plain_values(run: Path) 
 def test_the_new_flags_parse_into_their_groups(tree: Path) -> None:
     config = resolved_fit_config(
         [f"--data.root={tree}", "--model.optim.optimizer=adam", "--model.optim.weight_decay=5e-4",
-         "--model.weights_options.allow_cast=true", "--model.weights=timm:resnet18", "--model.backbone=resnet18",
+         "--model.weights_options.allow_cast=true", "--model.weights=resnet18", "--model.backbone=resnet18",
          "--model.weights_options.download=true"]
     )["model"]  # fmt: skip
     optim = config["optim"]
@@ -169,7 +169,7 @@ def test_a_deprecated_flag_works_and_warns_once(name: str, tree: Path, capsys: p
         f"coretune fit: --model.{name} is deprecated and will be removed in the next release: use "
         f"--model.{group}.{new}\n"
     )
-    weights = ["--model.backbone=resnet18", "--model.weights=timm:resnet18"] if group == "weights_options" else []
+    weights = ["--model.backbone=resnet18", "--model.weights=resnet18"] if group == "weights_options" else []
     # the hub name is not in the cache: only a download lets resolved_fit_config pass it
     download = ["--model.weights_options.download=true"] if weights else []
     optimizer = ["--model.optim.optimizer=sgd"] if name in ("momentum", "nesterov") else []

@@ -82,8 +82,8 @@ def test_small_cnn_gives_256_features_and_has_batchnorm(size: int) -> None:
 
 
 def test_timm_resnet_by_name_and_stages_from_feature_info() -> None:
-    encoder = create_backbone("timm/resnet10t")
-    assert encoder.name == "timm/resnet10t" and encoder.is_timm
+    encoder = create_backbone("resnet10t")
+    assert encoder.name == "resnet10t" and encoder.is_timm and encoder.timm_model == ("resnet10t", {})
     assert encoder.feature_dim == 512 and encoder.classifier_names == ("fc",)
     assert encoder(torch.randn(2, 3, 32, 32)).shape == (2, 512)
     assert not any(k.startswith("fc.") for k in encoder.body.state_dict())
@@ -92,7 +92,7 @@ def test_timm_resnet_by_name_and_stages_from_feature_info() -> None:
 
 
 def test_timm_vit_tiny_at_32px_through_img_size() -> None:
-    encoder = create_backbone("timm/vit_tiny_patch16_224", img_size=32)
+    encoder = create_backbone("vit_tiny_patch16_224", img_size=32)
     assert encoder.feature_dim == 192 and encoder.classifier_names == ("head",)
     assert encoder(torch.randn(2, 3, 32, 32)).shape == (2, 192)
     assert encoder.body.pos_embed.shape == (1, 1 + (32 // 16) ** 2, 192)
@@ -100,7 +100,7 @@ def test_timm_vit_tiny_at_32px_through_img_size() -> None:
 
 
 def test_timm_vits_take_any_image_size_by_default() -> None:
-    encoder = create_backbone("timm/vit_tiny_patch16_224")  # dynamic_img_size: pos_embed stays 14×14
+    encoder = create_backbone("vit_tiny_patch16_224")  # dynamic_img_size: pos_embed stays 14×14
     assert encoder.body.pos_embed.shape == (1, 1 + 14 * 14, 192)
     for size in (32, 64, 224):
         assert encoder(torch.randn(1, 3, size, size)).shape == (1, 192)
@@ -109,10 +109,10 @@ def test_timm_vits_take_any_image_size_by_default() -> None:
 def test_backbone_args_reach_the_constructor_through_the_fine_tuner() -> None:
     from coretune.engine import FineTuner
 
-    model = FineTuner(backbone="timm/vit_tiny_patch16_224", backbone_args={"drop_path_rate": 0.1})
+    model = FineTuner(backbone="vit_tiny_patch16_224", backbone_args={"drop_path_rate": 0.1})
     assert model.backbone.body.blocks[-1].drop_path1.drop_prob == pytest.approx(0.1)
     with pytest.raises(ValueError, match=r"timm model 'resnet10t' does not accept options \['img_size'\]"):
-        FineTuner(backbone="timm/resnet10t", backbone_args={"img_size": 32})
+        FineTuner(backbone="resnet10t", backbone_args={"img_size": 32})
 
 
 def test_unknown_backbone_lists_names_and_the_timm_form() -> None:
@@ -120,15 +120,19 @@ def test_unknown_backbone_lists_names_and_the_timm_form() -> None:
         create_backbone("resnet19")
     message = str(info.value)
     assert all(name in message for name in list_backbones())
-    assert "'timm/<name>'" in message
+    assert "a timm model name (e.g. 'vit_small_patch16_224.dino', 'resnet50.a1_in1k'" in message
+    assert "'hf-hub:ORG/REPO'" in message and "\n" not in message
 
 
 def test_unknown_timm_model_suggests_similar_names() -> None:
-    with pytest.raises(ValueError, match=r"unknown timm model 'vit_tiny_patch16'.*vit_tiny_patch16_224"):
-        create_backbone("timm/vit_tiny_patch16")
+    similar = r"unknown backbone 'vit_tiny_patch16' \(similar timm models: vit_tiny_patch16_224"
+    with pytest.raises(ValueError, match=similar):
+        create_backbone("vit_tiny_patch16")
+    with pytest.raises(ValueError, match=r"^backbone 'resnet10t.nope': Invalid pretrained tag \(nope\) for resnet10t"):
+        create_backbone("resnet10t.nope")
 
 
-@pytest.mark.parametrize("name", ["resnet18", "timm/resnet10t"])
+@pytest.mark.parametrize("name", ["resnet18", "resnet10t"])
 def test_unsupported_option_is_one_clear_value_error(name: str) -> None:
     with pytest.raises(ValueError, match=r"does not accept options \['img_size'\]"):
         create_backbone(name, img_size=32)
@@ -146,5 +150,6 @@ def test_register_backbone_adds_a_factory_and_refuses_duplicates(monkeypatch: py
     assert encoder(torch.randn(2, 3, 4, 4)).shape == (2, 6) and encoder.stages() == []
     with pytest.raises(ValueError, match="already registered"):
         register_backbone("tiny_linear")(tiny_linear)
-    with pytest.raises(ValueError, match="reserved for timm"):
-        register_backbone("timm/mine")
+    for name in ("timm/mine", "hf-hub:me/mine"):
+        with pytest.raises(ValueError, match="are timm's"):
+            register_backbone(name)

@@ -335,7 +335,7 @@ CASES = {
             "state_dict_ema": {**decoy, "fc.weight": torch.randn(1000, 512), "fc.bias": torch.randn(1000)},
         },
         lambda n: 2,
-        "timm/resnet10t",
+        "resnet10t",
     ),
 }
 
@@ -584,11 +584,11 @@ def test_vit_position_embedding_is_resampled_to_the_models_grid(tmp_path: Path) 
     ``pos_embed`` is interpolated bicubically (as timm does), the class token's embedding is kept."""
     import torch.nn.functional as F
 
-    pretrained = create_backbone("timm/vit_tiny_patch16_224", img_size=224)
+    pretrained = create_backbone("vit_tiny_patch16_224", img_size=224)
     saved = randomised(pretrained, seed=1)
     path = tmp_path / "vit.pth"
     torch.save({"state_dict": saved}, path)
-    encoder = create_backbone("timm/vit_tiny_patch16_224", img_size=64)
+    encoder = create_backbone("vit_tiny_patch16_224", img_size=64)
 
     report = load_pretrained(encoder, path)
 
@@ -614,8 +614,8 @@ def test_the_normalisation_a_checkpoint_was_trained_with_is_reported(tmp_path: P
     fitted = {"state_dict": {}, "datamodule_hyper_parameters": {"mean": (0.5, 0.4, 0.3), "std": (0.2, 0.2, 0.2)}}
     assert normalization_of(fitted, tmp_path / "run.ckpt") == ((0.5, 0.4, 0.3), (0.2, 0.2, 0.2))  # a run's .ckpt
     assert normalization_of({"datamodule_hyper_parameters": {"root": "data"}}, tmp_path / "run.ckpt") is None
-    assert normalization_of({}, "timm:vit_tiny_patch16_224.augreg_in21k") == ((0.5,) * 3, (0.5,) * 3)
-    assert normalization_of({}, "timm:resnet18.a1_in1k") == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    assert normalization_of({}, "vit_tiny_patch16_224.augreg_in21k") == ((0.5,) * 3, (0.5,) * 3)
+    assert normalization_of({}, "resnet18.a1_in1k") == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
     from coretune.pretrain import SimCLR
 
     weights = tmp_path / "pretrained.pth.tar"
@@ -631,13 +631,13 @@ def test_a_lightning_checkpoint_of_a_convnext_keeps_its_head_norm(tmp_path: Path
     # timm's ConvNeXt without a classifier keeps head.norm (its final LayerNorm; head.fc is the classifier): the
     # lightning layout dropped every head.* key, and the load failed with "lacks 2 tensors … pass the matching
     # --model.backbone", which it was
-    source = create_backbone("timm/convnext_atto")
+    source = create_backbone("convnext_atto")
     state = randomised(source, 3)
     assert {"head.norm.weight", "head.norm.bias"} <= state.keys()
     checkpoint = {"pytorch-lightning_version": "2.6.0", "state_dict": {prefix + k: v for k, v in state.items()}}
     checkpoint["state_dict"][prefix + "head.fc.weight"] = torch.zeros(10, source.feature_dim)  # a classifier
     torch.save(checkpoint, tmp_path / "run.ckpt")
-    encoder = create_backbone("timm/convnext_atto")
+    encoder = create_backbone("convnext_atto")
     report = load_pretrained(encoder, tmp_path / "run.ckpt")
     assert report.layout == "lightning" and len(report.loaded) == report.total and not report.missing
     assert report.dropped == [prefix + "head.fc.weight"]

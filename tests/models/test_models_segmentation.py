@@ -97,7 +97,7 @@ def test_pretrained_weights_load_through_the_classification_loader_with_its_repo
     ("kwargs", "message"),
     [
         ({"backbone": "small_cnn"}, "DeepLab-V3 needs a ResNet backbone (resnet18, resnet34, "),
-        ({"backbone": "timm/resnet18"}, "got 'timm/resnet18': its last stages are dilated"),
+        ({"backbone": "resnet18.a1_in1k"}, "got 'resnet18.a1_in1k': its last stages are dilated"),
         ({"output_stride": 32}, "output_stride must be 16 or 8 for DeepLab-V3, got 32"),
         ({"num_classes": 1}, "segmentation needs at least 2 classes, got 1"),
     ],

@@ -1,7 +1,7 @@
 """Export a fine-tuned model as ``config.json`` plus the formats asked for — ``model.safetensors``, a
-``torch.export`` program, TorchScript, ONNX — and load it back: a classifier (images → class logits ``(B, K)``) or,
-for a segmentation checkpoint, the DeepLab-V3 model (images → per-pixel logits ``(B, K, H, W)`` at the input's
-size, any size in every format)."""
+``torch.export`` program, TorchScript, ONNX, a timm model folder (``timm/``: :mod:`~.timm_export`) — and load it back: a
+classifier (images → class logits ``(B, K)``) or, for a segmentation checkpoint, the DeepLab-V3 model (images →
+per-pixel logits ``(B, K, H, W)`` at the input's size, any size in every format)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from ..runs.config import check_config_task
 from ..runs.outputs import check_folder_output, trained_data_paths
 from ..tasks import DEFAULT_TASK, get_task
 from .devices import placement
+from .timm_export import TIMM_CONFIG, TIMM_WEIGHTS, check_timm_exportable, load_timm_export, write_timm_export
 
 __all__ = [
     "DEFAULT_FORMATS",
@@ -51,9 +52,10 @@ EXPORT_FORMATS: dict[str, str] = {
     "pt2": "model.pt2",
     "torchscript": "model.torchscript.pt",
     "onnx": "model.onnx",
+    "timm": TIMM_WEIGHTS,
 }
-#: What ``coretune export`` writes without ``--format``.
-DEFAULT_FORMATS: tuple[str, ...] = ("safetensors", "pt2", "torchscript")
+#: What ``coretune export`` writes without ``--format`` (TorchScript, deprecated by PyTorch, only when asked for).
+DEFAULT_FORMATS: tuple[str, ...] = ("safetensors", "pt2")
 #: How far a written file's logits may lie from the checkpoint's model's, relative to the largest logit (at least 1):
 #: float32 kernels of another runtime differ by ~1e-6 of it; a wrong graph or weights by far more.
 CHECK_TOLERANCE = 1e-3
@@ -148,7 +150,10 @@ def export_checkpoint(
     ``model.pt2`` is a ``torch.export`` program (load it with ``torch.export.load(path).module()``);
     ``model.torchscript.pt`` is traced with ``torch.jit``, which PyTorch has deprecated but many serving stacks
     still read; ``model.onnx`` (input ``images``, output ``logits``, weights in the one file) comes from
-    ``torch.onnx``'s ``torch.export``-based exporter and needs the ``onnx`` extra. Every format takes any batch
+    ``torch.onnx``'s ``torch.export``-based exporter and needs the ``onnx`` extra; ``timm/model.safetensors`` and
+    ``timm/config.json`` are the classifier as a timm model (:func:`~.timm_export.write_timm_export`: a timm
+    backbone or a torchvision ResNet; ``timm.create_model("local-dir:OUTPUT/timm", pretrained=True)``). Every format
+    takes any batch
     size and any height and width: a classifier when every format written is checked to compute its logits at
     batch 1 and at another size (a CNN's; a ViT's patch grid keeps the training image size), a segmentation
     model (a :class:`~coretune.models.DeepLabV3`; ``config.json`` records ``task`` and ``output_stride``)
@@ -189,6 +194,8 @@ def export_checkpoint(
         check_config_task(config_file, model.task.name, str(ckpt_path))
     dense = model.task.dense_logits
     net = model.task.export_network(model)
+    if "timm" in formats:
+        check_timm_exportable(net, dense)
     net.eval()
     net.to(memory_format=torch.contiguous_format)
     meta = model.checkpoint_info
@@ -251,7 +258,7 @@ def _write_formats(
     elif {"pt2", "onnx"} & set(formats):
         program, dynamic = _classifier_program(net, inputs, size)
         any_size = 2 in dynamic[0]
-    elif "safetensors" in formats:  # the model load_exported rebuilds
+    elif {"safetensors", "timm"} & set(formats):  # the model load_exported rebuilds, or timm's
         any_size = _computes_eager(net, net, size)
     if "pt2" in formats:
         written.append(EXPORT_FORMATS["pt2"])
@@ -266,6 +273,9 @@ def _write_formats(
         written.append(EXPORT_FORMATS["torchscript"])
         scripted.save(str(folder / written[-1]))
         del scripted
+    if "timm" in formats:
+        write_timm_export(reference, folder / Path(TIMM_WEIGHTS).parent, config, size)
+        written += [TIMM_WEIGHTS, TIMM_CONFIG]
     if "onnx" in formats:
         written.append(EXPORT_FORMATS["onnx"])
         with _size_oblivious() if not dense else contextlib.nullcontext():
@@ -389,6 +399,8 @@ def _load_written(
         with warnings.catch_warnings():  # the format asked for: not torch's deprecation notice
             warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", FutureWarning)
             return torch.jit.load(str(path), map_location=device)
+    if name == "timm":
+        return load_timm_export(path.parent)
     return _onnx_runner(path)
 
 
@@ -404,7 +416,7 @@ def _check_replaceable(output: Path) -> None:
     """Refuse an ``output`` folder holding another model's files (a ``config.json`` that is not a coretune export's,
     or model files without one, e.g. a Hugging Face model folder): an export replaces its ``config.json`` and model
     files."""
-    config, models = output / "config.json", [output / name for name in EXPORT_FORMATS.values()]
+    config, models = output / "config.json", [output / name for name in (*EXPORT_FORMATS.values(), TIMM_CONFIG)]
     if config.is_file():
         try:
             ours = json.loads(config.read_text()).get("format") == EXPORT_FORMAT
@@ -426,10 +438,11 @@ def _move_in(staging: Path, output: Path, names: Sequence[str]) -> None:
     ``config.json`` goes first, so an interrupted move leaves no folder :func:`load_exported` would read."""
     output.mkdir(exist_ok=True)
     (output / "config.json").unlink(missing_ok=True)
-    for name in EXPORT_FORMATS.values():
+    for name in (*EXPORT_FORMATS.values(), TIMM_CONFIG):
         if name not in names:
             (output / name).unlink(missing_ok=True)
     for name in names:
+        (output / name).parent.mkdir(exist_ok=True)  # timm/
         os.replace(staging / name, output / name)
 
 

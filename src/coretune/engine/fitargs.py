@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from .. import objectives
+from ..models import current_backbone_name, current_weights_name
 from ..runs.config import recorded_task
 from ..tasks import DEFAULT_TASK, TASKS, moved_task_settings
 from .loggers import expand_config_loggers, logger_args
@@ -204,6 +205,9 @@ def _translate_config(path: str) -> tuple[str, str | None, dict[str, Any]]:
         config["model"] = moved
         if flat := [key for key in model if key in MOVED_SETTINGS]:
             _warn_deprecated_config(path, flat)
+        for key, spell in (("backbone", current_backbone_name), ("weights", current_weights_name)):
+            if isinstance(model.get(key), str):
+                spell(model[key])  # an older spelling (timm/<model>, timm:<model>): one deprecation line
     spec = config.get("objective") if isinstance(config, dict) else None
     name = spec if isinstance(spec, str) else spec.get("class_path") if isinstance(spec, dict) else None
     text = yaml.safe_dump(config, sort_keys=False) if logged else path

@@ -22,7 +22,7 @@ import yaml
 from .. import objectives
 from ..arguments import one_line
 from ..data import TaskData, require_task_data
-from ..models import HUB_PREFIXES, resolve_weights
+from ..models import check_weights
 from ..robust.training import AdversarialTraining
 from ..runs.config import recorded_task
 from ..runs.layout import RunDir
@@ -308,5 +308,5 @@ def _check_local_paths(config: dict[str, Any]) -> None:
         task.data_class(**config["data"]).check_folders()
     model = config.get("model", {})
     download = (model.get("weights_options") or {}).get("download")
-    if (weights := model.get("weights")) and not (download and weights.startswith(HUB_PREFIXES)):
-        resolve_weights(weights)  # a file that exists, or a hub name in the local cache (no network)
+    if weights := model.get("weights"):  # a file that exists, or a hub name in the local cache or to download
+        check_weights(weights, download, model.get("backbone"))  # no network call

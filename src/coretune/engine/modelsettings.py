@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from ..models import WeightsOptions
+from ..models import WeightsOptions, current_backbone_name, current_weights_name
 from .optim import OptimSettings
 
 __all__ = ["GROUPS", "MOVED_SETTINGS", "deprecated_option_line", "grouped_model_settings", "moved_option"]
@@ -48,7 +48,8 @@ def grouped_model_settings(model: Mapping[str, Any]) -> dict[str, Any]:
     ``model`` entry) as coretune records them now: each flat setting of an older version (``lr: 0.01``,
     ``weights_format: auto``) moved into its group (``optim: {lr: 0.01}``), whose own entries win. A group takes the
     place of its first flat setting, so the other settings keep their order; settings already grouped pass as
-    they are."""
+    they are. An older spelling of the backbone's or the weights' name (``timm/resnet10t``, ``timm:resnet18.a1_in1k``)
+    is written as now (``resnet10t``, ``resnet18.a1_in1k``: :mod:`~coretune.models.hubnames`), silently."""
     grouped: dict[str, Any] = {}
     for key, value in model.items():
         if key in MOVED_SETTINGS:
@@ -60,4 +61,8 @@ def grouped_model_settings(model: Mapping[str, Any]) -> dict[str, Any]:
             grouped[key] = {**grouped[key], **value}  # its flat settings came first: the group's own win
         else:
             grouped[key] = dict(value) if key in GROUPS and isinstance(value, Mapping) else value
+    if isinstance(grouped.get("backbone"), str):
+        grouped["backbone"] = current_backbone_name(grouped["backbone"], warn=False)
+    if isinstance(grouped.get("weights"), str):
+        grouped["weights"] = str(current_weights_name(grouped["weights"], warn=False))
     return grouped

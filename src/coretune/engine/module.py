@@ -71,9 +71,10 @@ class FineTuner(L.LightningModule):
     Args:
         objective: the fine-tuning method (default: CE-tuning); built here once the number of classes is known.
         backbone: backbone name (``resnet18`` … ``resnet152``, ``resnext50_32x4d``, ``wide_resnet50_2``,
-            ``small_cnn``, or ``timm/<model>``).
+            ``small_cnn``, a timm model name such as ``resnet50.a1_in1k``, or ``hf-hub:<org>/<repo>``).
         weights: a local pre-trained checkpoint to load into the backbone (``None``: random initialisation), or a
-            name in the local Hugging Face cache: ``timm:<model>[.<tag>]`` or ``hf-hub:<org>/<repo>``.
+            hub name: ``<timm model>[.<tag>]``, ``hf-hub:<org>/<repo>``, or ``hub`` for the weights the backbone's
+            name names (:mod:`~coretune.models.hubnames`).
         weights_options: how ``weights`` are read (:class:`~coretune.models.WeightsOptions`: ``download`` a named
             one missing from the cache, the checkpoint's ``format``, ``allow_cast``; ``--model.weights_options.<x>``).
         backbone_args: options of the backbone's constructor, e.g. ``{drop_path_rate: 0.1}`` for a timm ViT
@@ -152,7 +153,7 @@ class FineTuner(L.LightningModule):
             **(backbone_args or {}),
         )
         # which file the backbone started from: a resume may then name the same file at another path
-        self.weights_sha256 = weights_digest(weights)
+        self.weights_sha256 = weights_digest(weights, backbone)
         self.adversarial = adversarial
         self.batch_transform: BatchTransform | None = None
         if adversarial is not None and adversarial.enable:

@@ -206,7 +206,7 @@ def _weights_digests(checkpoint: Any, current: Mapping[str, Any]) -> tuple[str, 
     if recorded is None or weights is None:
         return None
     try:
-        return recorded, weights_digest(weights)
+        return recorded, weights_digest(weights, _flat(current).get("model.backbone"))
     except (CheckpointError, OSError):  # no such file: the fit names it
         return recorded, None
 

@@ -1,7 +1,9 @@
 """Encoders (torchvision, timm, a small CNN), safe loading of self-supervised checkpoints into them, and DeepLab-V3
 for segmentation.
 
-- :mod:`~.encoder` — the ``Encoder`` a backbone is; :mod:`~.backbones` — the registry of backbones by name;
+- :mod:`~.encoder` — the ``Encoder`` a backbone is; :mod:`~.backbones` — the backbones by name (:mod:`~.registry`: the
+  names registered; :mod:`~.errors`: ``CheckpointError``);
+- :mod:`~.hubnames` — backbone and weights names as timm and the Hugging Face hub write them, downloads, old spellings;
 - :mod:`~.checkpoint_files` — reading checkpoint files safely, weights given by hub name;
 - :mod:`~.checkpoints` — layouts (registry, detection) and :func:`load_pretrained` with its report;
 - :mod:`~.layouts` — one file per checkpoint layout (how to add one: its docstring);
@@ -10,6 +12,7 @@ for segmentation.
 
 from . import layouts  # noqa: F401  (importing it registers the built-in checkpoint layouts)
 from .backbones import SmallCNN, WeightsOptions, create_backbone, list_backbones, register_backbone
+from .checkpoint_files import is_weights_name
 from .checkpoints import (
     HUB_PREFIXES,
     CheckpointError,
@@ -17,6 +20,7 @@ from .checkpoints import (
     Layout,
     LoadReport,
     UnreadableCheckpointError,
+    check_weights,
     extract_backbone_state,
     list_layouts,
     load_checkpoint_file,
@@ -27,6 +31,7 @@ from .checkpoints import (
     weights_digest,
 )
 from .encoder import TIMM_PREFIX, Encoder
+from .hubnames import HUB_KEYWORD, current_backbone_name, current_weights_name, downloads_allowed, named_weights
 from .segmentation import (
     ASPP_RATES_BY_OUTPUT_STRIDE,
     DeepLabV3,
@@ -39,6 +44,7 @@ from .segmentation import (
 
 __all__ = [
     "ASPP_RATES_BY_OUTPUT_STRIDE",
+    "HUB_KEYWORD",
     "HUB_PREFIXES",
     "TIMM_PREFIX",
     "CheckpointError",
@@ -50,16 +56,22 @@ __all__ = [
     "SmallCNN",
     "UnreadableCheckpointError",
     "WeightsOptions",
+    "check_weights",
     "create_backbone",
     "create_deeplabv3",
     "create_dilated_backbone",
+    "current_backbone_name",
+    "current_weights_name",
     "deeplab_head",
     "dilate_resnet",
+    "downloads_allowed",
     "extract_backbone_state",
+    "is_weights_name",
     "list_backbones",
     "list_layouts",
     "load_checkpoint_file",
     "load_pretrained",
+    "named_weights",
     "register_backbone",
     "register_layout",
     "require_checkpoint_file",

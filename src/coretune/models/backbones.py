@@ -6,13 +6,19 @@ network is kept as ``.body`` with its classifier removed, so its ``state_dict`` 
 torchvision's / timm's keys minus the classifier and pre-trained checkpoints load into it (see
 :mod:`coretune.models.checkpoints`).
 
-Nothing here downloads: torchvision models are built with ``weights=None`` and timm models with
-``pretrained=False``; pre-trained weights come from a local file passed as ``weights``, or a name found in the local
-Hugging Face cache (``timm:resnet18.a1_in1k``, ``hf-hub:ORG/REPO``), downloaded only with ``weights_download=True``.
+A name is a registered coretune name (torchvision's ResNets, ``small_cnn``: what they always meant), else a timm
+model name as ``timm.create_model`` takes it (``resnet10t``, ``resnet50.a1_in1k``, ``vit_small_patch16_224.dino``) or
+``hf-hub:ORG/REPO``; ``timm/<model>`` is the deprecated spelling (:mod:`~coretune.models.hubnames` has the rules).
+Models are built with ``weights=None`` / ``pretrained=False``, whatever the name's tag: pre-trained weights are loaded
+only when ``weights`` names them — a local file, a hub name (``resnet50.a1_in1k``, ``hf-hub:ORG/REPO``) or ``hub``
+(the backbone's own name) — from the local Hugging Face cache, or downloaded into it unless ``HF_HUB_OFFLINE=1`` or
+``weights_download=False``.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -23,8 +29,11 @@ import timm
 import torchvision
 from torch import Tensor, nn
 
+from .checkpoint_files import CheckpointError, hub_file
 from .checkpoints import load_pretrained
 from .encoder import TIMM_PREFIX, Encoder
+from .hubnames import HF_HUB_PREFIX, OLD_BACKBONE_PREFIX, current_backbone_name, is_timm_name
+from .registry import REGISTRY
 
 __all__ = [
     "TIMM_PREFIX",
@@ -36,7 +45,7 @@ __all__ = [
     "register_backbone",
 ]
 
-_REGISTRY: dict[str, Callable[..., Encoder]] = {}
+_REGISTRY: dict[str, Callable[..., Encoder]] = REGISTRY
 
 
 @dataclass(frozen=True)
@@ -45,14 +54,15 @@ class WeightsOptions:
     arguments of :func:`create_backbone` of the same meaning).
 
     Args:
-        download: download a named ``weights`` (``timm:<model>``, ``hf-hub:<org>/<repo>``) missing from the Hugging
-            Face cache (needs network; off by default, when nothing is ever downloaded).
+        download: whether a named ``weights`` (``resnet50.a1_in1k``, ``hf-hub:<org>/<repo>``, ``hub``) missing from the
+            Hugging Face cache is downloaded (needs network): None (default) as timm does, unless ``HF_HUB_OFFLINE=1``;
+            True or False overrides that.
         format: the checkpoint's layout (``auto`` detects it; :func:`~coretune.models.list_layouts` lists them).
         allow_cast: load weights whose floating-point tensors are stored as integers (or quantised), converted to
             floats; refused by default, since such weights are rarely the float values.
     """
 
-    download: bool = False
+    download: bool | None = None
     format: str = "auto"
     allow_cast: bool = False
 
@@ -71,8 +81,8 @@ _TORCHVISION_RESNETS = (
 
 def register_backbone(name: str) -> Callable[[Callable[..., Encoder]], Callable[..., Encoder]]:
     """Register ``factory(**kwargs) -> Encoder`` as ``name`` (a decorator, like timm's ``register_model``)."""
-    if name.startswith(TIMM_PREFIX):
-        raise ValueError(f"backbone names starting with {TIMM_PREFIX!r} are reserved for timm models")
+    if name.startswith((OLD_BACKBONE_PREFIX, HF_HUB_PREFIX)):
+        raise ValueError(f"backbone names starting with {name.partition(':')[0].partition('/')[0]!r} are timm's")
 
     def decorator(factory: Callable[..., Encoder]) -> Callable[..., Encoder]:
         if name in _REGISTRY:
@@ -84,7 +94,8 @@ def register_backbone(name: str) -> Callable[[Callable[..., Encoder]], Callable[
 
 
 def list_backbones() -> list[str]:
-    """Names accepted by :func:`create_backbone`, besides ``timm/<name>`` for any timm model."""
+    """Names registered with coretune; :func:`create_backbone` also takes any timm model's name and
+    ``hf-hub:ORG/REPO``."""
     return sorted(_REGISTRY)
 
 
@@ -97,35 +108,43 @@ def create_backbone(
     allow_missing: bool = False,
     allow_unexpected: bool = False,
     allow_cast: bool = False,
-    weights_download: bool = False,
+    weights_download: bool | None = None,
     **kwargs: Any,
 ) -> Encoder:
     """Build the encoder ``name`` (randomly initialised) and optionally load pre-trained ``weights``.
 
     Args:
-        name: a registered name (:func:`list_backbones`) or ``timm/<model>`` for any timm model.
-        weights: a local checkpoint (``.pth``/``.pth.tar``/``.ckpt``/``.safetensors``) to load into the body, or a
-            name in the local Hugging Face cache (``timm:<model>[.<tag>]``, ``hf-hub:<org>/<repo>``).
+        name: a registered name (:func:`list_backbones`), a timm model name (``resnet10t``, ``resnet50.a1_in1k``:
+            its tag picks timm's pretrained config, no weights) or ``hf-hub:ORG/REPO`` (``timm/<model>``: deprecated).
+        weights: a local checkpoint (``.pth``/``.pth.tar``/``.ckpt``/``.safetensors``) to load into the body (a file
+            that exists always wins), or a hub name: ``<timm model>[.<tag>]``, ``hf-hub:<org>/<repo>``, or ``hub`` for
+            the weights ``name`` names.
         weights_format: checkpoint layout (``"auto"`` detects it; see :func:`~coretune.models.list_layouts`).
         verbose: print the one-line load summary.
         allow_missing: accept a checkpoint that lacks backbone tensors (reported either way).
         allow_unexpected: accept a checkpoint with extra tensors (reported either way).
         allow_cast: accept integer or quantised tensors where the backbone has floats, converted (reported).
-        weights_download: download named ``weights`` missing from the Hugging Face cache (network); never by default.
+        weights_download: download named ``weights`` (and an ``hf-hub:`` backbone's ``config.json``) missing from the
+            Hugging Face cache (network): None follows ``HF_HUB_OFFLINE``, True / False override it.
         **kwargs: passed to the model constructor, e.g. ``img_size=32`` for a timm ViT.
     """
-    if name.startswith(TIMM_PREFIX):
-        encoder = _timm_encoder(name[len(TIMM_PREFIX) :], **kwargs)
-    elif name in _REGISTRY:
+    name = current_backbone_name(name)
+    if name in _REGISTRY:
         try:
             encoder = _REGISTRY[name](**kwargs)
         except TypeError as err:
             raise ValueError(f"backbone {name!r} does not accept options {sorted(kwargs)}: {err}") from err
+    elif name.startswith(HF_HUB_PREFIX):
+        encoder = _hub_encoder(name, weights_download, **kwargs)
+    elif is_timm_name(name):
+        encoder = _timm_encoder(name, name, **kwargs)
     else:
+        close = timm.list_models(f"*{name.partition('.')[0]}*")[:8] if name and "/" not in name else []
+        hint = f" (similar timm models: {', '.join(close)})" if close else ""
         raise ValueError(
-            f"unknown backbone {name!r}: choose one of {', '.join(list_backbones())}, "
-            f"or '{TIMM_PREFIX}<name>' for any timm model (e.g. '{TIMM_PREFIX}vit_tiny_patch16_224'; "
-            "timm.list_models() lists them)"
+            f"unknown backbone {name!r}{hint}: choose one of {', '.join(list_backbones())}, a timm model name "
+            "(e.g. 'vit_small_patch16_224.dino', 'resnet50.a1_in1k'; timm.list_models() lists them), or "
+            "'hf-hub:ORG/REPO'"
         )
     if weights is not None:
         report = load_pretrained(
@@ -147,32 +166,57 @@ def create_backbone(
     return encoder
 
 
-def _timm_encoder(model_name: str, **kwargs: Any) -> Encoder:
-    """Any timm model without its classifier (``num_classes=0`` keeps the pooling), never pre-trained.
+def _hub_encoder(name: str, download: bool | None, **kwargs: Any) -> Encoder:
+    """The timm model of hub repository ``name`` (``hf-hub:ORG/REPO``), built from its ``config.json`` (from the
+    local Hugging Face cache, or downloaded as ``download`` says), never pre-trained."""
+    repo_id = name[len(HF_HUB_PREFIX) :]
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):
+        raise ValueError(f"malformed backbone name {name!r}: write hf-hub:ORG/REPO (e.g. hf-hub:timm/resnet18.a1_in1k)")
+    config = hub_file(repo_id, None, ("config.json",), download, f"the config of backbone {name}")
+    assert config is not None  # fetch: a path or an error
+    try:
+        json.loads(config.read_text())["architecture"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{config} is no timm model config (config.json with an 'architecture'): {err}") from err
+    return _timm_encoder(f"local-dir:{config.parent}", name, **kwargs)
+
+
+def _timm_encoder(model_name: str, name: str, **kwargs: Any) -> Encoder:
+    """Any timm model without its classifier (``num_classes=0`` keeps the pooling), never pre-trained: the timm name
+    ``model_name`` (or ``local-dir:FOLDER`` of a hub model's config), called ``name``.
 
     Models with a fixed input size (ViTs: ``img_size``) are built with ``dynamic_img_size=True`` unless ``kwargs``
     set ``img_size`` or ``dynamic_img_size``: they then take any image size (the position embedding is
     interpolated at each forward), so a ViT pre-trained at 224 px fine-tunes at 64 px with its weights as they are.
     """
-    if not timm.is_model(model_name):
-        close = timm.list_models(f"*{model_name}*")[:8]
-        hint = f" (similar: {', '.join(close)})" if close else ""
-        raise ValueError(f"unknown timm model {model_name!r}{hint}: timm.list_models() lists the valid names")
-    body = None
-    if not {"img_size", "dynamic_img_size"} & set(kwargs):
-        try:
-            body = timm.create_model(model_name, pretrained=False, num_classes=0, dynamic_img_size=True, **kwargs)
-        except TypeError:
-            body = None  # a model without that option (CNNs take any size anyway)
-    if body is None:
-        try:
-            body = timm.create_model(model_name, pretrained=False, num_classes=0, **kwargs)
-        except TypeError as err:
-            raise ValueError(f"timm model {model_name!r} does not accept options {sorted(kwargs)}: {err}") from err
+    body, options = None, dict(kwargs)
+    try:
+        if not {"img_size", "dynamic_img_size"} & set(kwargs):
+            try:
+                options = {**kwargs, "dynamic_img_size": True}
+                body = timm.create_model(model_name, pretrained=False, num_classes=0, **options)
+            except TypeError:
+                body, options = None, dict(kwargs)  # a model without that option (CNNs take any size anyway)
+        if body is None:
+            try:
+                body = timm.create_model(model_name, pretrained=False, num_classes=0, **options)
+            except TypeError as err:
+                raise ValueError(f"timm model {name!r} does not accept options {sorted(kwargs)}: {err}") from err
+    except RuntimeError as err:  # "Invalid pretrained tag (x) for resnet18."
+        arch = name.partition(".")[0]
+        raise ValueError(f"backbone {name!r}: {err} timm.list_pretrained('{arch}.*') lists the valid tags") from err
     classifier = body.pretrained_cfg.get("classifier") or ()
     classifier_names = (classifier,) if isinstance(classifier, str) else tuple(classifier)
     stage_names = tuple(info["module"] for info in getattr(body, "feature_info", None) or ())
-    return Encoder(body, int(body.num_features), TIMM_PREFIX + model_name, classifier_names, stage_names)
+    return Encoder(
+        body,
+        int(body.num_features),
+        name,
+        classifier_names,
+        stage_names,
+        is_timm=True,
+        timm_model=(model_name, options),
+    )
 
 
 def _torchvision_resnet(arch: str, **kwargs: Any) -> Encoder:
@@ -180,7 +224,8 @@ def _torchvision_resnet(arch: str, **kwargs: Any) -> Encoder:
     body = getattr(torchvision.models, arch)(weights=None, **kwargs)
     feature_dim = body.fc.in_features
     body.fc = nn.Identity()
-    return Encoder(body, feature_dim, arch, ("fc",), ("layer1", "layer2", "layer3", "layer4"))
+    timm_model = (arch, {}) if not kwargs else None  # timm's model of that name: the same tensors and outputs
+    return Encoder(body, feature_dim, arch, ("fc",), ("layer1", "layer2", "layer3", "layer4"), timm_model=timm_model)
 
 
 for _arch in _TORCHVISION_RESNETS:

@@ -3,10 +3,12 @@
 Files are read with ``torch.load(weights_only=True)`` or safetensors (:func:`load_checkpoint_file`), so no code stored
 in a checkpoint ever runs. Every failure is a :class:`CheckpointError` whose message names the cause and the fix.
 
-Weights may also be named: ``timm:<model>[.<tag>]`` (the Hugging Face hub file timm's ``pretrained_cfg`` names) or
-``hf-hub:<org>/<repo>[@<revision>]``. :func:`resolve_weights` finds the file in the local Hugging Face cache
-(``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``) without any network call; it downloads
-only when asked to (``download=True``, ``--model.weights_options.download true``). The file is then read like any other.
+Weights may also be named (:mod:`~coretune.models.hubnames` has the rules): a timm name ``<model>[.<tag>]`` (the
+Hugging Face hub file timm's ``pretrained_cfg`` names), ``hf-hub:<org>/<repo>[@<revision>]``, or ``hub`` (the
+backbone's own name). :func:`resolve_weights` finds the file in the local Hugging Face cache (``HF_HUB_CACHE``, else
+``HF_HOME/hub``, else ``~/.cache/huggingface/hub``) without any network call; one missing from it is downloaded as timm
+would, unless ``HF_HUB_OFFLINE=1`` or ``download=False`` (``--model.weights_options.download false``). The file is
+then read like any other.
 """
 
 from __future__ import annotations
@@ -23,10 +25,16 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from .errors import CheckpointError
+from .hubnames import HF_HUB_PREFIX, OLD_WEIGHTS_PREFIX, downloads_allowed, hub_offline, is_timm_name, named_weights
+
 __all__ = [
     "HUB_PREFIXES",
     "CheckpointError",
     "UnreadableCheckpointError",
+    "check_weights",
+    "hub_file",
+    "is_weights_name",
     "load_checkpoint_file",
     "require_checkpoint_file",
     "resolve_weights",
@@ -36,10 +44,6 @@ __all__ = [
 _SAFE_GLOBALS = [argparse.Namespace]
 """Allow-listed for ``weights_only`` loading: DINO, timm and many trainers store their ``args`` Namespace,
 which only holds attributes and cannot run code."""
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not fit the encoder; the message names cause and fix."""
 
 
 class UnreadableCheckpointError(CheckpointError):
@@ -67,26 +71,35 @@ def require_checkpoint_file(path: str | Path) -> Path:
 
 
 HUB_PREFIXES = ("timm:", "hf-hub:")
-"""Prefixes of weights given by name (:func:`resolve_weights`) rather than as a file path."""
+"""Prefixes of weights given by name (``timm:`` deprecated; a timm name needs none: :func:`is_weights_name`)."""
+
+
+def is_weights_name(weights: str | Path) -> bool:
+    """Whether ``weights`` (new spelling, ``hub`` replaced: :func:`~.hubnames.named_weights`) is a hub name rather
+    than a file path: ``hf-hub:…``, or a timm model name that is no existing file."""
+    text = str(weights)
+    if text.startswith(HF_HUB_PREFIX):
+        return True
+    return not Path(text).exists() and is_timm_name(text)
 
 
 def _hub_files(weights: str) -> tuple[str, str | None, tuple[str, ...]]:
-    """``(repo_id, revision, file names to try)`` of a hub name, as timm resolves it (``timm:``: the model's
-    ``pretrained_cfg.hf_hub_id`` and ``hf_hub_filename``; else timm's ``model.safetensors``, then
+    """``(repo_id, revision, file names to try)`` of a hub name, as timm resolves it (a timm name: the model's
+    ``pretrained_cfg.hf_hub_id`` and ``hf_hub_filename``; ``hf-hub:``: timm's ``model.safetensors``, then
     ``pytorch_model.bin``). Raises :class:`CheckpointError` for a malformed name or a model without hub weights."""
     from timm.models import get_pretrained_cfg
     from timm.models._hub import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
 
     default_files = (HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME)
-    scheme, _, name = weights.partition(":")
-    if scheme == "hf-hub":
-        repo_id, _, revision = name.partition("@")
+    if weights.startswith(HF_HUB_PREFIX):
+        repo_id, _, revision = weights[len(HF_HUB_PREFIX) :].partition("@")
         if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id) or "@" in revision:
             raise CheckpointError(
                 f"malformed weights name {weights!r}: write hf-hub:ORG/REPO or hf-hub:ORG/REPO@REVISION "
                 "(e.g. hf-hub:timm/resnet18.a1_in1k), or give a file path"
             )
         return repo_id, revision or None, default_files
+    name = weights
     try:
         cfg = get_pretrained_cfg(name) if name else None
     except RuntimeError as err:  # timm: "Invalid pretrained tag (x) for resnet18."
@@ -96,8 +109,8 @@ def _hub_files(weights: str) -> tuple[str, str | None, tuple[str, ...]]:
         ) from err
     if cfg is None:
         raise CheckpointError(
-            f"malformed weights name {weights!r}: {name!r} is not a timm model; write timm:MODEL or timm:MODEL.TAG "
-            "(e.g. timm:resnet50.a1_in1k; timm.list_pretrained() lists them), or give a file path"
+            f"malformed weights name {weights!r}: {name!r} is not a timm model; write MODEL or MODEL.TAG "
+            "(e.g. resnet50.a1_in1k; timm.list_pretrained() lists them), or give a file path"
         )
     if not cfg.hf_hub_id:
         raise CheckpointError(
@@ -108,34 +121,72 @@ def _hub_files(weights: str) -> tuple[str, str | None, tuple[str, ...]]:
     return repo_id, revision or None, (cfg.hf_hub_filename,) if cfg.hf_hub_filename else default_files
 
 
-def resolve_weights(weights: str | Path, download: bool = False) -> Path:
+def resolve_weights(weights: str | Path, download: bool | None = None, backbone: str | None = None) -> Path:
     """The local file of ``weights``: a checkpoint path (checked to exist, like :func:`require_checkpoint_file`), or
-    a hub name (:data:`HUB_PREFIXES`) found in the local Hugging Face cache with no network call. Only with
-    ``download=True`` is a name missing from the cache fetched with ``huggingface_hub.hf_hub_download`` (network).
+    a hub name (:func:`is_weights_name`; ``hub``: the ``backbone``'s own, :func:`~.hubnames.named_weights`) found in
+    the local Hugging Face cache with no network call. A name missing from the cache is fetched with
+    ``huggingface_hub.hf_hub_download`` (network) when :func:`~.hubnames.downloads_allowed` (``download``: True,
+    False, or None to follow ``HF_HUB_OFFLINE``).
 
     Raises:
-        CheckpointError: a missing file, a malformed name, or a name missing from the cache (the message names the
-            cache folder searched and the fixes) or failing to download.
+        CheckpointError: a missing file, a malformed name, or a name missing from the cache that may not be
+            downloaded (the message names the cache folder searched and the fixes) or fails to download.
     """
-    if not str(weights).startswith(HUB_PREFIXES):
+    found = _locate(weights, download, backbone, fetch=True)
+    assert found is not None  # fetch=True: a path or an error
+    return found
+
+
+def check_weights(weights: str | Path, download: bool | None = None, backbone: str | None = None) -> None:
+    """Raise what :func:`resolve_weights` would raise without downloading: a missing file, a malformed name, or a name
+    missing from the cache that may not be downloaded (one that may is left to the download); no network call."""
+    _locate(weights, download, backbone, fetch=False)
+
+
+def _locate(weights: str | Path, download: bool | None, backbone: str | None, fetch: bool) -> Path | None:
+    old = str(weights).startswith(OLD_WEIGHTS_PREFIX) and not Path(weights).exists()  # a name, whatever follows
+    weights = named_weights(weights, backbone)
+    if not (old or is_weights_name(weights)):
         return require_checkpoint_file(weights)
+    repo_id, revision, files = _hub_files(str(weights))
+    return hub_file(repo_id, revision, files, download, f"weights {weights}", fetch=fetch)
+
+
+def hub_file(
+    repo_id: str, revision: str | None, files: tuple[str, ...], download: bool | None, what: str, fetch: bool = True
+) -> Path | None:
+    """The first of ``files`` in hub repository ``repo_id`` found in the local Hugging Face cache (no network call),
+    else downloaded when :func:`~.hubnames.downloads_allowed` and ``fetch`` (without ``fetch``: None). ``what`` names
+    the file in messages (``weights X``, ``backbone hf-hub:ORG/REPO's config``).
+
+    Raises:
+        CheckpointError: not in the cache and no download allowed, or the download fails (the message names the
+            cache folder and the fixes).
+    """
     from huggingface_hub import constants, hf_hub_download, try_to_load_from_cache
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
     from huggingface_hub.file_download import repo_folder_name
 
-    repo_id, revision, files = _hub_files(str(weights))
     for filename in files:  # the cache only: try_to_load_from_cache reads the folder, it never calls the network
         found = try_to_load_from_cache(repo_id, filename, revision=revision)
         if isinstance(found, str):
             return Path(found)
     folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
-    what = f"{repo_id}{'@' + revision if revision else ''} ({' or '.join(files)})"
-    if not download:
+    label = f"{what} ({repo_id}{'@' + revision if revision else ''} ({' or '.join(files)}))"
+    fill = f"download them into that cache (HF_HUB_CACHE) on a machine with network (e.g. hf download {repo_id})"
+    if download is False:
+        why, fix = "--model.weights_options.download false", "drop that option (needs network)"
+    elif download is None and hub_offline():
+        why, fix = "HF_HUB_OFFLINE=1", "unset HF_HUB_OFFLINE (needs network)"
+    else:
+        why = fix = ""
+    if why:
         raise CheckpointError(
-            f"weights {weights} ({what}) are not in the Hugging Face cache {folder}, and coretune does not download "
-            "by default: download them into that cache (HF_HUB_CACHE) on a machine with network (e.g. hf download "
-            f"{repo_id}), pass --model.weights_options.download true (needs network), or give a checkpoint file path"
+            f"{label} are not in the Hugging Face cache {folder}, and downloads are off ({why}): {fill}, {fix}, or "
+            "give a checkpoint file path"
         )
+    if not (downloads_allowed(download) and fetch):
+        return None
     for filename in files:
         try:
             return Path(hf_hub_download(repo_id, filename, revision=revision))
@@ -143,19 +194,20 @@ def resolve_weights(weights: str | Path, download: bool = False) -> Path:
             if isinstance(err, EntryNotFoundError) and not isinstance(err, LocalEntryNotFoundError):
                 continue  # the repository has the other weights file (LocalEntryNotFoundError: the hub unreachable)
             raise CheckpointError(
-                f"cannot download weights {weights} ({what}) into {folder}: {' '.join(str(err).split())}; check "
-                "the network and the name, or give a checkpoint file path"
+                f"cannot download {label} into {folder}: {' '.join(str(err).split())}; check the network and the "
+                "name, or give a checkpoint file path"
             ) from err
     raise CheckpointError(f"hub repository {repo_id} has none of {', '.join(files)}: give a checkpoint file path")
 
 
-def weights_digest(weights: str | Path | None) -> str | None:
-    """The SHA-256 (hex) of the file ``weights`` names (:func:`resolve_weights`, no download), or None for None: a
-    record of exactly which checkpoint a result came from, which a path alone is not once the file is re-made."""
+def weights_digest(weights: str | Path | None, backbone: str | None = None) -> str | None:
+    """The SHA-256 (hex) of the file ``weights`` names (:func:`resolve_weights`: a name is found in the cache or
+    downloaded as it says), or None for None: a record of exactly which checkpoint a result came from, which a path
+    alone is not once the file is re-made. ``backbone``: the one ``hub`` refers to."""
     if weights is None:
         return None
     digest = hashlib.sha256()
-    with resolve_weights(weights).open("rb") as f:
+    with resolve_weights(weights, backbone=backbone).open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

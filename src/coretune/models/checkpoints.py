@@ -7,7 +7,7 @@ knows one such convention and extracts the backbone state dict from the loaded o
 detects the layout (or takes the one forced by ``weights_format``), checks names and shapes against the encoder, and
 reports exactly what was loaded, missing, unexpected and dropped. The file is read by
 :mod:`~coretune.models.checkpoint_files` (safely: no code stored in a checkpoint ever runs), which also resolves
-weights given by name (``timm:…``, ``hf-hub:…``).
+weights given by name (a timm name, ``hf-hub:…``, ``hub``: :mod:`~coretune.models.hubnames`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,15 @@ from .checkpoint_files import (
     HUB_PREFIXES,
     CheckpointError,
     UnreadableCheckpointError,
+    check_weights,
+    is_weights_name,
     load_checkpoint_file,
     require_checkpoint_file,
     resolve_weights,
     weights_digest,
 )
 from .encoder import Encoder
+from .hubnames import HF_HUB_PREFIX, current_weights_name, named_weights
 
 __all__ = [
     "HUB_PREFIXES",
@@ -39,6 +42,7 @@ __all__ = [
     "LoadReport",
     "Normalization",
     "UnreadableCheckpointError",
+    "check_weights",
     "extract_backbone_state",
     "extract_prefixed",
     "list_layouts",
@@ -301,14 +305,14 @@ def normalization_of(raw: Any, weights: str | Path) -> Normalization | None:
     """The input normalisation checkpoint ``raw`` was trained with, when it says: its ``normalization`` entry
     (``{"mean": […], "std": […]}``, written by ``coretune pretrain``), the data module's ``mean`` and ``std`` a
     Lightning checkpoint of coretune saves (``datamodule_hyper_parameters``: a fine-tuned or pre-training run's
-    ``.ckpt``), or a timm name's pretrained config (``timm:vit_base_patch16_224.augreg_in21k`` was trained on inputs
-    scaled to [-1, 1], mean = std = 0.5)."""
+    ``.ckpt``), or a timm name's pretrained config (``vit_base_patch16_224.augreg_in21k`` was trained on inputs
+    scaled to [-1, 1], mean = std = 0.5; the old spelling ``timm:<name>`` too)."""
     for key in ("normalization", "datamodule_hyper_parameters"):
         entry = raw.get(key) if isinstance(raw, Mapping) else None
         if isinstance(entry, Mapping) and entry.get("mean") is not None and entry.get("std") is not None:
             return tuple(map(float, entry["mean"])), tuple(map(float, entry["std"]))
-    scheme, _, name = str(weights).partition(":")
-    if scheme == "timm" and name:
+    name = str(current_weights_name(weights, warn=False))
+    if is_weights_name(name) and not name.startswith(HF_HUB_PREFIX):
         from timm.models import get_pretrained_cfg
 
         cfg = get_pretrained_cfg(name)
@@ -325,12 +329,13 @@ def load_pretrained(
     allow_missing: bool = False,
     allow_unexpected: bool = False,
     allow_cast: bool = False,
-    download: bool = False,
+    download: bool | None = None,
 ) -> LoadReport:
     """Load the backbone tensors of checkpoint ``path`` into ``encoder.body`` and report what happened.
 
-    ``path`` may be a hub name (``timm:resnet18.a1_in1k``, ``hf-hub:ORG/REPO``): :func:`resolve_weights` finds its
-    file in the local Hugging Face cache (and downloads it only with ``download=True``).
+    ``path`` may be a hub name (``resnet18.a1_in1k``, ``hf-hub:ORG/REPO``, ``hub``: the name of ``encoder``):
+    :func:`resolve_weights` finds its file in the local Hugging Face cache, or downloads it as ``download`` says (None:
+    unless ``HF_HUB_OFFLINE=1``).
 
     Names, shapes and dtypes are checked first; only then is ``load_state_dict(strict=False)`` called with the
     matched tensors (BN running statistics included). Floating-point tensors of another precision (fp16, bf16)
@@ -341,7 +346,8 @@ def load_pretrained(
             (wrong architecture), the checkpoint lacks backbone tensors (unless ``allow_missing``), has extra ones
             (unless ``allow_unexpected``) or stores floating-point weights as integers (unless ``allow_cast``).
     """
-    path_or_name, path = path, resolve_weights(path, download)
+    path_or_name = named_weights(path, encoder.name)
+    path = resolve_weights(path, download, encoder.name)
     raw = load_checkpoint_file(path)
     layout, extraction = extract_backbone_state(raw, encoder, weights_format, path)
     model_state = encoder.body.state_dict()

@@ -7,12 +7,15 @@ each other both ways.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 __all__ = ["TIMM_PREFIX", "Encoder"]
 
 TIMM_PREFIX = "timm/"
-"""Names of the form ``timm/<model>`` build any timm model, e.g. ``timm/deit_small_patch16_224``."""
+"""Deprecated: names of the form ``timm/<model>`` build a timm model; write the timm name as it is
+(``deit_small_patch16_224``, ``resnet50.a1_in1k``: :mod:`~coretune.models.hubnames`)."""
 
 
 class Encoder(nn.Module):
@@ -22,10 +25,15 @@ class Encoder(nn.Module):
         body: the wrapped torchvision / timm / coretune network with its classifier removed; its
             ``state_dict`` keys are the library's own keys, so checkpoints load into it.
         feature_dim: width ``d`` of the pooled features.
-        name: the name the encoder was created with (``resnet18``, ``timm/vit_tiny_patch16_224`` …).
+        name: the name the encoder was created with, as written now (``resnet18``, ``vit_tiny_patch16_224``,
+            ``resnet50.a1_in1k``, ``hf-hub:ORG/REPO`` …).
         classifier_names: names of the classifier module(s) that were removed from ``body`` (``("fc",)`` for
             ResNets); checkpoint tensors under these names are dropped when loading.
         stage_names: qualified names (in ``body``) of the intermediate stages returned by :meth:`stages`.
+        is_timm: whether ``body`` is a timm model (checkpoint layouts differ between libraries).
+        timm_model: ``(name, kwargs)`` such that ``timm.create_model(name, num_classes=K, **kwargs)`` is ``body``
+            with a classifier, the same tensors under the same names (``coretune export --format timm``); None for
+            a body timm has no model of.
     """
 
     def __init__(
@@ -35,6 +43,9 @@ class Encoder(nn.Module):
         name: str,
         classifier_names: tuple[str, ...] = (),
         stage_names: tuple[str, ...] = (),
+        *,
+        is_timm: bool = False,
+        timm_model: tuple[str, dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         self.body = body
@@ -42,12 +53,9 @@ class Encoder(nn.Module):
         self.name = name
         self.classifier_names = classifier_names
         self.stage_names = stage_names
+        self.is_timm = is_timm
+        self.timm_model = timm_model
         self.pretrained_normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None  # see load_pretrained
-
-    @property
-    def is_timm(self) -> bool:
-        """Whether ``body`` is a timm model (checkpoint layouts differ between libraries)."""
-        return self.name.startswith(TIMM_PREFIX)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.body(x)

@@ -145,3 +145,22 @@ def test_a_config_whose_data_is_another_commands_is_refused(
     assert capsys.readouterr().err.splitlines() == [
         "coretune test: error: Group 'data' does not accept option 'jitter_p' (coretune test --help lists the options)"
     ]
+
+
+def test_no_module_shadows_a_name_its_package_exports() -> None:
+    """A submodule named as a function its package imports from another module (``coretune.sweeps.compare`` beside
+    the stats function ``compare``) replaces that function on the package once anything imports the submodule:
+    ``from coretune.sweeps import compare`` then gave a module, depending on the order the tests ran in."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "src" / "coretune"
+    clashes = []
+    for init in root.rglob("__init__.py"):
+        modules = {p.stem for p in init.parent.glob("*.py")} | {p.name for p in init.parent.iterdir() if p.is_dir()}
+        for node in ast.walk(ast.parse(init.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                for alias in node.names:
+                    bound = alias.asname or alias.name
+                    if bound in modules and node.module != bound and (node.module or "") != "":
+                        clashes.append(f"{init.parent.name}.{bound} (imported from .{node.module})")
+    assert clashes == []

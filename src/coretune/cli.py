@@ -412,7 +412,7 @@ def tune(args: list[str]) -> None:
 
 
 def compare(args: list[str]) -> None:
-    from .sweeps.compare import main as compare_main
+    from .sweeps.comparison import main as compare_main
 
     compare_main(args)
 

@@ -11,7 +11,7 @@ import pytest
 
 from coretune.cli import main
 from coretune.sweeps import final_val_top1
-from coretune.sweeps.compare import CompareSettings, comparison_spec, split_args
+from coretune.sweeps.comparison import CompareSettings, comparison_spec, split_args
 from fit_flags import TINY_FIT, error
 
 #: A comparison of 2 methods × 2 seeds, 1 epoch each, on half of a 3 × 12-image training set (18 validation
@@ -96,7 +96,7 @@ def test_compare_refuses_settings_it_cannot_compare_with(
 
 
 def test_the_budget_shares_its_epochs_among_the_runs(image_tree: Path, tmp_path: Path) -> None:
-    from coretune.sweeps.compare import _epochs
+    from coretune.sweeps.comparison import _epochs
 
     settings = CompareSettings(methods=("ce", "core"), seeds=3, budget=40, output=tmp_path)
     assert _epochs(settings, {"trainer": {"check_val_every_n_epoch": 1}}) == 6  # 40 // 6 runs

@@ -8,7 +8,7 @@ t-tests), :mod:`.report` (the tables and summary files), :mod:`.plots`, :mod:`.s
 :mod:`.export` (``--export``), and the three commands: :mod:`.bench`, :mod:`.tune` (an Optuna study of an
 objective's hyper-parameters, Core-tuning's η and α) with :mod:`.space` (the search space an objective declares),
 :mod:`.study` (the study's storage, resumed trials and settings) and :mod:`.trialargs` (the checks of the trials'
-fit arguments), and :mod:`.compare` (which method to use on your data, chosen on a validation split) with
+fit arguments), and :mod:`.comparison` (which method to use on your data, chosen on a validation split) with
 :mod:`.choice` (its paired table, its recommendation and the rule on the validation split's size).
 """
 

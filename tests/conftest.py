@@ -7,6 +7,10 @@ import os
 # no test downloads: a hub name missing from the Hugging Face cache is an error, as under HF_HUB_OFFLINE=1 (the
 # tests that download set --model.weights_options.download true with a fake hf_hub_download)
 os.environ["HF_HUB_OFFLINE"] = "1"
+# under pytest-xdist (make test) the worker processes share the cores: one torch thread each, and in the processes
+# the tests start, as two threads per worker on 2 cores spent a third of the suite's time waiting on each other
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 import subprocess
 import sys
@@ -14,6 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 from image_trees import make_image_tree
 from segmentation_sets import make_voc_set

@@ -115,3 +115,28 @@ def test_a_checkpoint_without_data_settings_predicts_with_a_warning(segmenter: P
                       r"ImageNet's normalisation, which may not be what the model was trained on$"):  # fmt: skip
         main(["predict", f"--ckpt_path={bare}", f"--input={images}", f"--output={tmp_path / 'masks'}"])
     assert (tmp_path / "masks" / "a.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("device", "given", "expected"),
+    [
+        ("cpu", "auto", {"num_workers": 0, "pin_memory": False}),  # as before on the CPU: the main process loads
+        ("cuda", "auto", {"num_workers": 6, "pin_memory": True}),  # a worker per core (6 here), up to 8, pinned
+        ("cuda", 2, {"num_workers": 2, "pin_memory": True}),  # an explicit count wins
+    ],
+)
+def test_predict_loads_as_the_data_modules_do_for_its_device(
+    device: str, given: object, expected: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from coretune.apps.devices import Placement
+    from coretune.apps.predict import _loader_options
+
+    monkeypatch.setattr("coretune.data.loading.cpu_cores", lambda: 6)
+    assert _loader_options(given, Placement(torch.device(device))) == expected  # type: ignore[arg-type]
+
+
+def test_a_negative_worker_count_is_refused_in_one_line(segmenter: Path, tmp_path: Path) -> None:
+    args = ["predict", f"--ckpt_path={segmenter}", f"--input={tmp_path}", "--data.num_workers=-1"]
+    assert error(args) == "--data.num_workers must be >= 0 or auto (got -1)"  # before the checkpoint is read

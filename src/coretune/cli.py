@@ -58,6 +58,7 @@ def validate(args: list[str]) -> None:
 def _predict_parser() -> ArgumentParser:
     from .apps.devices import add_trainer_arguments
     from .data.datasets import OnBadImage
+    from .data.loading import NumWorkers
     from .runs.config import add_config_argument
 
     parser = ArgumentParser(
@@ -91,7 +92,12 @@ def _predict_parser() -> ArgumentParser:
         help="Default: the training image size (segmentation: each image at its own size).",
     )
     parser.add_argument("--data.batch_size", type=int, default=64, help="Images predicted at a time, on the device.")
-    parser.add_argument("--data.num_workers", type=int, default=0)
+    parser.add_argument(
+        "--data.num_workers",
+        type=NumWorkers,
+        default="auto",
+        help="Loader processes: auto is none on the CPU, a worker per CPU core (up to 8) with pinned memory on CUDA.",
+    )
     parser.add_argument(
         "--data.on_bad_image",
         type=OnBadImage,

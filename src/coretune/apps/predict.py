@@ -20,6 +20,7 @@ from torchvision.transforms import v2
 
 from ..data import IMAGENET_MEAN, IMAGENET_STD, ImageFileDataset
 from ..data.datasets import OnBadImage
+from ..data.loading import NumWorkers, is_auto, resolve_loading
 from ..data.samplers import same_size_batches
 from ..engine import FineTuner, atomic_write
 from ..models import CheckpointError
@@ -43,7 +44,7 @@ def predict_folder(
     output: str | Path | None = None,
     image_size: int | None = None,
     batch_size: int = 64,
-    num_workers: int = 0,
+    num_workers: NumWorkers = "auto",
     on_bad_image: OnBadImage = "error",
     overlay: bool = False,
     config_files: Sequence[str] = (),
@@ -59,7 +60,9 @@ def predict_folder(
     ``--config`` files the options came from, refused when they record another task than the checkpoint's.
     ``accelerator``, ``devices`` and ``precision`` (``--trainer.*``, :func:`~coretune.apps.devices.placement`): where
     the images are predicted, a batch at a time (``auto``: CUDA if available, else the CPU), and at what precision
-    (``bf16-mixed`` and ``16-mixed`` under autocast).
+    (``bf16-mixed`` and ``16-mixed`` under autocast). ``num_workers``: loader processes; ``auto`` as the data
+    modules choose (:func:`~coretune.data.loading.resolve_loading`: on CUDA a worker per core up to 8, pinned memory;
+    on the CPU none).
 
     The image size and normalisation default to those the model was fine-tuned with (stored in the checkpoint).
     The CSV is written to a temporary file that replaces ``output`` only once every image is predicted: an error
@@ -72,6 +75,8 @@ def predict_folder(
         ValueError: a ``config_files`` entry is another task's, or an option does not apply to the task (or the
             device or precision is not one this machine runs).
     """
+    if not is_auto(num_workers) and (not isinstance(num_workers, int) or num_workers < 0):
+        raise ValueError(f"--data.num_workers must be >= 0 or auto (got {num_workers!r})")
     place = placement(accelerator, devices, precision, command="predict")
     reads = [("the checkpoint", ckpt_path), *(("a --config file", path) for path in config_files)]
     trained = trained_data_paths(ckpt_path)
@@ -95,7 +100,7 @@ def predict_folder(
     mean, std = tuple(data.get("mean", IMAGENET_MEAN)), tuple(data.get("std", IMAGENET_STD))
     transform, draft = model.task.image_transform(size, mean, std)  # as the task's test split reads images
     dataset = ImageFileDataset(str(folder), transform, draft_size=draft, on_bad_image=on_bad_image)
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+    loader = DataLoader(dataset, batch_size=batch_size, **_loader_options(num_workers, place))
     names = model.class_names
     with atomic_write(output, newline="") as f, torch.inference_mode():
         writer = csv.writer(f)
@@ -203,12 +208,19 @@ def _check_mask_names(paths: Sequence[str], base: str | Path, output: Path, over
                 )
 
 
+def _loader_options(num_workers: NumWorkers, place: Placement | None) -> dict[str, Any]:
+    """The ``DataLoader`` options of one pass over the images: ``auto`` resolved for the device the images go to."""
+    cuda = place is not None and place.device.type == "cuda"
+    loading = resolve_loading(num_workers, "auto", cuda=cuda)
+    return {"num_workers": loading.num_workers, "pin_memory": loading.pin_memory}
+
+
 def predict_masks(
     model: FineTuner,
     ckpt_path: str | Path,
     folder: str | Path,
     output: Path,
-    num_workers: int = 0,
+    num_workers: NumWorkers = "auto",
     on_bad_image: OnBadImage = "error",
     overlay: bool = False,
     batch_size: int = 64,
@@ -228,7 +240,8 @@ def predict_masks(
     dataset = ImageFileDataset(str(folder), transform, on_bad_image=on_bad_image, orient=False)
     base = folder if os.path.isdir(folder) else os.path.dirname(os.path.abspath(folder))  # one image: its folder
     _check_mask_names(dataset.paths, base, output, overlay)
-    loader = DataLoader(dataset, batch_sampler=same_size_batches(dataset.paths, batch_size), num_workers=num_workers)
+    batches = same_size_batches(dataset.paths, batch_size)
+    loader = DataLoader(dataset, batch_sampler=batches, **_loader_options(num_workers, place))
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:

@@ -9,18 +9,16 @@ CONSTRAINTS := constraints.txt
 .PHONY: demo test test-fast lint docs venv clean
 
 # make test's environment: every extra (dev brings demo, bench, tune, onnx, robust) and the docs' and loggers' packages.
-# --no-compile: Python compiles the modules it imports when it imports them; compiling every installed file up front
-# took 47 of the 115 s of a fresh install here.
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --no-compile -c $(CONSTRAINTS) -e '.[dev,docs,mlflow,tensorboard,wandb]'
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,docs,mlflow,tensorboard,wandb]'
 	@command -v g++ >/dev/null || echo "note: no C++ compiler (g++): torch.compile (--model.compile) falls back to eager on CPU and its tests are skipped; install g++ (apt-get install g++) to run them"
 	touch $@
 
 # make demo's: the core and the demo extra only (scikit-learn's digits), unless make test's is already there.
 $(VENV)/.demo-installed: pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	test -f $(VENV)/.installed || $(PIP) install -q --no-compile -c $(CONSTRAINTS) -e '.[demo]'
+	test -f $(VENV)/.installed || $(PIP) install -q -c $(CONSTRAINTS) -e '.[demo]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -15,10 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, get_args
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from .datasets import OnBadImage
+from .device_augment import AugmentOn, DeviceAugment
 from .errors import DataError
 from .loading import LoaderSettings, NumWorkers, PinMemory, hardware_of_trainer, is_auto, resolve_loading
 from .samplers import eval_loader
@@ -59,6 +61,7 @@ SHARED_CHECKS: dict[str, OptionCheck] = {
     "batch_size": rule("batch_size", lambda v: v >= 1, ">= 1"),
     "eval_batch_size": rule("eval_batch_size", lambda v: v is None or v >= 1, ">= 1 (or unset to use batch_size)"),
     "num_workers": rule("num_workers", lambda v: is_auto(v) or v >= 0, ">= 0 or auto"),
+    "augment_on": rule("augment_on", lambda v: v in get_args(AugmentOn), "'loader' or 'device'", quote=True),
     "crop_scale": rule(
         "crop_scale", lambda v: len(v) == 2 and 0 < v[0] <= v[1] <= 1, "(low, high) with 0 < low <= high <= 1"
     ),
@@ -111,6 +114,10 @@ class ImageDataModule(TaskDataDefaults, L.LightningDataModule):
         on_bad_image: Unreadable image files: "error" stops at the first with its path; "skip" decodes every
             file at setup, leaves the bad ones out and warns once.
         pin_memory: Pin batches in page-locked memory (speeds host-to-GPU copies); auto: on CUDA only.
+        augment_on: Where training augmentation runs: "loader" (per image, in the loader workers) or "device"
+            (the loader decodes to fixed uint8 squares of image_size·256/224 px; the random crop, flip, jitter …
+            run on the batch on the model's device: for GPUs whose loader workers cannot keep up; see
+            docs/usage.md).
     """
 
     #: The checks of the options (a check, or the name of a shared one), in the order their problems are named
@@ -137,6 +144,7 @@ class ImageDataModule(TaskDataDefaults, L.LightningDataModule):
         hflip: bool,
         on_bad_image: OnBadImage,
         pin_memory: PinMemory,
+        augment_on: AugmentOn = "loader",
         **task_options: Any,
     ) -> None:
         """Check every option (``task_options``: the subclass's own, checked only) and keep the shared ones."""
@@ -148,7 +156,9 @@ class ImageDataModule(TaskDataDefaults, L.LightningDataModule):
         self.eval_batch_size = eval_batch_size or batch_size
         self.label_fraction, self.seed = label_fraction, seed
         self.mean, self.std, self.hflip = tuple(mean), tuple(std), hflip
-        self.on_bad_image, self.pin_memory = on_bad_image, pin_memory
+        self.on_bad_image, self.pin_memory, self.augment_on = on_bad_image, pin_memory, augment_on
+        #: The training batches' augmentation on the device (set by a subclass for ``augment_on="device"``).
+        self.device_augment: DeviceAugment | None = None
         self.validates_on_test, self.train_views = False, 1
         self.train_dataset: Any = None
         self.val_dataset: Any = None
@@ -212,6 +222,28 @@ class ImageDataModule(TaskDataDefaults, L.LightningDataModule):
 
     def _loader_options(self) -> dict[str, Any]:
         return self.loader_settings().options()
+
+    # -- augmentation on the device -----------------------------------------------------------------------
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """With :attr:`device_augment`, a training batch ``(images uint8, labels, …, item seeds)`` on the device →
+        ``(images, labels, …)`` as the loader path's (``train_views`` > 1: ``((view_1, view_2, …), labels, …)``),
+        augmented by :class:`~coretune.data.device_augment.DeviceAugment`. Every other batch (evaluation's float
+        images, the loader path's) passes unchanged."""
+        if not self.is_device_batch(batch):
+            return batch
+        images, *rest, seeds = batch
+        assert self.device_augment is not None
+        views = self.device_augment(images, seeds, self.train_views)
+        return [views[0] if self.train_views == 1 else list(views), *rest]
+
+    def is_device_batch(self, batch: Any) -> bool:
+        """Whether ``batch`` is a training batch awaiting augmentation on the device (uint8 images first)."""
+        return (
+            self.device_augment is not None
+            and isinstance(batch, list | tuple)
+            and len(batch) >= 3
+            and getattr(batch[0], "dtype", None) == torch.uint8
+        )
 
 
 def option_docs(doc: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from .base import ImageDataModule, label_fraction_rule, rule, val_fraction_rule
 from .datasets import ImageFileDataset, LabeledImageDataset, OnBadImage, check_cifar_root, load_cifar
+from .device_augment import AugmentOn, DeviceAugment, fixed_size_transform
 from .errors import DataError
 from .images import require_folder, warn_skipped
 from .loading import NumWorkers, PinMemory
@@ -48,7 +49,9 @@ class ImageClassificationData(ImageDataModule):
     Loaders: training shuffles in an order fixed by ``(seed, epoch)`` and augments each image with draws fixed
     by ``(seed, epoch, index)`` (the same batches every run, resumed or not); it drops the last incomplete
     batch when the training set is larger than one batch, since contrastive terms over a tiny trailing batch
-    have almost no pairs; evaluation loaders keep every image, in file order.
+    have almost no pairs; evaluation loaders keep every image, in file order. With ``augment_on="device"`` the
+    training loader's items are fixed uint8 squares with their item seeds, augmented on the device
+    (:mod:`coretune.data.device_augment`).
 
     ``train_views`` (default 1) is how many independently augmented views of each training image a batch
     holds: with 2 a batch is ``((view_1, view_2), labels)``. The fine-tuning engine sets it from the objective
@@ -94,7 +97,7 @@ class ImageClassificationData(ImageDataModule):
         "on_bad_image", "image_size", "batch_size", "eval_batch_size", "num_workers", label_fraction_rule("label"),
         val_fraction_rule("the val/ or test/ folder"),
         rule("rotation", lambda v: 0 <= v <= 180, "in [0, 180] degrees (0: none)"),
-        "crop_scale",
+        "crop_scale", "augment_on",
     )  # fmt: skip
 
     def __init__(
@@ -119,6 +122,7 @@ class ImageClassificationData(ImageDataModule):
         on_bad_image: OnBadImage = "error",
         pin_memory: PinMemory = "auto",
         cache_images: bool = False,
+        augment_on: AugmentOn = "loader",
     ) -> None:
         super().__init__(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self.save_hyperparameters()
@@ -128,6 +132,8 @@ class ImageClassificationData(ImageDataModule):
         self.crop_scale = (float(crop_scale[0]), float(crop_scale[1]))
         self.train_transform = train_transform(image_size, self.mean, self.std, rotation, self.crop_scale, hflip)
         self.eval_transform, self.eval_draft = self.test_transform(image_size, self.mean, self.std)
+        if augment_on == "device":
+            self.device_augment = DeviceAugment(image_size, self.mean, self.std, rotation, self.crop_scale, hflip)
         self.train_dataset: LabeledImageDataset | None = None
         self.val_dataset: LabeledImageDataset | None = None
         self.test_dataset: LabeledImageDataset | None = None
@@ -170,8 +176,10 @@ class ImageClassificationData(ImageDataModule):
         # the items before any transform or decoding (train_as_evaluated, test_files_in_training)
         self._train_files, self._test_files = train, test
         self._val_files = val if self.val_fraction == 0 and not self.validates_on_test else None  # a folder of its own
-        self.train_dataset = train.with_transform(
-            self.train_transform, train_draft_size(self.image_size, self.crop_scale)
+        self.train_dataset = (
+            train.with_transform(fixed_size_transform(self.image_size), self.eval_draft)
+            if self.device_augment is not None
+            else train.with_transform(self.train_transform, train_draft_size(self.image_size, self.crop_scale))
         )
         self.val_dataset = val.with_transform(self.eval_transform, self.eval_draft) if val is not None else None
         self.test_dataset = test.with_transform(self.eval_transform, self.eval_draft) if test is not None else None
@@ -345,11 +353,11 @@ class ImageClassificationData(ImageDataModule):
         """
         self.setup()
         assert self.train_dataset is not None
-        dataset = self.train_dataset
-        if self.train_views > 1:
+        dataset, on_device = self.train_dataset, self.device_augment is not None
+        if self.train_views > 1 and not on_device:  # on the device, the views are drawn there
             draft = train_draft_size(self.image_size, self.crop_scale)
             dataset = dataset.with_transform(Views(self.train_transform, self.train_views), draft)
-        return seeded_train_loader(dataset, self.batch_size, self.seed, **self._loader_options())
+        return seeded_train_loader(dataset, self.batch_size, self.seed, on_device, **self._loader_options())
 
     def test_dataloader(self) -> DataLoader:
         """The test split in order: the val/test folder or CIFAR's test set."""

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .base import ImageDataModule, label_fraction_rule, rule
 from .datasets import LabeledImageDataset, OnBadImage
+from .device_augment import AugmentOn, DeviceAugment, fixed_size_transform
 from .errors import DataError
 from .images import require_folder, warn_skipped
 from .loading import NumWorkers, PinMemory
@@ -36,6 +37,7 @@ from .transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     Views,
+    eval_draft_size,
     resize_transform,
     train_draft_size,
     train_transform,
@@ -286,7 +288,7 @@ class DomainGeneralizationData(ImageDataModule):
         rule("steps_per_epoch", lambda v: v >= 1, ">= 1"),
         "num_workers", label_fraction_rule("label"), "crop_scale",
         rule("color_jitter", lambda v: v >= 0, ">= 0 (0: none)"),
-        rule("grayscale", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        rule("grayscale", lambda v: 0 <= v <= 1, "a probability in [0, 1]"), "augment_on",
     )  # fmt: skip
 
     def __init__(
@@ -311,6 +313,7 @@ class DomainGeneralizationData(ImageDataModule):
         pin_memory: PinMemory = "auto",
         cache_images: bool = False,
         selection: SelectionRule = "training_domain_validation",
+        augment_on: AugmentOn = "loader",
     ) -> None:
         super().__init__(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self.save_hyperparameters()
@@ -323,6 +326,11 @@ class DomainGeneralizationData(ImageDataModule):
             grayscale=grayscale,
         )  # fmt: skip
         self.eval_transform, self.eval_draft = self.test_transform(image_size, self.mean, self.std)
+        if augment_on == "device":
+            self.device_augment = DeviceAugment(
+                image_size, self.mean, self.std, crop_scale=self.crop_scale, hflip=hflip, color_jitter=color_jitter,
+                grayscale=grayscale,
+            )  # fmt: skip
         # validates_on_test stays False: model selection never reads the unseen domains' images
         self.split: DomainSplit | None = None
         self.train_dataset: GroupedItems | None = None
@@ -357,9 +365,13 @@ class DomainGeneralizationData(ImageDataModule):
                 items = decoded[(name, which, draft)]
             return items.with_transform(transform, draft)
 
-        draft = self._train_draft()
+        if self.device_augment is not None:  # fixed squares, the whole image as DomainBed's evaluation reads it
+            train_reads: Any = fixed_size_transform(self.image_size, squash=True)
+            draft = eval_draft_size(self.image_size)
+        else:
+            train_reads, draft = self.train_transform, self._train_draft()
         self.train_dataset = GroupedItems(
-            [(part(d, "in", self.train_transform, draft), names.index(d)) for d in split.train_domains]
+            [(part(d, "in", train_reads, draft), names.index(d)) for d in split.train_domains]
         )
         self.val_groups = [EvalGroup(d, "train", "out") for d in split.train_domains]
         self.test_groups = [
@@ -417,13 +429,13 @@ class DomainGeneralizationData(ImageDataModule):
         """``steps_per_epoch`` balanced batches ``(images, labels, domains)``, fixed by ``(seed, step)``."""
         self.setup()
         assert self.train_dataset is not None
-        dataset = self.train_dataset
-        if self.train_views > 1:
+        dataset, on_device = self.train_dataset, self.device_augment is not None
+        if self.train_views > 1 and not on_device:  # on the device, the views are drawn there
             views = Views(self.train_transform, self.train_views)
             parts = zip(dataset.parts, dataset.part_groups, strict=True)
             dataset = GroupedItems([(ds.with_transform(views, ds.draft_size), group) for ds, group in parts])
         return balanced_train_loader(
-            dataset, dataset.group_indices(), self.batch_size, self.steps_per_epoch, self.seed,
+            dataset, dataset.group_indices(), self.batch_size, self.steps_per_epoch, self.seed, on_device,
             **self._loader_options(),
         )  # fmt: skip
 

@@ -199,10 +199,12 @@ class BalancedDomainSampler(_ResumableSampler):
 
 class SeededItems(Dataset):
     """Wraps a dataset so that ``ds[(index, seed)]`` runs ``base[index]`` with torch's RNG seeded by ``seed``
-    (and restored afterwards): random augmentations become a function of the item seed alone."""
+    (and restored afterwards): random augmentations become a function of the item seed alone. With ``keep_seed``
+    the item is ``(*base[index], seed)``: the seed travels with the batch to the device, whose augmentation draws
+    from it (:class:`~coretune.data.device_augment.DeviceAugment`)."""
 
-    def __init__(self, base: Dataset) -> None:
-        self.base = base
+    def __init__(self, base: Dataset, keep_seed: bool = False) -> None:
+        self.base, self.keep_seed = base, keep_seed
 
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]
@@ -211,7 +213,8 @@ class SeededItems(Dataset):
         index, seed = key
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed)  # CPU only: torch.manual_seed also reseeds CUDA, slowly
-            return self.base[index]
+            item = self.base[index]
+        return (*item, seed) if self.keep_seed else item
 
 
 class ResumableLoader(DataLoader):
@@ -254,28 +257,31 @@ def trained_items(n: int, batch_size: int, processes: int = 1) -> int:
     return n // global_batch * global_batch if _drops_last(n, global_batch) else n
 
 
-def seeded_train_loader(dataset: Dataset, batch_size: int, seed: int, **loader_options: Any) -> ResumableLoader:
-    """The training loader of the data modules: ``dataset``'s items (augmented by :class:`SeededItems`) in an
-    order fixed by ``(seed, epoch)``, dealt to the ``torch.distributed`` processes, resumable mid-epoch; the last
-    incomplete batch is dropped when there are 2 or more batches. ``loader_options`` go to the ``DataLoader``."""
+def seeded_train_loader(
+    dataset: Dataset, batch_size: int, seed: int, keep_seed: bool = False, **loader_options: Any
+) -> ResumableLoader:
+    """The training loader of the data modules: ``dataset``'s items (augmented by :class:`SeededItems`, each with its
+    item seed last with ``keep_seed``) in an order fixed by ``(seed, epoch)``, dealt to the ``torch.distributed``
+    processes, resumable mid-epoch; the last incomplete batch is dropped when there are 2 or more batches.
+    ``loader_options`` go to the ``DataLoader``."""
     n, processes = len(dataset), world_size()  # type: ignore[arg-type]
     drop_last = _drops_last(n, batch_size * processes)
     sampler = EpochShuffleSampler(n, seed, batch_size, processes, rank(), drop_last)
     return ResumableLoader(
-        SeededItems(dataset), batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_options
+        SeededItems(dataset, keep_seed), batch_size=batch_size, sampler=sampler, drop_last=drop_last, **loader_options
     )
 
 
 def balanced_train_loader(
     dataset: Dataset, domain_indices: Sequence[Sequence[int]], batch_size: int, steps_per_epoch: int, seed: int,
-    **loader_options: Any,
+    keep_seed: bool = False, **loader_options: Any,
 ) -> ResumableLoader:  # fmt: skip
     """The training loader of domain generalization: ``steps_per_epoch`` batches per epoch, each with an equal share
     of every training domain (:class:`BalancedDomainSampler`; ``domain_indices`` lists each domain's items of
     ``dataset``), augmented by :class:`SeededItems`, dealt to the ``torch.distributed`` processes, resumable
     mid-epoch. ``loader_options`` go to the ``DataLoader``."""
     sampler = BalancedDomainSampler(domain_indices, batch_size, steps_per_epoch, seed, world_size(), rank())
-    return ResumableLoader(SeededItems(dataset), batch_size=batch_size, sampler=sampler, **loader_options)
+    return ResumableLoader(SeededItems(dataset, keep_seed), batch_size=batch_size, sampler=sampler, **loader_options)
 
 
 def eval_loader(dataset: Dataset, batch_size: int, **loader_options: Any) -> DataLoader:

@@ -20,6 +20,7 @@ from torchvision import tv_tensors
 
 from .base import ImageDataModule, label_fraction_rule, rule, val_fraction_rule
 from .datasets import OnBadImage
+from .device_augment import AugmentOn
 from .errors import DataError
 from .images import find_bad_images, load_rgb, warn_skipped
 from .loading import NumWorkers, PinMemory
@@ -205,6 +206,7 @@ class SegmentationData(ImageDataModule):
             (each image at its own size).
         on_bad_image: Unreadable image or mask files: "error" stops at the first with its path; "skip" leaves
             them out and warns once.
+        augment_on: "loader" only: each mask is cropped and flipped with its image in the loader.
     """
 
     #: Options that decide what the run's scores read: the label subset and the validation split carved from it, their
@@ -219,6 +221,8 @@ class SegmentationData(ImageDataModule):
         rule("scale_range", lambda v: len(v) == 2 and 0 < v[0] <= v[1], "(low, high) with 0 < low <= high"),
         rule("eval_mode", lambda v: v in get_args(EvalMode), "'center_crop' or 'whole'", quote=True),
         "on_bad_image",
+        rule("augment_on", lambda v: v == "loader", "'loader' for segmentation (each mask is cropped and flipped with "
+             "its image in the loader; device augmentation is for classification data)", quote=True),
     )  # fmt: skip
 
     def __init__(
@@ -240,6 +244,7 @@ class SegmentationData(ImageDataModule):
         eval_mode: EvalMode = "center_crop",
         on_bad_image: OnBadImage = "error",
         pin_memory: PinMemory = "auto",
+        augment_on: AugmentOn = "loader",
     ) -> None:
         super().__init__(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self.save_hyperparameters()

@@ -25,6 +25,7 @@ __all__ = [
     "normalisation_problems",
     "option_values",
     "other_normalisation",
+    "random_steps",
     "resize_transform",
     "train_draft_size",
     "train_transform",
@@ -104,6 +105,21 @@ def train_transform(
     most 0.5), and with ``grayscale`` > 0 a conversion to grey with that probability: DomainBed's augmentation of
     domain generalization is ``crop_scale=(0.7, 1.0)``, ``color_jitter=0.3``, ``grayscale=0.1``.
     """
+    steps = random_steps(image_size, mean, rotation, crop_scale, hflip, color_jitter, grayscale)
+    return v2.Compose(steps + _to_normalized_tensor(mean, std))
+
+
+def random_steps(
+    image_size: int,
+    mean: Sequence[float],
+    rotation: float,
+    crop_scale: tuple[float, float],
+    hflip: bool,
+    color_jitter: float,
+    grayscale: float,
+) -> list[v2.Transform]:
+    """The random steps of :func:`train_transform` (before conversion to float and normalisation), which
+    :class:`~coretune.data.device_augment.DeviceAugment` runs on uint8 tensors on the device."""
     steps: list[v2.Transform] = [
         v2.RandomResizedCrop(image_size, scale=tuple(crop_scale), ratio=_CROP_RATIO, antialias=True),
     ]
@@ -115,7 +131,7 @@ def train_transform(
         steps.append(v2.ColorJitter(color_jitter, color_jitter, color_jitter, min(color_jitter, 0.5)))
     if grayscale > 0:
         steps.append(v2.RandomGrayscale(grayscale))
-    return v2.Compose(steps + _to_normalized_tensor(mean, std))
+    return steps
 
 
 class Views:

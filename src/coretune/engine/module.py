@@ -373,8 +373,13 @@ class FineTuner(L.LightningModule):
     def on_train_start(self) -> None:
         resume_schedule(self.trainer)  # a run extended on resume: the stretched schedule's lr from its first step
         if self.trainer.ckpt_path is None:  # a resumed run restores what prepare() computed
-            loader = self.trainer.datamodule.train_dataloader() if self.trainer.datamodule is not None else []
-            batches = map(self.task.unpack, loader)
+            data = self.trainer.datamodule
+            loader = data.train_dataloader() if data is not None else []
+            # on the device and through the data module's hook, as training batches (--data.augment_on device)
+            on_device = (
+                data.on_after_batch_transfer(self.transfer_batch_to_device(b, self.device, 0), 0) for b in loader
+            )
+            batches = map(self.task.unpack, on_device)
             self.objective.prepare(
                 (self._images(_split_views(b.inputs)[0].to(self.device)), b.targets.to(self.device)) for b in batches
             )

@@ -23,7 +23,9 @@ from coretune.engine import read_metrics
 
 
 def images(batch: int = 4, side: int = 40, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, 256, (batch, 3, side, side), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        0, 256, (batch, 3, side, side), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def test_views_are_normalised_float_batches_of_the_image_size() -> None:

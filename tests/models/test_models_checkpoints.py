@@ -112,6 +112,7 @@ class Case:
     n_dropped: Callable[[int], int]  # number of dropped tensors given the backbone size
     backbone: str = "resnet18"
     safetensors: bool = False
+    options: dict[str, Any] | None = None  # of the backbone (a one-block ViT)
 
 
 CASES = {
@@ -337,6 +338,20 @@ CASES = {
         lambda n: 2,
         "resnet10t",
     ),
+    "mae": Case(  # main_pretrain.py: {'model': MaskedAutoencoderViT} (ViT checkpoints: test_models_vit_layouts.py)
+        "mae",
+        lambda sd, decoy: {"model": {**sd, "mask_token": torch.randn(1, 1, 8), **head("decoder_pred.weight")}},
+        lambda n: 2,
+        "vit_tiny_patch16_224",
+        options={"depth": 1, "img_size": 32},
+    ),
+    "dinov2": Case(  # a hub state dict (dinov2_vits14_pretrain.pth)
+        "dinov2",
+        lambda sd, decoy: {**sd, "mask_token": torch.randn(1, 384)},
+        lambda n: 1,
+        "vit_small_patch14_dinov2",
+        options={"depth": 1, "img_size": 28},
+    ),
 }
 
 
@@ -358,7 +373,7 @@ def test_every_layout_has_a_case() -> None:
 @pytest.mark.parametrize("case_name", list(CASES))
 def test_layout_loads_every_backbone_tensor(case_name: str, weights_format: str, tmp_path: Path) -> None:
     case = CASES[case_name]
-    encoder = create_backbone(case.backbone)
+    encoder = create_backbone(case.backbone, **(case.options or {}))
     saved, decoy = randomised(encoder, seed=1), randomised(encoder, seed=2)
     path = write(case, case.build(saved, decoy), tmp_path)
 
@@ -592,7 +607,8 @@ def test_vit_position_embedding_is_resampled_to_the_models_grid(tmp_path: Path) 
 
     report = load_pretrained(encoder, path)
 
-    assert report.resampled == ["pos_embed: 14×14 → 4×4"] and "resampled pos_embed: 14×14 → 4×4" in report.summary()
+    assert report.resampled == ["pos_embed resized 14×14 → 4×4 for img_size 64"]
+    assert "; pos_embed resized 14×14 → 4×4 for img_size 64" in report.summary()
     assert sorted(report.loaded) == sorted(saved) and report.missing == report.unexpected == []
     old = saved["pos_embed"]
     grid = old[:, 1:].reshape(1, 14, 14, 192).permute(0, 3, 1, 2)

@@ -42,6 +42,7 @@ __all__ = [
     "LoadReport",
     "Normalization",
     "UnreadableCheckpointError",
+    "check_patch_size",
     "check_weights",
     "extract_backbone_state",
     "extract_prefixed",
@@ -51,6 +52,7 @@ __all__ = [
     "normalization_of",
     "register_layout",
     "require_checkpoint_file",
+    "resized_note",
     "resolve_weights",
     "weights_digest",
 ]
@@ -68,12 +70,20 @@ class Extraction:
         dropped: original keys of tensors the layout set aside (heads, projectors, momentum copies, queues).
         entry: where the backbone was found, e.g. ``state_dict['module.encoder_q.*']`` or ``checkpoint``.
         prefix: the stripped prefix (used to group dropped keys in messages).
+        fresh: backbone keys the convention leaves at their initial values on purpose (MAE's ``fc_norm`` for a
+            global-pool ViT): reported as missing, never an error.
+        resampled: position embeddings the layout resized (through timm's ``checkpoint_filter_fn``), as
+            :attr:`LoadReport.resampled` words them.
+        notes: lines for the load report saying what else the layout changed (a norm dropped for a fresh one).
     """
 
     state: dict[str, Tensor]
     dropped: list[str]
     entry: str
     prefix: str = ""
+    fresh: tuple[str, ...] = ()
+    resampled: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -166,11 +176,12 @@ class LoadReport:
         dropped: checkpoint keys the layout set aside (heads, projectors, momentum encoders, queues).
         total: number of tensors in the backbone's state dict.
         prefix: the prefix the layout stripped (groups ``dropped`` in :meth:`summary`).
-        resampled: position embeddings interpolated to the model's patch grid (``key: old grid → new grid``),
-            e.g. a ViT pre-trained at 224 px loaded into one built for 64 px.
+        resampled: position embeddings interpolated to the model's patch grid (``pos_embed resized 14×14 → 4×4 for
+            img_size 64``), e.g. a ViT pre-trained at 224 px loaded into one built for 64 px.
         cast: loaded keys stored in a non-floating dtype (integer, quantised) where the backbone has floats,
             converted because ``allow_cast`` was given.
         normalization: the input ``(mean, std)`` the weights were trained with, when known (:func:`normalization_of`).
+        notes: what the layout changed beyond renaming (:attr:`Extraction.notes`).
     """
 
     layout: str
@@ -184,6 +195,7 @@ class LoadReport:
     resampled: list[str] = field(default_factory=list)
     cast: list[str] = field(default_factory=list)
     normalization: Normalization | None = None
+    notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         """One line, e.g. ``layout 'moco' (state_dict['module.encoder_q.*']) — 120/120 tensors loaded, …``."""
@@ -196,9 +208,11 @@ class LoadReport:
             shown = ", ".join(groups[:4]) + (", …" if len(groups) > 4 else "")
             text += f"; dropped {len(self.dropped)} non-backbone tensors ({shown})"
         if self.resampled:
-            text += "; resampled " + ", ".join(self.resampled)
+            text += "; " + ", ".join(self.resampled)
         if self.cast:
             text += f"; cast {len(self.cast)} non-floating tensors to floating point (allow_cast)"
+        for note in self.notes:
+            text += f"; {note}"
         return text
 
 
@@ -225,10 +239,12 @@ def _match_count(extraction: Extraction | None, model_keys: set[str]) -> tuple[i
 def extract_backbone_state(
     raw: Any, encoder: Encoder, weights_format: str = "auto", path: str | Path = "checkpoint"
 ) -> tuple[Layout, Extraction]:
-    """Pick the layout: the forced one, else most backbone keys matched, fewest unexpected, first in order.
+    """Pick the layout: the forced one, else most backbone keys matched, fewest unexpected, first in order
+    among layouts that extract the same tensors.
 
     Raises:
-        CheckpointError: unknown ``weights_format``, ``raw`` is not a dict, or no layout matches any key.
+        CheckpointError: unknown ``weights_format``, ``raw`` is not a dict, no layout matches any key, or the file
+            is ambiguous: two layouts match equally well but would load different tensors (``format`` picks one).
     """
     if weights_format != "auto" and weights_format not in _LAYOUTS:
         raise CheckpointError(
@@ -243,6 +259,7 @@ def extract_backbone_state(
     candidates = [_LAYOUTS[weights_format]] if weights_format != "auto" else list(_LAYOUTS.values())
     tried: list[str] = []
     best: tuple[tuple[int, int], Layout, Extraction] | None = None
+    ties: list[tuple[Layout, Extraction]] = []
     for layout in candidates:
         extraction = layout.extract(raw, encoder)
         matched, unexpected = _match_count(extraction, model_keys)
@@ -251,7 +268,9 @@ def extract_backbone_state(
         else:
             tried.append(f"{layout.name} ({matched}/{len(model_keys)} keys matched via {extraction.entry})")
         if matched and (best is None or (matched, -unexpected) > best[0]):
-            best = ((matched, -unexpected), layout, extraction)
+            best, ties = ((matched, -unexpected), layout, extraction), []
+        elif best is not None and extraction is not None and (matched, -unexpected) == best[0]:
+            ties.append((layout, extraction))
     if best is None:
         raise CheckpointError(
             f"no tensor of checkpoint {path} matches backbone {encoder.name!r}. Layouts tried: "
@@ -259,7 +278,27 @@ def extract_backbone_state(
             f"force it with --model.weights_options.format (one of {', '.join(_LAYOUTS)}); otherwise re-save the "
             "backbone's state_dict with torchvision/timm key names"
         )
+    rivals = [(layout, e) for layout, e in ties if not _same_tensors(best[2], e, model_keys)]
+    if rivals:
+        names = [best[1].name, *(layout.name for layout, _ in rivals)]
+        found = ", ".join(f"'{layout.name}' ({e.entry})" for layout, e in [(best[1], best[2]), *rivals])
+        raise CheckpointError(
+            f"checkpoint {path} is ambiguous: layouts {found} each match {best[0][0]}/{len(model_keys)} tensors of "
+            f"backbone {encoder.name!r} but hold different weights; force one with --model.weights_options.format "
+            f"({' or '.join(names)})"
+        )
     return best[1], best[2]
+
+
+def _same_tensors(a: Extraction, b: Extraction, model_keys: set[str]) -> bool:
+    """Whether two extractions would load the same backbone tensors (the same objects, or equal values)."""
+    keys = model_keys & a.state.keys()
+    if keys != model_keys & b.state.keys():
+        return False
+    return all(
+        a.state[k] is b.state[k] or (a.state[k].shape == b.state[k].shape and bool((a.state[k] == b.state[k]).all()))
+        for k in keys
+    )
 
 
 def _describe_keys(raw: Mapping[str, Any], limit: int = 6) -> str:
@@ -278,12 +317,43 @@ def _is_required(key: str) -> bool:
     return not key.endswith("num_batches_tracked")
 
 
+def _pos_embed_prefix(body: nn.Module) -> int:
+    """Tokens of a timm ViT's ``pos_embed`` that are no patch's (class/register tokens; none if ``no_embed_class``)."""
+    return 0 if getattr(body, "no_embed_class", False) else int(getattr(body, "num_prefix_tokens", 1))
+
+
+def resized_note(side: int, body: nn.Module) -> str:
+    """The report line of a ``pos_embed`` of a ``side``×``side`` patch grid resized to the body's:
+    ``pos_embed resized 14×14 → 2×2 for img_size 32``."""
+    grid, size = body.patch_embed.grid_size, body.patch_embed.img_size
+    img = size[0] if size[0] == size[1] else f"{size[0]}×{size[1]}"
+    return f"pos_embed resized {side}×{side} → {grid[0]}×{grid[1]} for img_size {img}"
+
+
+def check_patch_size(state: Mapping[str, Tensor], body: nn.Module, what: str, name: str) -> None:
+    """Refuse a ViT checkpoint whose patch embedding has another patch size than the body's (``what``: the
+    checkpoint's description, ``name``: the backbone's). timm's ``resample_patch_embed`` (FlexiViT) could resize the
+    kernel, but that changes what the weights compute: the matching backbone is the fix."""
+    key = "patch_embed.proj.weight"
+    weight = getattr(getattr(getattr(body, "patch_embed", None), "proj", None), "weight", None)
+    if key not in state or weight is None or state[key].dim() != 4 or weight.dim() != 4:
+        return
+    old, new = tuple(state[key].shape[-2:]), tuple(weight.shape[-2:])
+    if old != new:
+        raise CheckpointError(
+            f"{what} has {old[0]}×{old[1]} patches but backbone {name!r} {new[0]}×{new[1]}: pick the backbone of "
+            f"the checkpoint's patch size (--model.backbone_args '{{patch_size: {old[0]}}}', or its timm name with "
+            f"patch{old[0]}); patch embeddings are not resampled"
+        )
+
+
 def _resample_position_embeddings(
     body: nn.Module, state: dict[str, Tensor], model_state: dict[str, Tensor]
 ) -> list[str]:
     """Interpolate (bicubic, in place in ``state``) a ViT's absolute position embedding ``pos_embed`` whose patch
-    grid differs from the model's, as timm does for its own checkpoints; the class/register tokens' embeddings
-    are kept. Returns ``["pos_embed: 14×14 → 4×4"]`` or ``[]``."""
+    grid differs from the model's with timm's ``resample_abs_pos_embed``, as timm does for its own checkpoints; the
+    class/register tokens' embeddings are kept. Returns ``["pos_embed resized 14×14 → 4×4 for img_size 64"]`` or
+    ``[]``."""
     key = "pos_embed"
     grid = getattr(getattr(body, "patch_embed", None), "grid_size", None)
     if key not in state or key not in model_state or grid is None:
@@ -293,12 +363,12 @@ def _resample_position_embeddings(
         return []  # same grid, or not a (1, tokens, dim) embedding of the same width: the shape check reports it
     from timm.layers import resample_abs_pos_embed
 
-    prefix = 0 if getattr(body, "no_embed_class", False) else int(getattr(body, "num_prefix_tokens", 1))
+    prefix = _pos_embed_prefix(body)
     side = math.isqrt(old.shape[1] - prefix)
     if side * side != old.shape[1] - prefix:
         return []
     state[key] = resample_abs_pos_embed(old, new_size=list(grid), old_size=[side, side], num_prefix_tokens=prefix)
-    return [f"{key}: {side}×{side} → {grid[0]}×{grid[1]}"]
+    return [resized_note(side, body)]
 
 
 def normalization_of(raw: Any, weights: str | Path) -> Normalization | None:
@@ -351,7 +421,8 @@ def load_pretrained(
     raw = load_checkpoint_file(path)
     layout, extraction = extract_backbone_state(raw, encoder, weights_format, path)
     model_state = encoder.body.state_dict()
-    resampled = _resample_position_embeddings(encoder.body, extraction.state, model_state)
+    check_patch_size(extraction.state, encoder.body, f"checkpoint {path} (layout '{layout.name}')", encoder.name)
+    resampled = extraction.resampled + _resample_position_embeddings(encoder.body, extraction.state, model_state)
     loaded = [k for k in model_state if k in extraction.state]
     missing = [k for k in model_state if k not in extraction.state]
     unexpected = [k for k in extraction.state if k not in model_state]
@@ -389,8 +460,9 @@ def load_pretrained(
         resampled,
         cast,
         normalization_of(raw, path_or_name),
+        list(extraction.notes),
     )
-    required = [k for k in missing if _is_required(k)]
+    required = [k for k in missing if _is_required(k) and k not in extraction.fresh]
     if required and not allow_missing:
         raise CheckpointError(
             f"checkpoint {path} lacks {len(required)} tensors of backbone {encoder.name!r} "

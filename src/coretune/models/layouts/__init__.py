@@ -41,6 +41,8 @@ DETECTION_ORDER = (
     "byol",
     "swav",
     "dino",
+    "dinov2",
+    "mae",
     "sequential",
     "simclrv2",
     "lightning",

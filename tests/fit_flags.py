@@ -55,3 +55,25 @@ class StopBeforeTraining(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         trainer.should_stop = True
+
+
+class PauseForStopRequest(L.Callback):
+    """Pauses a sweep's fit after the first batch of its second epoch, once, when its run folder holds a file
+    ``pause_here`` (renamed ``paused`` then): until the sweep asks it to stop (its stop file), at most 120 s. A test
+    then interrupts it mid-epoch at a known point (``--trainer.callbacks+=fit_flags.PauseForStopRequest``); without
+    the file it changes nothing."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object) -> None:
+        import os
+        import time
+
+        from coretune.runs.stopfile import STOP_FILE_ENV
+
+        stop_file = Path(os.environ.get(STOP_FILE_ENV, "/nonexistent/stop_request"))
+        marker = stop_file.with_name("pause_here")
+        if trainer.current_epoch != 1 or not marker.exists():
+            return
+        marker.rename(marker.with_name("paused"))
+        deadline = time.monotonic() + 120
+        while not stop_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)

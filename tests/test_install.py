@@ -31,7 +31,10 @@ CORE = {
     "torch", "torchvision", "lightning", "jsonargparse", "timm", "safetensors", "rich", "pillow", "numpy", "pyyaml",
     "torchmetrics", "huggingface-hub",
 }  # fmt: skip
-EXTRAS = {"demo", "plots", "bench", "tune", "onnx", "robust", "docs", "tensorboard", "mlflow", "wandb", "all", "dev"}
+EXTRAS = {
+    "demo", "plots", "bench", "tune", "cluster", "onnx", "robust", "docs", "tensorboard", "mlflow", "wandb", "all",
+    "dev",
+}  # fmt: skip
 
 
 def _name(text: str) -> str:

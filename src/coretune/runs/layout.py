@@ -16,6 +16,7 @@
     fit.pid              the claim of the process running it (:mod:`coretune.runs.claim`)
     log.txt, fit_args.json, stop_request
                          a sweep's log of the fit, its fit arguments and its stop file (:mod:`coretune.runs.stopfile`)
+    job.json             the cluster job a sweep submitted the run as (``coretune bench --launcher submitit``)
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ class RunDir:
     @property
     def stop_file(self) -> Path:
         return self.path / "stop_request"
+
+    @property
+    def job(self) -> Path:
+        """The cluster job the run was submitted as (:mod:`coretune.sweeps.cluster`)."""
+        return self.path / "job.json"
 
     @property
     def wandb_id(self) -> Path:

@@ -7,7 +7,7 @@ Every run is an ordinary ``coretune fit`` in its own subprocess (a crash ends th
 once), writing into ``<output>/<dataset>/<objective>/frac<f>/seed<s>``. The sweep is resumable: a run whose
 ``results.json`` holds test results is skipped, a started one resumes from its ``checkpoints/last.ckpt``, and one
 that diverged (``results.json``'s ``diverged``) is a result: listed under the tables, not run again unless
-``--retry_diverged``.
+``--retry_diverged``. ``--launcher submitit`` runs the same fits as cluster jobs instead (:mod:`.cluster`).
 With ``metric: val`` the tables hold each run's final-epoch top-1 on a validation split carved from the training
 set (``--data.val_fraction``), for studies that must not look at the test split.
 """
@@ -15,8 +15,9 @@ set (``--data.val_fraction``), for studies that must not look at the test split.
 from __future__ import annotations
 
 import signal
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..extras import need
 from ..runs.layout import RunDir
@@ -69,6 +70,17 @@ def _parser() -> Any:
         "OUTPUT/mlruns), tensorboard (OUTPUT/tensorboard), csv (OUTPUT/csv) or wandb (offline, one project). May be "
         "added or changed when a sweep is resumed.",
     )
+    parser.add_argument(
+        "--launcher.name",
+        type=Literal["local", "submitit"],
+        default="local",
+        help="Where the fits run (spelled --launcher NAME): local (subprocesses of this command, --workers at once) "
+        "or submitit (one cluster job a run, a SLURM job array, with the --launcher.* settings below; the same fit "
+        "commands in the same run folders).",
+    )
+    from .cluster import SubmititSettings
+
+    parser.add_class_arguments(SubmititSettings, "launcher", help="--launcher submitit's settings.")
     parser.add_argument("--dry_run", action="store_true", help="Print the fit commands of the unfinished runs.")
     parser.add_argument(
         "--retry_diverged",
@@ -114,10 +126,49 @@ def _data_read(spec: BenchSpec) -> list[Path]:
     return list(dict.fromkeys(path for run in spec.runs() for path in run.job.data_paths()))
 
 
+def launcher_args(args: list[str]) -> list[str]:
+    """``--launcher NAME`` (or ``--launcher=NAME``) spelled as the option it sets, ``--launcher.name=NAME``; a
+    ``--launcher`` followed by a file (a YAML of the ``--launcher.*`` settings) is left as it is."""
+    out, i = [], 0
+    while i < len(args):
+        word = args[i]
+        if word == "--launcher" and i + 1 < len(args) and not _settings_file(args[i + 1]):
+            out.append(f"--launcher.name={args[i + 1]}")
+            i += 2
+            continue
+        if word.startswith("--launcher=") and not _settings_file(word.partition("=")[2]):
+            word = f"--launcher.name={word.partition('=')[2]}"
+        out.append(word)
+        i += 1
+    return out
+
+
+def _settings_file(value: str) -> bool:
+    return value.startswith(("{", "--")) or Path(value).is_file()
+
+
+def _launcher(cfg: Any) -> Any:
+    """The ``SubmititSettings`` of ``--launcher submitit``, else None; a ``--launcher.*`` setting given with the
+    local launcher is refused (it would be ignored)."""
+    from .cluster import SubmititSettings
+
+    given = {f.name: getattr(cfg.launcher, f.name) for f in fields(SubmititSettings)}
+    if cfg.launcher.name == "submitit":
+        return SubmititSettings(**given)
+    default = SubmititSettings()
+    if changed := [name for name, value in given.items() if value != getattr(default, name)]:
+        raise ValueError(
+            f"--launcher.{changed[0]} is a setting of --launcher submitit, but the runs go to the local launcher: "
+            "add --launcher submitit (or leave the setting out)"
+        )
+    return None
+
+
 def main(args: list[str]) -> None:
     from rich.console import Console
 
-    cfg = _parser().parse_args(args)
+    cfg = _parser().parse_args(launcher_args(args))
+    launcher = _launcher(cfg)
     spec = BenchSpec.from_yaml(cfg.config)
     if cfg.baseline is not None:
         spec = spec.compared_with(cfg.baseline)
@@ -146,14 +197,19 @@ def main(args: list[str]) -> None:
     report = None
     if not cfg.aggregate_only:
         try:
-            report = run_sweep(
-                subset,
-                workers=cfg.workers,
-                dry_run=cfg.dry_run,
-                console=console,
-                logger=cfg.logger,
-                retry_diverged=cfg.retry_diverged,
-            )
+            if launcher is not None:
+                from .cluster import submit_sweep
+
+                report = submit_sweep(subset, launcher, console, cfg.dry_run, cfg.logger, cfg.retry_diverged)
+            else:
+                report = run_sweep(
+                    subset,
+                    workers=cfg.workers,
+                    dry_run=cfg.dry_run,
+                    console=console,
+                    logger=cfg.logger,
+                    retry_diverged=cfg.retry_diverged,
+                )
         except KeyboardInterrupt:  # a second Ctrl+C (the first only sets run_sweep's stop): no traceback
             raise SweepInterrupted(
                 signal.SIGINT,
@@ -176,6 +232,12 @@ def main(args: list[str]) -> None:
             f"sweep stopped by {signal.Signals(report.signum).name}: {counts}. Re-run the same command to resume: "
             "finished runs are skipped, interrupted ones continue from checkpoints/last.ckpt"
             + (", diverged ones are not run again" if report.diverged else ""),
+        )
+    if report is not None and report.queued:
+        console.print(
+            f"{len(report.queued)} run(s) queued or running as cluster jobs (`--status` shows them; re-run the same "
+            "command once they finish to write the tables with them: finished runs are skipped)",
+            highlight=False,
         )
     if report is not None and report.in_use:
         console.print(

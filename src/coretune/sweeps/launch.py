@@ -37,7 +37,10 @@ __all__ = [
     "check_fit_args",
     "fit_command",
     "launch_fit",
+    "prepare_sweep",
+    "report_run",
     "run_sweep",
+    "sweep_log_args",
     "visible_gpus",
     "worker_envs",
 ]
@@ -89,6 +92,7 @@ def launch_fit(
     env: dict[str, str] | None = None,
     stop: StopSignal | None = None,
     log_args: Sequence[str] = (),
+    shielded: Sequence[int] = (),
 ) -> int | None:
     """Run one ``coretune fit`` subprocess into ``run_dir``, appending its stdout and stderr to ``log.txt``.
 
@@ -98,6 +102,10 @@ def launch_fit(
     ``log_args`` are the fit arguments of the sweep's logger (:func:`~coretune.engine.loggers.sweep_logger_args`),
     added after ``args`` but not recorded with them in ``fit_args.json``: a sweep may add or change its logger when
     it resumes.
+
+    ``shielded``: signals the fit process starts with blocked (inherited by the processes it starts), so that only
+    this process acts on them: a cluster job's warning signal, which the job turns into a stop request
+    (:mod:`coretune.sweeps.clusterjob`).
 
     Returns the exit code; whether the run finished is :meth:`RunDir.is_finished` (test results written). Once
     ``stop`` holds a signal, or on Ctrl+C (``KeyboardInterrupt``) while waiting, the fit is asked through its stop
@@ -123,7 +131,9 @@ def launch_fit(
         with files.log.open("a") as log:
             log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')}  {shlex.join(cmd)}\n")
             log.flush()
-            with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
+            with _blocked(shielded):  # the child inherits the mask; this process gets them once it is back
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+            with proc:
                 point_claim(run_dir, proc.pid)  # a fit still running after a second Ctrl+C keeps the claim
                 try:
                     while (code := _wait(proc, 0.2)) is None:
@@ -139,6 +149,19 @@ def launch_fit(
                     raise
 
 
+@contextmanager
+def _blocked(signals: Sequence[int]) -> Iterator[None]:
+    """``signals`` blocked in this thread for the block (nothing changes without any)."""
+    if not signals:
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _wait(proc: subprocess.Popen, seconds: float) -> int | None:
     """``proc``'s exit code, or ``None`` if it still runs after ``seconds``."""
     try:
@@ -152,7 +175,8 @@ class SweepReport:
     """What a sweep did: runs skipped as already finished, launched and finished, launched but failed, that diverged
     (``diverged``: in this sweep, or in an earlier one and not run again), skipped because another process was
     running them (``in_use``: another sweep of the same spec); and after a signal (``signum``), the runs it
-    interrupted (exit ``128 + SIGINT/SIGTERM``, resumable) and those never started.
+    interrupted (exit ``128 + SIGINT/SIGTERM``, resumable) and those never started; ``queued``: runs submitted as
+    cluster jobs (``--launcher submitit``) that the sweep did not wait for (queued or running).
     """
 
     skipped: list[Run] = field(default_factory=list)
@@ -162,6 +186,7 @@ class SweepReport:
     failed: list[Run] = field(default_factory=list)
     interrupted: list[Run] = field(default_factory=list)
     not_started: list[Run] = field(default_factory=list)
+    queued: list[Run] = field(default_factory=list)
     signum: int | None = None
 
 
@@ -230,7 +255,6 @@ def run_sweep(
     spec), marked as made by it (:func:`~coretune.runs.outputs.mark_folder`).
     """
     from rich.console import Console
-    from rich.markup import escape
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -242,55 +266,9 @@ def run_sweep(
 
     console = console or Console()
     workers = workers or spec.workers
-    report = SweepReport()
-    todo = []
-    if logger is not None:
-        from ..engine.loggers import check_sweep_logger
-
-        check_sweep_logger(logger)
-    for run in spec.runs():
-        check_run_args(run.job)
-        files = RunDir(run.run_dir)
-        if files.is_finished():
-            report.skipped.append(run)
-        elif files.divergence() is not None and not retry_diverged:
-            report.diverged.append(run)
-        else:
-            todo.append(run)
-    retry = [run for run in todo if RunDir(run.run_dir).divergence() is not None]
-    check_fit_args(todo, spec.metric)
-    if not dry_run:
-        mark_folder(spec.output, command)  # checked by the command: its next sweep may write into it again
-    earlier = f"{len(report.diverged)} diverged (not run again), " if report.diverged else ""
-    console.print(
-        f"[bold]{spec.name}[/bold]: {len(report.skipped) + len(report.diverged) + len(todo)} runs, "
-        f"{len(report.skipped)} finished (skipped), {earlier}{len(todo)} to run with {workers} worker(s) → "
-        f"{spec.output}",
-        soft_wrap=True,
-    )
-    for run in report.diverged:
-        console.print(
-            f"✗ {run.label} diverged in an earlier sweep: {RunDir(run.run_dir).divergence()} (not run again; "
-            "--retry_diverged runs it again)",
-            soft_wrap=True,
-            highlight=False,
-        )
-    if dry_run:
-        for run in todo:
-            if run in retry:  # moved aside first (below): the fit starts over
-                console.print(f"# {run.label}: the run that diverged is moved aside, then", highlight=False)
-            command = run.job.command_str(_log_args(spec, run, logger), resume=False if run in retry else None)
-            console.print(escape(command), soft_wrap=True, highlight=False)
+    report, todo = prepare_sweep(spec, console, f"with {workers} worker(s)", dry_run, logger, retry_diverged, command)
     if dry_run or not todo:
         return report
-    for run in retry:
-        if RunDir(run.run_dir).live_claim() is None:  # claimed: another sweep is retrying it
-            aside = run.run_dir.with_name(f"{run.run_dir.name}.diverged-{time.strftime('%Y%m%d-%H%M%S')}")
-            try:
-                run.run_dir.rename(aside)
-            except FileNotFoundError:  # another sweep retrying it moved it first
-                continue
-            console.print(f"↻ {run.label}: starts over; the run that diverged is kept in {aside}", highlight=False)
     slots: queue.SimpleQueue[dict[str, str] | None] = queue.SimpleQueue()  # one environment per worker
     for env in worker_envs(workers, visible_gpus() if workers > 1 else ()):
         slots.put(env)
@@ -310,7 +288,7 @@ def run_sweep(
         task = progress.add_task("runs", total=len(todo))
         bars = EpochBars(progress)
         started = {
-            pool.submit(_timed_launch, run, slots, stop, bars, _log_args(spec, run, logger)): run for run in todo
+            pool.submit(_timed_launch, run, slots, stop, bars, sweep_log_args(spec, run, logger)): run for run in todo
         }
         pending = set(started)
         try:
@@ -342,6 +320,72 @@ def run_sweep(
     return report
 
 
+def prepare_sweep(
+    spec: BenchSpec,
+    console: Any,
+    how: str,
+    dry_run: bool = False,
+    logger: str | None = None,
+    retry_diverged: bool = False,
+    command: str = "bench",
+) -> tuple[SweepReport, list[Run]]:
+    """What every launcher of a sweep does before its first fit: the report of the runs finished (skipped) and
+    diverged (not run again unless ``retry_diverged``), the runs to run (their fit arguments checked, refused
+    before any run), the spec's output folder marked as ``command``'s, the sweep's first line (``how`` the runs go:
+    ``with 2 worker(s)``), and the commands of a dry run. Outside a dry run, a diverged run to retry is moved aside
+    (``seed1.diverged-<time>``) so that it starts over."""
+    from rich.markup import escape
+
+    report = SweepReport()
+    todo = []
+    if logger is not None:
+        from ..engine.loggers import check_sweep_logger
+
+        check_sweep_logger(logger)
+    for run in spec.runs():
+        check_run_args(run.job)
+        files = RunDir(run.run_dir)
+        if files.is_finished():
+            report.skipped.append(run)
+        elif files.divergence() is not None and not retry_diverged:
+            report.diverged.append(run)
+        else:
+            todo.append(run)
+    retry = [run for run in todo if RunDir(run.run_dir).divergence() is not None]
+    check_fit_args(todo, spec.metric)
+    if not dry_run:
+        mark_folder(spec.output, command)  # checked by the command: its next sweep may write into it again
+    earlier = f"{len(report.diverged)} diverged (not run again), " if report.diverged else ""
+    console.print(
+        f"[bold]{spec.name}[/bold]: {len(report.skipped) + len(report.diverged) + len(todo)} runs, "
+        f"{len(report.skipped)} finished (skipped), {earlier}{len(todo)} to run {how} → {spec.output}",
+        soft_wrap=True,
+    )
+    for run in report.diverged:
+        console.print(
+            f"✗ {run.label} diverged in an earlier sweep: {RunDir(run.run_dir).divergence()} (not run again; "
+            "--retry_diverged runs it again)",
+            soft_wrap=True,
+            highlight=False,
+        )
+    if dry_run:
+        for run in todo:
+            if run in retry:  # moved aside first (below): the fit starts over
+                console.print(f"# {run.label}: the run that diverged is moved aside, then", highlight=False)
+            line = run.job.command_str(sweep_log_args(spec, run, logger), resume=False if run in retry else None)
+            console.print(escape(line), soft_wrap=True, highlight=False)
+        return report, todo
+    for run in retry:
+        if RunDir(run.run_dir).live_claim() is None:  # claimed: another sweep is retrying it
+            aside = run.run_dir.with_name(f"{run.run_dir.name}.diverged-{time.strftime('%Y%m%d-%H%M%S')}")
+            try:
+                run.run_dir.rename(aside)
+            except FileNotFoundError:  # another sweep retrying it moved it first
+                continue
+            console.print(f"↻ {run.label}: starts over; the run that diverged is kept in {aside}", highlight=False)
+    return report, todo
+
+
 def _settle(run: Run, future: Future, report: SweepReport, progress: Any, task: Any, metric: Metric) -> None:
     """Report the run ``future`` launched: finished, diverged, interrupted, failed, in use, or queued behind a
     signal. An error of this run alone (its fit arguments changed by another sweep, a full disk while writing its
@@ -358,7 +402,7 @@ def _settle(run: Run, future: Future, report: SweepReport, progress: Any, task: 
             report.not_started.append(run)
             return
         else:
-            _report_run(run, *outcome, report, progress.console, metric)
+            report_run(run, *outcome, report, progress.console, metric)
     except RunInUse as error:
         report.in_use.append(run)
         progress.console.print(f"↷ {run.label} skipped: {error}", highlight=False)
@@ -391,7 +435,7 @@ def catch_stop_signals() -> Iterator[StopSignal]:
             signal.signal(sig, handler)
 
 
-def _report_run(run: Run, code: int, seconds: float, report: SweepReport, console: Any, metric: Metric) -> None:
+def report_run(run: Run, code: int, seconds: float, report: SweepReport, console: Any, metric: Metric) -> None:
     if RunDir(run.run_dir).is_finished():
         top1 = run_top1(run.run_dir, metric)
         report.finished.append(run)
@@ -481,7 +525,7 @@ class EpochBars:
                 self._bars[run] = self.progress.add_task(f"  {run.label} (epochs)", completed=done, total=total)
 
 
-def _log_args(spec: BenchSpec, run: Run, logger: str | None) -> list[str]:
+def sweep_log_args(spec: BenchSpec, run: Run, logger: str | None) -> list[str]:
     """The fit arguments that log ``run`` into the sweep's ``logger`` (none without one)."""
     if logger is None:
         return []

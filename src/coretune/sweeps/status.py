@@ -3,6 +3,7 @@ fitting left."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ..runs.layout import RunDir
@@ -51,6 +52,21 @@ def print_status(spec: BenchSpec, console: Any, whole: BenchSpec | None = None) 
     from rich.table import Table
 
     _, rows = collect_cells(spec, other_args="list")
+    jobs = [
+        row.run_dir for row in rows if row.status in ("unfinished", "missing") and RunDir(row.run_dir).job.is_file()
+    ]
+    if jobs:  # submitted by --launcher submitit
+        from .cluster import job_notes
+
+        notes = job_notes(jobs)
+
+        def noted(row: RunRecord) -> RunRecord:
+            note = notes.get(row.run_dir)
+            if note is None:
+                return row
+            return replace(row, progress=note if row.progress == "not started" else f"{row.progress}; {note}")
+
+        rows = list(map(noted, rows))
     table = Table("data set", "objective", "labels", "seed", spec_metric_text(spec) + " (%)", "progress")
     for row in rows:
         value = f"{row.top1_pct(spec.metric):.2f}" if row.status == "finished" else ""

@@ -395,7 +395,12 @@ def _report_run(run: Run, code: int, seconds: float, report: SweepReport, consol
     if RunDir(run.run_dir).is_finished():
         top1 = run_top1(run.run_dir, metric)
         report.finished.append(run)
-        score = "undefined (no pixel to score)" if top1 is None else f"{top1:.2f}%"
+        if top1 is not None:
+            score = f"{top1:.2f}%"
+        elif metric == "test" and RunDir(run.run_dir).test_skipped():
+            score = "not measured (its fit ran with --test false)"
+        else:
+            score = "undefined (no pixel to score)"
         console.print(
             f"✓ {run.label}: {metric_text(metric, run.job.argv())} {score} ({seconds:.0f} s)", highlight=False
         )

@@ -9,7 +9,8 @@ the validation interval (``--trainer.check_val_every_n_epoch``, ``v``) so that t
 - **time**: ``T`` seconds, with ``t_m`` the measured seconds per epoch of method ``m`` (a timing fit of ``v`` epochs
   of each method, before the comparison, whose wall time ``s`` counts against the budget), give each run
   ``⌊(T − s) / (seeds · Σ_m t_m) / v⌋ · v`` epochs: the runs one after another (``--workers`` running several at
-  once finishes sooner) (:func:`epochs_for_time`).
+  once finishes sooner; each fit's process start-up, seconds of imports and data set-up, is not counted)
+  (:func:`epochs_for_time`).
 
 A budget that gives a run less than ``v`` epochs is refused in one line naming the budget it needs.
 """

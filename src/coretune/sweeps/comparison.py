@@ -505,7 +505,8 @@ def _markdown(
     lines += ["", f"**Recommendation**: {choice.text}", ""]
     if test is None:
         lines.append(
-            "The test split was not looked at: `--test` shows the chosen method's test top-1, once, at the end."
+            "The test split was not looked at (no run tested): `--test` scores the chosen method's runs on it, once, "
+            "at the end."
         )
     else:
         values = ", ".join(_number(v) for v in test["test_top1_pct"])

@@ -99,9 +99,10 @@ def launch_fit(
     added after ``args`` but not recorded with them in ``fit_args.json``: a sweep may add or change its logger when
     it resumes.
 
-    Returns the exit code; whether the run finished is :meth:`RunDir.is_finished` (test results written). Once
-    ``stop`` holds a signal, or on Ctrl+C (``KeyboardInterrupt``) while waiting, the fit is asked through its stop
-    file (:mod:`coretune.runs.stopfile`) to save a resumable checkpoint and exit, and is awaited.
+    Returns the exit code; whether the run finished is :meth:`RunDir.is_finished` (test results, or why it skipped
+    the test, written). Once ``stop`` holds a signal, or on Ctrl+C (``KeyboardInterrupt``) while waiting, the fit is
+    asked through its stop file (:mod:`coretune.runs.stopfile`) to save a resumable checkpoint and exit, and is
+    awaited.
 
     The run directory is claimed for the fit while it runs (:mod:`coretune.runs.claim`): raises
     :class:`~coretune.runs.claim.RunInUse`, touching nothing, when another live process is running it, and returns

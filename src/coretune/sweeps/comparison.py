@@ -424,7 +424,10 @@ def _timing(
 def _run_timing_fits(spec: BenchSpec, console: Any) -> None:
     """Run the timing fits of ``spec`` (one per method; resumable: finished ones are skipped); RuntimeError (or
     :class:`~.launch.SweepInterrupted`) when they did not all finish."""
-    report = run_sweep(spec, workers=1, console=console, command="compare")
+    try:
+        report = run_sweep(spec, workers=1, console=console, command="compare")
+    except KeyboardInterrupt:  # a second Ctrl+C
+        raise SweepInterrupted(signal.SIGINT, _stopped(signal.SIGINT)) from None
     if report.signum is not None:
         raise SweepInterrupted(report.signum, _stopped(report.signum))
     if report.failed or report.interrupted or report.in_use or report.diverged:

@@ -155,7 +155,7 @@ class FitCLI(RunDirCLI):
             check_validates_before_max_steps(self.trainer, self.datamodule, hint, _BEST)
         cast(TaskData, self.datamodule).require_test_split(  # a TaskData: instantiate_trainer checked it
             "no images to test on: --data.val_fraction holds out part of train/ for validation, and coretune "
-            "fit ends by scoring a test split,"
+            "fit ends by scoring a test split (unless --test false),"
         )
 
     def after_fit(self) -> None:

@@ -109,7 +109,7 @@ def test_the_schedule_multiplies_every_groups_rate(tmp_path: Path) -> None:
     model = FineTuner(create("ce"), backbone="vit_tiny_patch16_224", backbone_args={**VIT, "depth": 1}, optim=optim)
     trainer = make_trainer(
         tmp_path / "run", progress=False, max_epochs=2, enable_model_summary=False, limit_train_batches=2,
-        callbacks=[Lrs()], limit_val_batches=0, enable_checkpointing=False,
+        callbacks=[Lrs()], limit_val_batches=0,
     )  # fmt: skip
     trainer.fit(model, datamodule=data)
     base = seen[2]  # the first step after the warm-up: factor 1

@@ -78,9 +78,11 @@ class FineTuner(L.LightningModule):
         weights_options: how ``weights`` are read (:class:`~coretune.models.WeightsOptions`: ``download`` a named
             one missing from the cache, the checkpoint's ``format``, ``allow_cast``; ``--model.weights_options.<x>``).
         backbone_args: options of the backbone's constructor, e.g. ``{drop_path_rate: 0.1}`` for a timm ViT
-            (``--model.backbone_args '{drop_path_rate: 0.1}'``). timm ViTs take any image size by default.
+            (``--model.backbone_args '{drop_path_rate: 0.1}'``, or ``--model.drop_path 0.1``). timm ViTs take any
+            image size by default.
         optim: the optimiser and learning-rate schedule (:class:`~coretune.engine.optim.OptimSettings`: optimizer,
-            lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs; ``--model.optim.<x>``).
+            lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs, layer_decay;
+            ``--model.optim.<x>``).
         channels_last: use the channels-last memory format for the backbone and the images: ``auto`` (default) for
             CNN backbones, where it is faster, not for ViTs and other transformers
             (:func:`~coretune.engine.speed.prefers_channels_last`); or ``True``/``False``.

@@ -80,3 +80,23 @@ def test_mixed_rows_train_on_the_smoothed_soft_targets(name: str, monkeypatch: p
 def test_a_bad_label_smoothing_is_refused_in_one_line(value: object) -> None:
     with pytest.raises(ValueError, match=r"label_smoothing must lie in \[0, 1\)"):
         create("ce", label_smoothing=value)
+
+
+def test_segmentations_pixel_ce_is_smoothed_over_the_labelled_pixels() -> None:
+    """Segmentation's training CE with the objective's smoothing: torch's label-smoothed CE over the pixels not
+    ignored; its evaluation loss stays unsmoothed."""
+    from coretune.tasks import TASKS, Batch
+
+    task = TASKS["segmentation"]({})
+    objective = create("ce", label_smoothing=0.2)
+    objective.build(8, K)
+    objective.classifier = torch.nn.Conv2d(8, K, 1)  # a per-pixel classifier, as the task's head is
+    features = torch.randn(2, 8, 4, 4)
+    masks = torch.randint(0, K, (2, 4, 4))
+    masks[0, 0] = task.ignore_index
+    out = task.loss(objective, features, Batch(torch.zeros(2, 3, 4, 4), masks), torch.zeros(2, 3, 4, 4))
+    logits = task.predict(objective, features, masks)
+    smoothed = F.cross_entropy(logits, masks, ignore_index=task.ignore_index, label_smoothing=0.2)
+    assert out.terms["ce"].item() == pytest.approx(smoothed.item(), rel=1e-6)
+    plain = F.cross_entropy(logits, masks, ignore_index=task.ignore_index)
+    assert task.eval_loss(logits, masks).item() == pytest.approx(plain.item(), rel=1e-6)

@@ -79,9 +79,10 @@ class ImageClassificationData(ImageDataModule):
             raise the lower end for small or centred images, e.g. (0.5, 1.0)).
         hflip: Random horizontal flips in training augmentation (turn off for digits, text, …).
         auto_augment: An automatic augmentation policy added to the training augmentation (validation and test
-            images are never augmented): timm's RandAugment string (rand-m9-mstd0.5: DeiT's, DINO's and iBOT's
-            ViT fine-tuning; rand-m9-mstd0.5-inc1: MAE's) or trivial (torchvision's TrivialAugmentWide); its draws
-            are seeded per image like the rest. null (default): none.
+            images are never augmented): timm's RandAugment string (rand-m9-mstd0.5: 2 operations of magnitude 9,
+            noise std 0.5; rand-m9-mstd0.5-inc1, the ViT fine-tuning recipes' of DeiT, BEiT, iBOT and MAE) or
+            trivial (torchvision's TrivialAugmentWide); its draws are seeded per image like the rest. null
+            (default): none.
         cache_images: Decode every image file once at setup and keep the pixels in memory (N·H·W·3 bytes: 184 MB
             for CIFAR-10's 60,000 images of 32 px), instead of decoding each image at every access: the same
             pixels and results; the training loader alone runs 1.8x faster on CIFAR-10 at 64 px, but a whole

@@ -89,7 +89,8 @@ def other_normalisation(
 
 AUTO_AUGMENT_EXAMPLES = ("rand-m9-mstd0.5", "rand-m9-mstd0.5-inc1", "trivial")
 """Values of ``--data.auto_augment``: timm's RandAugment strings (``rand-m9-mstd0.5``: 2 operations of magnitude 9,
-noise std 0.5, DeiT's, DINO's and iBOT's fine-tuning recipe; ``-inc1``: MAE's) and ``trivial`` (TrivialAugmentWide)."""
+noise std 0.5; ``-inc1``: the operations whose strength grows with the magnitude, as the ViT fine-tuning recipes of
+DeiT, BEiT, iBOT and MAE use it) and ``trivial`` (TrivialAugmentWide)."""
 
 
 class _SeededFromTorch:

@@ -63,6 +63,7 @@ class FitCLI(RunDirCLI):
     command = "fit"
     aliases: ClassVar[Mapping[str, str]] = {
         "--objective NAME": "a registered objective or Table 2 preset and its settings (coretune objectives)",
+        "--model.drop_path R": "--model.backbone_args.drop_path_rate R: a timm model's stochastic depth (ViTs: 0.1)",
         "--objective.help NAME": "the hyper-parameters of objective NAME",
         "--seed N": "--seed_everything N (also seeds the data split, --data.seed)",
         "--task NAME": f"--model.task NAME: {', '.join(TASKS)} (default {DEFAULT_TASK}); the --data.* options are its",

@@ -21,7 +21,7 @@ from ..tasks import TASKS, Batch
 from .checkpoint import CheckpointMeta, check_resumed_model, written_at
 from .datachecks import check_data
 from .health import GradScalerWatch, NonFiniteLossError, OutputHealth, training_blowup
-from .optim import OptimSettings, build_optimizer, build_schedule, resume_schedule
+from .optim import OptimSettings, build_optimizer, build_schedule, layer_decay_groups, resume_schedule
 from .seeds import epoch_seed, run_seed, step_seed
 from .speed import ChannelsLast, CompileGuard, channels_last_problem, compile_in_place, resolve_channels_last
 
@@ -78,9 +78,11 @@ class FineTuner(L.LightningModule):
         weights_options: how ``weights`` are read (:class:`~coretune.models.WeightsOptions`: ``download`` a named
             one missing from the cache, the checkpoint's ``format``, ``allow_cast``; ``--model.weights_options.<x>``).
         backbone_args: options of the backbone's constructor, e.g. ``{drop_path_rate: 0.1}`` for a timm ViT
-            (``--model.backbone_args '{drop_path_rate: 0.1}'``). timm ViTs take any image size by default.
+            (``--model.backbone_args '{drop_path_rate: 0.1}'``, or ``--model.drop_path 0.1``). timm ViTs take any
+            image size by default.
         optim: the optimiser and learning-rate schedule (:class:`~coretune.engine.optim.OptimSettings`: optimizer,
-            lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs; ``--model.optim.<x>``).
+            lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs, layer_decay;
+            ``--model.optim.<x>``).
         channels_last: use the channels-last memory format for the backbone and the images: ``auto`` (default) for
             CNN backbones, where it is faster, not for ViTs and other transformers
             (:func:`~coretune.engine.speed.prefers_channels_last`); or ``True``/``False``.
@@ -167,6 +169,12 @@ class FineTuner(L.LightningModule):
         self.compile_guard: CompileGuard | None = None  # set by the fit's setup (compile=True)
         if freeze_backbone:
             self.backbone.requires_grad_(False)
+        if optim.layer_decay is not None and self.backbone.layer_matcher() is None:
+            raise ValueError(
+                f"invalid model settings: optim.layer_decay needs a backbone whose layers timm can group (a timm "
+                f"model such as vit_small_patch16_224 or resnet50, or a torchvision ResNet), not {backbone!r}: "
+                "drop --model.optim.layer_decay or choose such a backbone"
+            )
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def build(self, num_classes: int, class_names: list[str] | None = None) -> None:
@@ -354,18 +362,42 @@ class FineTuner(L.LightningModule):
         return torch.softmax(self(x).float(), dim=1)
 
     # -- optimisation ---------------------------------------------------------------------------------------
+    @property
+    def weight_decay(self) -> float:
+        """The optimiser's weight decay: ``optim.weight_decay``, or the objective's own
+        (:attr:`~coretune.objectives.Objective.optimizer_weight_decay`: 0 for L2-SP and DELTA)."""
+        own = self.objective.optimizer_weight_decay
+        return self.optim.weight_decay if own is None else own
+
+    def optimizer_groups(self) -> list[dict[str, Any]]:
+        """The optimiser's parameter groups (torch's dicts), the trainable tensors only: the backbone's at
+        ``backbone_lr`` and the objective's heads at ``lr``, every tensor with :attr:`weight_decay`; with
+        ``optim.layer_decay``, the backbone's layers each at ``backbone_lr × layer_decay ** (L - 1 - layer)``
+        (:func:`~.optim.layer_decay_groups`: timm's ``param_groups_layer_decay``, 1-D tensors and the backbone's
+        ``no_weight_decay()`` without weight decay) and the heads at ``lr`` × 1.0, the top layer's scale, their 1-D
+        tensors without weight decay too. The heads' group comes last (the ``lr`` metrics.csv logs)."""
+        optim, decay = self.optim, self.weight_decay
+        heads = [p for p in self.objective.parameters() if p.requires_grad]
+        if optim.layer_decay is None:
+            backbone = [p for p in self.backbone.parameters() if p.requires_grad]
+            return [{"params": backbone, "lr": optim.backbone_rate}, {"params": heads, "lr": optim.lr}]
+        matcher = self.backbone.layer_matcher()
+        assert matcher is not None  # checked by __init__
+        groups = layer_decay_groups(
+            self.backbone.body, matcher, optim.layer_decay, optim.backbone_rate, decay, self.backbone.no_weight_decay()
+        )
+        return [
+            *groups,
+            {"params": [p for p in heads if p.ndim <= 1], "lr": optim.lr, "weight_decay": 0.0},
+            {"params": [p for p in heads if p.ndim > 1], "lr": optim.lr, "weight_decay": decay},
+        ]
+
     def configure_optimizers(self) -> dict[str, Any]:
+        """The optimiser over :meth:`optimizer_groups` and its per-step schedule, which multiplies every group's
+        own rate (``LambdaLR``)."""
         optim = self.optim
-        backbone_params = [p for p in self.backbone.parameters() if p.requires_grad]
-        head_params = [p for p in self.objective.parameters() if p.requires_grad]
         optimizer = build_optimizer(
-            [(backbone_params, optim.backbone_rate), (head_params, optim.lr)],
-            optim.optimizer,
-            optim.momentum,
-            optim.nesterov,
-            optim.weight_decay
-            if self.objective.optimizer_weight_decay is None
-            else self.objective.optimizer_weight_decay,
+            self.optimizer_groups(), optim.optimizer, optim.momentum, optim.nesterov, self.weight_decay
         )
         scheduler = build_schedule(optimizer, self.trainer, optim.warmup_epochs, optim.schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

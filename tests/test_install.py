@@ -31,7 +31,21 @@ CORE = {
     "torch", "torchvision", "lightning", "jsonargparse", "timm", "safetensors", "rich", "pillow", "numpy", "pyyaml",
     "torchmetrics", "huggingface-hub",
 }  # fmt: skip
-EXTRAS = {"demo", "plots", "bench", "tune", "onnx", "robust", "docs", "tensorboard", "mlflow", "wandb", "all", "dev"}
+EXTRAS = {
+    "demo",
+    "plots",
+    "bench",
+    "tune",
+    "tune-postgres",
+    "onnx",
+    "robust",
+    "docs",
+    "tensorboard",
+    "mlflow",
+    "wandb",
+    "all",
+    "dev",
+}
 
 
 def _name(text: str) -> str:

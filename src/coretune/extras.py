@@ -20,6 +20,7 @@ EXTRAS: dict[str, str] = {
     "matplotlib": "plots",
     "optuna": "tune",
     "sqlalchemy": "tune",
+    "psycopg": "tune-postgres",
     "onnx": "onnx",
     "onnxruntime": "onnx",
     "onnxscript": "onnx",

@@ -41,6 +41,9 @@ def postgres() -> Iterator[tuple[object, str]]:
     hba.write_text("local all postgres trust\nlocal all all scram-sha-256\n")
     server.psql("SELECT pg_reload_conf();")
     yield server, server.get_uri().partition("host=")[2]
+    from pgserver._commands import pg_ctl
+
+    pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=server.pgdata, user=server.system_user)  # its data is thrown away
     server.cleanup()
     folder.cleanup()
 

@@ -291,3 +291,30 @@ def test_storage_urls_are_shown_without_their_password_and_checked_before_any_wo
     monkeypatch.setattr(storage_module, "installed", lambda module: False)  # neither psycopg nor psycopg2
     with pytest.raises(MissingExtra, match=r"pip install 'coretune\[tune-postgres\]'"):
         storage_module.open_storage(optuna, "postgresql://tuner:pw@db/t")
+
+
+def test_a_joining_worker_waits_for_the_creator_to_set_the_study_up(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Workers started at once: the one that created the study records its settings and queues its start-up points,
+    then marks it ready; the others wait for that (a creator killed meanwhile: a minute at most)."""
+    import threading
+
+    from coretune.sweeps import study as study_module
+
+    study = optuna.create_study()
+    study.enqueue_trial({"eta": 1.0})  # the creator is queueing its points
+    threading.Timer(0.5, lambda: study.set_user_attr(study_module.READY, True)).start()
+    began = time.monotonic()
+    study_module.await_creator(study)
+    assert 0.4 < time.monotonic() - began < 5
+    monkeypatch.setattr(study_module, "_CREATOR_WAIT_S", 2.2)  # a creator that died before it was ready
+    began = time.monotonic()
+    study_module.await_creator(optuna.create_study())
+    assert 2.1 < time.monotonic() - began < 6
+    assert "waiting (up to a minute) for the process that created study" in capsys.readouterr().out
+    older = optuna.create_study()
+    older.ask()  # a study with a trial started, made before READY: no wait
+    began = time.monotonic()
+    study_module.await_creator(older)
+    assert time.monotonic() - began < 1

@@ -148,10 +148,18 @@ def await_creator(study: Any) -> None:
     (made before :data:`READY`) needs no wait."""
     from optuna.trial import TrialState
 
-    deadline = time.monotonic() + _CREATOR_WAIT_S
-    while READY not in study.user_attrs and time.monotonic() < deadline:
+    start = time.monotonic()
+    said = False
+    while READY not in study.user_attrs and time.monotonic() < start + _CREATOR_WAIT_S:
         if any(t.state != TrialState.WAITING for t in study.get_trials(deepcopy=False)):
             return
+        if not said and time.monotonic() > start + 2:
+            print(
+                f"coretune tune: waiting (up to a minute) for the process that created study {study.study_name!r} "
+                "to record its settings",
+                flush=True,
+            )
+            said = True
         time.sleep(0.2)
 
 

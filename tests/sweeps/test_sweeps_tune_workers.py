@@ -32,7 +32,10 @@ def postgres() -> Iterator[tuple[object, str]]:
     """A PostgreSQL server on a Unix socket, with password authentication for the user ``tuner``; yields the server
     and the socket's folder. Its data lives outside pytest's folders: as root, pgserver runs the server as another
     user, who cannot enter those."""
-    pgserver = pytest.importorskip("pgserver", reason="pip install pgserver (the dev extra) for a PostgreSQL server")
+    pgserver = pytest.importorskip(
+        "pgserver",
+        reason="no pgserver, the PostgreSQL server in a wheel of the dev extra (Python <= 3.12): pip install pgserver",
+    )
     pytest.importorskip("psycopg", reason="pip install 'coretune[tune-postgres]' for PostgreSQL's driver")
     folder = tempfile.TemporaryDirectory(prefix="coretune-pg-", ignore_cleanup_errors=True)
     server = pgserver.get_server(Path(folder.name) / "data", cleanup_mode="stop")

@@ -32,8 +32,8 @@ CORE = {
     "torchmetrics", "huggingface-hub",
 }  # fmt: skip
 EXTRAS = {
-    "demo", "plots", "bench", "tune", "cluster", "onnx", "robust", "docs", "tensorboard", "mlflow", "wandb", "all",
-    "dev",
+    "demo", "plots", "bench", "tune", "tune-postgres", "cluster", "onnx", "robust", "docs", "tensorboard", "mlflow",
+    "wandb", "all", "dev",
 }  # fmt: skip
 
 

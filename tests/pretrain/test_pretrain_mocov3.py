@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from coretune.cli import main
 from coretune.models import create_backbone, load_pretrained
@@ -192,3 +193,19 @@ def test_a_vit_tiny_pretrains_exports_moco_v3s_layout_and_fine_tunes_from_it(
     main([*fit.split(), *vit, "--trainer.max_steps=1", f"--run_dir={tmp_path / 'fit'}", *QUIET])
     loaded = f"layout 'moco_v3' (state_dict['module.base_encoder.*']) — {len(body)}/{len(body)} tensors loaded, "
     assert loaded + "0 missing, 0 unexpected" in capsys.readouterr().err
+
+
+def test_the_cifar10_vit_tiny_config_is_moco_v3s_vit_recipe_at_batch_256(capsys: pytest.CaptureFixture[str]) -> None:
+    config = Path(__file__).parents[2] / "configs" / "pretrain" / "cifar10_vit_tiny_moco_v3.yaml"
+    with pytest.raises(SystemExit) as done:
+        main(["pretrain", "--config", str(config), "--print_config"])
+    assert done.value.code in (None, 0)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    model, data = printed["model"], printed["data"]
+    assert model["class_path"] == "coretune.pretrain.mocov3.MoCoV3"
+    settings = {k: model["init_args"][k] for k in ("optimizer", "lr", "weight_decay", "temperature", "key_momentum")}
+    assert settings == {"optimizer": "adamw", "lr": 1.5e-4 * 256 / 256, "weight_decay": 0.1, "temperature": 0.2,
+                        "key_momentum": 0.99}  # fmt: skip
+    assert model["init_args"]["backbone_args"] == VIT_32PX and data["batch_size"] == 256 and data["image_size"] == 32
+    epochs = printed["trainer"]["max_epochs"]
+    assert model["init_args"]["warmup_epochs"] == pytest.approx(40 / 300 * epochs, abs=0.01)  # the recipe's fraction

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..distributed import batch_sizes, gather_with_grad, scale_grad, world_size
+from ..distributed import batch_sizes, gather_with_grad, rank, scale_grad, world_size
 
-__all__ = ["KeyQueue", "global_nt_xent", "moco_infonce", "moco_v3_infonce", "nt_xent"]
+__all__ = ["KeyQueue", "global_moco_v3_infonce", "global_nt_xent", "moco_infonce", "moco_v3_infonce", "nt_xent"]
 
 
 def nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
@@ -78,6 +78,17 @@ def moco_v3_infonce(q: Tensor, k: Tensor, temperature: float = 0.2, offset: int 
         logits = q @ k.T / temperature
         labels = torch.arange(q.shape[0], device=q.device) + offset
         return F.cross_entropy(logits, labels) * (2 * temperature)
+
+
+def global_moco_v3_infonce(q: Tensor, k: Tensor, temperature: float = 0.2) -> Tensor:
+    """:func:`moco_v3_infonce` of this process's queries against the keys of every process of a data-parallel run
+    (all-gathered, without gradient: moco-v3's ``concat_all_gather``), the positive of query ``i`` the key at this
+    process's offset + ``i``. DDP's average of the processes' gradients is then the gradient of the loss over the
+    global batch, as in facebookresearch/moco-v3. In one process this is :func:`moco_v3_infonce`."""
+    if world_size() == 1:
+        return moco_v3_infonce(q, k, temperature)
+    sizes = batch_sizes(k.shape[0], k.device)
+    return moco_v3_infonce(q, gather_with_grad(k.detach(), sizes), temperature, sum(sizes[: rank()]))
 
 
 class KeyQueue(nn.Module):

@@ -32,9 +32,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from ..distributed import batch_sizes, gather_with_grad, rank, world_size
 from ..engine.optim import OptimizerName, Schedule
-from .losses import moco_v3_infonce
+from .losses import global_moco_v3_infonce
 from .module import ContrastivePretrainer
 
 __all__ = ["MoCoV3", "moco_v3_mlp", "momentum_at", "sincos_2d_position_embedding"]
@@ -238,13 +237,8 @@ class MoCoV3(ContrastivePretrainer):
             self._updated_at = step
         q1, q2 = self.queries(view1), self.queries(view2)
         k1, k2 = self.keys(view1), self.keys(view2)
-        offset = 0
-        if world_size() > 1:  # every process's keys are negatives (moco-v3's concat_all_gather; no gradient)
-            sizes = batch_sizes(k1.shape[0], k1.device)
-            k1, k2 = gather_with_grad(k1, sizes), gather_with_grad(k2, sizes)
-            offset = sum(sizes[: rank()])
-        tau = self.hparams.temperature
-        return moco_v3_infonce(q1, k2, tau, offset) + moco_v3_infonce(q2, k1, tau, offset)
+        tau = self.hparams.temperature  # under DDP every process's keys are negatives
+        return global_moco_v3_infonce(q1, k2, tau) + global_moco_v3_infonce(q2, k1, tau)
 
     def pretrained_checkpoint(self) -> dict[str, Any]:
         head = "head." if _is_vit(self.backbone.body) else "fc."

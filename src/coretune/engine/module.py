@@ -161,6 +161,8 @@ class FineTuner(L.LightningModule):
         self.class_names: list[str] | None = None
         self.checkpoint_meta: CheckpointMeta | None = None  # the checkpoint's 'coretune' entry (from_checkpoint)
         self.loaded_checkpoint: dict[str, Any] = {}  # the path, epoch and step of the checkpoint last loaded
+        # which weights its checkpoints hold under weight averaging (engine.averaging sets it; None: the trained)
+        self.averaging: dict[str, Any] | None = None
         self.channels_last = resolve_channels_last(channels_last, self.backbone)  # what "auto" means here
         if self.channels_last:
             self.backbone.to(memory_format=torch.channels_last)

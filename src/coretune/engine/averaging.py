@@ -33,6 +33,7 @@ Before the first average (SWA before its start) the trained weights stand in.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,7 +46,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn, update_bn
 
 from .callbacks import update_results
 
-__all__ = ["AveragedWeights", "Averaging", "ema_multi_avg_fn"]
+__all__ = ["AveragedWeights", "Averaging", "ema_multi_avg_fn", "recompute_batch_norm"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,21 @@ def ema_multi_avg_fn(decay: float) -> Any:
                 a.copy_(c)
 
     return update
+
+
+def recompute_batch_norm(model: Any, loader: Iterable[Any], device: torch.device) -> None:
+    """``model``'s (a FineTuner's) BatchNorm statistics from one pass over ``loader``'s training batches (their
+    training transform, as ``update_bn`` and the SWA paper do; a two-view batch: its first view) on ``device``:
+    :func:`torch.optim.swa_utils.update_bn`, the run's random state left as it was (a resumed run repeats it)."""
+    task = model.task
+
+    def images() -> Iterator[Tensor]:
+        for batch in loader:
+            inputs = task.unpack(batch).inputs
+            yield inputs[0] if isinstance(inputs, list | tuple) else inputs
+
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        update_bn(images(), model, device=device)
 
 
 class AveragedWeights(WeightAveraging):
@@ -241,21 +257,8 @@ class AveragedWeights(WeightAveraging):
         """Nothing: SWA averages at the epoch's last step (Lightning's would here, after that epoch's validation)."""
 
     def _recompute_batch_norm(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """The averaged network's BatchNorm statistics from one pass over the training images (their training
-        transform, as ``update_bn`` and the paper do), without touching the run's random state."""
-        averaged = self._ensure(pl_module)
-        model: Any = averaged.module
-        task = model.task
-        loader = trainer.datamodule.train_dataloader()
-
-        def images() -> Any:
-            for batch in loader:
-                inputs = task.unpack(batch).inputs
-                yield inputs[0] if isinstance(inputs, list | tuple) else inputs  # a two-view batch: its queries
-
-        device = pl_module.device
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            update_bn(images(), model, device=device)
+        """The averaged network's BatchNorm statistics from one pass over the training images."""
+        recompute_batch_norm(self._ensure(pl_module).module, trainer.datamodule.train_dataloader(), pl_module.device)
 
     # -- validation, the end of the fit -------------------------------------------------------------------------
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

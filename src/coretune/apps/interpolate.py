@@ -172,9 +172,9 @@ def interpolate(args: Sequence[str]) -> Path:
         raise ValueError("--alphas is empty: give the grid of α to choose from, e.g. --alphas [0,0.5,1]")
     reads = [("the checkpoint", ckpt_path), ("--start", cfg.start)]
     data_read = [*data_paths(cfg.data.as_dict()), *trained_data_paths(Path(ckpt_path))]
-    if Path(cfg.output).suffix == ".json":
-        raise ValueError(f"--output {cfg.output} is the table's name: give the checkpoint a .ckpt name")
     output = check_file_output(cfg.output, "interpolate", reads=reads, data=data_read, ours=_never)
+    if output.suffix == ".json":
+        raise ValueError(f"--output {cfg.output} is the table's name: give the checkpoint a .ckpt name")
     table = check_file_output(output.with_suffix(".json"), "interpolate", reads=reads, data=data_read, ours=_never)
     trainer = _trainer(cfg.trainer, output.parent)  # its settings checked before any image is read
     data = model.task.data_class(**cfg.data.as_dict())

@@ -155,6 +155,9 @@ def test_a_resumed_run_has_the_average_of_the_uninterrupted_one(
         for key, value in a[part].items():
             assert torch.equal(value, b[part][key]), (part, key)
     assert a["averaging_state"] == b["averaging_state"]
+    # resumed without the averaging it was trained with: refused, not trained on from the average
+    with pytest.raises(ValueError, match="holds averaged weights"):
+        _fit(image_tree, tmp_path / "cut", None, ckpt_path=str(tmp_path / "cut" / "checkpoints" / "last.ckpt"))
 
 
 def _first_bn_mean(model: FineTuner, data: ImageClassificationData) -> Tensor:

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from coretune.apps.interpolate import interpolated_state
+from coretune.apps.interpolate import _start_state, interpolated_state
 from coretune.cli import main
 from coretune.data import ImageClassificationData
 from coretune.engine import FineTuner
+from coretune.objectives import create
 from fit_flags import QUIET, TINY_FIT, error
 
 
@@ -118,6 +119,30 @@ def test_a_pre_trained_start_interpolates_the_backbone_and_keeps_the_fine_tuned_
     assert not torch.allclose(state[f"backbone.body.{key}"], body[key])
     assert not torch.allclose(state[f"backbone.body.{key}"], fine_tuned[f"backbone.body.{key}"])
     assert json.loads(output.with_suffix(".json").read_text())["start_kind"] == "pre-trained backbone"
+
+
+def test_an_objective_head_the_start_lacks_is_the_fine_tuned_ones(run: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """A CE start (a linear probe's: a classifier) for a Core-tuning fine-tuning (a classifier and a projector): the
+    classifier and backbone are interpolated, the projector is the fine-tuned one for every α."""
+    _, end, start = run
+    raw = torch.load(end, weights_only=True)
+    core = create("core")
+    crafted = FineTuner(core, backbone="small_cnn")
+    crafted.build(3, ["cat", "dog", "eel"])
+    raw["state_dict"] = crafted.state_dict()
+    cls = f"{type(core).__module__}.{type(core).__qualname__}"
+    raw["coretune"] |= {"objective": "core", "objective_class": cls, "objective_hparams": core.hparams()}
+    torch.save(raw, tmp_path / "core.ckpt")
+    fine_tuned = FineTuner.from_checkpoint(tmp_path / "core.ckpt")
+    theta0, kind, kept = _start_state(str(start), fine_tuned, "auto", "core.ckpt")
+    assert kind == "checkpoint" and kept and all(k.startswith("objective.projector.") for k in kept)
+    at_0, probe = interpolated_state(theta0, fine_tuned.state_dict(), 0.0), FineTuner.from_checkpoint(start)
+    assert torch.equal(at_0["objective.classifier.weight"], probe.state_dict()["objective.classifier.weight"])
+    assert all(torch.equal(at_0[k], fine_tuned.state_dict()[k]) for k in kept)
+    with pytest.raises(ValueError, match="another network"):  # another backbone: refused
+        other = FineTuner(backbone="small_cnn", backbone_args={"widths": (8, 16, 32, 64)})
+        other.build(3, ["cat", "dog", "eel"])
+        _start_state(str(start), other, "auto", "narrow.ckpt")
 
 
 def test_interpolate_refuses_to_choose_alpha_on_the_test_images(run: tuple[Path, Path, Path], tmp_path: Path) -> None:

@@ -8,9 +8,10 @@ validation loss, then the larger ``α``) is written as a new checkpoint, with a 
 
 * ``θ₁`` (``--ckpt_path``): a checkpoint of ``coretune fit`` (its ``state_dict``: the averaged weights of a run with
   ``--averaging.*``).
-* ``θ₀`` (``--start``): another checkpoint of ``coretune fit`` of the same network (the LP-FT start: a linear probe,
-  ``--model.freeze_backbone true``; or an earlier checkpoint of the run), whose head is interpolated too (for a
-  linear probe: WiSE-FT's interpolation of the zero-shot/linear-classifier head with the fine-tuned one); or
+* ``θ₀`` (``--start``): another checkpoint of ``coretune fit`` of the same backbone and classes (the LP-FT start: a
+  linear probe, ``--model.freeze_backbone true``; or an earlier checkpoint of the run), whose heads are interpolated
+  too (for a linear probe: WiSE-FT's interpolation of the zero-shot/linear-classifier head with the fine-tuned one;
+  an objective head the start lacks, such as Core-tuning's projector after a CE probe, is ``θ₁``'s); or
   pre-trained backbone weights (a file of any layout ``--model.weights`` loads, or a hub name), for the backbone
   alone: the fine-tuned head is every ``θ(α)``'s (a pre-trained file has no head for these classes).
 * Every floating-point tensor is interpolated, BatchNorm's running statistics included (so ``α = 0`` and ``α = 1``
@@ -113,25 +114,27 @@ def interpolated_state(start: dict[str, Any], end: dict[str, Any], alpha: float)
     return out
 
 
-def _start_state(start: str, model: FineTuner, layout: str, ckpt_path: str) -> tuple[dict[str, Any], str]:
-    """``θ₀`` as a ``state_dict`` of ``model`` (the fine-tuned one), and what it is (``checkpoint``: a coretune fit's;
-    ``pre-trained backbone``: the fine-tuned model's heads with these backbone weights)."""
+def _start_state(start: str, model: FineTuner, layout: str, ckpt_path: str) -> tuple[dict[str, Any], str, list[str]]:
+    """``θ₀`` as a ``state_dict`` of ``model`` (the fine-tuned one), what it is (``checkpoint``: a coretune fit's;
+    ``pre-trained backbone``: these backbone weights), and the tensors it takes from ``model`` (``θ₁``'s for every
+    α): a pre-trained file's heads, or the objective heads a start checkpoint lacks (a CE linear probe's start for a
+    Core-tuning fine-tuning: its projector)."""
     end = model.state_dict()
+    tensors = [k for k, v in end.items() if isinstance(v, Tensor)]
     raw = load_checkpoint_file(start) if Path(start).is_file() else None
     if isinstance(raw, dict) and "coretune" in raw:
         other = FineTuner.from_checkpoint(start)
         state = other.state_dict()
-        differ = sorted(
-            k for k in end if isinstance(end[k], Tensor) and (k not in state or state[k].shape != end[k].shape)
-        )
+        differ = [k for k in tensors if k in state and getattr(state[k], "shape", None) != end[k].shape]
+        differ += [k for k in tensors if k.startswith("backbone.") and k not in state]
         if differ or other.class_names != model.class_names:
             what = f"{len(differ)} tensors differ, e.g. {differ[0]}" if differ else "other classes"
             raise ValueError(
                 f"--start {start} is another network than --ckpt_path {ckpt_path} ({what}): interpolate two "
-                "checkpoints of the same backbone, objective heads and classes, or pass pre-trained backbone "
-                "weights as --start"
+                "checkpoints of the same backbone and classes, or pass pre-trained backbone weights as --start"
             )
-        return state, "checkpoint"
+        kept = [k for k in tensors if k not in state]
+        return {**end, **{k: state[k] for k in tensors if k in state}}, "checkpoint", kept
     hparams = model.hparams
     backbone = model.task.build_backbone(
         hparams.backbone,
@@ -141,9 +144,8 @@ def _start_state(start: str, model: FineTuner, layout: str, ckpt_path: str) -> t
         weights_download=False,
         **(hparams.get("backbone_args") or {}),
     )
-    state = dict(end)
-    state |= {f"backbone.{k}": v for k, v in backbone.state_dict().items()}
-    return state, "pre-trained backbone"
+    state = {**end, **{f"backbone.{k}": v for k, v in backbone.state_dict().items()}}
+    return state, "pre-trained backbone", [k for k in tensors if not k.startswith("backbone.")]
 
 
 def _never(_: Path) -> bool:
@@ -185,7 +187,7 @@ def interpolate(args: Sequence[str]) -> Path:
             "the data has no validation split apart from the test images, and α must not be chosen on them: hold "
             "out one (--data.val_fraction 0.1, or a val/ folder beside test/)"
         )
-    start, kind = _start_state(cfg.start, model, cfg.start_format, ckpt_path)
+    start, kind, kept = _start_state(cfg.start, model, cfg.start_format, ckpt_path)
     end = {k: v.clone() if isinstance(v, Tensor) else v for k, v in model.state_dict().items()}
     rows: list[dict[str, Any]] = []
     for alpha in cfg.alphas:
@@ -207,6 +209,7 @@ def interpolate(args: Sequence[str]) -> Path:
         "fine_tuned": str(ckpt_path),
         "alpha": best["alpha"],
         "batch_norm": cfg.batch_norm,
+        "fine_tuned_only": kept,  # θ₁'s for every α: the tensors the start has none of
     }
     checkpoint = {k: raw[k] for k in _KEPT if k in raw}
     checkpoint["state_dict"] = {

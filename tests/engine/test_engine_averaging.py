@@ -204,9 +204,13 @@ def test_swa_is_the_mean_of_the_epochs_from_its_start_with_batch_norm_recomputed
 
 def test_coretune_fit_records_which_weights_it_tested(image_tree: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    main(["fit", f"--data.root={image_tree}", *TINY_FIT, *QUIET, f"--run_dir={run}", "--averaging.ema_decay=0.5"])
+    args = ["fit", f"--data.root={image_tree}", *TINY_FIT, *QUIET, f"--run_dir={run}", "--averaging.ema_decay=0.5"]
+    main(args)
     results = json.loads((run / "results.json").read_text())
     assert results["averaging"] == {"weights": "ema", "ema_decay": 0.5, "updates": 4}
+    main(args)  # the finished run, tested again: the average again (its checkpoint restored the trained weights)
+    again = json.loads((run / "results.json").read_text())
+    assert (again["averaging"], again["test"]) == (results["averaging"], results["test"])
     plain = tmp_path / "plain"
     main(["fit", f"--data.root={image_tree}", *TINY_FIT, *QUIET, f"--run_dir={plain}"])
     assert "averaging" not in json.loads((plain / "results.json").read_text())

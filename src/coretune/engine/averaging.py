@@ -180,12 +180,14 @@ class AveragedWeights(WeightAveraging):
         self._swapped = False
         self._loaded_entry: dict[str, Any] | None = None  # the averaging entry of the checkpoint a test loaded
         self._resumed_state: dict[str, Any] | None = None  # the average a resumed fit restores at its start
+        self._ended = False
 
     # -- set-up -----------------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         self._average_model = None  # made by _ensure, once the model's heads exist
+        self._ended = False  # the model holds the average (the fit's end)
         if self.settings.kind == "swa":
             self._start = self.settings.start_epoch(trainer.max_epochs)
             if trainer.datamodule is None:
@@ -272,9 +274,19 @@ class AveragedWeights(WeightAveraging):
             self._swapped = False
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.n_averaged:
-            self._copy_average_to_current(pl_module)
-        pl_module.averaging = self.entry()  # type: ignore[assignment]
+        self._end_with_average(pl_module)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A fit resumed from the checkpoint of a finished run trains nothing (no ``on_train_end``): its model, the
+        trained weights the checkpoint restored, ends with the average too."""
+        self._end_with_average(pl_module)
+
+    def _end_with_average(self, pl_module: L.LightningModule) -> None:
+        if self._average_model is not None and not self._ended:
+            if self.n_averaged:
+                self._copy_average_to_current(pl_module)
+            pl_module.averaging = self.entry()  # type: ignore[assignment]
+            self._ended = True
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """``results.json``'s ``averaging``: the settings, and which weights the test scored (``weights``): those

@@ -57,11 +57,11 @@ class Averaging:
     Args:
         ema_decay: an exponential moving average of the weights with this decay in (0, 1), updated after each
             optimiser step (0.9998 is timm's ImageNet value; a short CPU run wants 0.99–0.999: the average spans
-            about ``1 / (1 - d)`` steps).
+            about 1/(1 - d) steps).
         swa_start: stochastic weight averaging from this epoch on (0-based): a whole number of epochs, or below 1
-            a fraction of ``--trainer.max_epochs`` (0.75: the last quarter); BatchNorm statistics recomputed.
+            a fraction of --trainer.max_epochs (0.75: the last quarter); BatchNorm statistics recomputed.
         swa_lr: with ``swa_start``, the heads' constant learning rate from the start (the other parameter groups
-            keep their ratio to it); None keeps the ``--model.optim.schedule``.
+            keep their ratio to it); None keeps the --model.optim.schedule.
 
     Raises:
         ValueError: one line naming the bad setting.

@@ -120,6 +120,16 @@ def _export(w: dict[str, Path], o: Path) -> list[str]:
     return ["export", f"--ckpt_path={_best(w)}", "--format=safetensors", f"--output={o}"]
 
 
+def _interpolate(w: dict[str, Path], o: Path) -> list[str]:
+    return [
+        "interpolate",
+        f"--ckpt_path={_best(w)}",
+        f"--start={_best(w)}",
+        f"--data.root={w['data']}",
+        f"--output={o}",
+    ]
+
+
 def _fit(w: dict[str, Path], o: Path) -> list[str]:
     return ["fit", *TINY_FIT, *QUIET, f"--data.root={w['data']}", f"--run_dir={o}"]
 
@@ -151,6 +161,7 @@ COMMANDS: dict[str, tuple[str, str, Command]] = {
     "eval-linear": ("file", "data", _eval("linear")),
     "eval-robust": ("file", "data", _eval_robust),
     "export": ("folder", "data", _export),  # the data its checkpoint was trained on
+    "interpolate": ("file", "data", _interpolate),
     "fit": ("folder", "data", _fit),
     "pretrain": ("folder", "data", _pretrain),
     "bench": ("folder", "data", _spec),

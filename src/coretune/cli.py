@@ -21,6 +21,7 @@ commands:
   test        evaluate a fine-tuned checkpoint on the test split (test_results.json)
   validate    evaluate a fine-tuned checkpoint on the validation split (val_results.json)
   predict     predict an image folder: classes into a CSV, or segmentation masks into a folder
+  interpolate WiSE-FT: interpolate a start and a fine-tuned checkpoint, α chosen on validation (a new .ckpt)
   export      export a fine-tuned checkpoint: safetensors + JSON config, torch.export, TorchScript, ONNX (--format)
   objectives  list the fine-tuning methods (objectives)
   pretrain    contrastive pre-training (SimCLR, MoCo v2) on an unlabelled image folder
@@ -202,6 +203,12 @@ def export(args: list[str]) -> None:
     )
     for path in written:
         print(path)
+
+
+def interpolate(args: list[str]) -> None:
+    from .apps.interpolate import interpolate as run_interpolate
+
+    run_interpolate(args)
 
 
 def list_objectives(args: list[str]) -> None:
@@ -429,6 +436,7 @@ COMMANDS = {
     "validate": validate,
     "predict": predict,
     "export": export,
+    "interpolate": interpolate,
     "objectives": list_objectives,
     "pretrain": pretrain,
     "eval": evaluate,

@@ -207,10 +207,11 @@ class RunArtifacts(L.Callback):
         if trainer.is_global_zero and RunDir(self.run_dir(trainer)).results.is_file():
             # fit again after a failure, or extend a finished run (--trainer.max_epochs): until this fit tests
             # again, the run is not finished, and its old test score must not stand for the weights it trains on
-            # (and this fit's speed records: compiled or not, the 16-mixed scaler's skipped steps)
+            # (and this fit's speed records: compiled or not, the 16-mixed scaler's skipped steps; and which
+            # averaged weights the test scored)
             update_results(
                 self.run_dir(trainer),
-                drop=("diverged", "collapsed", "test", "test_skipped", "compile", "grad_scaler"),
+                drop=("diverged", "collapsed", "test", "test_skipped", "compile", "grad_scaler", "averaging"),
             )
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -81,6 +81,8 @@ class CheckpointMeta:
             feature_dim=model.backbone.feature_dim,
             adversarial=None if model.adversarial is None else model.adversarial.hparams(),
             weights_sha256=model.weights_sha256,
+            # weight averaging (engine.averaging): which weights state_dict holds; absent without it
+            extra={"averaging": averaging} if (averaging := getattr(model, "averaging", None)) else {},
         )
 
     @classmethod

@@ -28,6 +28,7 @@ from ..robust.training import AdversarialTraining
 from ..runs.config import recorded_task
 from ..runs.layout import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task
+from .averaging import Averaging
 from .callbacks import update_results
 from .checkpoint_io import with_atomic_io
 from .fitargs import current_objective_args, task_of_args, translate_args
@@ -87,6 +88,13 @@ class FitCLI(RunDirCLI):
             "--adversarial.eps 8/255).",
         )
         parser.link_arguments("adversarial", "model.adversarial", apply_on="instantiate")
+        parser.add_class_arguments(
+            Averaging,
+            "averaging",
+            help="Weight averaging: validate, checkpoint and end with an average of the weights, an EMA "
+            "(--averaging.ema_decay 0.999) or SWA over the last epochs (--averaging.swa_start 0.75, BatchNorm "
+            "statistics recomputed; --averaging.swa_lr a constant lr from there) (docs/usage.md, Weight averaging).",
+        )
         parser.link_arguments("seed_everything", "data.seed")
         parser.add_argument(
             "--run_dir",
@@ -126,6 +134,9 @@ class FitCLI(RunDirCLI):
         show_progress = trainer.get("enable_progress_bar") is not False
         own = trainer.get("callbacks") or []  # --trainer.callbacks: a ChanceLevelGuard there replaces the default
         trainer["callbacks"], guard = own_guard(own if isinstance(own, list) else [own])
+        averaging = self._get(self.config_init, "averaging")
+        if isinstance(averaging, Averaging) and (averaged := averaging.callback()) is not None:
+            trainer["callbacks"].append(averaged)
         self.trainer_defaults["callbacks"] = default_callbacks(trainer["default_root_dir"], show_progress, guard)
         kwargs["plugins"] = with_atomic_io(trainer.get("plugins"))
         return super().instantiate_trainer(**kwargs)

@@ -9,6 +9,8 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 from ..data import require_task_data
@@ -57,6 +59,12 @@ def _train_features(features: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
             "more values per channel in training: use --data.batch_size 2 or more (a last incomplete batch is "
             "dropped once the training set holds more than one batch)"
         ) from None
+
+
+def _averages(trainer: L.Trainer) -> bool:
+    """Whether ``trainer`` averages weights (a :class:`~lightning.pytorch.callbacks.WeightAveraging` callback: the
+    one of ``coretune fit --averaging.*``, :mod:`~coretune.engine.averaging`)."""
+    return any(isinstance(callback, WeightAveraging) for callback in trainer.callbacks)
 
 
 class FineTuner(L.LightningModule):
@@ -163,6 +171,8 @@ class FineTuner(L.LightningModule):
         self.class_names: list[str] | None = None
         self.checkpoint_meta: CheckpointMeta | None = None  # the checkpoint's 'coretune' entry (from_checkpoint)
         self.loaded_checkpoint: dict[str, Any] = {}  # the path, epoch and step of the checkpoint last loaded
+        # which weights its checkpoints hold under weight averaging (engine.averaging sets it; None: the trained)
+        self.averaging: dict[str, Any] | None = None
         self.channels_last = resolve_channels_last(channels_last, self.backbone)  # what "auto" means here
         if self.channels_last:
             self.backbone.to(memory_format=torch.channels_last)
@@ -241,6 +251,13 @@ class FineTuner(L.LightningModule):
         self.loaded_checkpoint = written_at(checkpoint, path)
         self.weights_sha256 = meta.get("weights_sha256") or self.weights_sha256  # the file the run started from
         check_resumed_model(checkpoint, self, path if self._trainer is not None else "the checkpoint")
+        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING
+        if fitting and "current_model_state" in checkpoint and not _averages(self._trainer):
+            raise ValueError(
+                f"checkpoint {path} holds averaged weights ({meta.get('averaging', {}).get('weights')}) beside the "
+                "trained ones: resume it with the weight averaging it was trained with (its config.yaml's "
+                "averaging: --averaging.*), or start a new run from it with --model.weights"
+            )
 
     @property
     def checkpoint_info(self) -> dict[str, Any]:

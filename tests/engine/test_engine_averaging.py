@@ -1,0 +1,233 @@
+"""Weight averaging (``coretune fit --averaging.*``, :mod:`coretune.engine.averaging`): EMA and SWA against slow
+loops written from their equations, resumed runs, and what validation, checkpoints and ``results.json`` hold."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from torch import Tensor, nn
+
+from coretune.cli import main
+from coretune.data import ImageClassificationData
+from coretune.engine import FineTuner, make_trainer, read_metrics
+from coretune.engine.averaging import AveragedWeights, Averaging, ema_multi_avg_fn
+from coretune.objectives import create
+from fit_flags import QUIET, TINY_FIT, error
+
+
+class _Snapshots(L.Callback):
+    """The model's state after every optimiser step (``steps``) and at every epoch's end (``epochs``), and each
+    step's learning rates (``lrs``)."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Tensor]] = []
+        self.epochs: list[dict[str, Tensor]] = []
+        self.lrs: list[list[float]] = []
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        self.lrs.append([g["lr"] for g in optimizer.param_groups])
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any) -> None:
+        self.steps.append({k: v.detach().clone() for k, v in pl_module.state_dict().items()})
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after the averaging callback's epoch end: a validation swap is over, these are the trained weights
+        self.epochs.append({k: v.detach().clone() for k, v in pl_module.state_dict().items()})
+
+
+class _StopAfterEpoch(L.Callback):
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == self.epoch:
+            trainer.should_stop = True
+
+
+def _fit(
+    tree: Path,
+    run_dir: Path,
+    averaging: Averaging | None,
+    *callbacks: L.Callback,
+    epochs: int = 3,
+    ckpt_path: str | None = None,
+    **trainer_options: Any,
+) -> tuple[FineTuner, L.Trainer, ImageClassificationData]:
+    L.seed_everything(3)
+    data = ImageClassificationData(root=str(tree), image_size=16, batch_size=8, seed=3)
+    model = FineTuner(create("ce"), backbone="small_cnn")
+    averaged = [] if averaging is None else [AveragedWeights(averaging)]
+    trainer = make_trainer(
+        run_dir,
+        progress=False,
+        max_epochs=epochs,
+        precision="32-true",
+        callbacks=[*callbacks, *averaged],
+        enable_model_summary=False,
+        **trainer_options,
+    )
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    return model, trainer, data
+
+
+def _val_loss(model: FineTuner, data: ImageClassificationData) -> float:
+    """The mean validation loss of ``model``'s weights, by hand."""
+    model.eval()
+    with torch.no_grad():
+        losses = [(model.task.eval_loss(model(x), y), len(y)) for x, y in data.val_dataloader()]
+    return float(sum(loss * n for loss, n in losses) / sum(n for _, n in losses))
+
+
+def _floats(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v for k, v in state.items() if isinstance(v, Tensor) and v.is_floating_point()}
+
+
+def test_ema_after_k_steps_is_the_slow_loop_and_validation_scores_it(image_tree: Path, tmp_path: Path) -> None:
+    """``ema_1 = w_1``, ``ema_k = d·ema_{k-1} + (1-d)·w_k`` after each optimiser step, over parameters and BatchNorm
+    statistics (integer counters copied); the model ends the fit with it, the epoch's validation scores it, and
+    ``best.ckpt``'s state_dict holds it (the trained weights beside it)."""
+    d = 0.7
+    snaps = _Snapshots()
+    model, trainer, data = _fit(image_tree, tmp_path / "run", Averaging(ema_decay=d), snaps, epochs=2)
+    assert len(snaps.steps) == trainer.global_step == 8
+    ema = dict(snaps.steps[0])
+    for w in snaps.steps[1:]:
+        ema = {k: d * ema[k] + (1 - d) * w[k] if w[k].is_floating_point() else w[k] for k in w}
+    final = model.state_dict()
+    for key, value in ema.items():
+        torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6, msg=key)
+    assert not torch.equal(final["backbone.body.layer1.0.weight"], snaps.steps[-1]["backbone.body.layer1.0.weight"])
+    assert any("running_mean" in k for k in ema)  # BatchNorm statistics averaged too
+    # the last epoch's val/loss is that of the EMA weights, evaluated here by hand
+    logged = float(read_metrics(tmp_path / "run" / "metrics.csv")[-1]["val/loss"])
+    assert logged == pytest.approx(_val_loss(model, data), rel=1e-5)
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    for key, value in _floats(ema).items():
+        torch.testing.assert_close(last["state_dict"][key], value, rtol=1e-5, atol=1e-6)
+        assert torch.equal(last["current_model_state"][key], snaps.steps[-1][key])
+    assert last["coretune"]["averaging"] == {"weights": "ema", "ema_decay": d, "updates": 8}
+    rebuilt = FineTuner.from_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt").eval()
+    x = next(iter(data.val_dataloader()))[0]
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(x), model(x))
+    assert rebuilt.checkpoint_info["averaging"]["weights"] == "ema"
+
+
+def test_the_ema_update_lerps_floats_and_copies_counters() -> None:
+    """The multi-tensor EMA: floats lerp, integers (BatchNorm's counter) are copied."""
+    update = ema_multi_avg_fn(0.9)
+    a, b = [torch.tensor([1.0, 2.0])], [torch.tensor([3.0, 4.0])]
+    update(a, b, torch.tensor(1))
+    torch.testing.assert_close(a[0], torch.tensor([1.2, 2.2]))
+    count = [torch.tensor(5)]
+    update(count, [torch.tensor(9)], torch.tensor(1))
+    assert int(count[0]) == 9
+
+
+def test_ema_updates_once_per_optimiser_step_under_gradient_accumulation(image_tree: Path, tmp_path: Path) -> None:
+    _, trainer, _ = _fit(image_tree, tmp_path / "run", Averaging(ema_decay=0.9), epochs=1, accumulate_grad_batches=2)
+    assert trainer.global_step == 2
+    assert trainer.lightning_module.averaging == {"weights": "ema", "ema_decay": 0.9, "updates": 2}
+
+
+@pytest.mark.parametrize(
+    "averaging", [Averaging(ema_decay=0.8), Averaging(swa_start=0, swa_lr=0.005)], ids=["ema", "swa"]
+)
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")  # resuming into it, on purpose
+def test_a_resumed_run_has_the_average_of_the_uninterrupted_one(
+    image_tree: Path, tmp_path: Path, averaging: Averaging
+) -> None:
+    """Cut after the first of 2 epochs, with an average holding 4 steps (EMA) or 1 epoch (SWA from epoch 0)."""
+    whole, _, _ = _fit(image_tree, tmp_path / "whole", averaging, epochs=2)
+    _fit(image_tree, tmp_path / "cut", averaging, _StopAfterEpoch(0), epochs=2)
+    cut = torch.load(tmp_path / "cut" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert cut["epoch"] == 0 and cut["coretune"]["averaging"]["weights"] == averaging.kind
+    resumed, _, _ = _fit(image_tree, tmp_path / "cut", averaging, ckpt_path="last", epochs=2)
+    for key, value in whole.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[key]), key
+    a, b = (torch.load(tmp_path / r / "checkpoints" / "last.ckpt", weights_only=True) for r in ("whole", "cut"))
+    for part in ("state_dict", "current_model_state"):
+        for key, value in a[part].items():
+            assert torch.equal(value, b[part][key]), (part, key)
+    assert a["averaging_state"] == b["averaging_state"]
+    # resumed without the averaging it was trained with: refused, not trained on from the average
+    with pytest.raises(ValueError, match="holds averaged weights"):
+        _fit(image_tree, tmp_path / "cut", None, ckpt_path=str(tmp_path / "cut" / "checkpoints" / "last.ckpt"))
+
+
+def _first_bn_mean(model: FineTuner, data: ImageClassificationData) -> Tensor:
+    """The running mean a pass over the training images gives the first BatchNorm layer (cumulative: the mean of
+    the batch means), computed by hand from its inputs."""
+    bn = next(m for m in model.modules() if isinstance(m, nn.BatchNorm2d))
+    means: list[Tensor] = []
+    hook = bn.register_forward_hook(lambda _m, inp, _out: means.append(inp[0].mean(dim=(0, 2, 3))))
+    model.train()
+    with torch.no_grad():
+        for x, _ in data.train_dataloader():
+            model.backbone(x)
+    hook.remove()
+    return torch.stack(means).mean(dim=0)
+
+
+def test_swa_is_the_mean_of_the_epochs_from_its_start_with_batch_norm_recomputed(
+    image_tree: Path, tmp_path: Path
+) -> None:
+    """Epochs 1 and 2 of 3 averaged (``swa_start`` 1, and 1/3 as a fraction), BatchNorm statistics from a pass over
+    the training data (not the last model's), epoch 0 validated on the trained weights, and the SWA lr from its
+    start."""
+    snaps = _Snapshots()
+    model, trainer, data = _fit(image_tree, tmp_path / "run", Averaging(swa_start=1 / 3, swa_lr=0.005), snaps)
+    final = model.state_dict()
+    params = {name for name, _ in model.named_parameters()}
+    for key in params:
+        mean = (snaps.epochs[1][key] + snaps.epochs[2][key]) / 2
+        torch.testing.assert_close(final[key], mean, rtol=1e-5, atol=1e-6, msg=key)
+    bn = next(n for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d))
+    running = final[f"{bn}.running_mean"].clone()
+    assert not torch.allclose(running, snaps.epochs[2][f"{bn}.running_mean"])
+    torch.testing.assert_close(running, _first_bn_mean(model, data), rtol=1e-4, atol=1e-5)
+    steps = trainer.num_training_batches
+    assert all(max(lrs) == pytest.approx(0.005) for lrs in snaps.lrs[steps:])  # the heads' lr; others scaled
+    assert max(snaps.lrs[0]) == pytest.approx(0.01)
+    entry = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["coretune"]["averaging"]
+    assert entry["weights"] == "swa" and entry["epochs_averaged"] == 2 and entry["start_epoch"] == 1
+    # epoch 0 (before the start) validated the trained weights (not the initial ones the average was copied from)
+    model.load_state_dict(snaps.epochs[0])
+    logged = float(read_metrics(tmp_path / "run" / "metrics.csv")[0]["val/loss"])
+    assert logged == pytest.approx(_val_loss(model, data), rel=1e-5)
+
+
+def test_coretune_fit_records_which_weights_it_tested(image_tree: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ["fit", f"--data.root={image_tree}", *TINY_FIT, *QUIET, f"--run_dir={run}", "--averaging.ema_decay=0.5"]
+    main(args)
+    results = json.loads((run / "results.json").read_text())
+    assert results["averaging"] == {"weights": "ema", "ema_decay": 0.5, "updates": 4}
+    main(args)  # the finished run, tested again: the average again (its checkpoint restored the trained weights)
+    again = json.loads((run / "results.json").read_text())
+    assert (again["averaging"], again["test"]) == (results["averaging"], results["test"])
+    plain = tmp_path / "plain"
+    main(["fit", f"--data.root={image_tree}", *TINY_FIT, *QUIET, f"--run_dir={plain}"])
+    assert "averaging" not in json.loads((plain / "results.json").read_text())
+    ckpt = torch.load(plain / "checkpoints" / "last.ckpt", weights_only=True)
+    assert "averaging" not in ckpt["coretune"] and "current_model_state" not in ckpt  # off: checkpoints as before
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--averaging.ema_decay=1.5"], "ema_decay must lie in (0, 1) (got 1.5)"),
+        (["--averaging.ema_decay=0.9", "--averaging.swa_start=0.5"], "choose one"),
+        (["--averaging.swa_lr=0.1"], "swa_lr needs swa_start"),
+        (["--averaging.swa_start=2.5"], "swa_start must be a whole number"),
+        (["--averaging.swa_start=1"], "at or after the run's last epoch"),
+    ],
+)
+def test_bad_averaging_settings_are_one_line(image_tree: Path, tmp_path: Path, flags: list[str], message: str) -> None:
+    args = ["fit", f"--data.root={image_tree}", *TINY_FIT, *QUIET, f"--run_dir={tmp_path / 'run'}", *flags]
+    assert message in error(args)

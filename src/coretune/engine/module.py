@@ -14,6 +14,7 @@ from torch import Tensor
 from ..data import require_task_data
 from ..distributed import rank, ranks_where, scale_grad, world_size
 from ..models import WeightsOptions, weights_digest
+from ..models.blocks import selected_parameters
 from ..objectives import CETuning, Objective, preset_name
 from ..robust.batches import AdversarialBatches
 from ..robust.training import AdversarialTraining
@@ -80,7 +81,8 @@ class FineTuner(L.LightningModule):
         backbone_args: options of the backbone's constructor, e.g. ``{drop_path_rate: 0.1}`` for a timm ViT
             (``--model.backbone_args '{drop_path_rate: 0.1}'``). timm ViTs take any image size by default.
         optim: the optimiser and learning-rate schedule (:class:`~coretune.engine.optim.OptimSettings`: optimizer,
-            lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs; ``--model.optim.<x>``).
+            lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs; LP-FT's ``lp_epochs`` and
+            ``lp_lr``; surgical fine-tuning's ``train_blocks``; ``--model.optim.<x>``).
         channels_last: use the channels-last memory format for the backbone and the images: ``auto`` (default) for
             CNN backbones, where it is faster, not for ViTs and other transformers
             (:func:`~coretune.engine.speed.prefers_channels_last`); or ``True``/``False``.
@@ -88,7 +90,8 @@ class FineTuner(L.LightningModule):
             and exports run eager), in place: checkpoints keep the eager keys. When compilation fails the fit goes
             on eager, with one line naming why (:mod:`~coretune.engine.speed`); ``results.json``'s ``compile``
             says which ran.
-        freeze_backbone: train the heads only (linear probing).
+        freeze_backbone: train the heads only (linear probing); ``optim.train_blocks`` trains some blocks only,
+            ``optim.lp_epochs`` probes linearly first (LP-FT).
         task: what the data, the network on the backbone and the predictions are: ``classification`` (default)
             or another task of :data:`coretune.tasks.TASKS` (``coretune fit --task NAME``).
         task_settings: the task's own settings (:attr:`~coretune.tasks.Task.own_settings`; ``coretune fit
@@ -131,6 +134,9 @@ class FineTuner(L.LightningModule):
             problems += TASKS[task].settings_problems(task_settings or {})
         if problem := channels_last_problem(channels_last):
             problems.append(problem)
+        if freeze_backbone and (optim.train_blocks is not None or optim.lp_epochs):
+            given = "optim.train_blocks" if optim.train_blocks is not None else "optim.lp_epochs"
+            problems.append(f"freeze_backbone true trains no backbone block: drop {given}, or freeze_backbone")
         if problems:
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective", "adversarial"])
@@ -167,6 +173,15 @@ class FineTuner(L.LightningModule):
         self.compile_guard: CompileGuard | None = None  # set by the fit's setup (compile=True)
         if freeze_backbone:
             self.backbone.requires_grad_(False)
+        if optim.train_blocks is not None:  # surgical fine-tuning: the blocks named train, the others are frozen
+            try:
+                chosen = selected_parameters(self.backbone, optim.train_blocks)
+            except ValueError as err:
+                raise ValueError(f"invalid model settings: optim.{err}") from None
+            for name, p in self.backbone.named_parameters():
+                p.requires_grad_(name in chosen)
+        # what the optimiser updates in the backbone (the linear-probing phase of LP-FT freezes them for a while)
+        self._trainable_backbone = [p for p in self.backbone.parameters() if p.requires_grad]
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def build(self, num_classes: int, class_names: list[str] | None = None) -> None:
@@ -201,10 +216,23 @@ class FineTuner(L.LightningModule):
             self.example_input_array = example
         check_data(self, datamodule, stage)
         if stage == "fit":
+            self._check_lp_strategy()
             self.objective.attach_backbone(self.backbone)
             # after attach_backbone: a copy it keeps of the backbone (a frozen source, a key encoder) stays eager
             if self.hparams.get("compile") and self.compile_guard is None:
                 self.compile_guard = compile_in_place(self.backbone)
+
+    def _check_lp_strategy(self) -> None:
+        """Refuse LP-FT under DDP without ``find_unused_parameters``: the linear-probing phase leaves the backbone's
+        parameters, which DDP expects to reduce, without gradients."""
+        strategy = self.trainer.strategy
+        ddp_kwargs = getattr(strategy, "_ddp_kwargs", None)
+        ddp = ddp_kwargs is not None and self.trainer.world_size > 1
+        if self.optim.lp_epochs and ddp and not ddp_kwargs.get("find_unused_parameters"):
+            raise ValueError(
+                "--model.optim.lp_epochs under DDP: the linear-probing phase leaves the backbone without "
+                "gradients, which DDP waits for; use --trainer.strategy ddp_find_unused_parameters_true"
+            )
 
     @property
     def compile_status(self) -> str | None:
@@ -288,6 +316,8 @@ class FineTuner(L.LightningModule):
         accumulate = self.trainer.accumulate_grad_batches if self._trainer is not None else 1
         seed = step_seed(run_seed(), self.global_step * accumulate + batch_idx % accumulate)
         torch.manual_seed(step_seed(seed, rank()) if rank() else seed)
+        if self.optim.lp_epochs:  # the probe's features: BatchNorm statistics and dropout of evaluation (Kumar et al.)
+            self.backbone.train(not self.linear_probing)  # and back to training mode once fine-tuning starts
         unpacked = self.transform_batch(self.task.unpack(batch))
         query, key = _split_views(unpacked.inputs)
         x = self._images(query)
@@ -354,9 +384,15 @@ class FineTuner(L.LightningModule):
         return torch.softmax(self(x).float(), dim=1)
 
     # -- optimisation ---------------------------------------------------------------------------------------
+    @property
+    def linear_probing(self) -> bool:
+        """Whether the current epoch is in LP-FT's linear-probing phase (``optim.lp_epochs``): the backbone frozen
+        and in evaluation mode, the objective's heads training."""
+        return self._trainer is not None and self.current_epoch < self.optim.lp_epochs
+
     def configure_optimizers(self) -> dict[str, Any]:
         optim = self.optim
-        backbone_params = [p for p in self.backbone.parameters() if p.requires_grad]
+        backbone_params = self._trainable_backbone  # the linear-probing phase's frozen ones too: they train after
         head_params = [p for p in self.objective.parameters() if p.requires_grad]
         optimizer = build_optimizer(
             [(backbone_params, optim.backbone_rate), (head_params, optim.lr)],
@@ -367,7 +403,10 @@ class FineTuner(L.LightningModule):
             if self.objective.optimizer_weight_decay is None
             else self.objective.optimizer_weight_decay,
         )
-        scheduler = build_schedule(optimizer, self.trainer, optim.warmup_epochs, optim.schedule)
+        lp_scale = 1.0 if optim.lp_lr is None else optim.lp_lr / optim.lr
+        scheduler = build_schedule(
+            optimizer, self.trainer, optim.warmup_epochs, optim.schedule, lp_epochs=optim.lp_epochs, lp_scale=lp_scale
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_train_start(self) -> None:
@@ -387,6 +426,9 @@ class FineTuner(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         # Seeded by (seed, epoch): a re-initialisation (RIFLE) is the same on every DDP process and after a resume.
         torch.manual_seed(epoch_seed(run_seed(), self.current_epoch))
+        if self.optim.lp_epochs:  # LP-FT: the backbone trains from the first epoch after the linear probe
+            for p in self._trainable_backbone:
+                p.requires_grad_(not self.linear_probing)
         self.objective.on_train_epoch_start(self.current_epoch, self.trainer.max_epochs or 1)
         if self.objective.needs_optimizer_reset:  # e.g. RIFLE re-initialised the classifier
             optimizer = self.optimizers()

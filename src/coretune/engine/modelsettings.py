@@ -12,7 +12,6 @@ their groups, wherever recorded settings are read (checkpoints, ``config.yaml`` 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Any
 
 from ..models import WeightsOptions, current_backbone_name, current_weights_name
@@ -23,8 +22,11 @@ __all__ = ["GROUPS", "MOVED_SETTINGS", "deprecated_option_line", "grouped_model_
 GROUPS = {"optim": OptimSettings, "weights_options": WeightsOptions}
 """The FineTuner's settings that are a group (a dataclass), by name."""
 
+#: The optimiser settings that an older version had flat (those added since, LP-FT's, FTP's …, never were)
+_FLAT_OPTIM = ("optimizer", "lr", "backbone_lr", "momentum", "nesterov", "weight_decay", "schedule", "warmup_epochs")
+
 MOVED_SETTINGS: dict[str, tuple[str, str]] = {
-    **{f.name: ("optim", f.name) for f in fields(OptimSettings)},
+    **{name: ("optim", name) for name in _FLAT_OPTIM},
     "weights_download": ("weights_options", "download"),
     "weights_format": ("weights_options", "format"),
     "weights_allow_cast": ("weights_options", "allow_cast"),

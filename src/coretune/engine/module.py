@@ -21,6 +21,7 @@ from ..robust.training import AdversarialTraining
 from ..tasks import TASKS, Batch
 from .checkpoint import CheckpointMeta, check_resumed_model, written_at
 from .datachecks import check_data
+from .ftp import FTPProjection
 from .health import GradScalerWatch, NonFiniteLossError, OutputHealth, training_blowup
 from .optim import OptimSettings, build_optimizer, build_schedule, resume_schedule
 from .seeds import epoch_seed, run_seed, step_seed
@@ -82,7 +83,7 @@ class FineTuner(L.LightningModule):
             (``--model.backbone_args '{drop_path_rate: 0.1}'``). timm ViTs take any image size by default.
         optim: the optimiser and learning-rate schedule (:class:`~coretune.engine.optim.OptimSettings`: optimizer,
             lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs; LP-FT's ``lp_epochs`` and
-            ``lp_lr``; surgical fine-tuning's ``train_blocks``; ``--model.optim.<x>``).
+            ``lp_lr``; surgical fine-tuning's ``train_blocks``; FTP's ``ftp`` and ``ftp_k``; ``--model.optim.<x>``).
         channels_last: use the channels-last memory format for the backbone and the images: ``auto`` (default) for
             CNN backbones, where it is faster, not for ViTs and other transformers
             (:func:`~coretune.engine.speed.prefers_channels_last`); or ``True``/``False``.
@@ -134,8 +135,10 @@ class FineTuner(L.LightningModule):
             problems += TASKS[task].settings_problems(task_settings or {})
         if problem := channels_last_problem(channels_last):
             problems.append(problem)
-        if freeze_backbone and (optim.train_blocks is not None or optim.lp_epochs):
-            given = "optim.train_blocks" if optim.train_blocks is not None else "optim.lp_epochs"
+        if freeze_backbone and (optim.train_blocks is not None or optim.lp_epochs or optim.ftp):
+            given = next(
+                f"optim.{n}" for n in ("train_blocks", "lp_epochs", "ftp") if getattr(optim, n) not in (None, 0)
+            )
             problems.append(f"freeze_backbone true trains no backbone block: drop {given}, or freeze_backbone")
         if problems:
             raise ValueError("invalid model settings: " + "; ".join(problems))
@@ -403,6 +406,8 @@ class FineTuner(L.LightningModule):
             if self.objective.optimizer_weight_decay is None
             else self.objective.optimizer_weight_decay,
         )
+        if optim.ftp:  # the projection after each step, anchored at the backbone's weights now (the pre-trained ones)
+            optimizer.register_step_post_hook(FTPProjection(backbone_params, optim.ftp_k))
         lp_scale = 1.0 if optim.lp_lr is None else optim.lp_lr / optim.lr
         scheduler = build_schedule(
             optimizer, self.trainer, optim.warmup_epochs, optim.schedule, lp_epochs=optim.lp_epochs, lp_scale=lp_scale

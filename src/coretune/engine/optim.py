@@ -78,6 +78,9 @@ class OptimSettings:
         train_blocks: surgical fine-tuning (Lee et al., ICLR 2023): the backbone's blocks that train, the rest
             frozen (``layer1``, ``stem,layer1``, ``blocks.0-3``; :mod:`coretune.models.blocks`); the heads always
             train. ``None`` (default): the whole backbone trains.
+        ftp: FTP (Tian et al., NeurIPS 2023): after each step, project every backbone tensor to within a learned
+            distance of its pre-trained value (:mod:`coretune.engine.ftp`).
+        ftp_k: FTP's gradient-annealing factor ``k`` in [0, 1] (the authors' default 1: none).
     """
 
     optimizer: OptimizerName = "sgd"
@@ -91,6 +94,8 @@ class OptimSettings:
     lp_epochs: int = 0
     lp_lr: float | None = None
     train_blocks: str | None = None
+    ftp: bool = False
+    ftp_k: float = 1.0
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (one sentence each, naming the setting and its valid values; empty
@@ -111,6 +116,10 @@ class OptimSettings:
             problems.append("lp_lr is the linear-probing phase's learning rate: give lp_epochs > 0 too, or drop lp_lr")
         if self.train_blocks is not None and not self.train_blocks.strip():
             problems.append("train_blocks is empty: name the backbone's blocks that train (e.g. layer1), or drop it")
+        if not 0 <= self.ftp_k <= 1:
+            problems.append(f"ftp_k must lie in [0, 1] (got {self.ftp_k})")
+        elif self.ftp_k != 1.0 and not self.ftp:
+            problems.append("ftp_k is FTP's gradient annealing: give ftp true too, or drop ftp_k")
         return problems
 
     @property

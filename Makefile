@@ -8,7 +8,7 @@ CONSTRAINTS := constraints.txt
 
 .PHONY: demo test test-fast lint docs venv clean
 
-# make test's environment: every extra (dev brings demo, bench, tune, cluster, onnx, robust) and the docs' and loggers' packages.
+# make test's environment: every extra (dev brings demo, bench, tune, tune-postgres, cluster, onnx, robust) and the docs' and loggers' packages.
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,docs,mlflow,tensorboard,wandb]'

@@ -50,6 +50,7 @@ def test_every_command_help_names_itself(command: list[str], capsys: pytest.Capt
             "fit",
             [
                 "--objective NAME ",
+                "--model.drop_path R ",
                 "--objective.help NAME ",
                 "--seed N ",
                 "--task NAME ",

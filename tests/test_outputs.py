@@ -297,3 +297,16 @@ def test_a_checkpoint_whose_run_config_is_not_yaml_names_no_training_data(tmp_pa
     assert trained_data_paths(run / "checkpoints" / "best.ckpt") == []
     (run / "config.yaml").write_text(yaml.safe_dump({"data": {"root": str(tmp_path), "image_size": 16}}))
     assert trained_data_paths(run / "checkpoints" / "best.ckpt") == [tmp_path]
+
+
+def test_a_folder_holding_only_another_process_probe_counts_as_empty(tmp_path: Path) -> None:
+    """Workers of one study start at once on one --output: each probes that the folder is writable, and another's
+    probe file, there for an instant, is no file of the user's."""
+    from coretune.runs.outputs import check_folder_output
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / ".coretune-probe-x1y2").write_text("")
+    assert check_folder_output(tmp_path / "out", "tune") == tmp_path / "out"
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds files coretune tune did not make"):
+        check_folder_output(tmp_path / "out", "tune")

@@ -21,6 +21,7 @@ EXTRAS: dict[str, str] = {
     "optuna": "tune",
     "sqlalchemy": "tune",
     "submitit": "cluster",
+    "psycopg": "tune-postgres",
     "onnx": "onnx",
     "onnxruntime": "onnx",
     "onnxscript": "onnx",

@@ -116,6 +116,8 @@ def test_an_unknown_place_and_segmentation_on_the_device_are_refused_in_one_line
         ImageClassificationData(root=str(tmp_path), augment_on="gpu")  # type: ignore[arg-type]
     with pytest.raises(DataError, match=r"augment_on must be 'loader' for segmentation .*got 'device'") as err:
         SegmentationData(root=str(tmp_path), augment_on="device")
+    with pytest.raises(DataError, match=r"auto_augment 'trivial' runs in the loader on PIL images: use "):
+        ImageClassificationData(root=str(tmp_path), augment_on="device", auto_augment="trivial")
     assert "\n" not in str(err.value)
 
 

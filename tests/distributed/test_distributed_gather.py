@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from coretune import distributed, objectives
 from coretune.memory import CrossBatchMemory
 from coretune.mining import mine_hard_pairs
-from coretune.pretrain.losses import global_nt_xent, nt_xent
+from coretune.pretrain.losses import global_moco_v3_infonce, global_nt_xent, moco_v3_infonce, nt_xent
 
 D, K = 8, 3
 #: (case name, objective, hyper-parameters, rows per rank)
@@ -109,6 +109,23 @@ def _simclr_case(rank: int | None) -> dict[str, Tensor]:
     return {"loss": loss.detach(), **{n: p.grad.clone() for n, p in model.named_parameters()}}
 
 
+def _moco_v3_case(rank: int | None) -> dict[str, Tensor]:
+    """MoCo v3's symmetric loss (``MoCoV3.contrastive_loss``) of a linear query network against a linear key network
+    (no gradient), 4 + 4 image pairs (``None``: all 8 in one process): each process's queries against the keys of
+    both; its loss and the DDP-averaged gradients of the query network."""
+    g = torch.Generator().manual_seed(4)
+    x1, x2 = torch.randn(8, 5, generator=g), torch.randn(8, 5, generator=g)
+    torch.manual_seed(5)
+    model, keys = nn.Linear(5, 4), nn.Linear(5, 4).requires_grad_(False)
+    net = DistributedDataParallel(model) if rank is not None else model
+    rows = _rows((4, 4), rank)
+    q1, q2 = net(x1[rows]), net(x2[rows])
+    k1, k2 = keys(x1[rows]), keys(x2[rows])
+    loss = global_moco_v3_infonce(q1, k2, 0.2) + global_moco_v3_infonce(q2, k1, 0.2)
+    loss.backward()
+    return {"loss": loss.detach(), **{n: p.grad.clone() for n, p in model.named_parameters()}}
+
+
 #: (rows per rank) of the three steps of :func:`_memory_case`: unequal, and more rows than the memory holds.
 MEMORY_STEPS = ((3, 2), (4, 4), (2, 5))
 
@@ -140,6 +157,7 @@ def _worker(rank: int, folder: str) -> None:
             results[case] = _objective_case(name, hparams, sizes, rank)
         results["ddp_core"] = _ddp_case("core", (6, 6), rank)
         results["simclr"] = _simclr_case(rank)
+        results["moco_v3"] = _moco_v3_case(rank)
         results["memory"] = {gather: _memory_case(gather, rank) for gather in (True, False)}
         torch.save(results, Path(folder) / f"rank{rank}.pt")
     finally:
@@ -214,6 +232,24 @@ def test_simclr_contrasts_the_global_batch_with_the_single_process_gradients(ran
             assert _close(result["simclr"][name], value), name
     per_process = _simclr_case_local()
     assert not _close(per_process, single["loss"])  # the per-process loss (4 pairs) differs: not a tautology
+
+
+@pytest.mark.ddp
+def test_moco_v3_scores_each_process_queries_against_the_global_keys(ranks: list[dict[str, Any]]) -> None:
+    single = _moco_v3_case(None)
+    # each process: the loss of its own 4 queries against all 8 keys; their mean is the single-process loss, and
+    # DDP's average of the gradients the single-process gradients (moco-v3's concat_all_gather)
+    torch.testing.assert_close(sum(r["moco_v3"]["loss"] for r in ranks) / 2, single["loss"])
+    for result in ranks:
+        for name in ("weight", "bias"):
+            assert _close(result["moco_v3"][name], single[name]), name
+    g = torch.Generator().manual_seed(4)
+    x1, x2 = torch.randn(8, 5, generator=g), torch.randn(8, 5, generator=g)
+    torch.manual_seed(5)
+    model, keys = nn.Linear(5, 4), nn.Linear(5, 4)
+    with torch.no_grad():  # process 1's loss by hand: its queries' positives are keys 4-7 of the gathered 8
+        own = moco_v3_infonce(model(x1[4:]), keys(x2), 0.2, 4) + moco_v3_infonce(model(x2[4:]), keys(x1), 0.2, 4)
+    torch.testing.assert_close(ranks[1]["moco_v3"]["loss"], own)
 
 
 def _simclr_case_local() -> Tensor:

@@ -116,22 +116,23 @@ def test_another_objective_after_a_config_takes_its_own_defaults(
     shipped = str(CONFIGS / "cpu" / "cifar10.yaml")
     assert printed_objective(["--config", shipped, "--objective", "bss"], capsys) == {
         "class_path": "coretune.objectives.bss.BSS",
-        "init_args": {"eta": 0.001, "k": 1},
+        "init_args": {"eta": 0.001, "k": 1, "label_smoothing": 0.0},
     }
     config = tmp_path / "core.yaml"
     config.write_text(CORE_CONFIG)
     assert printed_objective(["--config", str(config), "--objective=l2sp"], capsys)["init_args"] == {
         "alpha": 0.01,
         "beta": 0.01,
+        "label_smoothing": 0.0,
     }
     bi_tuning = printed_objective(["--config", str(config), "--objective", "bi_tuning"], capsys)["init_args"]
     assert bi_tuning["temperature"] == 0.07  # its own default, not the config's Core-tuning temperature
     # the hyper-parameters given after --objective win; before it, they were the old objective's
     args = ["--config", str(config), "--objective.eta=0.5", "--objective", "bss", "--objective.eta", "0.01"]
-    assert printed_objective(args, capsys)["init_args"] == {"eta": 0.01, "k": 1}
+    assert printed_objective(args, capsys)["init_args"] == {"eta": 0.01, "k": 1, "label_smoothing": 0.0}
     assert printed_objective(["--objective", "core", "--objective.eta=0.5", "--objective", "bss"], capsys)[
         "init_args"
-    ] == {"eta": 0.001, "k": 1}
+    ] == {"eta": 0.001, "k": 1, "label_smoothing": 0.0}
 
 
 def test_the_configs_own_objective_keeps_the_configs_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -162,7 +163,10 @@ def test_a_runs_config_given_back_with_another_objective(tmp_path: Path, capsys:
     main(["fit", "--config", str(config), "--objective", "bss", "--objective.k=2", *one_step, f"--data.root={tree}"])
     capsys.readouterr()
     recorded = yaml.safe_load((run / "config.yaml").read_text())["objective"]
-    assert recorded == {"class_path": "coretune.objectives.bss.BSS", "init_args": {"eta": 0.001, "k": 2}}
+    assert recorded == {
+        "class_path": "coretune.objectives.bss.BSS",
+        "init_args": {"eta": 0.001, "k": 2, "label_smoothing": 0.0},
+    }
     again = ["--config", str(run / "config.yaml")]
     assert printed_objective([*again, "--objective", "bss"], capsys) == recorded  # the same objective: a re-run
     core = printed_objective([*again, "--objective", "core"], capsys)["init_args"]

@@ -245,6 +245,31 @@ def test_coretune_test_writes_its_own_results_and_leaves_the_fits(
     assert (run / "results.json").read_bytes() == fit_results
 
 
+def test_a_fit_with_test_false_records_no_test_and_its_checkpoint_is_scored_by_coretune_test(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--test false`` (coretune compare's runs): the fit ends after training, results.json says the test was not
+    run, the run counts as finished for sweeps, and ``coretune test`` scores its final checkpoint afterwards."""
+    from coretune.engine.fitcli import TEST_SKIPPED
+    from coretune.runs.layout import RunDir
+    from coretune.sweeps.records import run_top1
+    from image_trees import make_image_tree
+
+    tree, run = make_image_tree(tmp_path / "data", per_class=4, val_per_class=2), tmp_path / "run"
+    main(fit_args(tree, run, "--trainer.max_epochs=1", "--test=false"))
+    assert "test split not scored (--test false): coretune test --ckpt_path" in capsys.readouterr().out
+    results = json.loads((run / "results.json").read_text())
+    assert results["test"] is None and results["test_skipped"] == TEST_SKIPPED and results["epochs"] == 1
+    assert RunDir(run).is_finished() and RunDir(run).test_skipped() == TEST_SKIPPED
+    assert run_top1(run, "test") is None  # no test score: a missing value, never read from elsewhere
+    assert yaml.safe_load((run / "config.yaml").read_text())["test"] is False
+    main(["test", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"--config={run / 'config.yaml'}"])
+    assert 0 <= json.loads((run / "test_results.json").read_text())["test"]["top1"] <= 1
+    main(fit_args(tree, run, "--trainer.max_epochs=1"))  # the same run, now tested: its finished fit scored once
+    results = json.loads((run / "results.json").read_text())
+    assert "test_skipped" not in results and 0 <= results["test"]["top1"] <= 1 and results["epochs"] == 1
+
+
 def test_coretune_test_and_validate_score_one_labelled_folder_without_training_data(
     fitted: tuple[Path, Path], tmp_path: Path
 ) -> None:

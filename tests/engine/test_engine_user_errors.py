@@ -80,10 +80,12 @@ def test_a_fit_with_nothing_to_test_on_is_refused_before_training(tmp_path: Path
     run = tmp_path / "run"
     assert error(fit_args(root, run, "--data.val_fraction=0.25")) == (
         "no images to test on: --data.val_fraction holds out part of train/ for validation, and coretune fit ends "
-        "by scoring a test split, a val/ or test/ folder beside train/ (same class folders); add one, or pass "
-        "--data.test_dir"
+        "by scoring a test split (unless --test false), a val/ or test/ folder beside train/ (same class folders); "
+        "add one, or pass --data.test_dir"
     )
     assert not run.exists()  # refused before the run directory was kept
+    main(fit_args(root, run, "--data.val_fraction=0.25", "--test=false"))  # a fit that ends without a test needs none
+    assert json.loads((run / "results.json").read_text())["test"] is None
 
 
 def test_missing_root(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:

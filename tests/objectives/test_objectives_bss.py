@@ -36,6 +36,6 @@ def test_gradient_shrinks_the_smallest_singular_value() -> None:
 
 
 def test_defaults_and_errors() -> None:
-    assert objectives.create("bss").hparams() == {"eta": 0.001, "k": 1}
+    assert objectives.create("bss").hparams() == {"eta": 0.001, "k": 1, "label_smoothing": 0.0}
     with pytest.raises(ValueError, match=r"invalid BSS settings: eta must be >= 0 \(got -1\); k must be >= 1"):
         objectives.create("bss", eta=-1, k=0)

@@ -168,7 +168,7 @@ def test_the_docs_python_examples_run(tiny_backbone: Factory) -> None:
     namespace |= {"feature_dim": 16, "num_classes": 3}
     exec(compile(made, "docs/objectives.md", "exec"), namespace)
     obj = namespace["obj"]
-    assert isinstance(obj, objectives.L2SP) and obj.hparams() == {"alpha": 0.1, "beta": 0.01}
+    assert isinstance(obj, objectives.L2SP) and obj.hparams() == {"alpha": 0.1, "beta": 0.01, "label_smoothing": 0.0}
     assert obj.classifier.weight.grad is not None
     exec(compile(lazy, "docs/objectives.md", "exec"), namespace)
     obj, optimizer = namespace["obj"], namespace["optimizer"]

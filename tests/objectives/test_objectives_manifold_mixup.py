@@ -64,6 +64,6 @@ def test_seeded_runs_are_reproducible_and_differ_across_seeds() -> None:
 
 
 def test_defaults_and_errors() -> None:
-    assert objectives.create("manifold_mixup").hparams() == {"alpha": 2.0}
+    assert objectives.create("manifold_mixup").hparams() == {"alpha": 2.0, "label_smoothing": 0.0}
     with pytest.raises(ValueError, match=r"invalid manifold mixup settings: alpha must be > 0 \(got 0\)"):
         objectives.create("manifold_mixup", alpha=0)

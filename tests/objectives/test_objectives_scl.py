@@ -50,6 +50,11 @@ def test_contrast_ignores_feature_scale() -> None:
 
 
 def test_defaults_and_errors() -> None:
-    assert objectives.create("scl").hparams() == {"lam": 0.9, "temperature": 0.3, "gather": True}
+    assert objectives.create("scl").hparams() == {
+        "lam": 0.9,
+        "temperature": 0.3,
+        "gather": True,
+        "label_smoothing": 0.0,
+    }
     with pytest.raises(ValueError, match=r"lam must lie in \[0, 1\] \(got 1.5\); temperature must be > 0"):
         objectives.create("scl", lam=1.5, temperature=0)

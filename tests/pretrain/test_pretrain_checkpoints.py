@@ -126,7 +126,7 @@ def test_method_alias_and_default() -> None:
         "8",
     ]
     assert translate_args(["--seed=3"]) == ["--model=coretune.pretrain.module.SimCLR", "--seed_everything=3"]
-    with pytest.raises(ValueError, match="unknown pre-training method 'byol': choose one of simclr, moco_v2"):
+    with pytest.raises(ValueError, match="unknown pre-training method 'byol': choose one of simclr, moco_v2, moco_v3"):
         translate_args(["--method", "byol"])
 
 

@@ -66,7 +66,7 @@ def _fit_root(root: Path, *held_out: str) -> Path:
          r"invalid augmentation settings: mean must be in \[0, 1\] and std in \(0, 1\] \(fractions of the \[0, 1\] "
          r"pixel range: divide values on the 0-255 scale by 255, e\.g\. 123\.675 → 0\.485\), got \(123\.675, 116\.28, "
          r"103\.53\) and \(58\.395, 57\.12, 57\.375\) — set valid values \(--data\.<option>\)$"),
-        (IMAGES, ["--method", "byol"], r"unknown pre-training method 'byol': choose one of simclr, moco_v2$"),
+        (IMAGES, ["--method", "byol"], r"unknown pre-training method 'byol': choose one of simclr, moco_v2, moco_v3$"),
         (IMAGES, ["--model.temperature=0"], r"^coretune pretrain: error: invalid simclr settings: temperature must"),
         (IMAGES, ["--model.weights=nope.pth"], r"error: checkpoint nope\.pth does not exist: check the path given as"),
         (IMAGES, ["--model.backbone=resnet999"], r"error: unknown backbone 'resnet999': choose one of .*timm"),

@@ -150,3 +150,31 @@ def test_the_strength_columns_read_the_snapshots_their_headers_pretrain() -> Non
         for args in spec.datasets.values():
             read |= {a.split("=", 1)[1] for a in args if a.startswith("--model.weights=runs/pretrain/")}
     assert read and read <= written and len(written) == 3  # SimCLR after 5 and 15 epochs, MoCo v2 after 15
+
+
+def test_the_table4_spec_fine_tunes_the_strength_studys_resnet_and_the_moco_v3_vit_its_config_pretrains() -> None:
+    """configs/bench/cifar10_cpu_10pct_table4.yaml (issue 64): 2 checkpoints × {ce, ce_mix, core} × 3 seeds at 10% of
+    the labels; the ResNet-18 cells are the strength study's simclr_e15 runs (every fit argument the same), the ViT
+    column reads the snapshot configs/pretrain/cifar10_vit_tiny_moco_v3.yaml writes, built as it was pre-trained."""
+    from coretune.pretrain import PRETRAINED_FILENAME, snapshot_path
+
+    root = Path(__file__).parents[2]
+    spec = BenchSpec.from_yaml(root / "configs" / "bench" / "cifar10_cpu_10pct_table4.yaml")
+    runs = spec.runs()
+    cells = {(r.dataset, r.objective, r.label_fraction, r.seed) for r in runs}
+    assert len(runs) == len(cells) == 18 and {c[0] for c in cells} == {"resnet18_simclr_e15", "vit_tiny_moco_v3"}
+    assert {c[1] for c in cells} == {"ce", "ce_mix", "core"} and {c[2:] for c in cells} == {(0.1, s) for s in range(3)}
+    strength = BenchSpec.from_yaml(root / "configs" / "bench" / "cifar10_cpu_strength.yaml").runs()
+    simclr_e15 = {(r.objective, r.seed): r.args for r in strength if r.dataset == "simclr_e15"}
+    for r in runs:
+        if r.dataset == "resnet18_simclr_e15":
+            assert r.args == simclr_e15[r.objective, r.seed]
+    pretrain = yaml.safe_load((root / "configs" / "pretrain" / "cifar10_vit_tiny_moco_v3.yaml").read_text())
+    assert pretrain["snapshot_epochs"] == [pretrain["trainer"]["max_epochs"]]
+    written = snapshot_path(Path(pretrain["run_dir"]) / PRETRAINED_FILENAME, pretrain["snapshot_epochs"][0])
+    vit = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in spec.datasets["vit_tiny_moco_v3"]}
+    assert (
+        vit["--model.weights"] == str(written) and vit["--model.backbone"] == pretrain["model"]["init_args"]["backbone"]
+    )
+    assert yaml.safe_load(vit["--model.backbone_args"]) == pretrain["model"]["init_args"]["backbone_args"]
+    assert vit["--model.optim.optimizer"] == "adamw"

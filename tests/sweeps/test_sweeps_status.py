@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 from sweep_helpers import data_root, fabricate
 
 from coretune.cli import main
 from coretune.runs.claim import RunClaim, claim_run
 from coretune.sweeps import BenchSpec, collect_cells, sweep_time_left
 from coretune.sweeps.records import RunRecord, RunStatus
+from coretune.sweeps.status import print_status
 
 
 def test_status_lists_finished_started_and_missing_runs(
@@ -111,3 +113,37 @@ def test_a_run_that_diverged_says_so(tmp_path: Path) -> None:
     assert run_progress(run_dir) == "3 of 20 epochs, resumable, ~17 min to go"
     (run_dir / "results.json").write_text(json.dumps({"diverged": "the training loss is nan at epoch 3, step 9 …"}))
     assert run_progress(run_dir) == "3 of 20 epochs, diverged (its message: results.json)"
+
+
+def test_runs_fitted_with_test_false_are_finished_without_a_test_score(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run whose fit skipped the test (``coretune fit --test false``: ``"test": null`` and ``test_skipped``) is
+    finished, not run again, with no test score: tables leave it out of a ``metric: test`` cell, ``--status`` says
+    so, and ``metric: val`` reads its final validation."""
+    monkeypatch.setenv("COLUMNS", "160")
+    datasets = {"d": [f"--data.root={data_root(tmp_path)}"]}
+    for metric in ("test", "val"):
+        spec = BenchSpec.from_dict(
+            {
+                "output": str(tmp_path / metric),
+                "datasets": datasets,
+                "objectives": ["ce"],
+                "seeds": [0],
+                "metric": metric,
+            }
+        )
+        (run,) = spec.runs()
+        run.run_dir.mkdir(parents=True)
+        results = {"test": None, "test_skipped": "--test false: …", "epochs": 2, "validated_on_test_images": False}
+        (run.run_dir / "results.json").write_text(json.dumps(results))
+        (run.run_dir / "config.yaml").write_text(yaml.safe_dump({"data": {"val_fraction": 0.2}}))
+        (run.run_dir / "metrics.csv").write_text("epoch,val/top1,epoch_time_s\n0,0.5,1\n1,0.625,1\n")
+        cells, (row,) = collect_cells(spec)
+        assert row.status == "finished" and row.progress == "2 epochs, not tested (--test false)"
+        assert row.test_top1_pct is None and row.test_top5_pct is None
+        assert cells[("ce", "d", 1.0)].values == (() if metric == "test" else (62.5,))
+        print_status(spec, Console(width=160))
+        out = " ".join(capsys.readouterr().out.split())
+        assert "1 of 1 runs finished" in out and "not tested (--test false)" in out
+        assert ("62.50" in out) == (metric == "val")

@@ -176,4 +176,4 @@ def test_tune_builds_a_study_over_each_declared_space(
         "--objective.beta=0.1",
     ]
     config = resolved_fit_config(args)
-    assert config["objective"]["init_args"] == {"alpha": 0.001, "beta": 0.1}
+    assert config["objective"]["init_args"] == {"alpha": 0.001, "beta": 0.1, "label_smoothing": 0.0}

@@ -10,15 +10,21 @@ crop (256 → 224 at the paper's resolution), or (domain generalization, as Doma
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import numpy as np
 import torch
 from torchvision.transforms import v2
 
 __all__ = [
+    "AUTO_AUGMENT_EXAMPLES",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "Views",
+    "auto_augment_problem",
+    "auto_augment_transform",
     "eval_draft_size",
     "eval_resize_size",
     "eval_transform",
@@ -82,6 +88,72 @@ def other_normalisation(
     )
 
 
+AUTO_AUGMENT_EXAMPLES = ("rand-m9-mstd0.5", "rand-m9-mstd0.5-inc1", "trivial")
+"""Values of ``--data.auto_augment``: timm's RandAugment strings (``rand-m9-mstd0.5``: 2 operations of magnitude 9,
+noise std 0.5; ``-inc1``: the operations whose strength grows with the magnitude, as the ViT fine-tuning recipes of
+DeiT, BEiT, iBOT and MAE use it) and ``trivial`` (TrivialAugmentWide)."""
+
+
+class _SeededFromTorch:
+    """A PIL transform that draws from Python's ``random`` and NumPy's global RNG (timm's RandAugment), run with both
+    seeded from one draw of torch's RNG, which the training loaders seed per item (``(seed, epoch, index)``), and
+    restored after: its draws are the item's, the same in every run and worker."""
+
+    def __init__(self, transform: Callable[[Any], Any]) -> None:
+        self.transform = transform
+
+    def __call__(self, image: Any) -> Any:
+        seed = int(torch.randint(2**62, (1,)).item())
+        python_state, numpy_state = random.getstate(), np.random.get_state()
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        try:
+            return self.transform(image)
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.transform!r})"
+
+
+def auto_augment_transform(name: str, image_size: int, mean: Sequence[float] = IMAGENET_MEAN) -> Callable[[Any], Any]:
+    """The automatic augmentation ``name`` of PIL images: ``trivial`` is torchvision's ``TrivialAugmentWide``; a
+    ``rand-…`` string timm's ``rand_augment_transform`` (its hyper-parameters as timm's ``create_transform`` sets
+    them: translations up to 45% of ``image_size``, uncovered pixels filled with the ``mean`` colour), seeded from
+    torch's RNG (:class:`_SeededFromTorch`).
+
+    Raises:
+        ValueError: ``name`` is neither (:func:`auto_augment_problem`).
+    """
+    if (problem := auto_augment_problem(name)) is not None:
+        raise ValueError(problem)
+    fill = tuple(min(255, round(255 * m)) for m in mean)
+    if name == "trivial":
+        return v2.TrivialAugmentWide(fill=fill)  # type: ignore[arg-type]  (a colour per channel)
+    from timm.data.auto_augment import rand_augment_transform
+
+    hparams = {"translate_const": int(image_size * 0.45), "img_mean": fill}
+    return _SeededFromTorch(rand_augment_transform(name, hparams))
+
+
+def auto_augment_problem(name: object) -> str | None:
+    """Why ``name`` is no ``--data.auto_augment`` value (one sentence naming the valid ones), or None (also for
+    None: no automatic augmentation)."""
+    if name is None or name == "trivial":
+        return None
+    valid = f"use {', '.join(AUTO_AUGMENT_EXAMPLES)} (timm's RandAugment: rand-m<magnitude>[-n<ops>][-mstd<std>]…)"
+    if not isinstance(name, str) or not name.startswith("rand"):
+        return f"auto_augment {name!r} is unknown: {valid} or null"
+    from timm.data.auto_augment import rand_augment_transform
+
+    try:
+        rand_augment_transform(name, {"translate_const": 100, "img_mean": (124, 116, 104)})
+    except (AssertionError, ValueError, KeyError, IndexError) as err:
+        return f"auto_augment {name!r} is no RandAugment string timm reads ({err or type(err).__name__}): {valid}"
+    return None
+
+
 def _to_normalized_tensor(mean: tuple[float, ...], std: tuple[float, ...]) -> list[v2.Transform]:
     return [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
 
@@ -95,6 +167,7 @@ def train_transform(
     hflip: bool = True,
     color_jitter: float = 0.0,
     grayscale: float = 0.0,
+    auto_augment: str | None = None,
 ) -> v2.Compose:
     """PIL RGB image → normalised float tensor (3, image_size, image_size) with training augmentation.
 
@@ -103,9 +176,13 @@ def train_transform(
     after the crop; the corners it uncovers are filled with the mean colour, i.e. zero after normalisation. Then,
     with ``color_jitter`` > 0, a random brightness, contrast, saturation and hue change of that strength (hue at
     most 0.5), and with ``grayscale`` > 0 a conversion to grey with that probability: DomainBed's augmentation of
-    domain generalization is ``crop_scale=(0.7, 1.0)``, ``color_jitter=0.3``, ``grayscale=0.1``.
+    domain generalization is ``crop_scale=(0.7, 1.0)``, ``color_jitter=0.3``, ``grayscale=0.1``. Last, with
+    ``auto_augment``, an automatic augmentation policy (:func:`auto_augment_transform`: ``rand-m9-mstd0.5``,
+    ``trivial``), where timm's ``create_transform`` puts it: after the crop and flip, before the tensor conversion.
     """
     steps = random_steps(image_size, mean, rotation, crop_scale, hflip, color_jitter, grayscale)
+    if auto_augment is not None:
+        steps.append(auto_augment_transform(auto_augment, image_size, mean))
     return v2.Compose(steps + _to_normalized_tensor(mean, std))
 
 

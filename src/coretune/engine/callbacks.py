@@ -208,7 +208,10 @@ class RunArtifacts(L.Callback):
             # fit again after a failure, or extend a finished run (--trainer.max_epochs): until this fit tests
             # again, the run is not finished, and its old test score must not stand for the weights it trains on
             # (and this fit's speed records: compiled or not, the 16-mixed scaler's skipped steps)
-            update_results(self.run_dir(trainer), drop=("diverged", "collapsed", "test", "compile", "grad_scaler"))
+            update_results(
+                self.run_dir(trainer),
+                drop=("diverged", "collapsed", "test", "test_skipped", "compile", "grad_scaler"),
+            )
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = self._epoch_wall_start = time.perf_counter()
@@ -327,7 +330,7 @@ class RunArtifacts(L.Callback):
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         results = getattr(pl_module, "test_results", None)
         if trainer.is_global_zero and results is not None:
-            update_results(self.run_dir(trainer), test=results)
+            update_results(self.run_dir(trainer), drop=("test_skipped",), test=results)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """Record a run that diverged or collapsed (:class:`NonFiniteLossError`, from training, validation or the

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,12 +19,29 @@ import yaml
 
 from .. import objectives
 from ..models import current_backbone_name, current_weights_name
+from ..models.backbones import DROP_PATH_OPTION
 from ..runs.config import recorded_task
 from ..tasks import DEFAULT_TASK, TASKS, moved_task_settings
 from .loggers import expand_config_loggers, logger_args
 from .modelsettings import MOVED_SETTINGS, deprecated_option_line, grouped_model_settings, moved_option
 
-__all__ = ["current_objective_args", "task_of_args", "translate_args"]
+__all__ = ["DROP_PATH_ALIAS", "current_objective_args", "drop_path_value", "task_of_args", "translate_args"]
+
+DROP_PATH_ALIAS = "--model.drop_path"
+"""``coretune fit --model.drop_path R``: the stochastic depth rate of a timm backbone, ``R`` in [0, 1), written
+``--model.backbone_args.drop_path_rate R`` (what config.yaml records); ``model: {drop_path: R}`` in a ``--config``
+file too. A backbone without drop path refuses it in one line."""
+
+
+def drop_path_value(value: Any) -> float:
+    """A ``--model.drop_path`` value (text or number) as the rate, checked: a number in [0, 1)."""
+    try:
+        rate = float(yaml.safe_load(value) if isinstance(value, str) else value)
+    except (TypeError, ValueError, yaml.YAMLError):
+        rate = math.nan
+    if not 0 <= rate < 1:
+        raise ValueError(f"--model.drop_path must be a rate in [0, 1) (got {value!r}; DINO's and MAE's ViTs use 0.1)")
+    return rate
 
 
 def _class_path(cls: type) -> str:
@@ -203,6 +221,10 @@ def _translate_config(path: str) -> tuple[str, str | None, dict[str, Any]]:
         moved = grouped_model_settings(moved_task_settings(model))
         logged |= moved != model
         config["model"] = moved
+        if "drop_path" in moved:  # the alias of backbone_args' drop_path_rate
+            rate = drop_path_value(moved.pop("drop_path"))
+            moved["backbone_args"] = {**(moved.get("backbone_args") or {}), DROP_PATH_OPTION: rate}
+            logged = True
         if flat := [key for key in model if key in MOVED_SETTINGS]:
             _warn_deprecated_config(path, flat)
         for key, spell in (("backbone", current_backbone_name), ("weights", current_weights_name)):
@@ -318,6 +340,8 @@ def translate_args(args: list[str]) -> list[str]:
             out.append(f"--model.task={value if eq else next(it, '')}")
         elif key.startswith("--task.") and key[len("--task.") :] in _task_settings():
             out.append(f"--model.task_settings.{key[len('--task.') :]}={value if eq else next(it, '')}")
+        elif key == DROP_PATH_ALIAS:
+            out.append(f"--model.backbone_args.{DROP_PATH_OPTION}={drop_path_value(value if eq else next(it, ''))}")
         elif key.startswith("--model.") and (new := moved_option(key[len("--model.") :])) is not None:
             print(deprecated_option_line("fit", key, f"--model.{new}"), file=sys.stderr)
             out.append(f"--model.{new}={value if eq else next(it, '')}")

@@ -6,7 +6,8 @@ wiring that resolves its arguments without running it.
 ``--objective.<param>`` its hyper-parameters; ``--task NAME`` is ``--model.task NAME`` (recorded there in
 ``config.yaml`` and in the checkpoint's hyper-parameters); :func:`translate_args` rewrites those aliases (and
 ``--seed``) for LightningCLI, and :func:`task_of_args` finds the task, whose data module the CLI is built
-with. :func:`resolved_fit_config` is the configuration a fit would run with (what ``--print_config`` prints),
+with. ``--test false`` ends the fit without scoring the test split (:data:`TEST_SKIPPED`; ``coretune compare``'s
+runs). :func:`resolved_fit_config` is the configuration a fit would run with (what ``--print_config`` prints),
 parsed by fit's own parser without running it, for sweeps that check every run's arguments before the first starts.
 """
 
@@ -27,6 +28,7 @@ from ..robust.training import AdversarialTraining
 from ..runs.config import recorded_task
 from ..runs.layout import RunDir
 from ..tasks import DEFAULT_TASK, TASKS, Task
+from .callbacks import update_results
 from .checkpoint_io import with_atomic_io
 from .fitargs import current_objective_args, task_of_args, translate_args
 from .loggers import LOGGER_ALIAS, place_loggers
@@ -44,6 +46,7 @@ from .trainer import (
 )
 
 __all__ = [
+    "TEST_SKIPPED",
     "FitArgsError",
     "FitCLI",
     "current_objective_args",
@@ -60,6 +63,7 @@ class FitCLI(RunDirCLI):
     command = "fit"
     aliases: ClassVar[Mapping[str, str]] = {
         "--objective NAME": "a registered objective or Table 2 preset and its settings (coretune objectives)",
+        "--model.drop_path R": "--model.backbone_args.drop_path_rate R: a timm model's stochastic depth (ViTs: 0.1)",
         "--objective.help NAME": "the hyper-parameters of objective NAME",
         "--seed N": "--seed_everything N (also seeds the data split, --data.seed)",
         "--task NAME": f"--model.task NAME: {', '.join(TASKS)} (default {DEFAULT_TASK}); the --data.* options are its",
@@ -94,6 +98,14 @@ class FitCLI(RunDirCLI):
             "hardware, precision, progress and loader options may change). Refused while another fit or sweep runs it "
             "(its claim, fit.pid).",
         )
+        parser.add_argument(
+            "--test",
+            type=bool,
+            default=True,
+            help="End by scoring the test split (results.json's test entry). false: the fit ends after training "
+            "(results.json records test: null and test_skipped, why; no test split needed), as coretune compare's "
+            "runs do; score a checkpoint later with coretune test --ckpt_path RUN/checkpoints/last.ckpt.",
+        )
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         self.given = given_options(args if isinstance(args, list) else [])  # the options the command line names
@@ -120,8 +132,11 @@ class FitCLI(RunDirCLI):
 
     def before_fit(self) -> None:
         """The task's check of the data settings, before any data is read (the model checks again once it is), and
-        that the test the fit ends with has images (else it failed after the last epoch)."""
+        that the test the fit ends with has images (else it failed after the last epoch); ``--test false``: none of
+        the test's checks."""
         self.model.task.check_data(self.datamodule, "fit")
+        if not self._get(self.config, "test", default=True):
+            return
         run = RunDir(self.trainer.default_root_dir)
         hint = self.model.task.selection_hint(self.datamodule)
         tests_best = self.model.task.test_checkpoint(run.path) == str(run.best_checkpoint)
@@ -141,7 +156,7 @@ class FitCLI(RunDirCLI):
             check_validates_before_max_steps(self.trainer, self.datamodule, hint, _BEST)
         cast(TaskData, self.datamodule).require_test_split(  # a TaskData: instantiate_trainer checked it
             "no images to test on: --data.val_fraction holds out part of train/ for validation, and coretune "
-            "fit ends by scoring a test split,"
+            "fit ends by scoring a test split (unless --test false),"
         )
 
     def after_fit(self) -> None:
@@ -153,6 +168,11 @@ class FitCLI(RunDirCLI):
                 "recorded as its result): let it train, e.g. --trainer.max_epochs 1 or more"
             )
         run = RunDir(self.trainer.default_root_dir)
+        if not self._get(self.config, "test", default=True):
+            if self.trainer.is_global_zero:
+                update_results(run.path, test=None, test_skipped=TEST_SKIPPED)
+                _print_run_summary(run.path, self.model.task)
+            return
         tested = self.model.task.test_checkpoint(run.path)
         if tested == str(run.best_checkpoint) and not _chose_best(self.trainer, run):
             found = "the file there is an earlier run's" if run.best_checkpoint.is_file() else "there is none"
@@ -177,6 +197,12 @@ class FitCLI(RunDirCLI):
 
 _BEST = "checkpoints/best.ckpt"
 
+#: ``results.json``'s ``test_skipped`` of a fit run with ``--test false`` (its ``test`` is null).
+TEST_SKIPPED = (
+    "--test false: the fit did not score the test split; score a checkpoint with coretune test --ckpt_path "
+    "RUN/checkpoints/last.ckpt (test_results.json)"
+)
+
 
 def _chose_best(trainer: Any, run: RunDir) -> bool:
     """Whether this run's validation chose ``run``'s ``best.ckpt``: a :class:`BestCheckpoint` of ``trainer`` saved it
@@ -194,7 +220,8 @@ def _chose_best(trainer: Any, run: RunDir) -> bool:
 
 
 def _print_run_summary(run_dir: Path, task: Task | None = None) -> None:
-    """The end of ``coretune fit``: where the run is and its test results (``task``: default, the run's own, as its
+    """The end of ``coretune fit``: where the run is and its test results, or how to score it when the fit skipped
+    the test (``task``: default, the run's own, as its
     ``config.yaml`` records it)."""
 
     from rich.console import Console
@@ -202,13 +229,19 @@ def _print_run_summary(run_dir: Path, task: Task | None = None) -> None:
     if task is None:
         task = TASKS.get(recorded_task(RunDir(run_dir).read_config()) or DEFAULT_TASK, TASKS[DEFAULT_TASK])()
     results = json.loads(RunDir(run_dir).results.read_text())
-    test = results.get("test", {})
+    test = results.get("test") or {}
     console = Console()
     console.print(f"[bold]run directory[/bold]: {run_dir}")
     if test:
         console.print(
             f"{task.summary_line(test)}  "
             f"({results.get('train_images_per_s')} train images/s, {results.get('wall_time_s')} s)"
+        )
+    elif results.get("test_skipped"):
+        console.print(
+            f"test split not scored (--test false): coretune test --ckpt_path {RunDir(run_dir).last_checkpoint}  "
+            f"({results.get('train_images_per_s')} train images/s, {results.get('wall_time_s')} s)",
+            highlight=False,
         )
     console.print(f"metrics: {RunDir(run_dir).metrics}   curves: {RunDir(run_dir).learning_curve}")
     if results.get("validated_on_test_images") and results.get("best_checkpoint"):

@@ -22,8 +22,9 @@ __all__ = ["GROUPS", "MOVED_SETTINGS", "deprecated_option_line", "grouped_model_
 GROUPS = {"optim": OptimSettings, "weights_options": WeightsOptions}
 """The FineTuner's settings that are a group (a dataclass), by name."""
 
-#: The optimiser settings that an older version had flat (those added since, LP-FT's, FTP's …, never were)
 _FLAT_OPTIM = ("optimizer", "lr", "backbone_lr", "momentum", "nesterov", "weight_decay", "schedule", "warmup_epochs")
+"""The optimiser settings older versions took as the model's own (``--model.lr``); those added since
+(``layer_decay``, LP-FT's, FTP's …) never were."""
 
 MOVED_SETTINGS: dict[str, tuple[str, str]] = {
     **{name: ("optim", name) for name in _FLAT_OPTIM},

@@ -23,7 +23,7 @@ from .checkpoint import CheckpointMeta, check_resumed_model, written_at
 from .datachecks import check_data
 from .ftp import FTPProjection
 from .health import GradScalerWatch, NonFiniteLossError, OutputHealth, training_blowup
-from .optim import OptimSettings, build_optimizer, build_schedule, resume_schedule
+from .optim import OptimSettings, build_optimizer, build_schedule, layer_decay_groups, resume_schedule
 from .seeds import epoch_seed, run_seed, step_seed
 from .speed import ChannelsLast, CompileGuard, channels_last_problem, compile_in_place, resolve_channels_last
 
@@ -80,10 +80,12 @@ class FineTuner(L.LightningModule):
         weights_options: how ``weights`` are read (:class:`~coretune.models.WeightsOptions`: ``download`` a named
             one missing from the cache, the checkpoint's ``format``, ``allow_cast``; ``--model.weights_options.<x>``).
         backbone_args: options of the backbone's constructor, e.g. ``{drop_path_rate: 0.1}`` for a timm ViT
-            (``--model.backbone_args '{drop_path_rate: 0.1}'``). timm ViTs take any image size by default.
+            (``--model.backbone_args '{drop_path_rate: 0.1}'``, or ``--model.drop_path 0.1``). timm ViTs take any
+            image size by default.
         optim: the optimiser and learning-rate schedule (:class:`~coretune.engine.optim.OptimSettings`: optimizer,
-            lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs; LP-FT's ``lp_epochs`` and
-            ``lp_lr``; surgical fine-tuning's ``train_blocks``; FTP's ``ftp`` and ``ftp_k``; ``--model.optim.<x>``).
+            lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs, layer_decay; LP-FT's
+            ``lp_epochs`` and ``lp_lr``; surgical fine-tuning's ``train_blocks``; FTP's ``ftp`` and ``ftp_k``;
+            ``--model.optim.<x>``).
         channels_last: use the channels-last memory format for the backbone and the images: ``auto`` (default) for
             CNN backbones, where it is faster, not for ViTs and other transformers
             (:func:`~coretune.engine.speed.prefers_channels_last`); or ``True``/``False``.
@@ -176,6 +178,12 @@ class FineTuner(L.LightningModule):
         self.compile_guard: CompileGuard | None = None  # set by the fit's setup (compile=True)
         if freeze_backbone:
             self.backbone.requires_grad_(False)
+        if optim.layer_decay is not None and self.backbone.layer_matcher() is None:
+            raise ValueError(
+                f"invalid model settings: optim.layer_decay needs a backbone whose layers timm can group (a timm "
+                f"model such as vit_small_patch16_224 or resnet50, or a torchvision ResNet), not {backbone!r}: "
+                "drop --model.optim.layer_decay or choose such a backbone"
+            )
         if optim.train_blocks is not None:  # surgical fine-tuning: the blocks named train, the others are frozen
             try:
                 chosen = selected_parameters(self.backbone, optim.train_blocks)
@@ -393,21 +401,45 @@ class FineTuner(L.LightningModule):
         and in evaluation mode, the objective's heads training."""
         return self._trainer is not None and self.current_epoch < self.optim.lp_epochs
 
+    @property
+    def weight_decay(self) -> float:
+        """The optimiser's weight decay: ``optim.weight_decay``, or the objective's own
+        (:attr:`~coretune.objectives.Objective.optimizer_weight_decay`: 0 for L2-SP and DELTA)."""
+        own = self.objective.optimizer_weight_decay
+        return self.optim.weight_decay if own is None else own
+
+    def optimizer_groups(self) -> list[dict[str, Any]]:
+        """The optimiser's parameter groups (torch's dicts), the trainable tensors only: the backbone's at
+        ``backbone_lr`` and the objective's heads at ``lr``, every tensor with :attr:`weight_decay`; with
+        ``optim.layer_decay``, the backbone's layers each at ``backbone_lr × layer_decay ** (L - 1 - layer)``
+        (:func:`~.optim.layer_decay_groups`: timm's ``param_groups_layer_decay``, 1-D tensors and the backbone's
+        ``no_weight_decay()`` without weight decay) and the heads at ``lr`` × 1.0, the top layer's scale, their 1-D
+        tensors without weight decay too. The heads' group comes last (the ``lr`` metrics.csv logs)."""
+        optim, decay = self.optim, self.weight_decay
+        heads = [p for p in self.objective.parameters() if p.requires_grad]
+        if optim.layer_decay is None:
+            backbone = self._trainable_backbone  # LP-FT's probe freezes them for a while: they train after it
+            return [{"params": backbone, "lr": optim.backbone_rate}, {"params": heads, "lr": optim.lr}]
+        matcher = self.backbone.layer_matcher()
+        assert matcher is not None  # checked by __init__
+        groups = layer_decay_groups(
+            self.backbone.body, matcher, optim.layer_decay, optim.backbone_rate, decay, self.backbone.no_weight_decay()
+        )
+        return [
+            *groups,
+            {"params": [p for p in heads if p.ndim <= 1], "lr": optim.lr, "weight_decay": 0.0},
+            {"params": [p for p in heads if p.ndim > 1], "lr": optim.lr, "weight_decay": decay},
+        ]
+
     def configure_optimizers(self) -> dict[str, Any]:
+        """The optimiser over :meth:`optimizer_groups` and its per-step schedule, which multiplies every group's
+        own rate (``LambdaLR``)."""
         optim = self.optim
-        backbone_params = self._trainable_backbone  # the linear-probing phase's frozen ones too: they train after
-        head_params = [p for p in self.objective.parameters() if p.requires_grad]
         optimizer = build_optimizer(
-            [(backbone_params, optim.backbone_rate), (head_params, optim.lr)],
-            optim.optimizer,
-            optim.momentum,
-            optim.nesterov,
-            optim.weight_decay
-            if self.objective.optimizer_weight_decay is None
-            else self.objective.optimizer_weight_decay,
+            self.optimizer_groups(), optim.optimizer, optim.momentum, optim.nesterov, self.weight_decay
         )
         if optim.ftp:  # the projection after each step, anchored at the backbone's weights now (the pre-trained ones)
-            optimizer.register_step_post_hook(FTPProjection(backbone_params, optim.ftp_k))
+            optimizer.register_step_post_hook(FTPProjection(self._trainable_backbone, optim.ftp_k))
         lp_scale = 1.0 if optim.lp_lr is None else optim.lp_lr / optim.lr
         scheduler = build_schedule(
             optimizer, self.trainer, optim.warmup_epochs, optim.schedule, lp_epochs=optim.lp_epochs, lp_scale=lp_scale

@@ -21,6 +21,7 @@ __all__ = [
     "build_optimizer",
     "build_schedule",
     "diverged_fix",
+    "layer_decay_groups",
     "lp_ft_factor",
     "lr_factor",
     "optimizer_problems",
@@ -81,6 +82,15 @@ class OptimSettings:
         ftp: FTP (Tian et al., NeurIPS 2023): after each step, project every backbone tensor to within a learned
             distance of its pre-trained value (:mod:`coretune.engine.ftp`).
         ftp_k: FTP's gradient-annealing factor ``k`` in [0, 1] (the authors' default 1: none).
+        layer_decay: layer-wise learning-rate decay (BEiT, MAE, timm's ``--layer-decay``) in (0, 1]: the backbone's
+            layer ``i`` of ``L`` (timm's ``group_matcher`` grouping, layers counted as BEiT, MAE and iBOT count
+            them: the stem 0, each block ``1..L-2``, the final norm ``L-1``) trains at
+            ``backbone lr × layer_decay ** (L - 1 - i)``, built by timm's ``param_groups_layer_decay``, which also
+            exempts 1-D tensors (biases, norms) and the model's ``no_weight_decay()`` (position embedding, class
+            token) from weight decay; the objective's heads (the task's classifier, a projection head) train at
+            ``lr`` × 1.0, the top group's scale, their 1-D tensors without weight decay too. ``None`` (default):
+            off, one backbone group and one head group, every tensor with weight decay. For timm models and the
+            torchvision ResNets (timm's ResNet grouping).
     """
 
     optimizer: OptimizerName = "sgd"
@@ -91,6 +101,7 @@ class OptimSettings:
     weight_decay: float = 1e-4
     schedule: Schedule = "cosine"
     warmup_epochs: float = 0.0
+    layer_decay: float | None = None
     lp_epochs: int = 0
     lp_lr: float | None = None
     train_blocks: str | None = None
@@ -108,6 +119,8 @@ class OptimSettings:
             problems.append(f"backbone_lr must be >= 0 (got {self.backbone_lr})")
         if self.schedule not in get_args(Schedule):
             problems.append(f"schedule must be one of {', '.join(get_args(Schedule))} (got {self.schedule!r})")
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            problems.append(f"layer_decay must lie in (0, 1] (got {self.layer_decay}; 0.75 is DINO's and iBOT's ViT-S)")
         if self.lp_epochs < 0:
             problems.append(f"lp_epochs must be >= 0 (got {self.lp_epochs})")
         if self.lp_lr is not None and self.lp_lr <= 0:
@@ -129,14 +142,18 @@ class OptimSettings:
 
 
 def build_optimizer(
-    groups: Iterable[tuple[list[nn.Parameter], float]],
+    groups: Iterable[tuple[list[nn.Parameter], float] | dict[str, Any]],
     name: OptimizerName = "sgd",
     momentum: float = 0.9,
     nesterov: bool = True,
     weight_decay: float = 1e-4,
 ) -> torch.optim.Optimizer:
-    """An optimiser over ``(params, lr)`` groups; empty groups are dropped."""
-    param_groups = [{"params": params, "lr": lr} for params, lr in groups if params]
+    """An optimiser over ``(params, lr)`` groups, or torch's group dicts (``{"params", "lr", "weight_decay"}``, a
+    group's own ``weight_decay`` overriding ``weight_decay``); empty groups are dropped."""
+    param_groups = [
+        dict(group) if isinstance(group, dict) else {"params": group[0], "lr": group[1]} for group in groups
+    ]
+    param_groups = [group for group in param_groups if group["params"]]
     if name == "sgd":
         return torch.optim.SGD(
             param_groups, momentum=momentum, nesterov=nesterov and momentum > 0, weight_decay=weight_decay
@@ -146,6 +163,65 @@ def build_optimizer(
     if name == "adamw":
         return torch.optim.AdamW(param_groups, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer {name!r}; choose 'sgd', 'adam' or 'adamw'")
+
+
+class _Named:
+    """What timm's ``param_groups_layer_decay`` reads of a model: its ``named_parameters`` and ``group_matcher``."""
+
+    def __init__(self, module: nn.Module, matcher: dict[str, Any]) -> None:
+        self.named_parameters, self._matcher = module.named_parameters, matcher
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        return self._matcher
+
+
+_MERGED = (99999,)
+"""timm's ``MATCH_PREV_GROUP``: a matcher entry with this suffix joins the group before it."""
+
+_OWN_LAYER = (99998,)
+"""The suffix that makes such an entry a layer of its own, after every block."""
+
+
+def _own_top_layers(matcher: dict[str, Any]) -> dict[str, Any]:
+    """``matcher`` with each entry that timm merges into the group before it (a ViT's final ``norm`` into its last
+    block: ``MATCH_PREV_GROUP``) made a layer of its own above the blocks, as BEiT, MAE and iBOT count layers:
+    their published decays (0.65, 0.75) then mean what they meant (the last block at ``decay ** 1``; timm's
+    grouping would put it at 1.0, every backbone rate ``1 / decay`` higher)."""
+
+    def own(spec: Any) -> Any:
+        if isinstance(spec, (list, tuple)):
+            return [(pattern, _OWN_LAYER if tuple(suffix or ()) == _MERGED else suffix) for pattern, suffix in spec]
+        return spec
+
+    return {name: own(spec) for name, spec in matcher.items()}
+
+
+def layer_decay_groups(
+    body: nn.Module,
+    matcher: dict[str, Any],
+    layer_decay: float,
+    lr: float,
+    weight_decay: float,
+    no_weight_decay: Iterable[str] = (),
+) -> list[dict[str, Any]]:
+    """The parameter groups of ``body`` (its trainable tensors) with layer-wise learning-rate decay: timm's
+    ``param_groups_layer_decay`` over ``matcher`` (timm's ``group_matcher(coarse=False)`` patterns of the body; a
+    final norm a layer of its own, :func:`_own_top_layers`): layer ``i`` of ``L`` at ``decay ** (L - 1 - i)``,
+    each group's ``lr_scale`` turned into its ``lr`` (``lr × lr_scale``), as torch optimisers take it: a schedule
+    (``LambdaLR``) then multiplies each group's own rate. 1-D tensors and the ``no_weight_decay`` names get no
+    weight decay (timm's rule); the others ``weight_decay``."""
+    from timm.optim import param_groups_layer_decay
+
+    groups = param_groups_layer_decay(
+        _Named(body, _own_top_layers(matcher)),  # type: ignore[arg-type]  (all it reads)
+        weight_decay=weight_decay,
+        no_weight_decay_list=tuple(no_weight_decay),
+        layer_decay=layer_decay,
+    )
+    return [
+        {"params": group["params"], "lr": lr * group["lr_scale"], "weight_decay": group["weight_decay"]}
+        for group in groups
+    ]
 
 
 def lr_factor(step: int, total_steps: int, schedule: Schedule = "cosine", warmup_steps: int = 0) -> float:

@@ -70,16 +70,17 @@ RESUMABLE_CHANGES = frozenset(
         "model.channels_last",
         "model.compile",
         "model.weights_options.download",
+        "test",
     }
 )
 """Settings a run may be resumed with after a change (a class's ``init_args.x`` named as its ``x``): how long it trains
-(``trainer.max_epochs`` extends a run, its learning-rate schedule stretched to the new length), the hardware and
-numeric precision it runs on (``trainer.devices`` only with the same number of devices), what it prints (added
-callbacks, such as a monitor; its loggers are where it logs, never compared), how images are loaded, and whether
-named weights may be downloaded (the same file either way). Every other setting changes the model, the objective, the
-data or the optimisation, so a resume with another value is refused; but ``model.weights`` may name another path to
-the very file the run started from (its SHA-256, which the checkpoint records), and another file at the same path is
-refused."""
+(``trainer.max_epochs`` extends a run, its learning-rate schedule stretched to the new length), the hardware and numeric
+precision it runs on (``trainer.devices`` only with the same number of devices), what it prints (added callbacks, such
+as a monitor; its loggers are where it logs, never compared), how images are loaded, whether named weights may be
+downloaded (the same file either way), and whether the fit ends by testing (``--test``). Every other setting changes the
+model, the objective, the data or the optimisation, so a resume with another value is refused; but ``model.weights`` may
+name another path to the very file the run started from (its SHA-256, which the checkpoint records), and another file at
+the same path is refused."""
 
 
 def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -281,7 +282,8 @@ def _held_results(run: RunDir) -> str:
     the start) or that diverged (re-fitted with a fix, its record is replaced)."""
     if not run.is_finished():
         return ""
-    return ", ".join(["test results", *(f"checkpoints/{p.name}" for p in sorted(run.checkpoints.glob("*.ckpt")))])
+    what = "results (the test skipped)" if run.test_skipped() else "test results"
+    return ", ".join([what, *(f"checkpoints/{p.name}" for p in sorted(run.checkpoints.glob("*.ckpt")))])
 
 
 def resolve_run_dir(config: Any, default_name: str) -> None:

@@ -133,7 +133,7 @@ def create_backbone(
         try:
             encoder = _REGISTRY[name](**kwargs)
         except TypeError as err:
-            raise ValueError(f"backbone {name!r} does not accept options {sorted(kwargs)}: {err}") from err
+            raise ValueError(_refused_options(name, kwargs, err)) from err
     elif name.startswith(HF_HUB_PREFIX):
         encoder = _hub_encoder(name, weights_download, **kwargs)
     elif is_timm_name(name):
@@ -164,6 +164,22 @@ def create_backbone(
                 f"{name} ← {weights}: {report.summary()}", highlight=False, markup=False, soft_wrap=True
             )
     return encoder
+
+
+DROP_PATH_OPTION = "drop_path_rate"
+"""The constructor option of timm models that sets the stochastic depth (drop path) rate: ``--model.drop_path``."""
+
+
+def _refused_options(name: str, kwargs: dict[str, Any], err: TypeError, what: str = "backbone") -> str:
+    """The one line that says the backbone ``name`` refused the constructor options ``kwargs`` (``err``: why); a
+    drop path rate gets its own, naming the backbones that take one."""
+    if DROP_PATH_OPTION in kwargs and DROP_PATH_OPTION in str(err):
+        return (
+            f"{what} {name!r} has no drop path (stochastic depth) to set: --model.drop_path (backbone_args "
+            f"{DROP_PATH_OPTION}) needs a timm model that takes it (vit_small_patch16_224, deit_small_patch16_224, "
+            "timm's ResNets such as resnet50.tv_in1k); drop it for this backbone"
+        )
+    return f"{what} {name!r} does not accept options {sorted(kwargs)}: {err}"
 
 
 def _hub_encoder(name: str, download: bool | None, **kwargs: Any) -> Encoder:
@@ -201,7 +217,7 @@ def _timm_encoder(model_name: str, name: str, **kwargs: Any) -> Encoder:
             try:
                 body = timm.create_model(model_name, pretrained=False, num_classes=0, **options)
             except TypeError as err:
-                raise ValueError(f"timm model {name!r} does not accept options {sorted(kwargs)}: {err}") from err
+                raise ValueError(_refused_options(name, kwargs, err, "timm model")) from err
     except RuntimeError as err:  # "Invalid pretrained tag (x) for resnet18."
         arch = name.partition(".")[0]
         raise ValueError(f"backbone {name!r}: {err} timm.list_pretrained('{arch}.*') lists the valid tags") from err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torchvision
 from torch import Tensor, nn
 
 __all__ = ["TIMM_PREFIX", "Encoder"]
@@ -66,6 +67,25 @@ class Encoder(nn.Module):
         Feature-map regularisers such as DELTA (Li et al., ICLR 2019) register forward hooks on them.
         """
         return [self.body.get_submodule(n) for n in self.stage_names]
+
+    def layer_matcher(self) -> dict[str, Any] | None:
+        """The regular expressions that assign the body's parameters to its layers, as timm's
+        ``group_matcher(coarse=False)`` writes them (the stem, each block, the final norm): the body's own for a
+        timm model, timm's ResNet's for a torchvision ResNet (the same parameter names); None for a body timm has
+        no grouping of (``small_cnn``). Layer-wise learning-rate decay needs it."""
+        if callable(matcher := getattr(self.body, "group_matcher", None)):
+            return dict(matcher(coarse=False))
+        if isinstance(self.body, torchvision.models.ResNet):
+            from timm.models.resnet import ResNet
+
+            return dict(ResNet.group_matcher(self.body, coarse=False))  # type: ignore[arg-type]  (reads no attribute)
+        return None
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the body's parameters timm trains without weight decay (a ViT's ``pos_embed``, ``cls_token``):
+        the body's ``no_weight_decay()``, empty for a body without one."""
+        names = getattr(self.body, "no_weight_decay", None)
+        return set(names()) if callable(names) else set()
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, feature_dim={self.feature_dim}"

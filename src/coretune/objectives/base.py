@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..distributed import world_size
+from ..losses import soft_cross_entropy
 
 __all__ = [
     "MovedSetting",
@@ -30,6 +32,7 @@ __all__ = [
     "available",
     "create",
     "get",
+    "label_smoothing_setting",
     "plain_setting",
     "preset_name",
     "register",
@@ -275,6 +278,24 @@ class Objective(nn.Module):
                 "num_classes="
             )
 
+    #: Label smoothing ``s`` of the objective's cross-entropy on the classifier (``--objective.label_smoothing``,
+    #: every built-in objective's setting): the target of class ``y`` is ``(1 - s) · onehot(y) + s / K``
+    #: (:meth:`cross_entropy`, torch's ``label_smoothing``); a soft target ``t`` (mixed rows) is ``(1 - s) · t + s / K``
+    #: (:meth:`soft_cross_entropy`, as timm's ``Mixup(label_smoothing=s)`` builds its targets for
+    #: ``SoftTargetCrossEntropy``). 0 (default): none.
+    label_smoothing: float = 0.0
+
+    def cross_entropy(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """The classifier's cross-entropy of ``logits`` ``(B, K)`` with class ``labels`` ``(B,)``, in float32, with
+        :attr:`label_smoothing`."""
+        return F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
+
+    def soft_cross_entropy(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """The classifier's cross-entropy of ``logits`` ``(B, K)`` with soft ``targets`` ``(B, K)`` (mixed rows'),
+        smoothed as timm's mixup smooths them: ``(1 - s) · targets + s / K`` (:attr:`label_smoothing`)."""
+        s = self.label_smoothing
+        return soft_cross_entropy(logits, targets if s == 0 else (1 - s) * targets + s / targets.shape[1])
+
     def hparams(self) -> dict[str, Any]:
         """The constructor's hyper-parameters (stored as attributes of the same names), for configs and logs; a
         component's settings (a dataclass such as Core-tuning's ``miner``) as a dict (:func:`plain_setting`)."""
@@ -377,6 +398,13 @@ def _nested(assigned: Mapping[str, Any]) -> dict[str, Any]:
         before = node.get(leaf)
         node[leaf] = {**before, **value} if isinstance(before, dict) and isinstance(value, dict) else value
     return nested
+
+
+def label_smoothing_setting(value: float) -> float:
+    """``value`` as an objective's :attr:`~Objective.label_smoothing`, checked: in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise ValueError(f"label_smoothing must lie in [0, 1) (got {value!r}; 0.1 is the usual ViT recipe's)")
+    return float(value)
 
 
 def plain_setting(value: Any) -> Any:

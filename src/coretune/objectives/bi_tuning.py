@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..distributed import batch_sizes, gather_rows, gather_with_grad, rank
 from ..losses import soft_cross_entropy
 from ._backbone import frozen_copy, mirror_modes, move_to
-from .base import Objective, ObjectiveOutput, register
+from .base import Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["BiTuning"]
 
@@ -101,6 +101,8 @@ class BiTuning(Objective):
         gather: under DDP, compute the loss on the batch gathered from every process and enqueue every
             process's keys, so the queues stay identical across processes (MoCo's ``concat_all_gather``);
             ``False`` keeps the loss per process (DDP then keeps rank 0's queues, broadcast as buffers).
+        label_smoothing: label smoothing of the classifier's cross-entropy, in [0, 1) (0: none;
+            :attr:`Objective.label_smoothing`).
     """
 
     #: ``coretune tune``'s grid: the weight γ of the two contrastive terms a decade either side of the authors' 1;
@@ -117,8 +119,10 @@ class BiTuning(Objective):
         momentum_backbone: bool = True,
         key_view: Literal["second", "same"] = "second",
         gather: bool = True,
+        label_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
+        self.label_smoothing = label_smoothing_setting(label_smoothing)
         problems = []
         if queue_size < 1:
             problems.append(f"queue_size must be >= 1 (got {queue_size})")
@@ -285,7 +289,7 @@ class BiTuning(Objective):
             features, labels = gather_with_grad(features, sizes), gather_rows(labels, sizes)
             h_keys, z_keys = gather_rows(h_keys, sizes), gather_rows(z_keys, sizes)
         logits = self.classifier(features)
-        ce = F.cross_entropy(logits.float(), labels)
+        ce = self.cross_entropy(logits, labels)
 
         # Snapshots (the queues change in place, after autograd saved them for the backward pass), in tllib's
         # order: the projector head reads the queues before the batch's keys are enqueued, the classifier head after.

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Objective, ObjectiveOutput, register
+from .base import Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["BSS"]
 
@@ -32,14 +31,17 @@ class BSS(Objective):
     Args:
         eta: weight ``η >= 0`` of the spectral penalty.
         k: number ``k >= 1`` of smallest singular values penalised.
+        label_smoothing: label smoothing of the classifier's cross-entropy, in [0, 1) (0: none;
+            :attr:`Objective.label_smoothing`).
     """
 
     #: ``coretune tune``'s grid: η a decade either side of the paper's 0.001; ``k`` stays at the paper's 1 (an
     #: integer, which tune does not search: ``--objective.k``).
     search_space: ClassVar[dict[str, tuple[float, ...]]] = {"eta": (0.0001, 0.001, 0.01)}
 
-    def __init__(self, eta: float = 0.001, k: int = 1) -> None:
+    def __init__(self, eta: float = 0.001, k: int = 1, label_smoothing: float = 0.0) -> None:
         super().__init__()
+        self.label_smoothing = label_smoothing_setting(label_smoothing)
         problems = []
         if eta < 0:
             problems.append(f"eta must be >= 0 (got {eta})")
@@ -58,7 +60,7 @@ class BSS(Objective):
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
         self._check_built()
         logits = self.classifier(features)
-        ce = F.cross_entropy(logits.float(), labels)
+        ce = self.cross_entropy(logits, labels)
         bss = self.spectral_penalty(features)
         loss = ce + self.eta * bss
         return ObjectiveOutput(loss, logits, {"ce": ce.detach(), "bss": bss.detach(), "loss": loss.detach()})

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Objective, ObjectiveOutput, register
+from .base import Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["CETuning"]
 
@@ -23,8 +22,14 @@ class CETuning(Objective):
     #: None: cross-entropy has no hyper-parameter for ``coretune tune`` to choose.
     search_space: ClassVar[dict[str, tuple[float, ...]]] = {}
 
+    def __init__(self, label_smoothing: float = 0.0) -> None:
+        """Args:
+        label_smoothing: label smoothing of the cross-entropy (:attr:`Objective.label_smoothing`), in [0, 1)."""
+        super().__init__()
+        self.label_smoothing = label_smoothing_setting(label_smoothing)
+
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
         self._check_built()
         logits = self.classifier(features)
-        loss = F.cross_entropy(logits.float(), labels)
+        loss = self.cross_entropy(logits, labels)
         return ObjectiveOutput(loss, logits, {"ce": loss.detach(), "loss": loss.detach()})

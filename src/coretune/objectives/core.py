@@ -15,12 +15,11 @@ from ..losses import (
     core_positive_mask,
     image_label_positive_mask,
     own_pairs_mask,
-    soft_cross_entropy,
     supcon_positive_mask,
 )
 from ..memory import CrossBatchMemory, FeatureMemory
 from ..mining import HardPairMiner, beta_draws, mine_hard_positives, representable
-from .base import MovedSetting, Objective, ObjectiveOutput, register
+from .base import MovedSetting, Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["TABLE2_ROWS", "CoreTuning", "dense_contrastive_loss"]
 
@@ -118,6 +117,9 @@ class CoreTuning(Objective):
         gather: under DDP, compute the whole loss on the batch gathered from every process (global hard-pair
             mining, :func:`coretune.distributed.gather_batch`); ``False`` keeps it per process.
         same_domain_positives: restrict positives to the anchor's domain (see above; needs domain labels).
+        label_smoothing: label smoothing of the classifier's cross-entropy, in [0, 1) (0: none;
+            :attr:`Objective.label_smoothing`): ``CE(G_y(z), y)`` with torch's ``label_smoothing``, the generated
+            rows' soft targets ``t`` as ``(1 - s) · t + s / K`` (timm's ``Mixup(label_smoothing=s)`` targets).
     """
 
     #: The flat settings of earlier versions, read for one release (``--objective.lambda_n`` …).
@@ -156,8 +158,10 @@ class CoreTuning(Objective):
         classifier_pairs: ClassifierPairs = "both",
         gather: bool = True,
         same_domain_positives: bool = False,
+        label_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
+        self.label_smoothing = label_smoothing_setting(label_smoothing)
         problems = []
         if eta < 0:
             problems.append(f"eta must be >= 0 (got {eta})")
@@ -297,11 +301,11 @@ class CoreTuning(Objective):
 
         all_logits = self.classifier(torch.cat([features, *generated]))
         logits = all_logits[:b]
-        ce = F.cross_entropy(logits.float(), labels)
+        ce = self.cross_entropy(logits, labels)
         loss = ce
         terms = {"ce": ce.detach()}
         if generated:
-            ce_mix = soft_cross_entropy(all_logits[b:], torch.cat(targets))
+            ce_mix = self.soft_cross_entropy(all_logits[b:], torch.cat(targets))
             loss = loss + ce_mix
             terms["ce_mix"] = ce_mix.detach()
         if self.eta > 0:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._backbone import capture_outputs, frozen_copy, l2_penalty, move_to, stage_names
-from .base import Objective, ObjectiveOutput, register
+from .base import Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["DELTA", "channel_attention"]
 
@@ -170,6 +170,8 @@ class DELTA(Objective):
             the authors use 4 of 32 images); 0 keeps uniform attention. Costs one forward pass per channel and
             batch (960 channels for a ResNet-18, 3,840 for a ResNet-50).
         probe_batches: training batches the linear probe used by the attention is fitted on.
+        label_smoothing: label smoothing of the classifier's cross-entropy, in [0, 1) (0: none;
+            :attr:`Objective.label_smoothing`).
     """
 
     optimizer_weight_decay = 0.0
@@ -184,8 +186,10 @@ class DELTA(Objective):
         attention_temperature: float = 5.0,
         attention_batches: int = 2,
         probe_batches: int = 8,
+        label_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
+        self.label_smoothing = label_smoothing_setting(label_smoothing)
         problems = [f"{n} must be >= 0 (got {v})" for n, v in (("alpha", alpha), ("beta", beta)) if v < 0]
         if attention_temperature <= 0:
             problems.append(f"attention_temperature must be > 0 (got {attention_temperature})")
@@ -344,7 +348,7 @@ class DELTA(Objective):
         if inputs is None:
             raise ValueError("delta needs the batch's images: call objective(features, labels, inputs=images)")
         logits = self.classifier(features)
-        ce = F.cross_entropy(logits.float(), labels)
+        ce = self.cross_entropy(logits, labels)
         fm = self.feature_map_penalty(inputs).to(ce.device)
         new = l2_penalty(self.parameters())
         loss = ce + self.alpha * fm + self.beta * new

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._backbone import l2_penalty
-from .base import Objective, ObjectiveOutput, register
+from .base import Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["L2SP"]
 
@@ -50,6 +49,8 @@ class L2SP(Objective):
     Args:
         alpha: weight ``α >= 0`` of the starting-point penalty on the backbone.
         beta: weight ``β >= 0`` of the L2 penalty on the new heads.
+        label_smoothing: label smoothing of the classifier's cross-entropy, in [0, 1) (0: none;
+            :attr:`Objective.label_smoothing`).
     """
 
     optimizer_weight_decay = 0.0
@@ -58,8 +59,9 @@ class L2SP(Objective):
     #: reference implementations' 0.01.
     search_space: ClassVar[dict[str, tuple[float, ...]]] = {"alpha": (0.001, 0.01, 0.1), "beta": (0.001, 0.01, 0.1)}
 
-    def __init__(self, alpha: float = 0.01, beta: float = 0.01) -> None:
+    def __init__(self, alpha: float = 0.01, beta: float = 0.01, label_smoothing: float = 0.0) -> None:
         super().__init__()
+        self.label_smoothing = label_smoothing_setting(label_smoothing)
         problems = [f"{n} must be >= 0 (got {v})" for n, v in (("alpha", alpha), ("beta", beta)) if v < 0]
         if problems:
             raise ValueError("invalid L2-SP settings: " + "; ".join(problems))
@@ -92,7 +94,7 @@ class L2SP(Objective):
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
         self._check_built()
         logits = self.classifier(features)
-        ce = F.cross_entropy(logits.float(), labels)
+        ce = self.cross_entropy(logits, labels)
         sp = self.starting_point_penalty().to(ce.device)
         new = l2_penalty(self.parameters())
         loss = ce + self.alpha * sp + self.beta * new

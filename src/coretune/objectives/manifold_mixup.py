@@ -8,9 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..losses import soft_cross_entropy
 from ..mining import beta_draws, representable
-from .base import Objective, ObjectiveOutput, register
+from .base import Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["ManifoldMixup"]
 
@@ -45,14 +44,17 @@ class ManifoldMixup(Objective):
 
     Args:
         alpha: Beta concentration ``α > 0``.
+        label_smoothing: label smoothing of the classifier's cross-entropy, in [0, 1) (0: none;
+            :attr:`Objective.label_smoothing`).
     """
 
     #: ``coretune tune``'s grid: the Beta concentration α a decade either side of the paper's 2.0 (from mostly
     #: unmixed rows at 0.2 to mixes near half-and-half at 20).
     search_space: ClassVar[dict[str, tuple[float, ...]]] = {"alpha": (0.2, 2.0, 20.0)}
 
-    def __init__(self, alpha: float = 2.0) -> None:
+    def __init__(self, alpha: float = 2.0, label_smoothing: float = 0.0) -> None:
         super().__init__()
+        self.label_smoothing = label_smoothing_setting(label_smoothing)
         if alpha <= 0:
             raise ValueError(f"invalid manifold mixup settings: alpha must be > 0 (got {alpha})")
         self.alpha = alpha
@@ -73,5 +75,5 @@ class ManifoldMixup(Objective):
         b = features.shape[0]
         mixed, targets, _, _ = self.mix(features, labels)
         all_logits = self.classifier(torch.cat([features, mixed]))
-        loss = soft_cross_entropy(all_logits[b:], targets)
+        loss = self.soft_cross_entropy(all_logits[b:], targets)
         return ObjectiveOutput(loss, all_logits[:b], {"ce_mix": loss.detach(), "loss": loss.detach()})

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Objective, ObjectiveOutput, register
+from .base import Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["MixAndMatch", "batch_hard_triplet_loss"]
 
@@ -60,14 +60,17 @@ class MixAndMatch(Objective):
     Args:
         margin: triplet margin ``m >= 0``.
         triplet_weight: weight ``γ >= 0`` of the triplet term.
+        label_smoothing: label smoothing of the classifier's cross-entropy, in [0, 1) (0: none;
+            :attr:`Objective.label_smoothing`).
     """
 
     #: ``coretune tune``'s grid: the triplet weight γ a decade either side of 1 (coretune's choice: M&M's authors
     #: give no classification setting); the margin stays at 0.3.
     search_space: ClassVar[dict[str, tuple[float, ...]]] = {"triplet_weight": (0.1, 1.0, 10.0)}
 
-    def __init__(self, margin: float = 0.3, triplet_weight: float = 1.0) -> None:
+    def __init__(self, margin: float = 0.3, triplet_weight: float = 1.0, label_smoothing: float = 0.0) -> None:
         super().__init__()
+        self.label_smoothing = label_smoothing_setting(label_smoothing)
         settings = (("margin", margin), ("triplet_weight", triplet_weight))
         problems = [f"{n} must be >= 0 (got {v})" for n, v in settings if v < 0]
         if problems:
@@ -77,7 +80,7 @@ class MixAndMatch(Objective):
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
         self._check_built()
         logits = self.classifier(features)
-        ce = F.cross_entropy(logits.float(), labels)
+        ce = self.cross_entropy(logits, labels)
         triplet = batch_hard_triplet_loss(features, labels, self.margin)
         loss = ce + self.triplet_weight * triplet
         terms = {"ce": ce.detach(), "triplet": triplet.detach(), "loss": loss.detach()}

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Objective, ObjectiveOutput, register
+from .base import Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["RIFLE"]
 
@@ -48,6 +47,8 @@ class RIFLE(Objective):
     Args:
         reinit_times: number ``n >= 0`` of re-initialisations (0 is CE-tuning).
         reinit_fraction: fraction ``p ∈ (0, 1]`` of the training over which they are spread.
+        label_smoothing: label smoothing of the classifier's cross-entropy, in [0, 1) (0: none;
+            :attr:`Objective.label_smoothing`).
     """
 
     #: None that ``coretune tune`` searches: RIFLE's hyper-parameter, the number of re-initialisations ``n`` (the
@@ -55,8 +56,9 @@ class RIFLE(Objective):
     #: ``--objective.reinit_times`` to a fit (or a bench spec) instead.
     search_space: ClassVar[dict[str, tuple[float, ...]]] = {}
 
-    def __init__(self, reinit_times: int = 3, reinit_fraction: float = 1.0) -> None:
+    def __init__(self, reinit_times: int = 3, reinit_fraction: float = 1.0, label_smoothing: float = 0.0) -> None:
         super().__init__()
+        self.label_smoothing = label_smoothing_setting(label_smoothing)
         problems = []
         if reinit_times < 0:
             problems.append(f"reinit_times must be >= 0 (got {reinit_times})")
@@ -91,5 +93,5 @@ class RIFLE(Objective):
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
         self._check_built()
         logits = self.classifier(features)
-        ce = F.cross_entropy(logits.float(), labels)
+        ce = self.cross_entropy(logits, labels)
         return ObjectiveOutput(ce, logits, {"ce": ce.detach(), "loss": ce.detach()})

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ..distributed import gather_batch
 from ..losses import contrastive_loss, supcon_positive_mask
-from .base import Objective, ObjectiveOutput, register
+from .base import Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["SCL"]
 
@@ -45,6 +45,8 @@ class SCL(Objective):
         temperature: ``τ > 0``.
         gather: under DDP, compute the loss on the batch gathered from every process (the contrast then spans
             the global batch, :func:`coretune.distributed.gather_batch`); ``False`` keeps it per process.
+        label_smoothing: label smoothing of the classifier's cross-entropy, in [0, 1) (0: none;
+            :attr:`Objective.label_smoothing`).
     """
 
     #: ``coretune tune``'s grid: the paper's sweep, λ ∈ {0.1, 0.3, 0.5, 0.7, 0.9} and τ ∈ {0.1, 0.3, 0.5, 0.7}, less
@@ -54,8 +56,11 @@ class SCL(Objective):
         "temperature": (0.1, 0.3, 0.5, 0.7),
     }
 
-    def __init__(self, lam: float = 0.9, temperature: float = 0.3, gather: bool = True) -> None:
+    def __init__(
+        self, lam: float = 0.9, temperature: float = 0.3, gather: bool = True, label_smoothing: float = 0.0
+    ) -> None:
         super().__init__()
+        self.label_smoothing = label_smoothing_setting(label_smoothing)
         problems = []
         if not 0.0 <= lam <= 1.0:
             problems.append(f"lam must lie in [0, 1] (got {lam})")
@@ -69,7 +74,7 @@ class SCL(Objective):
         self._check_built()
         features, labels, rows = gather_batch(features, labels) if self.gathers else (features, labels, slice(None))
         logits = self.classifier(features)
-        ce = F.cross_entropy(logits.float(), labels)
+        ce = self.cross_entropy(logits, labels)
         unit = F.normalize(features.float(), dim=1)
         scl = contrastive_loss(unit, supcon_positive_mask(labels), self.temperature)
         loss = (1 - self.lam) * ce + self.lam * scl

@@ -1,8 +1,9 @@
-"""Contrastive self-supervised pre-training (SimCLR, MoCo v2) of any coretune backbone on unlabelled data."""
+"""Contrastive self-supervised pre-training (SimCLR, MoCo v2, MoCo v3) of any coretune backbone on unlabelled data."""
 
 from .augment import BatchAugment
 from .data import PretrainData
-from .losses import KeyQueue, moco_infonce, nt_xent
+from .losses import KeyQueue, moco_infonce, moco_v3_infonce, nt_xent
+from .mocov3 import MoCoV3
 from .module import (
     PRETRAINED_FILENAME,
     ContrastivePretrainer,
@@ -22,10 +23,12 @@ __all__ = [
     "ExportPretrained",
     "KeyQueue",
     "MoCoV2",
+    "MoCoV3",
     "PretrainData",
     "SimCLR",
     "make_pretrain_trainer",
     "moco_infonce",
+    "moco_v3_infonce",
     "nt_xent",
     "pretrain_callbacks",
     "pretrain_trainer_defaults",

@@ -1,6 +1,6 @@
 """``coretune pretrain``: a LightningCLI over the contrastive methods and :class:`PretrainData`.
 
-``--method simclr|moco_v2`` picks the method (default SimCLR), ``--model.<param>`` its hyper-parameters,
+``--method simclr|moco_v2|moco_v3`` picks the method (default SimCLR), ``--model.<param>`` its hyper-parameters,
 ``--data.<param>`` the images and augmentations, ``--trainer.<param>`` the loop; ``--trainer.logger NAME`` adds a
 Lightning logger beside the run's own files, as for ``coretune fit`` (:mod:`coretune.engine.loggers`). Re-running
 with the same ``--run_dir`` resumes from its ``checkpoints/last.ckpt``.
@@ -23,6 +23,7 @@ from ..engine import RunDirCLI, check_trainer_options, quiet_lightning, with_ato
 from ..engine.loggers import LOGGER_ALIAS, logger_args, place_loggers, translate_logger_config
 from .augment import IMAGENET_MEAN, IMAGENET_STD
 from .data import PretrainData
+from .mocov3 import MoCoV3
 from .module import (
     PRETRAINED_FILENAME,
     ContrastivePretrainer,
@@ -35,7 +36,7 @@ from .module import (
 
 __all__ = ["METHODS", "PretrainCLI", "run", "translate_args"]
 
-METHODS: dict[str, type[ContrastivePretrainer]] = {"simclr": SimCLR, "moco_v2": MoCoV2}
+METHODS: dict[str, type[ContrastivePretrainer]] = {"simclr": SimCLR, "moco_v2": MoCoV2, "moco_v3": MoCoV3}
 
 
 def _class_path(cls: type) -> str:
@@ -155,6 +156,8 @@ class PretrainCLI(RunDirCLI):
         run_dir = Path(self.trainer.default_root_dir)
         weights = run_dir / PRETRAINED_FILENAME
         backbone = self.model.backbone.name
+        options = self.model.hparams.get("backbone_args")  # a ViT's img_size/patch_size: the same to fine-tune
+        built = f" --model.backbone_args '{json.dumps(options)}'" if options else ""
         console = Console()
         console.print(f"[bold]run directory[/bold]: {run_dir} (metrics.csv, learning curve, checkpoints/)")
         console.print(f"[bold]pre-trained encoder[/bold]: {weights}")
@@ -165,10 +168,12 @@ class PretrainCLI(RunDirCLI):
             else f" --data.mean {option_values(mean)} --data.std {option_values(std)}"
         )
         console.print(
-            f"fine-tune it:  coretune fit --model.backbone {backbone} --model.weights {weights}{scale} "
+            f"fine-tune it:  coretune fit --model.backbone {backbone}{built} --model.weights {weights}{scale} "
             "--data.root <image folder>",
             highlight=False,
         )
+        if built:  # coretune eval builds the backbone without constructor options
+            return
         console.print(
             f"evaluate it:   coretune eval knn --model.backbone {backbone} --model.weights {weights} "
             "--data.root <image folder>",

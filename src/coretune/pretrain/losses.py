@@ -1,4 +1,5 @@
-"""Contrastive pre-training losses: SimCLR's NT-Xent and MoCo's InfoNCE against a FIFO queue of keys."""
+"""Contrastive pre-training losses: SimCLR's NT-Xent, MoCo's InfoNCE against a FIFO queue of keys, and MoCo v3's
+InfoNCE against the keys of the batch."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..distributed import batch_sizes, gather_with_grad, scale_grad, world_size
+from ..distributed import batch_sizes, gather_with_grad, rank, scale_grad, world_size
 
-__all__ = ["KeyQueue", "global_nt_xent", "moco_infonce", "nt_xent"]
+__all__ = ["KeyQueue", "global_moco_v3_infonce", "global_nt_xent", "moco_infonce", "moco_v3_infonce", "nt_xent"]
 
 
 def nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
@@ -57,6 +58,37 @@ def moco_infonce(q: Tensor, k: Tensor, queue: Tensor, temperature: float = 0.2) 
         negatives = q @ queue.float()
         logits = torch.cat([positive, negatives], dim=1) / temperature
         return F.cross_entropy(logits, torch.zeros(q.shape[0], dtype=torch.long, device=q.device))
+
+
+def moco_v3_infonce(q: Tensor, k: Tensor, temperature: float = 0.2, offset: int = 0) -> Tensor:
+    """MoCo v3's ``ctr(q, k)`` (Chen, Xie, He 2021, Algorithm 1): InfoNCE of query ``q[i]`` ``(N, d)`` against the
+    keys ``k`` ``(M, d)`` of the batch, its positive ``k[offset + i]`` (``offset``: where this process's keys start
+    in the gathered keys of a data-parallel batch, else 0), the other keys its negatives; ``q`` and ``k`` get
+    normalised, and the cross-entropy of ``q·kᵀ/τ`` is multiplied by ``2τ``, as in the paper's pseudo-code and
+    facebookresearch/moco-v3 (``moco/builder.py``), which makes the gradient's scale independent of ``τ``. No
+    gradient flows into ``k`` (the momentum encoder's). In float32, also under bf16 autocast."""
+    if q.dim() != 2 or k.dim() != 2 or q.shape[1] != k.shape[1]:
+        raise ValueError(f"q and k must be (N, d) and (M, d), got {tuple(q.shape)} and {tuple(k.shape)}")
+    if not 0 <= offset <= k.shape[0] - q.shape[0]:
+        raise ValueError(f"offset {offset} puts the positives of {q.shape[0]} queries outside the {k.shape[0]} keys")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k = F.normalize(q.float(), dim=1), F.normalize(k.detach().float(), dim=1)
+        logits = q @ k.T / temperature
+        labels = torch.arange(q.shape[0], device=q.device) + offset
+        return F.cross_entropy(logits, labels) * (2 * temperature)
+
+
+def global_moco_v3_infonce(q: Tensor, k: Tensor, temperature: float = 0.2) -> Tensor:
+    """:func:`moco_v3_infonce` of this process's queries against the keys of every process of a data-parallel run
+    (all-gathered, without gradient: moco-v3's ``concat_all_gather``), the positive of query ``i`` the key at this
+    process's offset + ``i``. DDP's average of the processes' gradients is then the gradient of the loss over the
+    global batch, as in facebookresearch/moco-v3. In one process this is :func:`moco_v3_infonce`."""
+    if world_size() == 1:
+        return moco_v3_infonce(q, k, temperature)
+    sizes = batch_sizes(k.shape[0], k.device)
+    return moco_v3_infonce(q, gather_with_grad(k.detach(), sizes), temperature, sum(sizes[: rank()]))
 
 
 class KeyQueue(nn.Module):

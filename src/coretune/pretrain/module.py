@@ -79,6 +79,8 @@ class ContrastivePretrainer(L.LightningModule):
         schedule: per-step learning-rate decay (``cosine``, ``linear``, ``constant``).
         warmup_epochs: linear warm-up length in epochs.
         channels_last: channels-last memory format for the encoders and views (fast for CNNs).
+        backbone_args: options of the backbone's constructor, e.g. ``{img_size: 32, patch_size: 4}`` for a timm ViT
+            (as ``coretune fit``'s ``--model.backbone_args``; fine-tune the export with the same).
     """
 
     method = ""
@@ -97,6 +99,7 @@ class ContrastivePretrainer(L.LightningModule):
         warmup_epochs: float,
         channels_last: bool,
         weights_allow_cast: bool = False,
+        backbone_args: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         problems = []
@@ -108,7 +111,9 @@ class ContrastivePretrainer(L.LightningModule):
         if problems:
             raise ValueError(f"invalid {self.method} settings: " + "; ".join(problems))
         self.save_hyperparameters()
-        self.backbone = create_backbone(backbone, weights=weights, allow_cast=weights_allow_cast)
+        self.backbone = create_backbone(
+            backbone, weights=weights, allow_cast=weights_allow_cast, **(backbone_args or {})
+        )
         self.projector = ProjectionHead(self.backbone.feature_dim, proj_dim, depth=2)
         if channels_last:
             self.backbone.to(memory_format=torch.channels_last)
@@ -204,6 +209,7 @@ class SimCLR(ContrastivePretrainer):
         channels_last: bool = True,
         gather: bool = True,
         weights_allow_cast: bool = False,
+        backbone_args: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
             backbone=backbone,
@@ -218,6 +224,7 @@ class SimCLR(ContrastivePretrainer):
             warmup_epochs=warmup_epochs,
             channels_last=channels_last,
             weights_allow_cast=weights_allow_cast,
+            backbone_args=backbone_args,
         )
         self.gather = gather
 
@@ -274,6 +281,7 @@ class MoCoV2(ContrastivePretrainer):
         key_momentum: float = 0.99,
         bn_splits: int = 8,
         weights_allow_cast: bool = False,
+        backbone_args: dict[str, Any] | None = None,
     ) -> None:
         problems = []
         if queue_size < 1:
@@ -297,6 +305,7 @@ class MoCoV2(ContrastivePretrainer):
             warmup_epochs=warmup_epochs,
             channels_last=channels_last,
             weights_allow_cast=weights_allow_cast,
+            backbone_args=backbone_args,
         )
         self.momentum_backbone = copy.deepcopy(self.backbone).requires_grad_(False)
         self.momentum_projector = copy.deepcopy(self.projector).requires_grad_(False)

@@ -5,8 +5,9 @@
 
     config.yaml          the resolved configuration of the fit (LightningCLI)
     metrics.csv          one row per finished epoch
-    results.json         test results, timings …; holds "test" once the fit has ended, "diverged" (the message)
-                         when it stopped with a NaN loss, collapsed or exploding logits or at chance level
+    results.json         test results, timings …; holds "test" once the fit has ended (null, with "test_skipped"
+                         saying why, for a fit run with --test false), "diverged" (the message) when it stopped
+                         with a NaN loss, collapsed or exploding logits or at chance level
     test_results.json    what ``coretune test`` found (the fit's results.json is left as it is)
     val_results.json     what ``coretune validate`` found
     robust_results.json  what ``coretune eval robust`` found (clean and robust accuracy; robust_results_*.json
@@ -160,11 +161,22 @@ class RunDir:
 
     def is_finished(self) -> bool:
         """A run is finished once its ``results.json`` holds the test results (written after training ends; an
-        empty ``test`` entry is none, as ``coretune bench``'s tables count it)."""
+        empty ``test`` entry is none, as ``coretune bench``'s tables count it), or says why the fit did not test
+        (``test_skipped``: ``coretune fit --test false``, :meth:`test_skipped`)."""
         try:
-            return bool(self.read_results().get("test"))
+            results = self.read_results()
         except (ValueError, FileNotFoundError):  # damaged (a sweep runs it again, and its fit names the file), gone
             return False
+        return bool(results.get("test")) or (results.get("test") is None and bool(results.get("test_skipped")))
+
+    def test_skipped(self) -> str | None:
+        """Why a finished fit did not score the test split (``results.json``'s ``test_skipped``: it ran with
+        ``--test false``; its ``test`` is null), else None."""
+        try:
+            results = self.read_results()
+        except (ValueError, FileNotFoundError):
+            return None
+        return results.get("test_skipped") if results.get("test") is None else None
 
     def epochs_done(self) -> tuple[int, int | None]:
         """The run's finished epochs (rows of its ``metrics.csv``) and its length (``trainer.max_epochs`` of its

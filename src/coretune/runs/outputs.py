@@ -47,6 +47,11 @@ Inputs = Iterable[tuple[str, "str | os.PathLike[str] | None"]]
 _PATH_KEYS = ("root", "dir", "file", "list", "path", "folder")
 
 
+_PROBE = ".coretune-probe-"
+"""The prefix of :func:`check_writable`'s probe file, there for an instant (a process checking the same folder at
+once, as workers of one study do, sees it)."""
+
+
 def marker(folder: str | os.PathLike[str], command: str) -> Path:
     """The file that tells that ``coretune <command>`` made ``folder`` (``.coretune-<command>``)."""
     return Path(folder) / f".coretune-{command.replace(' ', '-')}"
@@ -67,7 +72,7 @@ def is_marked(folder: str | os.PathLike[str], command: str) -> bool:
 def marked_by_another(folder: str | os.PathLike[str], command: str) -> bool:
     """Whether ``folder`` holds another command's marker (a pre-training run, a sweep's output, predictions …)."""
     own = marker(folder, command).name
-    return any(m.name != own and not m.name.startswith(".coretune-probe-") for m in Path(folder).glob(".coretune-*"))
+    return any(m.name != own and not m.name.startswith(_PROBE) for m in Path(folder).glob(".coretune-*"))
 
 
 def run_file_names() -> frozenset[str]:
@@ -142,7 +147,7 @@ def check_writable(path: str | os.PathLike[str], option: str, given: str) -> Non
     if not folder.is_dir():
         raise ValueError(f"{option} {given}: {folder} is a file, not a folder: pass another {option}")
     try:
-        handle, name = tempfile.mkstemp(prefix=".coretune-probe-", dir=folder)
+        handle, name = tempfile.mkstemp(prefix=_PROBE, dir=folder)
     except OSError as err:
         reason = err.strerror or type(err).__name__
         raise ValueError(
@@ -234,7 +239,7 @@ def check_folder_output(
     if real.exists() and not real.is_dir():
         raise ValueError(f"{option} {given} is a file: coretune {command} fills a folder; pass a folder's path")
     made = is_marked(real, command) or (not marked_by_another(real, command) and ours(real))
-    if real.is_dir() and any(real.iterdir()) and not made:
+    if real.is_dir() and any(not p.name.startswith(_PROBE) for p in real.iterdir()) and not made:  # another's probe
         raise ValueError(
             f"{option} {given} holds files coretune {command} did not make (it has no {marker(real, command).name}), "
             f"which it could replace: pass a new or empty folder as {option}"

@@ -86,7 +86,9 @@ def collect_cells(
             continue
         results = files.read_results()
         test = results.get("test") or {}
-        if test:
+        skipped = results.get("test_skipped") if results.get("test") is None else None  # coretune fit --test false
+        done = bool(test) or bool(skipped)
+        if done:
             status = "finished"
         elif files.live_claim() is not None:
             status = "running"
@@ -94,8 +96,9 @@ def collect_cells(
             status = "diverged"
         else:
             status = "unfinished" if run.run_dir.is_dir() else "missing"
-        progress = f"{results.get('epochs', '')} epochs" if test else run_progress(run.run_dir)
-        top1 = run_top1(run.run_dir, spec.metric) if test else None
+        progress = f"{results.get('epochs', '')} epochs" if done else run_progress(run.run_dir)
+        progress += ", not tested (--test false)" if skipped else ""
+        top1 = run_top1(run.run_dir, spec.metric) if done else None
         reconstructed = bool(results.get("reconstructed"))
         if (
             top1 is not None

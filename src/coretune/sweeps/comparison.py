@@ -1,40 +1,47 @@
 """``coretune compare``: which fine-tuning method to use on your data, chosen on a validation split of the training
 set and never on the test split.
 
-``coretune compare --data.root DATA --model.weights CKPT [--methods ce,ce_mix,core] [--seeds 3] [--budget EPOCHS]``
+``coretune compare --data.root DATA --model.weights CKPT [--methods ce,ce_mix,core] [--seeds 3] [--budget 2h]``
 fits every method × seed with the same launcher as ``coretune bench`` (resumable; one line per run; ``--status``):
 each fit holds out a stratified ``--val_fraction`` of the training set (seeded by the run's seed, so that the
 methods of one seed share one split and compare paired), and is scored by its final epoch's validation top-1. The
 paired table (mean ± std, the paired difference to CE-tuning and its p-value) and the recommendation
 (:mod:`.choice`: a method ahead beyond noise, or the simplest of a tie, saying which) go to the console,
-``compare.md`` and ``compare.json`` in ``--output``. ``--test`` then shows the chosen method's test top-1, once, at
-the end: the test scores of the other methods are never shown (every ``coretune fit`` ends by testing, and records
-it in its run folder, as ``coretune tune``'s trials do; nothing here reads them but ``--test``'s).
+``compare.md`` and ``compare.json`` in ``--output``. The fits run with ``coretune fit --test false``: no run scores
+the test split, so no run folder holds a test score. ``--test`` then scores the chosen method's runs, and only
+those, on the test split, once, at the end: ``coretune test`` on each run's final checkpoint (``last.ckpt``, the
+weights whose validation top-1 chose the method), into its ``test_results.json``.
 
 A comparison is a structured job list, the grid of a bench spec (:class:`~.spec.BenchSpec`: one data set, the
 methods, the seeds, ``metric: val``), rendered as ``coretune fit`` command lines only where a process starts. Every
 method runs with its documented defaults (``--objective NAME``: its class's defaults and preset) and the fit
-arguments given (a ``--config`` file's values); ``--budget E`` shares ``E`` epochs among the runs: each trains
-``E // (methods × seeds)`` epochs (a multiple of ``--trainer.check_val_every_n_epoch``). A validation split too small
-to tell methods ``--min_difference`` points apart is refused before any run (:func:`~.choice.check_val_size`).
+arguments given (a ``--config`` file's values); ``--budget`` sets every run's epochs (:mod:`.budget`): ``--budget
+E`` shares ``E`` epochs among the runs, ``--budget 2h`` (``90m`` …) first times one epoch of each method (a timing fit
+each, in ``<output>/timing/``, resumable and counted against the budget) and gives each run the epochs that fit the
+time, saying so in one line and in ``compare.json``. A validation split too small to tell methods
+``--min_difference`` points apart is refused before any run (:func:`~.choice.check_val_size`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..apps.scoring import score
 from ..extras import need
 from ..runs.atomic import atomic_write, strict_json
+from ..runs.layout import RunDir
 from ..runs.outputs import check_folder_output, data_paths
+from .budget import Budget, epochs_for_time, epochs_for_total, format_time, measured_epoch_seconds, parse_budget
 from .choice import MethodRow, Recommendation, check_val_size, method_rows, recommend, reference_method, simplicity
 from .collect import collect_cells
 from .job import FitArgs
 from .launch import SweepInterrupted, run_sweep
-from .records import run_top1
+from .records import percent
 from .spec import BenchSpec, ObjectiveEntry
 from .stats import Cell
 from .status import print_status
@@ -43,6 +50,9 @@ __all__ = ["CompareSettings", "comparison_spec", "main"]
 
 #: The name of the comparison's one "data set" in its run folders (``<output>/data/<method>/frac<f>/seed<s>``).
 DATASET = "data"
+
+#: The timing fits' "data set" (``<output>/timing/<method>/frac<f>/seed0``) under a wall-clock ``--budget``.
+TIMING = "timing"
 
 #: Fit arguments ``coretune compare`` sets itself, with why.
 _FORBIDDEN = {
@@ -73,14 +83,15 @@ _OPTIONS = {  # coretune compare's own options: whether each takes a value
 @dataclass(frozen=True)
 class CompareSettings:
     """What a comparison runs: the methods (registered objective names), the number of seeds, the validation
-    fraction, the smallest difference it must tell apart (points), the total epochs (``budget``, None: each run the
-    fit arguments' epochs), the output folder and the user's fit arguments."""
+    fraction, the smallest difference it must tell apart (points), the budget (``budget``: total epochs, or
+    wall-clock time as ``--budget`` spells it, ``"2h"``; None: each run the fit arguments' epochs), the output folder
+    and the user's fit arguments."""
 
     methods: tuple[str, ...]
     seeds: int = 3
     val_fraction: float = 0.2
     min_difference: float = 5.0
-    budget: int | None = None
+    budget: int | str | None = None
     output: Path = Path("runs/compare")
     fit_args: tuple[str, ...] = ()
     workers: int = 1
@@ -105,8 +116,7 @@ class CompareSettings:
             )
         if not 0 < self.min_difference < 100:
             raise ValueError(f"--min_difference must lie in (0, 100) points (got {self.min_difference})")
-        if self.budget is not None and self.budget < 1:
-            raise ValueError(f"--budget must be >= 1 epoch (got {self.budget})")
+        self.parsed_budget  # noqa: B018 (ValueError for a budget of another form, or of nothing)
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1 (got {self.workers})")
         for name in FitArgs.parse(self.fit_args).names():
@@ -122,6 +132,11 @@ class CompareSettings:
     @property
     def runs(self) -> int:
         return len(self.methods) * self.seeds
+
+    @property
+    def parsed_budget(self) -> Budget | None:
+        """``budget`` read (:func:`~.budget.parse_budget`)."""
+        return parse_budget(None if self.budget is None else str(self.budget))
 
 
 def _resolved(settings: CompareSettings) -> dict[str, Any]:
@@ -142,37 +157,43 @@ def _resolved(settings: CompareSettings) -> dict[str, Any]:
         raise ValueError(f"coretune fit would refuse the fit arguments: {error}. Fix them") from None
 
 
+def _every(config: dict[str, Any]) -> int:
+    """The validation interval of the runs' fit configuration (``--trainer.check_val_every_n_epoch``)."""
+    return int((config.get("trainer") or {}).get("check_val_every_n_epoch") or 1)
+
+
 def _epochs(settings: CompareSettings, config: dict[str, Any]) -> int | None:
-    """Each run's epochs under ``--budget`` (None without one): the budget shared among the runs, rounded down to a
-    multiple of the validation interval so that the final epoch is validated."""
-    if settings.budget is None:
+    """Each run's epochs under a ``--budget`` of epochs (None without one): the budget shared among the runs, rounded
+    down to a multiple of the validation interval so that the final epoch is validated
+    (:func:`~.budget.epochs_for_total`)."""
+    budget = settings.parsed_budget
+    if budget is None or budget.epochs is None:
         return None
-    every = (config.get("trainer") or {}).get("check_val_every_n_epoch") or 1
-    epochs = settings.budget // settings.runs // every * every
-    if epochs < 1:
-        need_total = settings.runs * every
-        raise ValueError(
-            f"--budget {settings.budget} gives each of the {settings.runs} runs ({len(settings.methods)} methods × "
-            f"{settings.seeds} seeds) less than {every} epoch(s), the validation interval: give --budget "
-            f"{need_total} or more, or fewer --methods or --seeds"
-        )
-    return epochs
+    return epochs_for_total(budget.epochs, len(settings.methods), settings.seeds, _every(config))
 
 
-def comparison_spec(settings: CompareSettings, label_fraction: float = 1.0, epochs: int | None = None) -> BenchSpec:
-    """The comparison as a bench grid: one data set (the fit arguments, then the validation split and the
-    budget's epochs, which no ``--config`` among them overrides), the methods as rows, seeds ``0 … seeds − 1``, the
-    final epoch's validation top-1 as its metric, CE-tuning (or the simplest method) as the baseline."""
+def comparison_spec(
+    settings: CompareSettings,
+    label_fraction: float = 1.0,
+    epochs: int | None = None,
+    dataset: str = DATASET,
+    seeds: tuple[int, ...] | None = None,
+) -> BenchSpec:
+    """The comparison as a bench grid: one data set (the fit arguments, then the validation split, the budget's
+    epochs and ``--test=false``, which no ``--config`` among them overrides), the methods as rows, seeds ``0 …
+    seeds − 1``, the final epoch's validation top-1 as its metric, CE-tuning (or the simplest method) as the
+    baseline. ``dataset`` and ``seeds``: another grid of the same fits (the timing fits: ``TIMING``, seed 0)."""
     own = (f"--data.val_fraction={settings.val_fraction}",)
     if epochs is not None:
         own += (f"--trainer.max_epochs={epochs}",)
+    own += ("--test=false",)  # the test split is scored for the chosen method only, by --test at the end
     return BenchSpec(
-        name="compare",
+        name="compare" if dataset == DATASET else f"compare {dataset}",
         output=Path(settings.output),
-        datasets={DATASET: (*settings.fit_args, *own)},
+        datasets={dataset: (*settings.fit_args, *own)},
         objectives=tuple(ObjectiveEntry(m, m) for m in settings.methods),
         label_fractions=(label_fraction,),
-        seeds=tuple(range(settings.seeds)),
+        seeds=tuple(range(settings.seeds)) if seeds is None else seeds,
         workers=settings.workers,
         baseline=reference_method(settings.methods),
         metric="val",
@@ -224,10 +245,11 @@ def _parser() -> Any:
     parser.add_argument("--seeds", type=int, default=3, help="Runs per method, seeds 0 … N−1 (paired by seed).")
     parser.add_argument(
         "--budget",
-        type=int | None,
+        type=str | None,
         default=None,
-        help="Total training epochs of the comparison, shared among the runs (each: budget // (methods × seeds)). "
-        "Default: each run trains the fit arguments' --trainer.max_epochs.",
+        help="The comparison's training: total epochs shared among the runs (60: each run 60 // (methods × seeds)), "
+        "or wall-clock time (2h, 90m, 1h30m): one timing epoch of each method first, then each run the epochs that "
+        "fit. Default: each run trains the fit arguments' --trainer.max_epochs.",
     )
     parser.add_argument(
         "--val_fraction", type=float, default=0.2, help="Part of each class of the training set held out to compare on."
@@ -242,7 +264,12 @@ def _parser() -> Any:
     parser.add_argument("--output", type=str, default="runs/compare", help="Folder of the runs and results.")
     parser.add_argument("--workers", type=int, default=1, help="Concurrent fits (1 on a 2-core CPU).")
     parser.add_argument("--status", action="store_true", help="List every run: finished (its score), running, or not.")
-    parser.add_argument("--test", action="store_true", help="At the end, show the chosen method's test top-1.")
+    parser.add_argument(
+        "--test",
+        action="store_true",
+        help="At the end, score the chosen method's runs (only those) on the test split: coretune test on each run's "
+        "final checkpoint. The runs themselves never test.",
+    )
     parser.add_argument("--dry_run", action="store_true", help="Print the fit commands of the unfinished runs.")
     return parser
 
@@ -267,18 +294,26 @@ def main(args: list[str]) -> None:
         raise ValueError("give the data to compare on, e.g. coretune compare --data.root DIR --model.weights CKPT")
     config = _resolved(settings)
     epochs = _epochs(settings, config)
-    spec = comparison_spec(settings, float((config.get("data") or {}).get("label_fraction", 1.0)), epochs)
+    fraction = float((config.get("data") or {}).get("label_fraction", 1.0))
     console = Console()
+    if not cfg.status:
+        need("scipy", "coretune compare", "bench")  # the paired t-tests, before any run
+        if not cfg.dry_run:
+            reads = [("a --config file", path) for path in FitArgs.parse(fit_args).configs()]
+            reads.append(("the pre-trained weights", (config.get("model") or {}).get("weights")))
+            data = [*FitArgs.parse(fit_args).data_paths(), *data_paths(config.get("data"))]
+            check_folder_output(settings.output, "compare", reads=reads, data=data)
+        _check_split(settings, config)
+    timing: dict[str, Any] | None = None
+    if (budget := settings.parsed_budget) is not None and budget.seconds is not None:
+        timing = _timing(settings, config, fraction, console, not (cfg.status or cfg.dry_run), cfg.dry_run)
+        if timing is None:  # --status or --dry_run before the timing fits have run
+            return
+        epochs = timing["epochs_per_run"]
+    spec = comparison_spec(settings, fraction, epochs)
     if cfg.status:
         print_status(spec, console)
         return
-    need("scipy", "coretune compare", "bench")  # the paired t-tests, before any run
-    if not cfg.dry_run:
-        reads = [("a --config file", path) for path in FitArgs.parse(fit_args).configs()]
-        reads.append(("the pre-trained weights", (config.get("model") or {}).get("weights")))
-        data = [*FitArgs.parse(fit_args).data_paths(), *data_paths(config.get("data"))]
-        check_folder_output(settings.output, "compare", reads=reads, data=data)
-    _check_split(settings, config)
     per_run = epochs or (config.get("trainer") or {}).get("max_epochs")
     console.print(
         f"coretune compare: {', '.join(settings.methods)} × {settings.seeds} seeds, {per_run} epoch(s) each, on a "
@@ -303,7 +338,7 @@ def main(args: list[str]) -> None:
     cells = {entry.name: cell for (entry, cell) in _cells(spec)}
     rows = method_rows(cells, spec.baseline)
     choice = recommend(cells)
-    test = _test_scores(spec, choice.method) if cfg.test else None
+    test = _test_scores(spec, choice.method, console) if cfg.test else None
     text = _markdown(settings, spec, rows, choice, test, per_run)
     with atomic_write(settings.output / "compare.md") as f:
         f.write(text)
@@ -313,7 +348,10 @@ def main(args: list[str]) -> None:
             "seeds": settings.seeds,
             "val_fraction": settings.val_fraction,
             "min_difference_pp": settings.min_difference,
-            "budget_epochs": settings.budget,
+            "budget": None if budget is None else budget.text,
+            "budget_epochs": None if budget is None else budget.epochs,
+            "budget_seconds": None if budget is None else budget.seconds,
+            "timing": timing,  # a wall-clock budget: the measured seconds per epoch of each method
             "epochs_per_run": per_run,
             "fit_args": list(settings.fit_args),
         },
@@ -341,10 +379,97 @@ def _cells(spec: BenchSpec) -> list[tuple[ObjectiveEntry, Cell]]:
     return [(entry, cells[(entry.name, DATASET, fraction)]) for entry in spec.objectives]
 
 
-def _test_scores(spec: BenchSpec, method: str) -> dict[str, Any]:
-    """The test top-1 (%) of ``method``'s runs (recorded by their fits; read now, once the choice is made)."""
+def _timing(
+    settings: CompareSettings, config: dict[str, Any], fraction: float, console: Any, run: bool, dry_run: bool = False
+) -> dict[str, Any] | None:
+    """Under a wall-clock ``--budget``: the measured seconds per epoch of each method and each run's epochs, said in
+    one line (the record ``compare.json`` keeps). The timing fits (:func:`_run_timing_fits`) run when ``run``; else
+    (``--status``, ``--dry_run``) until they have all finished, their status (their commands: ``dry_run``) is shown
+    and None returned."""
+    budget = settings.parsed_budget
+    assert budget is not None and budget.seconds is not None
+    every = _every(config)
+    spec = comparison_spec(settings, fraction, every, dataset=TIMING, seeds=(0,))
+    if not run and not all(RunDir(r.run_dir).is_finished() for r in spec.runs()):
+        if dry_run:
+            run_sweep(spec, dry_run=True, console=console, command="compare")
+        else:
+            print_status(spec, console)
+        console.print(
+            f"coretune compare: --budget {budget.text} sets each run's epochs once these timing fits ({every} epoch(s) "
+            "of each method) have run: run the comparison without --status / --dry_run",
+            highlight=False,
+        )
+        return None
+    if run:
+        _run_timing_fits(spec, console)
+    per_epoch, spent = _measured(spec)
+    epochs = epochs_for_time(budget, per_epoch, settings.seeds, every, spent)
+    total = spent + epochs * settings.seeds * sum(per_epoch.values())
+    measured = ", ".join(f"{method} {seconds:.1f} s/epoch" for method, seconds in per_epoch.items())
+    console.print(
+        f"coretune compare: --budget {budget.text}: measured {measured} (timing fits: {spent:.0f} s) → {epochs} "
+        f"epoch(s) per run, {settings.runs} runs one after another: ~{format_time(total)} in all",
+        highlight=False,
+    )
+    return {
+        "seconds_per_epoch": {method: round(seconds, 3) for method, seconds in per_epoch.items()},
+        "timing_seconds": round(spent, 2),
+        "timing_runs": [str(r.run_dir) for r in spec.runs()],
+        "epochs_per_run": epochs,
+        "estimated_seconds": round(total, 1),
+    }
+
+
+def _run_timing_fits(spec: BenchSpec, console: Any) -> None:
+    """Run the timing fits of ``spec`` (one per method; resumable: finished ones are skipped); RuntimeError (or
+    :class:`~.launch.SweepInterrupted`) when they did not all finish."""
+    try:
+        report = run_sweep(spec, workers=1, console=console, command="compare")
+    except KeyboardInterrupt:  # a second Ctrl+C
+        raise SweepInterrupted(signal.SIGINT, _stopped(signal.SIGINT)) from None
+    if report.signum is not None:
+        raise SweepInterrupted(report.signum, _stopped(report.signum))
+    if report.failed or report.interrupted or report.in_use or report.diverged:
+        logs = ", ".join(str(run.run_dir / "log.txt") for run in [*report.failed, *report.diverged])
+        raise RuntimeError(
+            f"the timing fits of --budget did not all finish{f' (see {logs})' if logs else ''}: fix the cause and "
+            "re-run the same command (finished ones are skipped), or give --budget in epochs"
+        )
+
+
+def _measured(spec: BenchSpec) -> tuple[dict[str, float], float]:
+    """Each method's seconds per epoch, measured by its finished timing fit in ``spec``, and the fits' wall time in
+    all (:func:`~.budget.measured_epoch_seconds`)."""
+    per_epoch, spent = {}, 0.0
+    for run in spec.runs():
+        per_epoch[run.objective], wall = measured_epoch_seconds(run.run_dir)
+        spent += wall
+    return per_epoch, spent
+
+
+def _test_scores(spec: BenchSpec, method: str, console: Any) -> dict[str, Any]:
+    """The test top-1 (%) of ``method``'s runs, the chosen method's, scored now, once the choice is made: ``coretune
+    test`` on each run's final checkpoint (its ``last.ckpt``, whose validation chose the method), with the data
+    options of the run's ``config.yaml`` and its accelerator and precision, into the run's ``test_results.json``.
+    No other run is scored."""
     runs = [run for run in spec.runs() if run.objective == method]
-    values = [run_top1(run.run_dir, "test") for run in runs]
+    for run in runs:
+        if not RunDir(run.run_dir).last_checkpoint.is_file():
+            raise ValueError(
+                f"--test: {run.label} has no {RunDir(run.run_dir).last_checkpoint} to score (copied without its "
+                "checkpoints?): restore it, or run the comparison without --test"
+            )
+    values = []
+    for run in runs:
+        files = RunDir(run.run_dir)
+        trainer = files.read_config().get("trainer") or {}
+        where = [f"--trainer.{key}={trainer[key]}" for key in ("accelerator", "precision") if trainer.get(key)]
+        console.print(
+            f"coretune compare --test: {run.label}: coretune test on {files.last_checkpoint}", highlight=False
+        )
+        written = score("test", [f"--ckpt_path={files.last_checkpoint}", f"--config={files.config}", *where])
+        values.append(percent(json.loads(written.read_text())["test"].get("top1")))
     scored = [v for v in values if v is not None]
     cell = Cell(method, DATASET, spec.label_fractions[0], tuple(scored))
     return {"method": method, "seeds": [run.seed for run in runs], "test_top1_pct": values, "mean_pct": cell.mean,
@@ -383,13 +508,14 @@ def _markdown(
     lines += ["", f"**Recommendation**: {choice.text}", ""]
     if test is None:
         lines.append(
-            "The test split was not looked at: `--test` shows the chosen method's test top-1, once, at the end."
+            "The test split was not looked at (no run tested): `--test` scores the chosen method's runs on it, once, "
+            "at the end."
         )
     else:
         values = ", ".join(_number(v) for v in test["test_top1_pct"])
         lines.append(
-            f"Test top-1 of {test['method']} (the chosen method; its runs, trained on the training set less the "
-            f"validation split): "
+            f"Test top-1 of {test['method']} (the chosen method; its runs' final checkpoints, trained on the "
+            "training set less the validation split, scored once by coretune test; no other run was tested): "
             f"{_number(test['mean_pct'])} ± {_number(test['std_pct'])} (seeds: {values})."
         )
     return "\n".join(lines) + "\n"

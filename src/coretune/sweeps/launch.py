@@ -107,9 +107,10 @@ def launch_fit(
     this process acts on them: a cluster job's warning signal, which the job turns into a stop request
     (:mod:`coretune.sweeps.clusterjob`).
 
-    Returns the exit code; whether the run finished is :meth:`RunDir.is_finished` (test results written). Once
-    ``stop`` holds a signal, or on Ctrl+C (``KeyboardInterrupt``) while waiting, the fit is asked through its stop
-    file (:mod:`coretune.runs.stopfile`) to save a resumable checkpoint and exit, and is awaited.
+    Returns the exit code; whether the run finished is :meth:`RunDir.is_finished` (test results, or why it skipped
+    the test, written). Once ``stop`` holds a signal, or on Ctrl+C (``KeyboardInterrupt``) while waiting, the fit is
+    asked through its stop file (:mod:`coretune.runs.stopfile`) to save a resumable checkpoint and exit, and is
+    awaited.
 
     The run directory is claimed for the fit while it runs (:mod:`coretune.runs.claim`): raises
     :class:`~coretune.runs.claim.RunInUse`, touching nothing, when another live process is running it, and returns
@@ -439,7 +440,12 @@ def report_run(run: Run, code: int, seconds: float, report: SweepReport, console
     if RunDir(run.run_dir).is_finished():
         top1 = run_top1(run.run_dir, metric)
         report.finished.append(run)
-        score = "undefined (no pixel to score)" if top1 is None else f"{top1:.2f}%"
+        if top1 is not None:
+            score = f"{top1:.2f}%"
+        elif metric == "test" and RunDir(run.run_dir).test_skipped():
+            score = "not measured (its fit ran with --test false)"
+        else:
+            score = "undefined (no pixel to score)"
         console.print(
             f"✓ {run.label}: {metric_text(metric, run.job.argv())} {score} ({seconds:.0f} s)", highlight=False
         )

@@ -33,9 +33,10 @@ __all__ = [
 
 
 RunStatus = Literal["finished", "running", "diverged", "unfinished", "missing", "other_args"]
-"""A run's state: test results written, claimed by a live process, diverged or collapsed (``results.json`` says so:
-a result, not run again), started, no run directory yet, or its directory was started with other fit arguments than
-the spec's (:func:`check_run_args`: neither a result nor run again until it is deleted; only ``--status`` lists it)."""
+"""A run's state: test results (or why the fit skipped the test) written, claimed by a live process, diverged or
+collapsed (``results.json`` says so: a result, not run again), started, no run directory yet, or its directory was
+started with other fit arguments than the spec's (:func:`check_run_args`: neither a result nor run again until it is
+deleted; only ``--status`` lists it)."""
 
 
 @dataclass(frozen=True)
@@ -164,10 +165,11 @@ def run_top1(run_dir: str | Path, metric: Metric = "test") -> float | None:
     """The score (%) of a finished run (:func:`run_score_name`: top-1 for classification, MIoU for segmentation):
     its test result, or (``"val"``) its final epoch's ``val/<score>``, which must come from a validation split other
     than the test split (:func:`~coretune.sweeps.spec.check_val_split`); ``None`` where it is undefined
-    (:func:`percent`: a split without a pixel to score), a missing value."""
+    (:func:`percent`: a split without a pixel to score) or was not measured (a fit run with ``--test false``), a
+    missing value."""
     run = RunDir(run_dir)
-    if metric == "test":
-        return percent(run.read_results()["test"].get(run_score_name(run_dir)))
+    if metric == "test":  # null (--test false: the fit did not test) or absent: none
+        return percent((run.read_results().get("test") or {}).get(run_score_name(run_dir)))
     check_val_split(run.read_config(), f"{run.path} ({run.config})", run.read_results())
     return percent(final_val_top1(run.metrics))
 

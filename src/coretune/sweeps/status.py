@@ -69,7 +69,8 @@ def print_status(spec: BenchSpec, console: Any, whole: BenchSpec | None = None) 
         rows = list(map(noted, rows))
     table = Table("data set", "objective", "labels", "seed", spec_metric_text(spec) + " (%)", "progress")
     for row in rows:
-        value = f"{row.top1_pct(spec.metric):.2f}" if row.status == "finished" else ""
+        score = row.top1_pct(spec.metric) if row.status == "finished" else None
+        value = "" if score is None else f"{score:.2f}"  # None: not tested (--test false), or undefined
         if value and row.selection and row.selection.startswith("ORACLE"):
             value += " (ORACLE)"  # chosen on the unseen domain
         fraction = f"{100 * row.label_fraction:g}%"

@@ -1,19 +1,22 @@
-"""The Optuna study of ``coretune tune``: its storage, the trials a resumed study queues again, what ties a study
-to its settings, and what its trials say (``trials.csv``'s rows, the best trial).
+"""The Optuna study of ``coretune tune``: the trials a resumed study queues again, what its workers leave to one
+another, what ties a study to its settings, and what its trials say (``trials.csv``'s rows, the best trial).
 
-A study lives in a database (``sqlite:///<output>/study.db`` by default; any SQLAlchemy URL). A trial stopped by
-SIGINT/SIGTERM, a grid point whose every trial failed, or a trial whose process died without a word (Optuna's
+A study lives in a database or a journal file (:mod:`.storage`), which several workers may share. A trial stopped
+by SIGINT/SIGTERM, a grid point whose every trial failed, or a trial whose worker died without a word (Optuna's
 heartbeat) is queued again with the same point and retry history, so its fit resumes from its checkpoint; a
-diverged trial is a result and never runs again. A study is tied to its ``--repeats``, task, seed, validation split,
-sampler, objective, search space and fit arguments: trials run otherwise would not compare.
+diverged trial is a result and never runs again. A worker starts a trial only while one is left to start (a grid
+point no trial started, a queued retry, TPE trials short of ``--n_trials`` counting those running elsewhere), and a
+grid trial drawn for a point another trial runs or finished fails as a duplicate without a fit. A study is tied to
+its ``--repeats``, task, seed, validation split, sampler, objective, search space and fit arguments: trials run
+otherwise would not compare.
 """
 
 from __future__ import annotations
 
 import copy
 import shlex
+import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 from ..extras import need
@@ -21,73 +24,38 @@ from ..tasks import DEFAULT_TASK, Task
 from .job import current_spelling
 
 __all__ = [
+    "READY",
+    "await_creator",
     "best_trial",
     "check_repeats",
     "check_settings",
-    "check_storage",
     "check_task",
+    "fail_stale",
     "failure",
+    "grid_duplicate",
     "grid_left",
     "import_optuna",
     "interrupted_by",
-    "open_storage",
     "resume_grid",
     "resume_interrupted",
     "retry_history",
+    "tpe_left",
     "trial_rows",
 ]
+
+#: The study's user attribute its creator sets once it has recorded its settings and queued its start-up points.
+READY = "ready"
+
+#: How long a worker that joins a study waits for its creator to set it up (a creator killed meanwhile).
+_CREATOR_WAIT_S = 60.0
 
 #: A trial's user attributes that say how it failed (``trials.csv``'s ``failure``); a retried copy does not keep them.
 _OUTCOMES = ("diverged", "interrupted")
 
 
-def check_storage(storage: str) -> None:
-    """A ``--storage`` URL that SQLAlchemy can parse and, for SQLite, whose file's folder exists (ValueError
-    naming the fix otherwise); nothing is created."""
-    import sqlalchemy
-
-    try:
-        url = sqlalchemy.engine.make_url(storage)
-    except sqlalchemy.exc.ArgumentError:
-        raise ValueError(
-            f"--storage {storage!r} is not a database URL: give one such as sqlite:///runs/tune/study.db (a file) "
-            "or postgresql://user:password@host/database"
-        ) from None
-    folder = Path(url.database).parent if url.get_backend_name() == "sqlite" and url.database else None
-    if folder is not None and not folder.is_dir():
-        raise ValueError(
-            f"--storage {storage}: folder {folder} does not exist: create it, or give a database file in an existing "
-            "folder"
-        )
-
-
 def import_optuna() -> Any:
     """Optuna, or :class:`~coretune.extras.MissingExtra` naming the ``tune`` extra."""
     return need("optuna", "coretune tune")
-
-
-def open_storage(optuna: Any, storage: str) -> tuple[Any, Any]:
-    """The study's storage (a trial whose process died without a word — kill -9, a lost machine — is failed after the
-    grace period and queued again) and the callback that queues a failed trial again (same point, retry history
-    kept). ValueError naming the fix for a storage that cannot be opened."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        import sqlalchemy
-
-        try:
-            db = optuna.storages.RDBStorage(
-                storage,
-                heartbeat_interval=60,
-                grace_period=300,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
-            )
-        except (ImportError, sqlalchemy.exc.SQLAlchemyError) as err:
-            reason = str(err).splitlines()[0]
-            raise ValueError(
-                f"cannot open the study storage --storage {storage} ({reason}): check the URL, that its database "
-                "server runs and that its driver is installed"
-            ) from None
-        return db, optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)
 
 
 def retry_history(optuna: Any, trial: Any) -> list[int]:
@@ -140,6 +108,59 @@ def grid_left(study: Any, size: int) -> bool:
     trials = study.get_trials(deepcopy=False)
     started = {t.system_attrs["grid_id"] for t in trials if "grid_id" in t.system_attrs}
     return len(started) < size or any(t.state == TrialState.WAITING for t in trials)
+
+
+def fail_stale(optuna: Any, study: Any) -> None:
+    """Fail the trials whose worker died (heartbeat older than the storage's grace period) and queue each again
+    (Optuna's heartbeat callback), before deciding whether a trial is left to start: a dead worker's trial is one."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def tpe_left(study: Any, target: int) -> bool:
+    """Whether a TPE trial is left to start: fewer than ``target`` trials finished or running (another worker's run
+    counts: it will finish one; a worker that started one more would overshoot ``--n_trials``)."""
+    from optuna.trial import TrialState
+
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    return states.count(TrialState.COMPLETE) + states.count(TrialState.RUNNING) < target
+
+
+def grid_duplicate(study: Any, number: int) -> int | None:
+    """The earlier trial that runs or finished the grid point of trial ``number`` (two workers drew the point at
+    once, or both queued its retry), else None: the later trial fails without a fit."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    point = next((t.system_attrs.get("grid_id") for t in trials if t.number == number), None)
+    busy = (TrialState.RUNNING, TrialState.COMPLETE)
+    same = [
+        t.number for t in trials if t.number < number and t.state in busy and t.system_attrs.get("grid_id") == point
+    ]
+    return same[0] if point is not None and same else None
+
+
+def await_creator(study: Any) -> None:
+    """Wait (up to a minute, for a creator killed meanwhile) until the process that created ``study`` has recorded
+    its settings and queued its start-up points (:data:`READY`), so that a worker started with it checks its own
+    settings against them and pops the seeded points instead of sampling its own. A study with a trial started
+    (made before :data:`READY`) needs no wait."""
+    from optuna.trial import TrialState
+
+    start = time.monotonic()
+    said = False
+    while READY not in study.user_attrs and time.monotonic() < start + _CREATOR_WAIT_S:
+        if any(t.state != TrialState.WAITING for t in study.get_trials(deepcopy=False)):
+            return
+        if not said and time.monotonic() > start + 2:
+            print(
+                f"coretune tune: waiting (up to a minute) for the process that created study {study.study_name!r} "
+                "to record its settings",
+                flush=True,
+            )
+            said = True
+        time.sleep(0.2)
 
 
 def trial_rows(study: Any, monitor: str, names: list[str]) -> list[dict[str, Any]]:

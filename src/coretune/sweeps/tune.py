@@ -15,10 +15,12 @@ would be a second selection on the same split. (A domain-generalization trial st
 ``--data.selection`` rule picks: by default ``best.ckpt``, chosen on the same held-out parts.) ``--repeats K``
 scores a trial by the mean over K fits with seeds ``seed … seed+K-1`` — each holds out another stratified split and
 starts from another initialisation (repeated hold-out) — so a choice rests on K validation splits instead of one.
-The study lives in a database (``sqlite:///<output>/study.db`` by default; any SQLAlchemy URL): re-running the
-command resumes it (finished trials are kept, failed or interrupted grid points run again), and several
-``coretune tune`` processes — on one or many machines — given the same ``--storage`` and ``--study_name`` share
-the work.
+The study lives in a database (``sqlite:///<output>/study.db`` by default; any SQLAlchemy URL, such as
+``postgresql://…``) or a journal file (``journal:PATH``; :mod:`.storage`): re-running the command resumes it
+(finished trials are kept, failed or interrupted grid points run again), and several ``coretune tune`` processes —
+on one or many machines — given the same ``--storage`` and ``--study_name`` share the work: each trial runs once,
+and the trial of a worker that died is queued again after ``--grace_period`` seconds without its heartbeat
+(:mod:`.study`).
 
 A fit that diverged or collapsed (``coretune fit`` recorded ``diverged`` or ``collapsed`` in its ``results.json``)
 is a result, not a failure: its trial fails with the user attribute ``diverged`` (the fit's message), is listed
@@ -56,18 +58,22 @@ from .launch import SweepInterrupted, catch_stop_signals, launch_fit
 from .records import check_run_args, final_val_top1
 from .space import objective_space, point_label, point_symbols, resolve_space, trial_folder
 from .space import startup_points as _startup_points
+from .storage import GRACE_PERIOD_S, check_storage, open_storage
 from .study import (
+    READY,
+    await_creator,
     best_trial,
     check_repeats,
     check_settings,
-    check_storage,
     check_task,
+    fail_stale,
+    grid_duplicate,
     grid_left,
     import_optuna,
-    open_storage,
     resume_grid,
     resume_interrupted,
     retry_history,
+    tpe_left,
     trial_rows,
 )
 from .trialargs import check_fit_args, check_trial_args
@@ -103,6 +109,7 @@ def tune(
     study_name: str = "coretune",
     logger: str | None = None,
     space: dict[str, list[float]] | None = None,
+    grace_period: int = GRACE_PERIOD_S,
 ) -> Any:
     """Run (or resume) the study; write ``trials.csv`` and ``best.yaml`` into ``output``; return the study.
 
@@ -117,6 +124,9 @@ def tune(
     training data each fit holds out for validation (the task's :attr:`~coretune.tasks.Task.validation_holdout`).
     ``logger`` (``mlflow``, ``tensorboard``, ``csv``, ``wandb``): every fit logs into one place in ``output``, one
     MLflow experiment (or W&B project) named ``study_name``, each fit named by its trial folder.
+    ``storage``: an SQLAlchemy URL (``postgresql://…`` for workers on several machines) or ``journal:PATH``
+    (:mod:`.storage`); ``grace_period``: seconds without a heartbeat after which a running trial's worker is taken
+    for dead and its trial queued again.
     """
     optuna = import_optuna()
     if not 0 < val_fraction < 1:
@@ -136,6 +146,11 @@ def tune(
         raise ValueError(f"--n_trials must be >= 1 (got {n_trials}): the number of TPE trials to run")
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1 (got {repeats}): the number of fits, one per seed, a trial averages")
+    if grace_period < 1:
+        raise ValueError(
+            f"--grace_period must be >= 1 second (got {grace_period}): the time without a heartbeat after which a "
+            "running trial's worker is taken for dead (default 300)"
+        )
     if sampler == "grid" and n_trials is not None:
         raise ValueError("--n_trials applies to --sampler tpe; the grid runs each of its points once")
     task, holdout, adversarial = check_trial_args(fit_args, objective, val_fraction)
@@ -147,7 +162,7 @@ def tune(
     check_folder_output(output, "tune", data=user_args.data_paths(), ours=_holds_a_study)
     mark_folder(output, "tune")
     storage = storage or f"sqlite:///{output / 'study.db'}"
-    db, retry = open_storage(optuna, storage)
+    db, retry = open_storage(optuna, storage, grace_period)
 
     def make_sampler(sampler_seed: int | None) -> Any:
         if sampler == "grid":
@@ -160,6 +175,7 @@ def tune(
     except optuna.exceptions.DuplicatedStudyError:  # joined or resumed: another seed than the creator's proposals
         study = optuna.load_study(study_name=study_name, storage=db, sampler=make_sampler(None))
         created = False
+        await_creator(study)  # a worker started with the creator checks against its settings, pops its points
     check_repeats(study, repeats)
     check_task(study, task)
     settings = {"seed": seed, "val_fraction": val_fraction, "sampler": sampler, "objective": objective}
@@ -173,6 +189,8 @@ def tune(
     if created and sampler == "tpe":  # every worker pops its own start-up points from the queue
         for point in _startup_points(space, min(_TPE_STARTUP, target), seed):
             study.enqueue_trial(point)
+    if created:
+        study.set_user_attr(READY, True)
 
     def log_args(run_dir: Path) -> list[str]:
         if logger is None:
@@ -186,6 +204,9 @@ def tune(
         checkpoint). A TPE retry whose original another worker's copy already finished fails as a duplicate: two
         workers resuming at once may both queue it, and a trial counted twice would skew ``--n_trials`` and TPE."""
         if sampler == "grid":
+            if (earlier := grid_duplicate(study, trial.number)) is not None:
+                trial.set_user_attr("duplicate", f"duplicate of trial {earlier}, which runs or finished its point")
+                raise TrialFailed(f"trial {trial.number}: {trial.user_attrs['duplicate']}")
             return trial_folder(params)
         trials = study.get_trials(deepcopy=False)
         origin = {t.number: (retry_history(optuna, t) or [t.number])[0] for t in trials}
@@ -246,19 +267,27 @@ def tune(
         return sum(values) / len(values)
 
     catch = (TrialFailed,)
+
+    def left(work: Any) -> bool:
+        """Whether a trial is left to start, once the trials of dead workers are queued again: one at a time, so
+        that a worker never starts a trial that others run."""
+        fail_stale(optuna, study)
+        return work()
+
     state = optuna.trial.TrialState
     with catch_stop_signals() as stop:  # SIGINT/SIGTERM: the running fit saves a checkpoint, no further trial starts
         if sampler == "grid":
             size = math.prod(len(values) for values in space.values())
             resume_grid(optuna, study, space, retry)
-            while grid_left(study, size):  # a retried point after the grid's end needs another round
-                study.optimize(run_trial, catch=catch)
+            while left(lambda: grid_left(study, size)):  # a point no worker started, or a queued retry
+                study.optimize(run_trial, n_trials=1, catch=catch)
         else:
             resume_interrupted(optuna, study, retry)
             done = len(study.get_trials(deepcopy=False, states=(state.COMPLETE,)))
-            if done < target:
-                enough = optuna.study.MaxTrialsCallback(target, states=(state.COMPLETE,))
-                study.optimize(run_trial, n_trials=target - done, catch=catch, callbacks=[enough])
+            for _ in range(max(0, target - done)):  # failed, diverged and duplicate trials use up this run's too
+                if not left(lambda: tpe_left(study, target)):
+                    break
+                study.optimize(run_trial, n_trials=1, catch=catch)
     _write_outputs(study, output, objective, preset, task, val_fraction, list(space), adversarial)
     return study
 
@@ -338,7 +367,13 @@ def _write_outputs(
     partial = ""
     if unfinished and type(study.sampler).__name__ == "GridSampler":  # crashed, interrupted or running elsewhere
         points = ", ".join(f"{label(p)} ({state})" for p, state in unfinished)
-        partial = f"# PARTIAL: not finished: {points}; re-run the same command to retry them.\n"
+        running = (
+            " (a RUNNING point runs in another worker, or its worker died: it is retried once its heartbeat is "
+            "--grace_period old)"
+            if any(state == "RUNNING" for _, state in unfinished)
+            else ""
+        )
+        partial = f"# PARTIAL: not finished: {points}; re-run the same command to retry them{running}.\n"
     for line in (findings + partial).splitlines():
         print(f"coretune tune: {line[2:]}")
     cls = objectives.get(objective)[0]
@@ -439,9 +474,17 @@ def _parser() -> Any:
         "--storage",
         type=str | None,
         default=None,
-        help="Optuna storage URL (default sqlite:///<output>/study.db); share one to run many workers.",
+        help="Optuna storage (default sqlite:///<output>/study.db): postgresql://USER:PASSWORD@HOST:PORT/DB or "
+        "journal:PATH (a file on a shared disk) for workers on several machines.",
     )
     parser.add_argument("--study_name", type=str, default="coretune", help="Study name inside the storage.")
+    parser.add_argument(
+        "--grace_period",
+        type=int,
+        default=GRACE_PERIOD_S,
+        help="Seconds without a heartbeat after which a running trial's worker is taken for dead and its trial is "
+        "queued again for a live worker (heartbeat every grace_period/5 s, at most 60 s).",
+    )
     parser.add_argument(
         "--logger",
         type=str | None,
@@ -484,6 +527,7 @@ def main(args: list[str]) -> None:
             study_name=cfg.study_name,
             logger=cfg.logger,
             space=cfg.space,
+            grace_period=cfg.grace_period,
         )
     except KeyboardInterrupt:  # a second Ctrl+C
         raise SweepInterrupted(signal.SIGINT, _interrupted_message(signal.SIGINT)) from None

@@ -403,7 +403,7 @@ class SegmentationTask(Task):
     def loss(self, objective: Objective, features: Tensor, batch: Batch, inputs: Tensor) -> ObjectiveOutput:
         masks = batch.targets
         logits = self.predict(objective, features, masks)
-        ce = self.eval_loss(logits, masks)
+        ce = self.pixel_cross_entropy(logits, masks, objective.label_smoothing)
         loss, terms = ce, {"ce": ce.detach()}
         if objective.dense_weight > 0:
             labels = image_labels(masks, objective.num_classes or 0, self.image_labels, self.ignore_index)
@@ -415,7 +415,14 @@ class SegmentationTask(Task):
 
     def eval_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         """Pixel-wise CE over the non-ignored pixels (0 for a batch without any)."""
-        total = F.cross_entropy(logits.float(), targets, ignore_index=self.ignore_index, reduction="sum")
+        return self.pixel_cross_entropy(logits, targets)
+
+    def pixel_cross_entropy(self, logits: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
+        """Pixel-wise CE over the non-ignored pixels (0 for a batch without any), with ``label_smoothing`` (the
+        objective's, in training)."""
+        total = F.cross_entropy(
+            logits.float(), targets, ignore_index=self.ignore_index, reduction="sum", label_smoothing=label_smoothing
+        )
         return total / (targets != self.ignore_index).sum().clamp(min=1)
 
     # -- metrics and outputs --------------------------------------------------------------------------------

@@ -51,12 +51,13 @@ def run(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def flat(model: dict[str, Any]) -> dict[str, Any]:
-    """A FineTuner's settings as older versions recorded them: the groups' settings among the model's own."""
+    """A FineTuner's settings as older versions recorded them: the groups' settings among the model's own (those
+    added to the groups since, LP-FT's, FTP's …, did not exist then: left out)."""
     old = {where: name for name, where in MOVED_SETTINGS.items()}  # (optim, lr) → lr
     out: dict[str, Any] = {}
     for key, value in model.items():
         if key in ("optim", "weights_options"):
-            out |= {old[(key, k)]: v for k, v in value.items() if (key, k) in old}  # layer_decay: none then
+            out |= {old[(key, k)]: v for k, v in value.items() if (key, k) in old}  # layer_decay …: none then
         else:
             out[key] = value
     return out

@@ -24,7 +24,7 @@ GROUPS = {"optim": OptimSettings, "weights_options": WeightsOptions}
 
 _FLAT_OPTIM = ("optimizer", "lr", "backbone_lr", "momentum", "nesterov", "weight_decay", "schedule", "warmup_epochs")
 """The optimiser settings older versions took as the model's own (``--model.lr``); those added since
-(``layer_decay``) never were."""
+(``layer_decay``, LP-FT's, FTP's …) never were."""
 
 MOVED_SETTINGS: dict[str, tuple[str, str]] = {
     **{name: ("optim", name) for name in _FLAT_OPTIM},

@@ -16,12 +16,14 @@ from torch import Tensor
 from ..data import require_task_data
 from ..distributed import rank, ranks_where, scale_grad, world_size
 from ..models import WeightsOptions, weights_digest
+from ..models.blocks import selected_parameters
 from ..objectives import CETuning, Objective, preset_name
 from ..robust.batches import AdversarialBatches
 from ..robust.training import AdversarialTraining
 from ..tasks import TASKS, Batch
 from .checkpoint import CheckpointMeta, check_resumed_model, written_at
 from .datachecks import check_data
+from .ftp import FTPProjection
 from .health import GradScalerWatch, NonFiniteLossError, OutputHealth, training_blowup
 from .optim import OptimSettings, build_optimizer, build_schedule, layer_decay_groups, resume_schedule
 from .seeds import epoch_seed, run_seed, step_seed
@@ -89,7 +91,8 @@ class FineTuner(L.LightningModule):
             (``--model.backbone_args '{drop_path_rate: 0.1}'``, or ``--model.drop_path 0.1``). timm ViTs take any
             image size by default.
         optim: the optimiser and learning-rate schedule (:class:`~coretune.engine.optim.OptimSettings`: optimizer,
-            lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs, layer_decay;
+            lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs, layer_decay; LP-FT's
+            ``lp_epochs`` and ``lp_lr``; surgical fine-tuning's ``train_blocks``; FTP's ``ftp`` and ``ftp_k``;
             ``--model.optim.<x>``).
         channels_last: use the channels-last memory format for the backbone and the images: ``auto`` (default) for
             CNN backbones, where it is faster, not for ViTs and other transformers
@@ -98,7 +101,8 @@ class FineTuner(L.LightningModule):
             and exports run eager), in place: checkpoints keep the eager keys. When compilation fails the fit goes
             on eager, with one line naming why (:mod:`~coretune.engine.speed`); ``results.json``'s ``compile``
             says which ran.
-        freeze_backbone: train the heads only (linear probing).
+        freeze_backbone: train the heads only (linear probing); ``optim.train_blocks`` trains some blocks only,
+            ``optim.lp_epochs`` probes linearly first (LP-FT).
         task: what the data, the network on the backbone and the predictions are: ``classification`` (default)
             or another task of :data:`coretune.tasks.TASKS` (``coretune fit --task NAME``).
         task_settings: the task's own settings (:attr:`~coretune.tasks.Task.own_settings`; ``coretune fit
@@ -141,6 +145,11 @@ class FineTuner(L.LightningModule):
             problems += TASKS[task].settings_problems(task_settings or {})
         if problem := channels_last_problem(channels_last):
             problems.append(problem)
+        if freeze_backbone and (optim.train_blocks is not None or optim.lp_epochs or optim.ftp):
+            given = next(
+                f"optim.{n}" for n in ("train_blocks", "lp_epochs", "ftp") if getattr(optim, n) not in (None, 0)
+            )
+            problems.append(f"freeze_backbone true trains no backbone block: drop {given}, or freeze_backbone")
         if problems:
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective", "adversarial"])
@@ -185,6 +194,15 @@ class FineTuner(L.LightningModule):
                 f"model such as vit_small_patch16_224 or resnet50, or a torchvision ResNet), not {backbone!r}: "
                 "drop --model.optim.layer_decay or choose such a backbone"
             )
+        if optim.train_blocks is not None:  # surgical fine-tuning: the blocks named train, the others are frozen
+            try:
+                chosen = selected_parameters(self.backbone, optim.train_blocks)
+            except ValueError as err:
+                raise ValueError(f"invalid model settings: optim.{err}") from None
+            for name, p in self.backbone.named_parameters():
+                p.requires_grad_(name in chosen)
+        # what the optimiser updates in the backbone (the linear-probing phase of LP-FT freezes them for a while)
+        self._trainable_backbone = [p for p in self.backbone.parameters() if p.requires_grad]
 
     # -- set-up ---------------------------------------------------------------------------------------------
     def build(self, num_classes: int, class_names: list[str] | None = None) -> None:
@@ -219,10 +237,23 @@ class FineTuner(L.LightningModule):
             self.example_input_array = example
         check_data(self, datamodule, stage)
         if stage == "fit":
+            self._check_lp_strategy()
             self.objective.attach_backbone(self.backbone)
             # after attach_backbone: a copy it keeps of the backbone (a frozen source, a key encoder) stays eager
             if self.hparams.get("compile") and self.compile_guard is None:
                 self.compile_guard = compile_in_place(self.backbone)
+
+    def _check_lp_strategy(self) -> None:
+        """Refuse LP-FT under DDP without ``find_unused_parameters``: the linear-probing phase leaves the backbone's
+        parameters, which DDP expects to reduce, without gradients."""
+        strategy = self.trainer.strategy
+        ddp_kwargs = getattr(strategy, "_ddp_kwargs", None)
+        ddp = ddp_kwargs is not None and self.trainer.world_size > 1
+        if self.optim.lp_epochs and ddp and not ddp_kwargs.get("find_unused_parameters"):
+            raise ValueError(
+                "--model.optim.lp_epochs under DDP: the linear-probing phase leaves the backbone without "
+                "gradients, which DDP waits for; use --trainer.strategy ddp_find_unused_parameters_true"
+            )
 
     @property
     def compile_status(self) -> str | None:
@@ -313,6 +344,8 @@ class FineTuner(L.LightningModule):
         accumulate = self.trainer.accumulate_grad_batches if self._trainer is not None else 1
         seed = step_seed(run_seed(), self.global_step * accumulate + batch_idx % accumulate)
         torch.manual_seed(step_seed(seed, rank()) if rank() else seed)
+        if self.optim.lp_epochs:  # the probe's features: BatchNorm statistics and dropout of evaluation (Kumar et al.)
+            self.backbone.train(not self.linear_probing)  # and back to training mode once fine-tuning starts
         unpacked = self.transform_batch(self.task.unpack(batch))
         query, key = _split_views(unpacked.inputs)
         x = self._images(query)
@@ -380,6 +413,12 @@ class FineTuner(L.LightningModule):
 
     # -- optimisation ---------------------------------------------------------------------------------------
     @property
+    def linear_probing(self) -> bool:
+        """Whether the current epoch is in LP-FT's linear-probing phase (``optim.lp_epochs``): the backbone frozen
+        and in evaluation mode, the objective's heads training."""
+        return self._trainer is not None and self.current_epoch < self.optim.lp_epochs
+
+    @property
     def weight_decay(self) -> float:
         """The optimiser's weight decay: ``optim.weight_decay``, or the objective's own
         (:attr:`~coretune.objectives.Objective.optimizer_weight_decay`: 0 for L2-SP and DELTA)."""
@@ -396,7 +435,7 @@ class FineTuner(L.LightningModule):
         optim, decay = self.optim, self.weight_decay
         heads = [p for p in self.objective.parameters() if p.requires_grad]
         if optim.layer_decay is None:
-            backbone = [p for p in self.backbone.parameters() if p.requires_grad]
+            backbone = self._trainable_backbone  # LP-FT's probe freezes them for a while: they train after it
             return [{"params": backbone, "lr": optim.backbone_rate}, {"params": heads, "lr": optim.lr}]
         matcher = self.backbone.layer_matcher()
         assert matcher is not None  # checked by __init__
@@ -416,7 +455,12 @@ class FineTuner(L.LightningModule):
         optimizer = build_optimizer(
             self.optimizer_groups(), optim.optimizer, optim.momentum, optim.nesterov, self.weight_decay
         )
-        scheduler = build_schedule(optimizer, self.trainer, optim.warmup_epochs, optim.schedule)
+        if optim.ftp:  # the projection after each step, anchored at the backbone's weights now (the pre-trained ones)
+            optimizer.register_step_post_hook(FTPProjection(self._trainable_backbone, optim.ftp_k))
+        lp_scale = 1.0 if optim.lp_lr is None else optim.lp_lr / optim.lr
+        scheduler = build_schedule(
+            optimizer, self.trainer, optim.warmup_epochs, optim.schedule, lp_epochs=optim.lp_epochs, lp_scale=lp_scale
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_train_start(self) -> None:
@@ -436,6 +480,9 @@ class FineTuner(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         # Seeded by (seed, epoch): a re-initialisation (RIFLE) is the same on every DDP process and after a resume.
         torch.manual_seed(epoch_seed(run_seed(), self.current_epoch))
+        if self.optim.lp_epochs:  # LP-FT: the backbone trains from the first epoch after the linear probe
+            for p in self._trainable_backbone:
+                p.requires_grad_(not self.linear_probing)
         self.objective.on_train_epoch_start(self.current_epoch, self.trainer.max_epochs or 1)
         if self.objective.needs_optimizer_reset:  # e.g. RIFLE re-initialised the classifier
             optimizer = self.optimizers()

@@ -22,6 +22,7 @@ __all__ = [
     "build_schedule",
     "diverged_fix",
     "layer_decay_groups",
+    "lp_ft_factor",
     "lr_factor",
     "optimizer_problems",
     "resume_schedule",
@@ -69,7 +70,18 @@ class OptimSettings:
         schedule: per-step learning-rate decay: ``cosine`` (paper default), ``linear`` (ImageNet20), ``poly``
             (DeepLab's ``(1 - step / total) ** 0.9``, segmentation), ``constant`` or ``exponential`` (to a tenth
             over the run: domain generalisation's Adam).
-        warmup_epochs: linear warm-up length in epochs (may be fractional).
+        warmup_epochs: linear warm-up length in epochs (may be fractional); with ``lp_epochs``, of the fine-tuning
+            phase.
+        lp_epochs: LP-FT (Kumar et al., ICLR 2022): the first ``lp_epochs`` epochs of the run train the objective's
+            heads only, on the frozen backbone in evaluation mode (a linear probe), and the rest fine-tunes from
+            them, with the schedule started afresh (:func:`lp_ft_factor`); 0 (default): no linear-probing phase.
+        lp_lr: the heads' learning rate during the linear-probing phase (default: ``lr``).
+        train_blocks: surgical fine-tuning (Lee et al., ICLR 2023): the backbone's blocks that train, the rest
+            frozen (``layer1``, ``stem,layer1``, ``blocks.0-3``; :mod:`coretune.models.blocks`); the heads always
+            train. ``None`` (default): the whole backbone trains.
+        ftp: FTP (Tian et al., NeurIPS 2023): after each step, project every backbone tensor to within a learned
+            distance of its pre-trained value (:mod:`coretune.engine.ftp`).
+        ftp_k: FTP's gradient-annealing factor ``k`` in [0, 1] (the authors' default 1: none).
         layer_decay: layer-wise learning-rate decay (BEiT, MAE, timm's ``--layer-decay``) in (0, 1]: the backbone's
             layer ``i`` of ``L`` (timm's ``group_matcher`` grouping, layers counted as BEiT, MAE and iBOT count
             them: the stem 0, each block ``1..L-2``, the final norm ``L-1``) trains at
@@ -90,6 +102,11 @@ class OptimSettings:
     schedule: Schedule = "cosine"
     warmup_epochs: float = 0.0
     layer_decay: float | None = None
+    lp_epochs: int = 0
+    lp_lr: float | None = None
+    train_blocks: str | None = None
+    ftp: bool = False
+    ftp_k: float = 1.0
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (one sentence each, naming the setting and its valid values; empty
@@ -104,6 +121,18 @@ class OptimSettings:
             problems.append(f"schedule must be one of {', '.join(get_args(Schedule))} (got {self.schedule!r})")
         if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
             problems.append(f"layer_decay must lie in (0, 1] (got {self.layer_decay}; 0.75 is DINO's and iBOT's ViT-S)")
+        if self.lp_epochs < 0:
+            problems.append(f"lp_epochs must be >= 0 (got {self.lp_epochs})")
+        if self.lp_lr is not None and self.lp_lr <= 0:
+            problems.append(f"lp_lr must be > 0 (got {self.lp_lr})")
+        if self.lp_lr is not None and self.lp_epochs == 0:
+            problems.append("lp_lr is the linear-probing phase's learning rate: give lp_epochs > 0 too, or drop lp_lr")
+        if self.train_blocks is not None and not self.train_blocks.strip():
+            problems.append("train_blocks is empty: name the backbone's blocks that train (e.g. layer1), or drop it")
+        if not 0 <= self.ftp_k <= 1:
+            problems.append(f"ftp_k must lie in [0, 1] (got {self.ftp_k})")
+        elif self.ftp_k != 1.0 and not self.ftp:
+            problems.append("ftp_k is FTP's gradient annealing: give ftp true too, or drop ftp_k")
         return problems
 
     @property
@@ -261,18 +290,37 @@ def schedule_steps(
     return int(total), round(warmup_epochs * per_epoch)
 
 
+def lp_ft_factor(
+    step: int, total_steps: int, schedule: Schedule, warmup_steps: int, lp_steps: int, lp_scale: float = 1.0
+) -> float:
+    """Multiplier of the base lr at ``step`` of an LP-FT run (Kumar et al., ICLR 2022) whose first ``lp_steps``
+    steps are the linear-probing phase: there ``lp_scale`` (``lp_lr / lr``) × ``schedule`` over those steps, without
+    warm-up; then ``schedule`` afresh over the remaining ``total_steps - lp_steps`` steps, after ``warmup_steps`` of
+    warm-up, as the paper's fine-tuning starts its own schedule from the probe. ``lp_steps`` 0: :func:`lr_factor`."""
+    if step < lp_steps:
+        return lp_scale * lr_factor(step, lp_steps, schedule)
+    return lr_factor(step - lp_steps, max(0, total_steps - lp_steps), schedule, warmup_steps)
+
+
 def build_schedule(
     optimizer: torch.optim.Optimizer,
     trainer: Any,
     warmup_epochs: float,
     schedule: Schedule,
     option: str = SCHEDULE_OPTION,
+    lp_epochs: int = 0,
+    lp_scale: float = 1.0,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """The per-step ``LambdaLR`` of ``schedule`` over a Lightning ``trainer``'s run, after a linear warm-up of
     ``warmup_epochs`` (:func:`schedule_steps`, which raises ``ValueError`` for a run without a length, naming the
-    schedule's ``option``)."""
+    schedule's ``option``); with ``lp_epochs``, LP-FT's two phases (:func:`lp_ft_factor`)."""
     total, warmup = schedule_steps(trainer, warmup_epochs, schedule, option)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, schedule, warmup))
+    if lp_epochs == 0:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, schedule, warmup))
+    _, lp_steps = schedule_steps(trainer, lp_epochs, schedule, option)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lp_ft_factor(step, total, schedule, warmup, lp_steps, lp_scale)
+    )
 
 
 def resume_schedule(trainer: Any) -> None:

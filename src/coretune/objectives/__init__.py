@@ -1,6 +1,6 @@
 """Fine-tuning objectives: one class per method against :class:`Objective`, named in a registry."""
 
-from . import bi_tuning, bss, ce, core, delta, l2sp, manifold_mixup, mm, rifle, scl
+from . import bi_tuning, bss, ce, core, delta, erm_pp, l2sp, manifold_mixup, mm, rifle, scl
 from .base import (
     Objective,
     ObjectiveOutput,
@@ -18,6 +18,7 @@ from .bss import BSS
 from .ce import CETuning
 from .core import TABLE2_ROWS, CoreTuning, dense_contrastive_loss
 from .delta import DELTA, channel_attention
+from .erm_pp import ERMPlusPlus
 from .l2sp import L2SP
 from .manifold_mixup import ManifoldMixup
 from .mm import MixAndMatch, batch_hard_triplet_loss
@@ -34,6 +35,7 @@ __all__ = [
     "BiTuning",
     "CETuning",
     "CoreTuning",
+    "ERMPlusPlus",
     "ManifoldMixup",
     "MixAndMatch",
     "Objective",
@@ -48,6 +50,7 @@ __all__ = [
     "create",
     "delta",
     "dense_contrastive_loss",
+    "erm_pp",
     "get",
     "l2sp",
     "manifold_mixup",

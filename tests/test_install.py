@@ -31,7 +31,9 @@ CORE = {
     "torch", "torchvision", "lightning", "jsonargparse", "timm", "safetensors", "rich", "pillow", "numpy", "pyyaml",
     "torchmetrics", "huggingface-hub",
 }  # fmt: skip
-EXTRAS = {"demo", "plots", "bench", "tune", "onnx", "robust", "docs", "tensorboard", "mlflow", "wandb", "all", "dev"}
+EXTRAS = {
+    "demo", "plots", "bench", "tune", "onnx", "robust", "peft", "docs", "tensorboard", "mlflow", "wandb", "all", "dev",
+}  # fmt: skip
 
 
 def _name(text: str) -> str:
@@ -122,7 +124,8 @@ def _run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_core_install_lacks_every_extra(core_env: Path, tmp_path: Path) -> None:
-    extras = ["sklearn", "scipy", "matplotlib", "optuna", "onnx", "torchattacks", "mlflow", "wandb", "tensorboard"]
+    extras = ["sklearn", "scipy", "matplotlib", "optuna", "onnx", "torchattacks", "peft", "mlflow", "wandb"]
+    extras += ["tensorboard"]
     code = f"import importlib.util as u; print([m for m in {[*extras, 'psutil', 'pytest']} if u.find_spec(m)])"
     done = _run(core_env, "-c", code, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -56,7 +56,7 @@ def flat(model: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in model.items():
         if key in ("optim", "weights_options"):
-            out |= {old[(key, k)]: v for k, v in value.items()}
+            out |= {old[(key, k)]: v for k, v in value.items() if (key, k) in old}  # optim.lora: never flat
         else:
             out[key] = value
     return out

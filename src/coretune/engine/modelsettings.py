@@ -23,8 +23,11 @@ __all__ = ["GROUPS", "MOVED_SETTINGS", "deprecated_option_line", "grouped_model_
 GROUPS = {"optim": OptimSettings, "weights_options": WeightsOptions}
 """The FineTuner's settings that are a group (a dataclass), by name."""
 
+NEVER_FLAT = frozenset({"lora"})
+"""Settings of a group that were never the model's own (``optim.lora``): no older spelling to move."""
+
 MOVED_SETTINGS: dict[str, tuple[str, str]] = {
-    **{f.name: ("optim", f.name) for f in fields(OptimSettings)},
+    **{f.name: ("optim", f.name) for f in fields(OptimSettings) if f.name not in NEVER_FLAT},
     "weights_download": ("weights_options", "download"),
     "weights_format": ("weights_options", "format"),
     "weights_allow_cast": ("weights_options", "allow_cast"),

@@ -14,6 +14,7 @@ from torch import Tensor
 from ..data import require_task_data
 from ..distributed import rank, ranks_where, scale_grad, world_size
 from ..models import WeightsOptions, weights_digest
+from ..models.lora import LORA_OPTION, apply_lora
 from ..objectives import CETuning, Objective, preset_name
 from ..robust.batches import AdversarialBatches
 from ..robust.training import AdversarialTraining
@@ -80,7 +81,9 @@ class FineTuner(L.LightningModule):
         backbone_args: options of the backbone's constructor, e.g. ``{drop_path_rate: 0.1}`` for a timm ViT
             (``--model.backbone_args '{drop_path_rate: 0.1}'``). timm ViTs take any image size by default.
         optim: the optimiser and learning-rate schedule (:class:`~coretune.engine.optim.OptimSettings`: optimizer,
-            lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs; ``--model.optim.<x>``).
+            lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs; ``--model.optim.<x>``), and
+            which of the backbone's weights train: all, or with ``lora`` (``--model.optim.lora.rank 8``) only LoRA's
+            (:class:`~coretune.models.lora.LoRASettings`; the heads train either way).
         channels_last: use the channels-last memory format for the backbone and the images: ``auto`` (default) for
             CNN backbones, where it is faster, not for ViTs and other transformers
             (:func:`~coretune.engine.speed.prefers_channels_last`); or ``True``/``False``.
@@ -131,6 +134,11 @@ class FineTuner(L.LightningModule):
             problems += TASKS[task].settings_problems(task_settings or {})
         if problem := channels_last_problem(channels_last):
             problems.append(problem)
+        if freeze_backbone and optim.lora.enabled:
+            problems.append(
+                f"freeze_backbone would freeze the LoRA weights {LORA_OPTION}.rank {optim.lora.rank} adds to the "
+                "backbone, and nothing of it would train: use one of them"
+            )
         if problems:
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective", "adversarial"])
@@ -152,6 +160,8 @@ class FineTuner(L.LightningModule):
             weights_download=weights_options.download,
             **(backbone_args or {}),
         )
+        if optim.lora.enabled:  # the pre-trained weights are loaded: LoRA adapts them, frozen
+            apply_lora(self.backbone, optim.lora)
         # which file the backbone started from: a resume may then name the same file at another path
         self.weights_sha256 = weights_digest(weights, backbone)
         self.adversarial = adversarial

@@ -11,6 +11,8 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 
+from ..models.lora import LoRASettings
+
 __all__ = [
     "EXPONENTIAL_FINAL_FACTOR",
     "LR_OPTION",
@@ -69,6 +71,8 @@ class OptimSettings:
             (DeepLab's ``(1 - step / total) ** 0.9``, segmentation), ``constant`` or ``exponential`` (to a tenth
             over the run: domain generalisation's Adam).
         warmup_epochs: linear warm-up length in epochs (may be fractional).
+        lora: LoRA on the backbone (:class:`~coretune.models.lora.LoRASettings`, ``--model.optim.lora.rank 8``): only
+            its low-rank weights train in the backbone; off by default (rank 0).
     """
 
     optimizer: OptimizerName = "sgd"
@@ -79,6 +83,11 @@ class OptimSettings:
     weight_decay: float = 1e-4
     schedule: Schedule = "cosine"
     warmup_epochs: float = 0.0
+    lora: LoRASettings = LoRASettings()  # noqa: RUF009  (frozen: never changed)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lora, dict):  # a checkpoint's settings: the group as a dict
+            object.__setattr__(self, "lora", LoRASettings(**self.lora))
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (one sentence each, naming the setting and its valid values; empty
@@ -91,7 +100,7 @@ class OptimSettings:
             problems.append(f"backbone_lr must be >= 0 (got {self.backbone_lr})")
         if self.schedule not in get_args(Schedule):
             problems.append(f"schedule must be one of {', '.join(get_args(Schedule))} (got {self.schedule!r})")
-        return problems
+        return problems + self.lora.problems()
 
     @property
     def backbone_rate(self) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,12 @@ def test_core_tuning_with_lora_fits(tree: Path, pretrained: Path, tmp_path: Path
     rows = read_metrics(tmp_path / "core" / "metrics.csv")
     assert len(rows) == 1 and float(rows[0]["train/loss"]) > 0
     check_pretrained_kept(backbone_state(tmp_path / "core" / "checkpoints" / "last.ckpt"), pretrained)
+
+
+def test_a_lora_fit_without_peft_is_one_line_before_any_work(
+    tree: Path, pretrained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "peft", None)  # import raises ImportError, as when it is not installed
+    message = error(lora_fit(tree, tmp_path / "run", pretrained))
+    assert message == "LoRA (--model.optim.lora.rank) needs peft, which is not installed: pip install 'coretune[peft]'"
+    assert not (tmp_path / "run").exists()

@@ -43,8 +43,9 @@ class LoRASettings:
 
     Args:
         rank: ``r``, the rank of each update ``B A`` (0: no LoRA). The LoRA paper's and peft's values are 4 to 16.
-        alpha: the update's scale is ``alpha / rank`` (peft's ``lora_alpha``).
-        dropout: dropout on the input of the LoRA branch (peft's ``lora_dropout``).
+        alpha: the update's scale is ``alpha / rank`` (peft's ``lora_alpha``; 16, as peft's image-classification
+            LoRA guide for ViTs).
+        dropout: dropout on the input of the LoRA branch (peft's ``lora_dropout``; 0.1, as that guide).
         targets: the layers to adapt, comma-separated, as peft matches ``target_modules``: a layer whose name is
             one of them or ends with ``.`` and one of them. ``qkv`` (default): the fused query-key-value projection
             of every timm ViT block — peft's image-classification LoRA guide adapts a ViT's ``query`` and ``value``

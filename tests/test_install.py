@@ -32,8 +32,8 @@ CORE = {
     "torchmetrics", "huggingface-hub",
 }  # fmt: skip
 EXTRAS = {
-    "demo", "plots", "bench", "tune", "tune-postgres", "cluster", "onnx", "robust", "docs", "tensorboard", "mlflow",
-    "wandb", "all", "dev",
+    "demo", "plots", "bench", "tune", "tune-postgres", "cluster", "onnx", "robust", "peft", "docs", "tensorboard",
+    "mlflow", "wandb", "all", "dev",
 }  # fmt: skip
 
 
@@ -127,7 +127,8 @@ def _run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_core_install_lacks_every_extra(core_env: Path, tmp_path: Path) -> None:
-    extras = ["sklearn", "scipy", "matplotlib", "optuna", "onnx", "torchattacks", "mlflow", "wandb", "tensorboard"]
+    extras = ["sklearn", "scipy", "matplotlib", "optuna", "onnx", "torchattacks", "peft", "mlflow", "wandb"]
+    extras += ["tensorboard"]
     code = f"import importlib.util as u; print([m for m in {[*extras, 'psutil', 'pytest']} if u.find_spec(m)])"
     done = _run(core_env, "-c", code, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -29,6 +29,7 @@ EXTRAS: dict[str, str] = {
     "mlflow": "mlflow",
     "wandb": "wandb",
     "tensorboard": "tensorboard",
+    "peft": "peft",
 }
 
 

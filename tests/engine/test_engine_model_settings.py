@@ -57,7 +57,7 @@ def flat(model: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in model.items():
         if key in ("optim", "weights_options"):
-            out |= {old[(key, k)]: v for k, v in value.items() if (key, k) in old}  # layer_decay …: none then
+            out |= {old[(key, k)]: v for k, v in value.items() if (key, k) in old}  # layer_decay, lora …: none then
         else:
             out[key] = value
     return out

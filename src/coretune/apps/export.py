@@ -27,6 +27,7 @@ from torch.fx.experimental import _config as fx_config
 from ..engine import FineTuner
 from ..extras import need
 from ..models.exported import ExportedClassifier
+from ..models.lora import merge_lora
 from ..models.segmentation import AtrousConv2d
 from ..runs.atomic import strict_json
 from ..runs.config import check_config_task
@@ -152,8 +153,9 @@ def export_checkpoint(
     still read; ``model.onnx`` (input ``images``, output ``logits``, weights in the one file) comes from
     ``torch.onnx``'s ``torch.export``-based exporter and needs the ``onnx`` extra; ``timm/model.safetensors`` and
     ``timm/config.json`` are the classifier as a timm model (:func:`~.timm_export.write_timm_export`: a timm
-    backbone or a torchvision ResNet; ``timm.create_model("local-dir:OUTPUT/timm", pretrained=True)``). Every format
-    takes any batch
+    backbone or a torchvision ResNet; ``timm.create_model("local-dir:OUTPUT/timm", pretrained=True)``). A model
+    fine-tuned with LoRA (``--model.optim.lora.rank``) is exported merged (:func:`~coretune.models.lora.merge_lora`):
+    every format holds the plain backbone, no LoRA tensor. Every format takes any batch
     size and any height and width: a classifier when every format written is checked to compute its logits at
     batch 1 and at another size (a CNN's; a ViT's patch grid keeps the training image size), a segmentation
     model (a :class:`~coretune.models.DeepLabV3`; ``config.json`` records ``task`` and ``output_stride``)
@@ -190,6 +192,7 @@ def export_checkpoint(
     if "onnx" in formats:
         _require_onnx()
     model = FineTuner.from_checkpoint(ckpt_path).eval()
+    merge_lora(model.backbone)  # a LoRA fine-tuning's: the plain backbone, its low-rank updates in its weights
     for config_file in config_files:
         check_config_task(config_file, model.task.name, str(ckpt_path))
     dense = model.task.dense_logits

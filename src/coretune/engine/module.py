@@ -17,6 +17,7 @@ from ..data import require_task_data
 from ..distributed import rank, ranks_where, scale_grad, world_size
 from ..models import WeightsOptions, weights_digest
 from ..models.blocks import selected_parameters
+from ..models.lora import LORA_OPTION, apply_lora
 from ..objectives import CETuning, Objective, preset_name
 from ..robust.batches import AdversarialBatches
 from ..robust.training import AdversarialTraining
@@ -93,7 +94,9 @@ class FineTuner(L.LightningModule):
         optim: the optimiser and learning-rate schedule (:class:`~coretune.engine.optim.OptimSettings`: optimizer,
             lr, backbone_lr, momentum, nesterov, weight_decay, schedule, warmup_epochs, layer_decay; LP-FT's
             ``lp_epochs`` and ``lp_lr``; surgical fine-tuning's ``train_blocks``; FTP's ``ftp`` and ``ftp_k``;
-            ``--model.optim.<x>``).
+            ``--model.optim.<x>``), and
+            which of the backbone's weights train: all, or with ``lora`` (``--model.optim.lora.rank 8``) only LoRA's
+            (:class:`~coretune.models.lora.LoRASettings`; the heads train either way).
         channels_last: use the channels-last memory format for the backbone and the images: ``auto`` (default) for
             CNN backbones, where it is faster, not for ViTs and other transformers
             (:func:`~coretune.engine.speed.prefers_channels_last`); or ``True``/``False``.
@@ -150,6 +153,16 @@ class FineTuner(L.LightningModule):
                 f"optim.{n}" for n in ("train_blocks", "lp_epochs", "ftp") if getattr(optim, n) not in (None, 0)
             )
             problems.append(f"freeze_backbone true trains no backbone block: drop {given}, or freeze_backbone")
+        if freeze_backbone and optim.lora.enabled:
+            problems.append(
+                f"freeze_backbone would freeze the LoRA weights {LORA_OPTION}.rank {optim.lora.rank} adds to the "
+                "backbone, and nothing of it would train: use one of them"
+            )
+        if optim.lora.enabled and optim.train_blocks is not None:
+            problems.append(
+                f"{LORA_OPTION}.rank {optim.lora.rank} trains LoRA's weights in every adapted block, "
+                f"optim.train_blocks {optim.train_blocks!r} trains whole blocks: use one of them"
+            )
         if problems:
             raise ValueError("invalid model settings: " + "; ".join(problems))
         self.save_hyperparameters(ignore=["objective", "adversarial"])
@@ -171,6 +184,8 @@ class FineTuner(L.LightningModule):
             weights_download=weights_options.download,
             **(backbone_args or {}),
         )
+        if optim.lora.enabled:  # the pre-trained weights are loaded: LoRA adapts them, frozen
+            apply_lora(self.backbone, optim.lora)
         # which file the backbone started from: a resume may then name the same file at another path
         self.weights_sha256 = weights_digest(weights, backbone)
         self.adversarial = adversarial

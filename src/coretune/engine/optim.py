@@ -11,6 +11,8 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 
+from ..models.lora import LoRASettings
+
 __all__ = [
     "EXPONENTIAL_FINAL_FACTOR",
     "LR_OPTION",
@@ -91,6 +93,8 @@ class OptimSettings:
             ``lr`` × 1.0, the top group's scale, their 1-D tensors without weight decay too. ``None`` (default):
             off, one backbone group and one head group, every tensor with weight decay. For timm models and the
             torchvision ResNets (timm's ResNet grouping).
+        lora: LoRA on the backbone (:class:`~coretune.models.lora.LoRASettings`, ``--model.optim.lora.rank 8``): only
+            its low-rank weights train in the backbone; off by default (rank 0).
     """
 
     optimizer: OptimizerName = "sgd"
@@ -107,6 +111,11 @@ class OptimSettings:
     train_blocks: str | None = None
     ftp: bool = False
     ftp_k: float = 1.0
+    lora: LoRASettings = LoRASettings()  # noqa: RUF009  (frozen: never changed)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lora, dict):  # a checkpoint's settings: the group as a dict
+            object.__setattr__(self, "lora", LoRASettings(**self.lora))
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (one sentence each, naming the setting and its valid values; empty
@@ -133,7 +142,7 @@ class OptimSettings:
             problems.append(f"ftp_k must lie in [0, 1] (got {self.ftp_k})")
         elif self.ftp_k != 1.0 and not self.ftp:
             problems.append("ftp_k is FTP's gradient annealing: give ftp true too, or drop ftp_k")
-        return problems
+        return problems + self.lora.problems()
 
     @property
     def backbone_rate(self) -> float:

@@ -1,5 +1,5 @@
-"""Encoders (torchvision, timm, a small CNN), safe loading of self-supervised checkpoints into them, and DeepLab-V3
-for segmentation.
+"""Encoders (torchvision, timm, a small CNN), safe loading of self-supervised checkpoints into them, DeepLab-V3
+for segmentation, and LoRA.
 
 - :mod:`~.encoder` — the ``Encoder`` a backbone is; :mod:`~.backbones` — the backbones by name (:mod:`~.registry`: the
   names registered; :mod:`~.errors`: ``CheckpointError``);
@@ -7,7 +7,8 @@ for segmentation.
 - :mod:`~.checkpoint_files` — reading checkpoint files safely, weights given by hub name;
 - :mod:`~.checkpoints` — layouts (registry, detection) and :func:`load_pretrained` with its report;
 - :mod:`~.layouts` — one file per checkpoint layout (how to add one: its docstring);
-- :mod:`~.segmentation` — DeepLab-V3.
+- :mod:`~.segmentation` — DeepLab-V3;
+- :mod:`~.lora` — LoRA on a backbone through peft (``--model.optim.lora.rank``), merged for export.
 """
 
 from . import layouts  # noqa: F401  (importing it registers the built-in checkpoint layouts)

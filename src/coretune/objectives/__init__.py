@@ -1,6 +1,6 @@
 """Fine-tuning objectives: one class per method against :class:`Objective`, named in a registry."""
 
-from . import bi_tuning, bss, ce, core, delta, l2sp, manifold_mixup, mm, rifle, scl
+from . import bi_tuning, bss, ce, core, delta, l2sp, logit_adjusted, manifold_mixup, mm, rifle, scl
 from .base import (
     Objective,
     ObjectiveOutput,
@@ -19,6 +19,7 @@ from .ce import CETuning
 from .core import TABLE2_ROWS, CoreTuning, dense_contrastive_loss
 from .delta import DELTA, channel_attention
 from .l2sp import L2SP
+from .logit_adjusted import LogitAdjusted
 from .manifold_mixup import ManifoldMixup
 from .mm import MixAndMatch, batch_hard_triplet_loss
 from .rifle import RIFLE
@@ -34,6 +35,7 @@ __all__ = [
     "BiTuning",
     "CETuning",
     "CoreTuning",
+    "LogitAdjusted",
     "ManifoldMixup",
     "MixAndMatch",
     "Objective",
@@ -50,6 +52,7 @@ __all__ = [
     "dense_contrastive_loss",
     "get",
     "l2sp",
+    "logit_adjusted",
     "manifold_mixup",
     "mm",
     "plain_setting",

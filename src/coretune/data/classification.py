@@ -108,9 +108,12 @@ class ImageClassificationData(ImageDataModule):
             images whose decoding dominates.
     """
 
-    #: Options that drew the run's splits (the label subset and the validation split carved from it, and their seed).
-    #: A checkpoint keeps them; ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
-    split_settings: ClassVar[tuple[str, ...]] = ("seed", "label_fraction", "val_fraction", "imbalance_ratio")
+    #: Options that drew the run's splits (the long-tailed and label subsets and the validation split carved from them,
+    #: and their seed), and the bounds of the shot groups of its classes. A checkpoint keeps them; ``coretune test``
+    #: and ``validate`` default to them (``FineTuner.trained_data``).
+    split_settings: ClassVar[tuple[str, ...]] = (
+        "seed", "label_fraction", "val_fraction", "imbalance_ratio", "shot_thresholds",
+    )  # fmt: skip
     #: ``train_views`` > 1 makes batches of independently augmented views (``((view_1, view_2), labels, ...)``).
     makes_views: ClassVar[bool] = True
     option_checks = (

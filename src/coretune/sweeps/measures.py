@@ -1,8 +1,8 @@
 """Several measures of each finished run, as cells over seeds: the columns of the layouts that tabulate more than one
 number per run (Table 5, class-imbalanced data: top-1 over all classes and over the many-, medium- and few-shot
-classes, from ``results.json``'s ``shot_groups``; Table 6: segmentation's MPA, FWIoU and MIoU, and the per-class IoU; Table 8: clean accuracy and
-robust accuracy per attack and threat model, from ``coretune eval robust``'s ``robust_results*.json``), and Table
-7's second table (the training domains' held-out accuracy)."""
+classes, from ``results.json``'s ``shot_groups``; Table 6: segmentation's MPA, FWIoU and MIoU, and the per-class
+IoU; Table 8: clean accuracy and robust accuracy per attack and threat model, from ``coretune eval robust``'s
+``robust_results*.json``), and Table 7's second table (the training domains' held-out accuracy)."""
 
 from __future__ import annotations
 

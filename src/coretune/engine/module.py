@@ -13,7 +13,6 @@ from torch import Tensor
 
 from ..data import require_task_data, train_class_counts
 from ..distributed import rank, ranks_where, scale_grad, world_size
-from ..longtail import DEFAULT_SHOT_THRESHOLDS
 from ..models import WeightsOptions, weights_digest
 from ..objectives import CETuning, Objective, preset_name
 from ..robust.batches import AdversarialBatches
@@ -214,8 +213,7 @@ class FineTuner(L.LightningModule):
         check_data(self, datamodule, stage)
         if stage == "fit":
             self._observe_training_labels(datamodule)
-        self.task.train_class_counts = self.train_class_counts
-        self.task.shot_thresholds = tuple(getattr(datamodule, "shot_thresholds", DEFAULT_SHOT_THRESHOLDS))
+        self.task.train_class_counts = self.train_class_counts  # the task takes the shot thresholds in check_data
         if stage == "fit":
             self.objective.attach_backbone(self.backbone)
             # after attach_backbone: a copy it keeps of the backbone (a frozen source, a key encoder) stays eager

@@ -64,6 +64,12 @@ class ClassificationTask(Task):
         """:func:`scored_folder_options`: one labelled image folder scored without training data."""
         return scored_folder_options(command, options)
 
+    def check_data(self, datamodule: Any, stage: str) -> None:
+        """Take the many/medium/few-shot bounds of an :class:`ImageClassificationData` (``shot_thresholds``); other
+        data keep the defaults."""
+        if isinstance(datamodule, ImageClassificationData):
+            self.shot_thresholds = datamodule.shot_thresholds
+
     def eval_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         return F.cross_entropy(logits.float(), targets)
 

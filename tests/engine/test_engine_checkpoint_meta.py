@@ -20,7 +20,7 @@ def test_the_checkpoint_entry_round_trips_and_keeps_other_versions_entries() -> 
     entry = CheckpointMeta.of(model).as_dict()
     assert list(entry) == [
         "task", "data", "objective", "objective_class", "objective_hparams", "num_classes", "class_names",
-        "feature_dim", "adversarial", "weights_sha256",
+        "train_class_counts", "feature_dim", "adversarial", "weights_sha256",
     ]  # fmt: skip
     assert entry["objective"] == "core" and entry["class_names"] == ["a", "b", "c"] and entry["data"] == {}
     later = {**entry, "data": {"image_size": 16, "mean": (0.5, 0.5, 0.5)}, "added_later": 1}

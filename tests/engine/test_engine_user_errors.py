@@ -478,6 +478,7 @@ def test_every_objective_handles_one_class_absent_classes_and_huge_features(name
     model = FineTuner(objectives.create(name), backbone="small_cnn", channels_last=False)
     model.build(5)
     model.objective.attach_backbone(model.backbone)
+    model.objective.observe_class_counts(torch.tensor([50, 20, 5, 2, 1]))  # as a fit does (logit adjustment)
     x = torch.rand(6, 3, 32, 32)
     cases = {
         "one class": (x, torch.zeros(6, dtype=torch.long), 1.0),

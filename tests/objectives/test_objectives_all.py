@@ -23,6 +23,7 @@ def test_training_step_on_a_tiny_backbone(name: str, tiny_backbone: Factory) -> 
     obj = objectives.create(name, 16, 3)
     obj.generator = torch.Generator().manual_seed(0)  # used by the mixup objectives, ignored by the others
     obj.attach_backbone(backbone)
+    obj.observe_class_counts(torch.tensor([3, 2, 1]))  # as the engine does: logit adjustment's priors
     obj.on_train_epoch_start(0, 4)
     optimizer = torch.optim.SGD([*backbone.parameters(), *obj.parameters()], lr=0.1, momentum=0.9)
     x, y = torch.randn(6, 3, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2])

@@ -26,8 +26,15 @@ from .segmentation import (
     segmentation_eval_transform,
     segmentation_train_transform,
 )
-from .splits import stratified_split, stratified_subset
-from .taskdata import TASK_DATA_MEMBERS, TaskData, TaskDataDefaults, missing_task_data, require_task_data
+from .splits import long_tailed_counts, long_tailed_subset, stratified_split, stratified_subset
+from .taskdata import (
+    TASK_DATA_MEMBERS,
+    TaskData,
+    TaskDataDefaults,
+    missing_task_data,
+    require_task_data,
+    train_class_counts,
+)
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
 
 __all__ = [
@@ -54,6 +61,8 @@ __all__ = [
     "list_image_files",
     "load_cifar",
     "load_rgb",
+    "long_tailed_counts",
+    "long_tailed_subset",
     "missing_task_data",
     "pad_collate",
     "read_class_names",
@@ -64,6 +73,7 @@ __all__ = [
     "stratified_split",
     "stratified_subset",
     "to_rgb",
+    "train_class_counts",
     "train_transform",
     "trained_items",
 ]

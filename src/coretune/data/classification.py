@@ -16,7 +16,7 @@ from .errors import DataError
 from .images import require_folder, warn_skipped
 from .loading import NumWorkers, PinMemory
 from .samplers import seeded_train_loader
-from .splits import stratified_split, stratified_subset
+from .splits import long_tailed_subset, stratified_split, stratified_subset
 from .transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -47,6 +47,12 @@ class ImageClassificationData(ImageDataModule):
     so hyper-parameter selection never sees the held-out folder, which becomes the test loader. The
     ``label_fraction`` subset is drawn first: validation then comes from the labels one really has.
 
+    Class imbalance (``imbalance_ratio`` R > 1): the training set is first made long-tailed (CIFAR-10-LT's
+    exponential profile, :func:`~coretune.data.splits.long_tailed_counts`), then the label fraction is drawn from it
+    per class (10% of the labels of CIFAR-10-LT), then the validation split is held out of that, stratified, so it is
+    long-tailed too (a class keeps at least one image on each side). The test split, and a val/ folder of its own,
+    stay as they are: balanced for CIFAR.
+
     Loaders: training shuffles in an order fixed by ``(seed, epoch)`` and augments each image with draws fixed
     by ``(seed, epoch, index)`` (the same batches every run, resumed or not); it drops the last incomplete
     batch when the training set is larger than one batch, since contrastive terms over a tiny trailing batch
@@ -76,7 +82,16 @@ class ImageClassificationData(ImageDataModule):
             settings); in (0, 1].
         val_fraction: Fraction of the training set held out, per class, as the validation split; the val/test
             folder then becomes the test split. In [0, 1).
-        seed: Seed of the label-fraction subset, the validation hold-out and the training shuffle order.
+        seed: Seed of the long-tailed and label-fraction subsets, the validation hold-out and the training shuffle
+            order.
+        imbalance_ratio: Make the training set long-tailed: class i of C keeps ⌊n_max · (1/R)^(i/(C−1))⌋ images
+            (Cao et al. 2019's CIFAR-10-LT, classes in index order; n_max: the smallest class's count, 5,000 on
+            CIFAR-10), drawn per class with seed, before label_fraction and val_fraction; the test split stays as it
+            is. null or 1 (default): the classes as they are; 100 and 10: the usual CIFAR-LT ratios.
+        shot_thresholds: (many, few): a class with more than many training images is many-shot, one with fewer than
+            few few-shot, the rest medium-shot (Liu et al. 2019's 100 and 20); results.json's test entry reports
+            the top-1 of each group and its classes, and validation logs it when the classes fall into two groups or
+            more. Lower them for a small long-tailed set (CIFAR-10-LT at 10% of the labels: e.g. [50, 10]).
         rotation: Maximum random rotation in degrees added to training augmentation (0: none).
         crop_scale: Range of the image area the training random-resized crop covers (the paper's (0.08, 1.0);
             raise the lower end for small or centred images, e.g. (0.5, 1.0)).
@@ -93,9 +108,12 @@ class ImageClassificationData(ImageDataModule):
             images whose decoding dominates.
     """
 
-    #: Options that drew the run's splits (the label subset and the validation split carved from it, and their seed).
-    #: A checkpoint keeps them; ``coretune test`` and ``validate`` default to them (``FineTuner.trained_data``).
-    split_settings: ClassVar[tuple[str, ...]] = ("seed", "label_fraction", "val_fraction")
+    #: Options that drew the run's splits (the long-tailed and label subsets and the validation split carved from them,
+    #: and their seed), and the bounds of the shot groups of its classes. A checkpoint keeps them; ``coretune test``
+    #: and ``validate`` default to them (``FineTuner.trained_data``).
+    split_settings: ClassVar[tuple[str, ...]] = (
+        "seed", "label_fraction", "val_fraction", "imbalance_ratio", "shot_thresholds",
+    )  # fmt: skip
     #: ``train_views`` > 1 makes batches of independently augmented views (``((view_1, view_2), labels, ...)``).
     makes_views: ClassVar[bool] = True
     option_checks = (
@@ -106,6 +124,8 @@ class ImageClassificationData(ImageDataModule):
         "crop_scale", "augment_on",
         lambda options: auto_augment_problem(options.get("auto_augment")),
         lambda options: _device_auto_augment_problem(options.get("augment_on"), options.get("auto_augment")),
+        rule("imbalance_ratio", lambda v: v is None or v >= 1, ">= 1 (1 or null: the classes as they are)"),
+        rule("shot_thresholds", lambda v: len(v) == 2 and 0 <= v[1] <= v[0], "[many, few] with 0 <= few <= many"),
     )  # fmt: skip
 
     def __init__(
@@ -132,6 +152,8 @@ class ImageClassificationData(ImageDataModule):
         cache_images: bool = False,
         augment_on: AugmentOn = "loader",
         auto_augment: str | None = None,
+        imbalance_ratio: float | None = None,
+        shot_thresholds: tuple[int, int] = (100, 20),
     ) -> None:
         super().__init__(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self.save_hyperparameters()
@@ -140,6 +162,8 @@ class ImageClassificationData(ImageDataModule):
         self.cache_images = cache_images
         self.crop_scale = (float(crop_scale[0]), float(crop_scale[1]))
         self.auto_augment = auto_augment
+        self.imbalance_ratio = None if imbalance_ratio is None or imbalance_ratio == 1 else float(imbalance_ratio)
+        self.shot_thresholds = (int(shot_thresholds[0]), int(shot_thresholds[1]))
         self.train_transform = train_transform(
             image_size, self.mean, self.std, rotation, self.crop_scale, hflip, auto_augment=auto_augment
         )
@@ -171,6 +195,11 @@ class ImageClassificationData(ImageDataModule):
             return
         train, held_val, held_test = self._read_splits()
         names = train.classes
+        if self.imbalance_ratio is not None:
+            keep = long_tailed_subset(
+                train.targets, self.imbalance_ratio, self.seed, num_classes=len(names), class_names=names
+            )
+            train = train.subset(keep)
         if self.label_fraction < 1:
             keep = stratified_subset(
                 train.targets, self.label_fraction, self.seed, class_names=names, name="label_fraction"

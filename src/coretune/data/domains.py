@@ -233,6 +233,11 @@ class GroupedItems(Dataset):
     def paths(self) -> list[str]:
         return [p for ds in self.parts for p in ds.paths or []]
 
+    @property
+    def targets(self) -> list[int]:
+        """The class label of each item, in item order (the training images per class, logit adjustment's priors)."""
+        return [t for ds in self.parts for t in ds.targets]
+
     def group_indices(self) -> list[list[int]]:
         """The item indices of each part, in part order (the balanced sampler's per-domain items)."""
         return [list(range(int(a), int(b))) for a, b in zip(self.starts[:-1], self.starts[1:], strict=True)]

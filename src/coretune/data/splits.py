@@ -6,6 +6,10 @@ a fixed seed a smaller fraction's subset is contained in a larger one's (a prefi
 label-fraction sweep (the paper's semi-supervised settings) nests. Per-class counts are rounded to the nearest
 integer with halves rounded up (2.5 → 3), so every class keeps its share to within half an image and a
 class-imbalanced set keeps its proportions.
+
+:func:`long_tailed_subset` makes a balanced set long-tailed by the exponential profile of Cao et al. (NeurIPS 2019,
+LDAM-DRW; CIFAR-10/100-LT): :func:`long_tailed_counts`, then which images of each class stay is seeded the same way
+(its own stream), so for a fixed seed a milder ratio's subset contains a steeper one's.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ import numpy as np
 
 from .errors import DataError
 
-__all__ = ["stratified_split", "stratified_subset"]
+__all__ = ["long_tailed_counts", "long_tailed_subset", "stratified_split", "stratified_subset"]
 
-_SUBSET_STREAM, _SPLIT_STREAM = 0, 1  # independent random streams for the two helpers
+_SUBSET_STREAM, _SPLIT_STREAM, _LONG_TAIL_STREAM = 0, 1, 2  # independent random streams for the three helpers
 
 
 def _round_half_up(x: float) -> int:
@@ -119,3 +123,54 @@ def stratified_split(
         held.extend(order[:k].tolist())
         kept.extend(order[k:].tolist())
     return sorted(kept), sorted(held)
+
+
+def long_tailed_counts(available: Sequence[int], ratio: float) -> list[int]:
+    """Images per class of the exponential long-tailed profile with imbalance ``ratio`` (Cao et al. 2019, LDAM-DRW's
+    CIFAR-LT): class ``i`` of ``C`` (in class-index order) keeps ``n_i = ⌊n_max · (1/ratio)^(i/(C−1))⌋`` images, from
+    ``n_max`` for class 0 down to ``⌊n_max / ratio⌋`` for the last. ``n_max`` is the smallest class's count in
+    ``available`` (the images per class of a balanced set such as CIFAR's 5,000, as in Cao et al.; on an uneven
+    folder every class can then give its share, and the head-to-tail ratio is ``ratio`` exactly). One class keeps
+    ``n_max``.
+
+    Raises:
+        DataError: ``ratio`` < 1, or the profile leaves a class with no image (``n_max < ratio``).
+    """
+    if not ratio >= 1:
+        raise DataError(f"imbalance_ratio must be >= 1 (1: the classes as they are; 100: CIFAR-10-LT's), got {ratio}")
+    if not available:
+        return []
+    n_max, last = min(available), len(available) - 1
+    counts = [int(n_max * (1 / ratio) ** (i / last)) if last else n_max for i in range(len(available))]
+    if counts[-1] == 0:
+        raise DataError(
+            f"imbalance_ratio {ratio:g} leaves the last class with 0 images ({n_max} images per class at most, "
+            f"⌊{n_max} / {ratio:g}⌋ = 0): lower it to ≤ {n_max}"
+        )
+    return counts
+
+
+def long_tailed_subset(
+    labels: Sequence[int] | np.ndarray,
+    ratio: float,
+    seed: int = 0,
+    *,
+    num_classes: int | None = None,
+    class_names: Sequence[str] | None = None,
+) -> list[int]:
+    """Sorted indices of a long-tailed subset: :func:`long_tailed_counts` images of each class (class-index order),
+    drawn per class with ``seed`` (its own stream, apart from :func:`stratified_subset`'s and
+    :func:`stratified_split`'s). ``num_classes`` (default: the largest label + 1) counts a class without any item.
+
+    Raises:
+        DataError: as :func:`long_tailed_counts`, or a class has no item at all.
+    """
+    per_class = dict(_per_class(labels, seed, _LONG_TAIL_STREAM))
+    k = num_classes if num_classes is not None else max(per_class, default=-1) + 1
+    if absent := [c for c in range(k) if c not in per_class]:
+        raise DataError(
+            f"imbalance_ratio needs images of every class: class {_class_name(absent[0], class_names)} has none; "
+            "add images to it or remove the class"
+        )
+    counts = long_tailed_counts([len(per_class[c]) for c in range(k)], ratio)
+    return sorted(i for c, n in enumerate(counts) for i in per_class[c][:n].tolist())

@@ -9,7 +9,14 @@ from typing import Any, ClassVar, Protocol, cast, runtime_checkable
 
 from .errors import DataError
 
-__all__ = ["TASK_DATA_MEMBERS", "TaskData", "TaskDataDefaults", "missing_task_data", "require_task_data"]
+__all__ = [
+    "TASK_DATA_MEMBERS",
+    "TaskData",
+    "TaskDataDefaults",
+    "missing_task_data",
+    "require_task_data",
+    "train_class_counts",
+]
 
 
 @runtime_checkable
@@ -171,3 +178,16 @@ def require_task_data(data: object) -> TaskData:
             "among its bases for the optional ones and define the rest"
         )
     return cast(TaskData, data)
+
+
+def train_class_counts(data: object, num_classes: int) -> list[int] | None:
+    """The training images of each of ``num_classes`` classes in ``data``'s set-up training split (its
+    ``train_dataset.targets``: class indices, as :class:`~coretune.data.LabeledImageDataset` holds them), or None
+    when the split does not list its labels so (segmentation's masks, a data module of a user's own)."""
+    targets = getattr(getattr(data, "train_dataset", None), "targets", None)
+    if not isinstance(targets, list | tuple) or not all(isinstance(t, int) and 0 <= t < num_classes for t in targets):
+        return None
+    counts = [0] * num_classes
+    for t in targets:
+        counts[t] += 1
+    return counts

@@ -315,6 +315,7 @@ class RunArtifacts(L.Callback):
             **{f"best_val_{task.monitor}": best_score},
             best_checkpoint=str(best.best_model_path) if best and best.best_model_path else None,
             validated_on_test_images=_validated_on_test(trainer, pl_module),
+            **_train_class_counts(pl_module),
             # a fine-tuning's pre-trained file (None: a random initialisation); pre-training records none
             **({"weights_sha256": pl_module.weights_sha256} if hasattr(pl_module, "weights_sha256") else {}),
             provenance=provenance(),
@@ -346,6 +347,15 @@ class RunArtifacts(L.Callback):
             # Every process raises it together (the decision is reduced over them), and a launcher kills the rest
             # as soon as one process ends: the others wait here until rank 0 has recorded it (or failed to).
             trainer.strategy.barrier("coretune-diverged")
+
+
+def _train_class_counts(pl_module: L.LightningModule) -> dict[str, Any]:
+    """``{"train_class_counts": {class: images}}``: a fine-tuning's training split (after its long-tailed,
+    label-fraction and validation subsets), when known; nothing otherwise (a pre-training)."""
+    counts, names = getattr(pl_module, "train_class_counts", None), getattr(pl_module, "class_names", None)
+    if counts is None or names is None or len(names) != len(counts):
+        return {}
+    return {"train_class_counts": dict(zip(names, counts, strict=True))}
 
 
 def chance_verdict(top1: float, counts: torch.Tensor, mean_ce: float | None = None) -> str | None:

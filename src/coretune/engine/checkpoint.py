@@ -51,6 +51,8 @@ class CheckpointMeta:
     Attributes:
         data: the image size and normalisation it was trained with (``image_size``, ``mean``, ``std``); a model
             loaded by ``FineTuner.from_checkpoint`` adds the settings that drew its splits (:func:`split_settings`).
+        train_class_counts: the training split's images per class (the results' many/medium/few-shot groups);
+            None for data that does not list its labels, and in older checkpoints.
         extra: entries of other coretune versions, kept as they are.
     """
 
@@ -61,6 +63,7 @@ class CheckpointMeta:
     objective_hparams: dict[str, Any] = field(default_factory=dict)
     num_classes: int | None = None
     class_names: list[str] | None = None
+    train_class_counts: list[int] | None = None
     feature_dim: int | None = None
     adversarial: dict[str, Any] | None = None
     weights_sha256: str | None = None
@@ -78,6 +81,7 @@ class CheckpointMeta:
             objective_hparams=model.objective.hparams(),
             num_classes=model.num_classes,
             class_names=model.class_names,
+            train_class_counts=getattr(model, "train_class_counts", None),
             feature_dim=model.backbone.feature_dim,
             adversarial=None if model.adversarial is None else model.adversarial.hparams(),
             weights_sha256=model.weights_sha256,
@@ -163,6 +167,7 @@ class CheckedCheckpoint:
                 f"({' '.join(str(err).split())[:300]}): the file is damaged; use the run's other checkpoint"
             ) from err
         model.checkpoint_meta = replace(meta, data={**meta.data, **split_settings(self.raw, model.task)})
+        model.train_class_counts = meta.train_class_counts
         model.loaded_checkpoint = written_at(self.raw, path)
         return model
 
@@ -228,6 +233,13 @@ def _checked(path: Path, ckpt: Any, model_cls: type) -> CheckedCheckpoint:
         raise refuse(f"its class_names ({_preview(names)}) are not {num_classes} names, one per class")
     if names is not None and len(set(names)) != len(names):
         raise refuse(f"its class_names ({_preview(names)}) repeat a name")
+    counts = meta.get("train_class_counts")
+    if counts is not None and (
+        not isinstance(counts, list)
+        or len(counts) != num_classes
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
+    ):
+        raise refuse(f"its train_class_counts ({_preview(counts)}) are not {num_classes} image counts, one per class")
     if problem := _data_problem(meta.get("data", {})):
         raise refuse(problem)
     weights = ckpt.get("state_dict")

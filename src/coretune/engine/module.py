@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
-from ..data import require_task_data
+from ..data import require_task_data, train_class_counts
 from ..distributed import rank, ranks_where, scale_grad, world_size
 from ..models import WeightsOptions, weights_digest
 from ..models.blocks import selected_parameters
@@ -193,6 +193,9 @@ class FineTuner(L.LightningModule):
         if adversarial is not None and adversarial.enable:
             self.batch_transform = AdversarialBatches(adversarial)
         self.class_names: list[str] | None = None
+        #: The training split's images per class (set by a fit's :meth:`setup`; a checkpoint keeps them): the
+        #: many/medium/few-shot groups of the results and the objective's :meth:`~Objective.observe_class_counts`.
+        self.train_class_counts: list[int] | None = None
         self.checkpoint_meta: CheckpointMeta | None = None  # the checkpoint's 'coretune' entry (from_checkpoint)
         self.loaded_checkpoint: dict[str, Any] = {}  # the path, epoch and step of the checkpoint last loaded
         # which weights its checkpoints hold under weight averaging (engine.averaging sets it; None: the trained)
@@ -253,6 +256,9 @@ class FineTuner(L.LightningModule):
         check_data(self, datamodule, stage)
         if stage == "fit":
             self._check_lp_strategy()
+            self._observe_training_labels(datamodule)
+        self.task.train_class_counts = self.train_class_counts  # the task takes the shot thresholds in check_data
+        if stage == "fit":
             self.objective.attach_backbone(self.backbone)
             # after attach_backbone: a copy it keeps of the backbone (a frozen source, a key encoder) stays eager
             if self.hparams.get("compile") and self.compile_guard is None:
@@ -269,6 +275,21 @@ class FineTuner(L.LightningModule):
                 "--model.optim.lp_epochs under DDP: the linear-probing phase leaves the backbone without "
                 "gradients, which DDP waits for; use --trainer.strategy ddp_find_unused_parameters_true"
             )
+
+    def _observe_training_labels(self, datamodule: Any) -> None:
+        """Count the training split's images per class (:attr:`train_class_counts`) and hand them to the objective;
+        refuse data that does not list its training labels when the objective needs them."""
+        counts = None if datamodule is None else train_class_counts(datamodule, self.num_classes or 0)
+        if counts is None:
+            if datamodule is not None and self.objective.needs_class_counts:
+                raise ValueError(
+                    f"objective {self.objective.registered_name!r} needs the training images per class, but "
+                    f"{type(datamodule).__name__}'s train_dataset lists no class labels (.targets): use "
+                    "ImageClassificationData, or give the data module's train_dataset a .targets list"
+                )
+            return
+        self.train_class_counts = counts
+        self.objective.observe_class_counts(torch.tensor(counts, dtype=torch.int64))
 
     @property
     def compile_status(self) -> str | None:

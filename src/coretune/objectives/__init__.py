@@ -1,6 +1,6 @@
 """Fine-tuning objectives: one class per method against :class:`Objective`, named in a registry."""
 
-from . import bi_tuning, bss, ce, core, delta, erm_pp, l2sp, manifold_mixup, mm, rifle, scl
+from . import bi_tuning, bss, ce, core, delta, erm_pp, l2sp, logit_adjusted, manifold_mixup, mm, rifle, scl
 from .base import (
     Objective,
     ObjectiveOutput,
@@ -20,6 +20,7 @@ from .core import TABLE2_ROWS, CoreTuning, dense_contrastive_loss
 from .delta import DELTA, channel_attention
 from .erm_pp import ERMPlusPlus
 from .l2sp import L2SP
+from .logit_adjusted import LogitAdjusted
 from .manifold_mixup import ManifoldMixup
 from .mm import MixAndMatch, batch_hard_triplet_loss
 from .rifle import RIFLE
@@ -36,6 +37,7 @@ __all__ = [
     "CETuning",
     "CoreTuning",
     "ERMPlusPlus",
+    "LogitAdjusted",
     "ManifoldMixup",
     "MixAndMatch",
     "Objective",
@@ -53,6 +55,7 @@ __all__ = [
     "erm_pp",
     "get",
     "l2sp",
+    "logit_adjusted",
     "manifold_mixup",
     "mm",
     "plain_setting",

@@ -81,6 +81,7 @@ class Objective(nn.Module):
     Hooks (all optional, no-ops by default):
         :meth:`attach_backbone` — called once with the backbone before training (L2-SP/DELTA keep a frozen copy);
         :meth:`prepare` — called once with training batches before a new run starts (DELTA's channel attention);
+        :meth:`observe_class_counts` — called before a fit with the training images per class (logit adjustment);
         :meth:`on_train_epoch_start` — called at each epoch start (RIFLE re-initialises on a schedule);
         :meth:`on_after_optimizer_step` — called after each optimiser step (momentum encoders).
     """
@@ -206,6 +207,15 @@ class Objective(nn.Module):
     def prepare(self, batches: Iterable[tuple[Tensor, Tensor]]) -> None:
         """Called once before the first training step of a new (not resumed) run with a lazy iterable of
         ``(images, labels)`` training batches, for objectives that need data before training (DELTA's attention)."""
+
+    #: Whether it needs the training split's images per class (:meth:`observe_class_counts`): ``coretune fit`` then
+    #: refuses, before training, a data module whose training split does not list its labels.
+    needs_class_counts: ClassVar[bool] = False
+
+    def observe_class_counts(self, counts: Tensor) -> None:
+        """Called before a fit's first step (a new or a resumed run) with the training split's images per class
+        ``(K,)`` (int64), for objectives that use the label distribution (logit adjustment's class priors). In a
+        plain PyTorch loop, call it once after the heads are built."""
 
     def on_train_epoch_start(self, epoch: int, max_epochs: int) -> None:
         """Called at the start of every training epoch (0-based)."""

@@ -1,7 +1,8 @@
 """Several measures of each finished run, as cells over seeds: the columns of the layouts that tabulate more than one
-number per run (Table 6: segmentation's MPA, FWIoU and MIoU, and the per-class IoU; Table 8: clean accuracy and
-robust accuracy per attack and threat model, from ``coretune eval robust``'s ``robust_results*.json``), and Table
-7's second table (the training domains' held-out accuracy)."""
+number per run (Table 5, class-imbalanced data: top-1 over all classes and over the many-, medium- and few-shot
+classes, from ``results.json``'s ``shot_groups``; Table 6: segmentation's MPA, FWIoU and MIoU, and the per-class
+IoU; Table 8: clean accuracy and robust accuracy per attack and threat model, from ``coretune eval robust``'s
+``robust_results*.json``), and Table 7's second table (the training domains' held-out accuracy)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..longtail import SHOT_GROUPS
 from ..runs.layout import RunDir
 from .records import percent
 from .spec import BenchSpec, BenchSpecError
@@ -24,6 +26,7 @@ __all__ = [
     "per_class_iou",
     "robust_measures",
     "segmentation_measures",
+    "shot_measures",
     "spec_measures",
     "training_domains_heldout",
 ]
@@ -50,6 +53,26 @@ def segmentation_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
         )
     scores = {key: (label, percent(test[key])) for key, label in SEGMENTATION_MEASURES}
     return {key: (label, value) for key, (label, value) in scores.items() if value is not None}
+
+
+def shot_measures(run_dir: Path, test: dict[str, Any]) -> Measures:
+    """Top-1 (%) over all test classes and over each many/medium/few-shot group of a finished run's test entry (its
+    ``shot_groups``, by the fit's ``--data.shot_thresholds``, named in the column: ``many-shot (>100)``); a group
+    without a class (``null``) is left out, a missing value of its cell, never averaged."""
+    groups = test.get("shot_groups")
+    if not isinstance(groups, dict):
+        raise BenchSpecError(
+            f"table5 tabulates the many/medium/few-shot top-1 of each run, but {RunDir(run_dir).results} has no "
+            "shot_groups in its test entry (a run of an older version, or data that does not list its training "
+            "labels): fit it again, or use table1 for one score per run"
+        )
+    many, few = groups["thresholds"]["many_above"], groups["thresholds"]["few_below"]
+    labels = {"many": f"many-shot (>{many})", "medium": f"medium-shot ({few}-{many})", "few": f"few-shot (<{few})"}
+    values: Measures = {"top1": ("top-1", 100 * float(test["top1"]))}
+    for group in SHOT_GROUPS:
+        if (value := groups[group]["top1"]) is not None:
+            values[labels[group]] = (labels[group], 100 * float(value))
+    return values
 
 
 def attack_label(report: dict[str, Any]) -> str:
@@ -139,6 +162,7 @@ def spec_measures(table: str) -> tuple[Callable[[Path, dict[str, Any]], Measures
     """The measures a layout tabulates (:func:`~.spec.measure_layout`), and the columns it has before any run
     finished (Table 8's attacks and threat models are those of the runs' files)."""
     return {
+        "table5": (shot_measures, (("top1", "top-1"),)),
         "table6": (segmentation_measures, SEGMENTATION_MEASURES),
         "table8": (robust_measures, (("clean", "clean"),)),
     }[table]

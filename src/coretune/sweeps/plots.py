@@ -17,7 +17,7 @@ from .stats import Cell
 __all__ = ["curves_metric", "plot_bars", "plot_curves"]
 
 #: The bars' axis of the layouts of several measures (the columns say which).
-_MEASURE_AXIS = {"table6": "test score", "table8": "test accuracy"}
+_MEASURE_AXIS = {"table5": "test top-1", "table6": "test score", "table8": "test accuracy"}
 
 
 def curves_metric(curves: list[CurvePoint]) -> str:

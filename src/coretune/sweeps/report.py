@@ -38,6 +38,9 @@ _TITLES = {
     "table2": "{metric} (%) of the ablation rows of the paper's Table 2 (Core-tuning is the last row)",
     "table4": "{metric} (%) of each fine-tuning method (rows) against the fraction of labels used, as in the "
     "paper's table of various numbers of labeled data",
+    "table5": "Class-imbalanced fine-tuning: test top-1 (%) over all classes and over the many-, medium- and few-shot "
+    "classes (each group's mean per-class top-1; the groups by the runs' --data.shot_thresholds; an empty group has "
+    "no value), as in the paper's Table 5 (iNaturalist-18)",
     "table6": "Semantic segmentation: mean pixel accuracy (MPA), frequency-weighted IoU (FWIoU) and mean IoU (MIoU) "
     "(%) on the test split, as in the paper's Table 6 (its Appendix D gives standard errors instead: SE = std / √n, "
     "listed in summary.csv and summary.json)",

@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-Layout = Literal["table1", "table2", "table4", "table6", "table7", "table8"]
+Layout = Literal["table1", "table2", "table4", "table5", "table6", "table7", "table8"]
 
 
 #: Table 7's row labels (domain generalization: CE, CE-Con and Core-tuning, the paper's "ours").
@@ -43,17 +43,19 @@ TABLE7_LABELS = {"ce": "CE", "ce_con": "CE-Con", "core": "Core-tuning"}
 #: Table 6's row labels (segmentation: CE-tuning and Core-tuning).
 TABLE6_LABELS = {"ce": "CE-tuning", "core": "Core-tuning"}
 
-#: The layouts whose columns are several test measures of each run (Table 6: MPA, FWIoU and MIoU; Table 8: clean
+#: The layouts whose columns are several test measures of each run (Table 5, class-imbalanced data: top-1 overall and
+#: of the many/medium/few-shot classes; Table 6: MPA, FWIoU and MIoU; Table 8: clean
 #: and robust accuracy per attack and threat model) instead of one score per data set and label fraction, and what
 #: their cells hold.
 _MEASURE_TEXT = {
+    "table5": "test top-1 (the column's: all classes, or the mean top-1 of the many-, medium- or few-shot classes)",
     "table6": "test score (the column's MPA, FWIoU or MIoU)",
     "table8": "test accuracy (the column's: clean, or robust under an attack and threat model)",
 }
 
 
 def measure_layout(table: str) -> bool:
-    """Whether a layout's columns are several measures of each run (``table6``, ``table8``)."""
+    """Whether a layout's columns are several measures of each run (``table5``, ``table6``, ``table8``)."""
     return table in _MEASURE_TEXT
 
 
@@ -408,7 +410,7 @@ class TableLayout:
 def table_layout(spec: BenchSpec, measures: Sequence[tuple[str, str]] = ()) -> TableLayout:
     """Table 1: methods × data sets; Table 2: the ablation rows (paper order and labels) × data sets; Table 4:
     methods × label fractions; Table 7 (domain generalization): methods (CE, CE-Con, Core-tuning) × held-out domains
-    (one "data set" of the spec per leave-one-domain-out split); Tables 6 and 8 (:func:`measure_layout`): methods ×
+    (one "data set" of the spec per leave-one-domain-out split); Tables 5, 6 and 8 (:func:`measure_layout`): methods ×
     ``measures`` (``(key, label)``; columns keyed ``(dataset, label_fraction, key)``). A dimension with several
     values that the layout does not name joins the columns."""
     from ..objectives import TABLE2_ROWS

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 
 from ..data import TaskData
+from ..longtail import DEFAULT_SHOT_THRESHOLDS
 from ..models import Encoder, create_backbone
 from ..models.exported import ExportedClassifier
 from ..objectives import Objective, ObjectiveOutput
@@ -114,6 +115,11 @@ class Task:
         #: Where the weights under test were written, set by the engine before each test: the checkpoint's ``path``,
         #: ``epoch`` (0-based) and ``step``; empty when they are the model's own weights in memory.
         self.tested_checkpoint: dict[str, Any] = {}
+        #: The training split's images per class, set by the engine before validation and test (``None``: not known,
+        #: e.g. a checkpoint of an older version), and the data's ``(many, few)`` bounds of the many/medium/few-shot
+        #: groups (:mod:`coretune.longtail`): what a task may report per group.
+        self.train_class_counts: list[int] | None = None
+        self.shot_thresholds: tuple[int, ...] = DEFAULT_SHOT_THRESHOLDS
 
     # -- its settings ---------------------------------------------------------------------------------------
     @classmethod

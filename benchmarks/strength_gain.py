@@ -8,12 +8,13 @@ CE-tuning and the methods compared with it.
 
 ``evaluate`` scores every checkpoint of the specs (each column's ``--model.weights``; none: a random initialisation;
 a column listed by several specs is scored once) frozen, with ``coretune eval knn`` and ``coretune eval linear`` on
-the spec's data at its image size, into ``--eval_dir`` (``<checkpoint>-knn.json``, ``<checkpoint>-linear.json``, each
+the spec's data at its image size, the backbone built as its fits build it (``--model.backbone_args``: a ViT's
+``img_size`` and ``patch_size``), into ``--eval_dir`` (``<checkpoint>-knn.json``, ``<checkpoint>-linear.json``, each
 with the SHA-256 of the file scored and seed 0, the random initialisation's; a file that exists is kept, so the
-command resumes, unless its checkpoint was re-made since), and names the strongest checkpoint by kNN top-1 (the 1%
-spec's column run beside the floor) once every column is scored, with a note when that pick is fragile
-(:func:`fragile_pick`). Both protocols use the data root's whole training
-split with all its labels (CIFAR-10: 50,000 images; not the 10% or 1% the fine-tunings see) as the kNN memory bank
+command resumes, unless its checkpoint was re-made or its backbone's options changed since), and names the
+strongest checkpoint by kNN top-1 (the 1% spec's column run beside the floor) once every column is scored, with a
+note when that pick is fragile (:func:`fragile_pick`). Both protocols use the data root's whole training split with
+all its labels (CIFAR-10: 50,000 images; not the 10% or 1% the fine-tunings see) as the kNN memory bank
 and the probe's training set, and score its test split: they rank the checkpoints' features, not a label budget.
 ``--only_datasets simclr_e5 simclr_e15`` scores only those columns (the checkpoints on this machine); with
 ``--refuse_stale`` a checkpoint re-made since it was scored, or since a finished run of the specs fine-tuned it
@@ -58,17 +59,29 @@ def _option(args: list[str], name: str) -> str | None:
 
 
 _FIT_SETTINGS = ("model.backbone", "model.weights", "data.root", "data.image_size", "data.mean", "data.std")
+BACKBONE_ARGS = "model.backbone_args"
+"""The backbone's constructor options (a ViT's ``img_size``, ``patch_size``): the fit's, to build what it loads."""
+
+
+def _options(value: object, where: str) -> dict[str, object]:
+    """A ``backbone_args`` value (a mapping, or its YAML text) as a dict, or None for null."""
+    found = yaml.safe_load(value) if isinstance(value, str) else value
+    if found is not None and not isinstance(found, dict):
+        raise BenchSpecError(f"{where}: --{BACKBONE_ARGS} must be a mapping of options (got {value!r})")
+    return dict(found or {})
 
 
 def fit_settings(args: Sequence[str]) -> dict[str, str]:
-    """The settings of a fit with ``args`` that decide how its checkpoint is scored (backbone, weights, data root,
-    image size, normalisation), as option values: each ``--config=FILE``'s (its YAML, read from where the command
-    runs) and each ``--name=value``, the last one winning, as the fit takes them.
+    """The settings of a fit with ``args`` that decide how its checkpoint is scored (backbone, its constructor's
+    options, weights, data root, image size, normalisation), as option values: each ``--config=FILE``'s (its YAML,
+    read from where the command runs) and each ``--name=value``, the last one winning, as the fit takes them;
+    ``--model.backbone_args.NAME=value`` sets one option of ``backbone_args`` (JSON in the result).
 
     Raises:
         BenchSpecError: a ``--config`` file that is not there, or given as two arguments (``--config FILE``).
     """
     found: dict[str, str] = {}
+    built: dict[str, object] = {}
     for arg in args:
         if arg == "--config":
             raise BenchSpecError("give a column's config file as one argument, --config=FILE, in the spec")
@@ -77,25 +90,36 @@ def fit_settings(args: Sequence[str]) -> dict[str, str]:
             if not path.is_file():
                 raise BenchSpecError(f"{path}, the config file of the specs' fits, is not there: run from the checkout")
             config = yaml.safe_load(path.read_text()) or {}
-            for key in _FIT_SETTINGS:
+            for key in (*_FIT_SETTINGS, BACKBONE_ARGS):
                 section, name = key.split(".")
                 value = (config.get(section) or {}).get(name)
-                if value is not None:
+                if key == BACKBONE_ARGS and name in (config.get(section) or {}):
+                    built = _options(value, str(path))
+                elif value is not None:
                     found[key] = option_values(value) if isinstance(value, list) else str(value)
         elif arg.startswith("--") and "=" in arg and (key := arg[2:].split("=", 1)[0]) in _FIT_SETTINGS:
             found[key] = arg.split("=", 1)[1]
+        elif arg.startswith(f"--{BACKBONE_ARGS}="):
+            built = _options(arg.split("=", 1)[1], arg)
+        elif arg.startswith(f"--{BACKBONE_ARGS}.") and "=" in arg:
+            key, value = arg[len(BACKBONE_ARGS) + 3 :].split("=", 1)
+            built[key] = yaml.safe_load(value)
+    if built:
+        found[BACKBONE_ARGS] = json.dumps(built)
     return found
 
 
 def checkpoints(spec: BenchSpec) -> dict[str, list[str]]:
-    """The ``coretune eval`` arguments of each column of ``spec``: the backbone, weights (if any), data root, image
-    size and normalisation (if the fit sets one) its fine-tunings use (:func:`fit_settings`)."""
+    """The ``coretune eval`` arguments of each column of ``spec``: the backbone and its constructor's options (if the
+    fit sets any), weights (if any), data root, image size and normalisation (if the fit sets one) its fine-tunings
+    use (:func:`fit_settings`)."""
     found = {}
     for name, dataset_args in spec.datasets.items():
         fit = fit_settings([*spec.base_args, *dataset_args])
         weights = fit.get("model.weights")
         found[name] = [
             f"--model.backbone={fit.get('model.backbone', 'resnet18')}",
+            *([f"--{BACKBONE_ARGS}={fit[BACKBONE_ARGS]}"] if BACKBONE_ARGS in fit else []),
             *([f"--model.weights={weights}"] if weights not in (None, "null") else []),
             f"--data.root={fit.get('data.root')}",
             f"--data.image_size={fit.get('data.image_size', 224)}",
@@ -120,6 +144,9 @@ def stale(eval_dir: Path, name: str, args: list[str]) -> str | None:
             return f"{path} scored a random initialisation without seed 0"
         if digest is not None and scored.get("weights_sha256") != digest:
             return f"{path} scored another file than today's {weights} (SHA-256 {scored.get('weights_sha256')})"
+        built = json.loads(_option(args, BACKBONE_ARGS) or "{}")
+        if (used := scored.get("backbone_args") or {}) != built:  # older files: built without options
+            return f"{path} scored the backbone built with {used or 'no options'}, the column's with {built or 'none'}"
         size = int(_option(args, "data.image_size") or 224)
         if scored.get("image_size", size) != size:  # older files did not record it
             return f"{path} scored {scored['image_size']}-px images, the column's are {size} px"

@@ -18,7 +18,7 @@ from sklearn.neighbors import KNeighborsClassifier
 from sklearn.preprocessing import StandardScaler
 
 from coretune.apps.evaluation import extract_features, knn_predict, linear_probe, top_k_accuracy
-from coretune.cli import main
+from coretune.cli import _eval_parser, main
 
 
 def _knn_loop(train: torch.Tensor, labels: torch.Tensor, test: torch.Tensor, k: int, tau: float, classes: int):
@@ -211,3 +211,62 @@ def test_eval_warns_when_the_data_is_normalised_otherwise_than_the_weights_were_
         warnings.simplefilter("always")
         main([*common, "--data.mean", "[0.5,0.5,0.5]", "--data.std", "[0.25,0.25,0.25]"])
     assert not [w for w in caught if "were trained on images normalised" in str(w.message)]
+
+
+VIT = {"img_size": 32, "patch_size": 8, "depth": 2}  # a ViT-Tiny of two blocks on 32-px images: 4×4 patches of 8 px
+
+
+def test_eval_builds_a_vit_with_the_backbone_args_it_was_pre_trained_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ViT pre-trained at 32 px with 8-px patches (MoCo v3's export) could not be scored: eval had no
+    --model.backbone_args, and timm's default ViT-Tiny (16-px patches, 12 blocks) does not fit its weights."""
+    from coretune.apps.evaluation import evaluate_encoder
+    from coretune.data import ImageClassificationData
+    from coretune.models import create_backbone
+    from coretune.pretrain import MoCoV3
+
+    root = _digit_folder(tmp_path / "digits")
+    weights = tmp_path / "mocov3.pth.tar"
+    torch.manual_seed(0)
+    module = MoCoV3(backbone="vit_tiny_patch16_224", backbone_args=VIT, mlp_dim=16, proj_dim=8)
+    torch.save(module.pretrained_checkpoint(), weights)  # facebookresearch/moco-v3's layout, 'arch' the timm name
+    common = ["--model.weights", str(weights), "--data.root", str(root), "--data.image_size", "32", "--k", "5"]
+    refused = r"8×8 patches but backbone 'vit_tiny_patch16_224' 16×16: .*--model\.backbone_args '\{patch_size: 8\}'"
+    with pytest.raises(SystemExit, match=refused):
+        main(["eval", "knn", *common])
+    main(["eval", "knn", *common, "--model.backbone_args", json.dumps(VIT), "--output", str(tmp_path / "knn.json")])
+    knn = json.loads((tmp_path / "knn.json").read_text())
+    assert knn["backbone"] == "vit_tiny_patch16_224" and knn["backbone_args"] == VIT  # recorded with the score
+    encoder = create_backbone("vit_tiny_patch16_224", weights=weights, verbose=False, **VIT)
+    direct = evaluate_encoder(encoder, ImageClassificationData(root=str(root), image_size=32), "knn", k=5)
+    assert knn["top1"] == direct.top1 and knn["settings"] == direct.settings  # the network built in Python
+    dotted = [f"--model.backbone_args.{key}={value}" for key, value in VIT.items()]  # fit's other spelling
+    assert _eval_parser().parse_args(["knn", *common, *dotted]).model.backbone_args == VIT
+    with pytest.raises(SystemExit):
+        main(["eval", "knn", *common, "--model.backbone_args", "[32]"])
+    assert "--model.backbone_args: expected dict or null, got [32]" in capsys.readouterr().err
+
+
+def test_eval_of_a_coretune_ckpt_builds_the_backbone_with_the_options_it_records(tmp_path: Path) -> None:
+    """A .ckpt of coretune fit (or pretrain) records its backbone and backbone_args: both are the default."""
+    from coretune.models import create_backbone
+
+    root = _digit_folder(tmp_path / "digits")
+    torch.manual_seed(0)
+    body = create_backbone("vit_tiny_patch16_224", verbose=False, **VIT).body
+    ckpt = tmp_path / "fit.ckpt"
+    torch.save(
+        {
+            "pytorch-lightning_version": "2.5.0",
+            "hyper_parameters": {"backbone": "vit_tiny_patch16_224", "backbone_args": VIT},
+            "state_dict": {f"backbone.body.{key}": value for key, value in body.state_dict().items()},
+        },
+        ckpt,
+    )
+    common = ["eval", "knn", "--ckpt_path", str(ckpt), "--data.root", str(root), "--data.image_size", "32"]
+    main([*common, "--output", str(tmp_path / "stored.json")])
+    assert json.loads((tmp_path / "stored.json").read_text())["backbone_args"] == VIT
+    # given options replace the recorded ones (here: without depth, the checkpoint lacks blocks 2-11)
+    with pytest.raises(SystemExit, match=r"missing"):
+        main([*common, "--model.backbone_args", "{img_size: 32, patch_size: 8}"])

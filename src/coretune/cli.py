@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import sys
+from typing import Any
 
 from .arguments import ArgumentParser
 from .runs.atomic import strict_json
@@ -270,6 +271,14 @@ def _eval_parser() -> ArgumentParser:
         default=None,
         help="Pre-trained weights (coretune pretrain, MoCo, SimCLR …, a file, hub or timm name).",
     )
+    parser.add_argument(
+        "--model.backbone_args",
+        type=dict[str, Any] | None,
+        default=None,
+        help="Options of the backbone's constructor, as coretune fit's and pretrain's, e.g. a ViT pre-trained on "
+        "32-px images with 4-px patches: '{img_size: 32, patch_size: 4}' (or --model.backbone_args.patch_size 4). "
+        "Default: those a coretune .ckpt records when the backbone's name is read from it, else none.",
+    )
     parser.add_argument("--model.weights_options.format", type=str, default="auto", help="Checkpoint layout (auto).")
     parser.add_argument(
         "--model.weights_options.allow_cast",
@@ -297,22 +306,31 @@ def _eval_parser() -> ArgumentParser:
     return parser
 
 
-def _stored_backbone(weights: str, option: str) -> str:
+def _stored_backbone(weights: str, option: str) -> tuple[str, dict[str, Any]]:
     """The backbone name a checkpoint records: MoCo/SimCLR ``arch``, or a coretune run's hyper-parameters (old
-    spellings as now); for timm weights (``resnet50.a1_in1k``), that timm name; for ``hf-hub:ORG/REPO``, the same."""
+    spellings as now); for timm weights (``resnet50.a1_in1k``), that timm name; for ``hf-hub:ORG/REPO``, the same.
+    With it, the constructor options the checkpoint records (a coretune ``.ckpt``'s ``backbone_args``, fit's or
+    pretrain's; ``{}`` for the others)."""
     from .models import current_backbone_name, is_weights_name, load_checkpoint_file, named_weights, resolve_weights
     from .models.hubnames import timm_backbone
 
     name = str(named_weights(weights, None))
     if is_weights_name(name):
-        return timm_backbone(name)  # the timm model (or hub repository) the weights are of
+        return timm_backbone(name), {}  # the timm model (or hub repository) the weights are of
     raw = load_checkpoint_file(resolve_weights(weights))
-    found = None
+    found, options = None, None
     if isinstance(raw, dict):
-        found = raw.get("arch") or raw.get("hyper_parameters", {}).get("backbone")
+        hparams = raw.get("hyper_parameters") or {}
+        found = raw.get("arch") or (hparams.get("backbone") if isinstance(hparams, dict) else None)
+        options = hparams.get("backbone_args") if not raw.get("arch") and isinstance(hparams, dict) else None
     if not isinstance(found, str):
         raise ValueError(f"{option} {weights} does not record its backbone: pass --model.backbone (e.g. resnet50)")
-    return current_backbone_name(found, warn=False)
+    if options is not None and not (isinstance(options, dict) and all(isinstance(k, str) for k in options)):
+        raise ValueError(
+            f"{option} {weights} records backbone_args {options!r}, not options by name: pass --model.backbone and "
+            "--model.backbone_args"
+        )
+    return current_backbone_name(found, warn=False), dict(options or {})
 
 
 def evaluate(args: list[str]) -> None:
@@ -373,11 +391,16 @@ def evaluate(args: list[str]) -> None:
             "each would find itself in the kNN memory bank and be in the probe's training set; keep the test images "
             "out of the training folder (a symlink into it counts)"
         )
-    backbone = cfg.model.backbone or _stored_backbone(weights, option)
+    backbone, built = cfg.model.backbone, dict(cfg.model.backbone_args or {})
+    if backbone is None:  # the file names its backbone, and a coretune .ckpt its constructor's options
+        backbone, stored = _stored_backbone(weights, option)
+        built = built if cfg.model.backbone_args is not None else stored
     digest = weights_digest(weights, backbone)  # of the file read next (it may be re-made while this runs)
     torch.manual_seed(cfg.seed)  # a random initialisation is the same network on every call
     options = cfg.model.weights_options
-    encoder = create_backbone(backbone, weights=weights, weights_format=options.format, allow_cast=options.allow_cast)
+    encoder = create_backbone(
+        backbone, weights=weights, weights_format=options.format, allow_cast=options.allow_cast, **built
+    )
     trained = getattr(encoder, "pretrained_normalization", None)
     if (why := other_normalisation(trained, data.mean, data.std, weights, option=option)) is not None:
         warnings.warn(why, UserWarning, stacklevel=1)
@@ -400,7 +423,7 @@ def evaluate(args: list[str]) -> None:
         highlight=False,
     )
     if cfg.output:
-        recorded = {"backbone": backbone, "weights": weights, "weights_sha256": digest}
+        recorded = {"backbone": backbone, "backbone_args": built, "weights": weights, "weights_sha256": digest}
         recorded |= {"image_size": data.image_size, "mean": list(data.mean), "std": list(data.std)}  # as scored
         with atomic_write(cfg.output) as f:
             f.write(strict_json({**recorded, "seed": cfg.seed, **result.__dict__}, indent=2) + "\n")

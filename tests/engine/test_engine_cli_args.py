@@ -135,6 +135,22 @@ def test_another_objective_after_a_config_takes_its_own_defaults(
     ] == {"eta": 0.001, "k": 1, "label_smoothing": 0.0}
 
 
+def test_label_smoothing_given_before_another_objective_is_kept_as_without_a_config(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # a bench column's --objective.label_smoothing comes before each row's --objective: after a --config, a row of
+    # another class (ce after the config's Core-tuning) dropped it while the rows of the config's class kept it
+    shipped = str(CONFIGS / "cpu" / "cifar10.yaml")
+    for config in ([], ["--config", shipped]):
+        for name, cls in (("ce", "ce.CETuning"), ("ce_mix", "core.CoreTuning"), ("bss", "bss.BSS")):
+            objective = printed_objective([*config, "--objective.label_smoothing=0.1", "--objective", name], capsys)
+            assert objective["class_path"] == f"coretune.objectives.{cls}"
+            assert objective["init_args"]["label_smoothing"] == 0.1, (config, name)
+    # the recipe's smoothing stays with another method; the method's own settings still reset (BSS's eta)
+    bss = printed_objective(["--config", str(CONFIGS / "vit_s16_dino.yaml"), "--objective", "bss"], capsys)
+    assert bss["init_args"] == {"eta": 0.001, "k": 1, "label_smoothing": 0.1}
+
+
 def test_the_configs_own_objective_keeps_the_configs_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # a re-run (resume compares the settings): the same objective, or a Table 2 row of its class, keeps them
     config = tmp_path / "core.yaml"

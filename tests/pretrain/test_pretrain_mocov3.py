@@ -168,9 +168,9 @@ def test_a_vit_tiny_pretrains_exports_moco_v3s_layout_and_fine_tunes_from_it(
     )
     options = f"--data.root {images} --run_dir {run_dir} --trainer.max_steps 2 --trainer.precision 32-true"
     main([*pretrain.split(), *vit, *options.split(), *QUIET])
-    assert f"--model.backbone vit_tiny_patch16_224 --model.backbone_args '{vit_args}'" in " ".join(
-        capsys.readouterr().out.split()
-    )
+    printed = " ".join(capsys.readouterr().out.split())  # the commands that fine-tune and evaluate it
+    assert f"coretune fit --model.backbone vit_tiny_patch16_224 --model.backbone_args '{vit_args}'" in printed
+    assert f"coretune eval knn --model.backbone vit_tiny_patch16_224 --model.backbone_args '{vit_args}'" in printed
     ckpt = torch.load(run_dir / PRETRAINED_FILENAME, weights_only=True)
     assert {"epoch", "arch", "state_dict", "optimizer"} <= set(ckpt) and ckpt["arch"] == "vit_tiny_patch16_224"
     state = ckpt["state_dict"]

@@ -178,3 +178,31 @@ def test_the_table4_spec_fine_tunes_the_strength_studys_resnet_and_the_moco_v3_v
     )
     assert yaml.safe_load(vit["--model.backbone_args"]) == pretrain["model"]["init_args"]["backbone_args"]
     assert vit["--model.optim.optimizer"] == "adamw"
+
+
+def test_the_table4_specs_vit_column_fine_tunes_with_the_vit_recipe_in_every_row(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAE's main_finetune.py recipe scaled to the budget (the spec's header): layer decay, drop path, label smoothing
+    and RandAugment as each ViT fit parses them; the column's label smoothing reaches the ce row too (another class
+    than its --config's Core-tuning)."""
+    root = Path(__file__).parents[2]
+    monkeypatch.chdir(root)  # the spec's --config path
+    spec = BenchSpec.from_yaml(root / "configs" / "bench" / "cifar10_cpu_10pct_table4.yaml")
+    for run in spec.subset(seeds=[0], datasets=["vit_tiny_moco_v3"]).runs():
+        args = [a for a in run.args if not a.startswith("--model.weights=")]  # not on this machine
+        with pytest.raises(SystemExit) as done:
+            main(["fit", *args, "--print_config"])
+        assert done.value.code in (None, 0)
+        config = yaml.safe_load(capsys.readouterr().out)
+        model = config["model"]
+        assert model["backbone_args"] == {"img_size": 32, "patch_size": 4, "drop_path_rate": 0.1}
+        optim = model["optim"]
+        assert (optim["optimizer"], optim["lr"], optim["weight_decay"], optim["layer_decay"]) == (
+            "adamw",
+            1.25e-4,
+            0.05,
+            0.75,
+        )
+        assert optim["warmup_epochs"] == 1.5 and config["data"]["auto_augment"] == "rand-m9-mstd0.5-inc1"
+        assert config["objective"]["init_args"]["label_smoothing"] == 0.1, run.objective

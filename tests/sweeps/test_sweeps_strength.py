@@ -464,3 +464,31 @@ def test_columns_are_scored_as_they_are_fine_tuned(
     assert strength.stale(tmp_path, "weak", args) == (
         f"{scores} scored images normalised with mean [0.5, 0.5, 0.5], the column's mean is [0.485, 0.456, 0.406]"
     )
+
+
+def test_a_vit_column_is_scored_with_the_backbone_args_it_is_fine_tuned_with(
+    strength: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a ViT pre-trained at 32 px with 4-px patches: eval builds it as the fits do, or its weights do not fit
+    spec = _spec(tmp_path)
+    vit = ("--model.backbone=vit_tiny_patch16_224", "--model.backbone_args={img_size: 32, patch_size: 4}")
+    column = replace(spec, datasets={"vit": (*vit, "--model.drop_path=0.1", "--model.weights=vit.pth")})
+    args = strength.checkpoints(column)["vit"]
+    assert args[:3] == [vit[0], '--model.backbone_args={"img_size": 32, "patch_size": 4}', "--model.weights=vit.pth"]
+    config = tmp_path / "vit.yaml"  # a --config file's, then one option by name (the last one wins, as in a fit)
+    config.write_text(yaml.safe_dump({"model": {"backbone_args": {"img_size": 48, "patch_size": 16}}}))
+    dotted = replace(spec, datasets={"vit": (f"--config={config}", "--model.backbone_args.patch_size=4")})
+    assert strength.checkpoints(dotted)["vit"][1] == '--model.backbone_args={"img_size": 48, "patch_size": 4}'
+    with pytest.raises(strength.BenchSpecError, match=r"--model.backbone_args must be a mapping of options"):
+        strength.checkpoints(replace(spec, datasets={"vit": ("--model.backbone_args=[32]",)}))
+    scores = tmp_path / "vit-knn.json"
+    scores.write_text(json.dumps({"top1": 0.2, "seed": 0, "backbone_args": {"img_size": 32, "patch_size": 4}}))
+    assert strength.stale(tmp_path, "vit", args) is None
+    scores.write_text(json.dumps({"top1": 0.2, "seed": 0}))  # scored before eval took the options
+    assert strength.stale(tmp_path, "vit", args) == (
+        f"{scores} scored the backbone built with no options, the column's with {{'img_size': 32, 'patch_size': 4}}"
+    )
+    monkeypatch.chdir(ROOT)  # the Table 4 spec's ViT column
+    table4 = strength.checkpoints(BenchSpec.from_yaml(ROOT / "configs" / "bench" / "cifar10_cpu_10pct_table4.yaml"))
+    assert table4["vit_tiny_moco_v3"][:2] == [vit[0], '--model.backbone_args={"img_size": 32, "patch_size": 4}']
+    assert not any(a.startswith("--model.backbone_args") for a in table4["resnet18_simclr_e15"])

@@ -73,6 +73,11 @@ def _sibling_relics(cls: type, preset: dict[str, Any], current_args: Mapping[str
     }  # fmt: skip
 
 
+SHARED_OBJECTIVE_SETTINGS = ("label_smoothing",)
+"""Settings every built-in objective takes with one meaning (the recipe's, not the method's): ``--objective NAME``
+of another class keeps them, where the class's own settings reset (:func:`_objective_class_path`)."""
+
+
 def _objective_class_path(
     name: str, current: str | None = None, current_args: Mapping[str, Any] | None = None
 ) -> tuple[str, list[str], dict[str, Any]]:
@@ -83,7 +88,9 @@ def _objective_class_path(
     every hyper-parameter is its new class's default or preset: jsonargparse would keep the ``init_args`` the new
     class also accepts (Core-tuning's ``eta: 0.1`` as BSS's ``eta``, 100 x its 0.001). When it names another preset
     of the same class, the settings the earlier preset set in ``current_args`` are reset too
-    (:func:`_sibling_relics`); the other settings (a config's tuned η) stay."""
+    (:func:`_sibling_relics`); the other settings (a config's tuned η) stay. A setting every objective shares
+    (:data:`SHARED_OBJECTIVE_SETTINGS`: a ViT recipe's label smoothing) stays across classes too, as it does when
+    jsonargparse switches the class itself (no ``--config`` before)."""
     preset: dict[str, Any] = {}
     if name in objectives.available():
         cls, preset = objectives.get(name)
@@ -93,9 +100,11 @@ def _objective_class_path(
         return name, [f"--objective={name}"], {}
     class_path = _class_path(cls)
     if current is not None and class_path != current:
+        defaults = _defaults(cls)
+        shared = {k: v for k, v in (current_args or {}).items() if k in SHARED_OBJECTIVE_SETTINGS and k in defaults}
         init_args = {
             k: list(v) if isinstance(v, tuple) else objectives.plain_setting(v)
-            for k, v in {**_defaults(cls), **preset}.items()
+            for k, v in {**defaults, **shared, **preset}.items()
         }
         return class_path, [f"--objective={json.dumps({'class_path': class_path, 'init_args': init_args})}"], init_args
     given = class_path if name in objectives.available() else name  # a class (path) jsonargparse resolves itself

@@ -172,10 +172,8 @@ class PretrainCLI(RunDirCLI):
             "--data.root <image folder>",
             highlight=False,
         )
-        if built:  # coretune eval builds the backbone without constructor options
-            return
         console.print(
-            f"evaluate it:   coretune eval knn --model.backbone {backbone} --model.weights {weights} "
+            f"evaluate it:   coretune eval knn --model.backbone {backbone}{built} --model.weights {weights}{scale} "
             "--data.root <image folder>",
             highlight=False,
         )

@@ -21,13 +21,17 @@ from fit_flags import QUIET, TINY_FIT, error
 
 
 class _Snapshots(L.Callback):
-    """The model's state after every optimiser step (``steps``) and at every epoch's end (``epochs``), and each
-    step's learning rates (``lrs``)."""
+    """The model's state before the first step (``initial``), after every optimiser step (``steps``) and at every
+    epoch's end (``epochs``), and each step's learning rates (``lrs``)."""
 
     def __init__(self) -> None:
+        self.initial: dict[str, Tensor] = {}
         self.steps: list[dict[str, Tensor]] = []
         self.epochs: list[dict[str, Tensor]] = []
         self.lrs: list[list[float]] = []
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.initial = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         self.lrs.append([g["lr"] for g in optimizer.param_groups])
@@ -136,13 +140,16 @@ def test_ema_updates_once_per_optimiser_step_under_gradient_accumulation(image_t
 
 
 @pytest.mark.parametrize(
-    "averaging", [Averaging(ema_decay=0.8), Averaging(swa_start=0, swa_lr=0.005)], ids=["ema", "swa"]
+    "averaging",
+    [Averaging(ema_decay=0.8), Averaging(swa_start=0, swa_lr=0.005), Averaging(sma_start_step=3)],
+    ids=["ema", "swa", "sma"],
 )
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")  # resuming into it, on purpose
 def test_a_resumed_run_has_the_average_of_the_uninterrupted_one(
     image_tree: Path, tmp_path: Path, averaging: Averaging
 ) -> None:
-    """Cut after the first of 2 epochs, with an average holding 4 steps (EMA) or 1 epoch (SWA from epoch 0)."""
+    """Cut after the first of 2 epochs, with an average holding 4 steps (EMA), 1 epoch (SWA from epoch 0) or the
+    weights of steps 2 to 4 (SMA from step 3)."""
     whole, _, _ = _fit(image_tree, tmp_path / "whole", averaging, epochs=2)
     _fit(image_tree, tmp_path / "cut", averaging, _StopAfterEpoch(0), epochs=2)
     cut = torch.load(tmp_path / "cut" / "checkpoints" / "last.ckpt", weights_only=True)
@@ -202,6 +209,57 @@ def test_swa_is_the_mean_of_the_epochs_from_its_start_with_batch_norm_recomputed
     assert logged == pytest.approx(_val_loss(model, data), rel=1e-5)
 
 
+def _domainbed_sma(steps: list[dict[str, Tensor]], start: int) -> dict[str, Tensor]:
+    """DomainBed's ``ErmPlusPlusMovingAvg.update_sma``, written from its recurrence: after update ``t`` (1-based),
+    the average is a copy of the weights while ``t < start``, else ``(count·avg + w_t) / (count + 1)`` with
+    ``count`` incremented first (1 at ``t = start``); ``num_batches_tracked`` not averaged. ``steps[0]`` holds the
+    initial weights, ``steps[t]`` those after update ``t``."""
+    avg, count = dict(steps[0]), 0
+    for t in range(1, len(steps)):
+        if t >= start:
+            count += 1
+            avg = {k: (avg[k] * count + w) / (1.0 + count) if w.is_floating_point() else w for k, w in steps[t].items()}
+        else:
+            avg = dict(steps[t])
+    return avg
+
+
+@pytest.mark.parametrize("start", [3, 1], ids=["from-step-3", "from-step-1"])
+def test_sma_is_domainbeds_moving_average_of_every_step(image_tree: Path, tmp_path: Path, start: int) -> None:
+    """``--averaging.sma_start_step s`` is DomainBed's ERM++ average (buffers included) against its recurrence over
+    per-step snapshots; the last validation scores it and the checkpoint records it."""
+    snaps = _Snapshots()
+    model, trainer, data = _fit(image_tree, tmp_path / "run", Averaging(sma_start_step=start), snaps, epochs=2)
+    assert len(snaps.steps) == trainer.global_step == 8
+    thetas = [snaps.initial, *snaps.steps]  # thetas[t]: the weights after optimiser step t
+    expected = _domainbed_sma(thetas, start)
+    window = thetas[start - 1 :]  # the same uniform mean written out: the weights after steps s-1 .. 8
+    final = model.state_dict()
+    for key, value in expected.items():
+        if not value.is_floating_point():
+            continue
+        torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6, msg=key)
+        mean = torch.stack([w[key] for w in window]).mean(dim=0)
+        torch.testing.assert_close(final[key], mean, rtol=1e-5, atol=1e-6, msg=key)
+    assert any("running_var" in k for k in expected)  # BatchNorm statistics averaged too
+    counter = next(k for k in final if k.endswith("num_batches_tracked"))
+    assert torch.equal(final[counter], snaps.steps[-1][counter])  # counters: the trained model's
+    logged = float(read_metrics(tmp_path / "run" / "metrics.csv")[-1]["val/loss"])
+    assert logged == pytest.approx(_val_loss(model, data), rel=1e-5)
+    entry = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["coretune"]["averaging"]
+    assert entry == {"weights": "sma", "sma_start_step": start, "steps_averaged": len(window)}
+
+
+def test_sma_before_its_start_validates_the_trained_weights(image_tree: Path, tmp_path: Path) -> None:
+    """Starting at step 6 of 8: epoch 0 (4 steps) validates and checkpoints the trained weights."""
+    snaps = _Snapshots()
+    model, _, data = _fit(image_tree, tmp_path / "run", Averaging(sma_start_step=6), snaps, epochs=2)
+    model.load_state_dict(snaps.epochs[0])
+    logged = float(read_metrics(tmp_path / "run" / "metrics.csv")[0]["val/loss"])
+    assert logged == pytest.approx(_val_loss(model, data), rel=1e-5)
+    assert model.averaging == {"weights": "sma", "sma_start_step": 6, "steps_averaged": 4}  # steps 5 to 8
+
+
 def test_coretune_fit_records_which_weights_it_tested(image_tree: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = ["fit", f"--data.root={image_tree}", *TINY_FIT, *QUIET, f"--run_dir={run}", "--averaging.ema_decay=0.5"]
@@ -223,6 +281,8 @@ def test_coretune_fit_records_which_weights_it_tested(image_tree: Path, tmp_path
     [
         (["--averaging.ema_decay=1.5"], "ema_decay must lie in (0, 1) (got 1.5)"),
         (["--averaging.ema_decay=0.9", "--averaging.swa_start=0.5"], "choose one"),
+        (["--averaging.sma_start_step=600", "--averaging.swa_start=0.5"], "swa_start and sma_start_step are 2"),
+        (["--averaging.sma_start_step=0"], "sma_start_step must be an optimiser step >= 1 (got 0)"),
         (["--averaging.swa_lr=0.1"], "swa_lr needs swa_start"),
         (["--averaging.swa_start=2.5"], "swa_start must be a whole number"),
         (["--averaging.swa_start=1"], "at or after the run's last epoch"),

@@ -323,3 +323,23 @@ def test_a_bench_spec_runs_every_split_objective_and_seed_in_table7(
         for name in ("ce", "core"):
             results = json.loads((tmp_path / "out" / domain / name / "frac1" / "seed0" / "results.json").read_text())
             assert list(results["test"]["test_domains"]) == [domain]
+
+
+def test_the_erm_pp_recipe_parses_and_a_tiny_fit_evaluates_its_moving_average(tree: Path, tmp_path: Path) -> None:
+    """configs/dg/erm_pp.yaml (ERM++ as one recipe: the erm_pp objective, the SMA from step 600, DomainBed's Adam
+    settings), scaled to 6 steps of a small CNN: the warm-up holds the backbone for 2 steps, the average starts at
+    step 4, and the test scores the average of the weights of steps 3 to 6."""
+    config = REPO / "configs" / "dg" / "erm_pp.yaml"
+    raw = yaml.safe_load(config.read_text())
+    assert raw["objective"] == {"class_path": "coretune.objectives.ERMPlusPlus", "init_args": {"linear_steps": 500}}
+    assert raw["averaging"] == {"sma_start_step": 600}
+    assert raw["model"]["optim"] == {"optimizer": "adam", "lr": 5e-5, "weight_decay": 0.0, "schedule": "constant"}
+    assert raw["trainer"]["max_epochs"] * raw["data"]["steps_per_epoch"] == 20_000  # 4x DomainBed's 5,001
+    run = tmp_path / "run"
+    main(["fit", f"--config={config}", *TINY, f"--data.root={tree}", "--data.test_domains=photo", f"--run_dir={run}",
+          "--trainer.max_epochs=2", "--objective.linear_steps=1", "--averaging.sma_start_step=4"])  # fmt: skip
+    results = json.loads((run / "results.json").read_text())
+    assert results["averaging"] == {"weights": "sma", "sma_start_step": 4, "steps_averaged": 4}
+    assert set(results["test"]["test_domains"]) == {"photo"}
+    written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert written["model"]["optim"]["schedule"] == "constant" and written["model"]["backbone"] == "small_cnn"

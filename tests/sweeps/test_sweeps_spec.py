@@ -206,3 +206,40 @@ def test_the_table4_specs_vit_column_fine_tunes_with_the_vit_recipe_in_every_row
         )
         assert optim["warmup_epochs"] == 1.5 and config["data"]["auto_augment"] == "rand-m9-mstd0.5-inc1"
         assert config["objective"]["init_args"]["label_smoothing"] == 0.1, run.objective
+
+
+@pytest.mark.parametrize(
+    ("spec_file", "shared_file", "shared", "new"),
+    [
+        (
+            "pacs_cpu_dg_new_methods.yaml",
+            "pacs_cpu_dg_lr5e-4.yaml",
+            {"ce", "ce_con", "core"},
+            {"lp_ft", "erm_pp", "swa"},
+        ),
+        (
+            "cifar10_cpu_10pct_new_methods.yaml",
+            "cifar10_cpu_10pct_table1.yaml",
+            {"ce", "ce_mix", "core"},
+            {"lp_ft", "lp_ft_ce_mix", "lp_ft_core", "swa_ce_mix", "ftp"} | {f"surgical_layer{i}" for i in range(1, 5)},
+        ),
+    ],
+)
+def test_issue_66s_specs_expand_and_share_the_runs_their_headers_copy(
+    spec_file: str, shared_file: str, shared: set[str], new: set[str]
+) -> None:
+    """configs/bench/{pacs_cpu_dg,cifar10_cpu_10pct}_new_methods.yaml (issue 66): every row × split × seed, the rows
+    their headers copy from the lr5e-4 / Table 1 spec's records the same fit arguments (so the sweep reuses them), and
+    every new row the shared settings plus its own switch."""
+    bench = Path(__file__).parents[2] / "configs" / "bench"
+    spec, base = BenchSpec.from_yaml(bench / spec_file), BenchSpec.from_yaml(bench / shared_file)
+    runs = {(r.dataset, r.objective, r.seed): r.args for r in spec.runs()}
+    copied = {(r.dataset, r.objective, r.seed): r.args for r in base.runs()}
+    assert {o for _, o, _ in runs} == shared | new and {s for *_, s in runs} == {0, 1, 2}
+    assert len(runs) == len(spec.datasets) * len(shared | new) * 3
+    for key, args in runs.items():
+        if key[1] in shared:
+            assert args == copied[key], key
+        else:
+            assert tuple(args[: len(spec.base_args)]) == tuple(base.base_args), key  # the shared settings first
+    assert spec.base_args == base.base_args and spec.datasets == base.datasets

@@ -1,5 +1,6 @@
-r"""Weight averaging of a fine-tuning run: an exponential moving average of the weights (EMA) or stochastic weight
-averaging over the last epochs (SWA), ``coretune fit --averaging.*`` (:class:`Averaging`), run by the
+r"""Weight averaging of a fine-tuning run: an exponential moving average of the weights (EMA), stochastic weight
+averaging over the last epochs (SWA) or the simple moving average of every step's weights from a step on (SMA, ERM++'s),
+``coretune fit --averaging.*`` (:class:`Averaging`), run by the
 :class:`AveragedWeights` callback, Lightning's :class:`~lightning.pytorch.callbacks.WeightAveraging` (which keeps a
 :class:`torch.optim.swa_utils.AveragedModel` of the whole model: backbone, task head and objective heads).
 
@@ -24,10 +25,24 @@ own), after every epoch averaged, so each validation, checkpoint and the final m
 ``--averaging.swa_lr`` every step from epoch ``s`` on runs at that constant rate (the paper's constant SWA schedule;
 the heads' rate, the other parameter groups keep their ratio to it) instead of the ``--model.optim.schedule``.
 
-With either, validation and the checkpoints hold the averaged weights (a checkpoint's ``state_dict``: what ``coretune
-test``, ``predict`` and ``export`` read; the trained ones are its ``current_model_state``, which a resume continues
-from), the model ends the fit with them, and ``results.json`` records ``averaging`` (which weights the test scored).
-Before the first average (SWA before its start) the trained weights stand in.
+**SMA** (``--averaging.sma_start_step s``; DomainBed's ``ErmPlusPlusMovingAvg``, ERM++'s average with ``s`` = 600):
+from optimiser step ``s`` on, the equal average of the weights after every optimiser step, buffers included,
+
+.. math:: \bar\theta_t = \frac{1}{t - s + 2} \sum_{k = s - 1}^{t} \theta_k \quad (t \ge s), \qquad
+    \bar\theta_t = \bar\theta_{t-1} + \frac{\theta_t - \bar\theta_{t-1}}{t - s + 2},
+
+where :math:`\theta_k` is the model after optimiser step ``k`` (:math:`\theta_0`: before the first); as in
+DomainBed, whose average at its step ``sma_start_iter`` pairs that step's weights with the previous step's copy, the
+first average (step ``s``) holds :math:`\theta_{s-1}` and :math:`\theta_s`. Floating-point buffers (BatchNorm's
+running statistics) are averaged like the parameters, integer ones copied (DomainBed keeps its own counter). One
+difference: DomainBed then passes each training batch through the averaged network in training mode, which moves
+its BatchNorm statistics toward that batch's (momentum 0.1) before the next average; here they are the plain mean of
+the trained network's. Before step ``s`` the trained weights stand in (DomainBed: a copy of them).
+
+With any of them, validation and the checkpoints hold the averaged weights (a checkpoint's ``state_dict``: what
+``coretune test``, ``predict`` and ``export`` read; the trained ones are its ``current_model_state``, which a resume
+continues from), the model ends the fit with them, and ``results.json`` records ``averaging`` (which weights the
+test scored). Before the first average (SWA or SMA before its start) the trained weights stand in.
 """
 
 from __future__ import annotations
@@ -42,11 +57,11 @@ import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn, update_bn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn, get_swa_multi_avg_fn, update_bn
 
 from .callbacks import update_results
 
-__all__ = ["AveragedWeights", "Averaging", "ema_multi_avg_fn", "recompute_batch_norm"]
+__all__ = ["AveragedWeights", "Averaging", "ema_multi_avg_fn", "recompute_batch_norm", "sma_multi_avg_fn"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,9 @@ class Averaging:
             a fraction of --trainer.max_epochs (0.75: the last quarter); BatchNorm statistics recomputed.
         swa_lr: with ``swa_start``, the heads' constant learning rate from the start (the other parameter groups
             keep their ratio to it); None keeps the --model.optim.schedule.
+        sma_start_step: the equal average of the weights after every optimiser step from this step on (>= 1),
+            buffers included: DomainBed's ERM++ average (``sma_start_iter`` 600; its first average, at this step,
+            also holds the previous step's weights).
 
     Raises:
         ValueError: one line naming the bad setting.
@@ -70,6 +88,7 @@ class Averaging:
     ema_decay: float | None = None
     swa_start: float | None = None
     swa_lr: float | None = None
+    sma_start_step: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -84,15 +103,21 @@ class Averaging:
             problems.append("swa_lr needs swa_start (the epoch SWA starts from), e.g. --averaging.swa_start 0.75")
         if self.swa_lr is not None and not self.swa_lr > 0:
             problems.append(f"swa_lr must be > 0 (got {self.swa_lr})")
-        if self.ema_decay is not None and self.swa_start is not None:
-            problems.append("ema_decay and swa_start are two averages: choose one")
+        sma = self.sma_start_step
+        if sma is not None and (isinstance(sma, bool) or not isinstance(sma, int) or sma < 1):
+            problems.append(f"sma_start_step must be an optimiser step >= 1 (got {sma!r}), e.g. 600 (ERM++'s)")
+        chosen = [k for k in ("ema_decay", "swa_start", "sma_start_step") if getattr(self, k) is not None]
+        if len(chosen) > 1:
+            problems.append(f"{' and '.join(chosen)} are {len(chosen)} averages: choose one")
         if problems:
             raise ValueError("invalid weight-averaging settings (--averaging.*): " + "; ".join(problems))
 
     @property
     def kind(self) -> str | None:
-        """``"ema"``, ``"swa"`` or None (off)."""
-        return "ema" if self.ema_decay is not None else "swa" if self.swa_start is not None else None
+        """``"ema"``, ``"swa"``, ``"sma"`` or None (off)."""
+        if self.ema_decay is not None:
+            return "ema"
+        return "swa" if self.swa_start is not None else "sma" if self.sma_start_step is not None else None
 
     def start_epoch(self, max_epochs: int | None) -> int:
         """The 0-based epoch SWA starts averaging at, in a run of ``max_epochs``.
@@ -126,7 +151,18 @@ def ema_multi_avg_fn(decay: float) -> Any:
     """``AveragedModel``'s ``multi_avg_fn`` of EMA with ``decay``: :func:`torch.optim.swa_utils.get_ema_multi_avg_fn`
     (``torch._foreach_lerp_``) for floating-point tensors; integer ones (BatchNorm's ``num_batches_tracked``) are
     copied, as timm's ``ModelEmaV3`` does, instead of torch's rounded ``d·a + (1 - d)·b``."""
-    lerp = get_ema_multi_avg_fn(decay)
+    return _counters_copied(get_ema_multi_avg_fn(decay))
+
+
+def sma_multi_avg_fn() -> Any:
+    """``AveragedModel``'s ``multi_avg_fn`` of the equal average (SMA): :func:`torch.optim.swa_utils.
+    get_swa_multi_avg_fn` (``a + (b - a) / (n + 1)``) for floating-point tensors; integer ones (BatchNorm's
+    ``num_batches_tracked``, which torch's would divide) are copied."""
+    return _counters_copied(get_swa_multi_avg_fn())
+
+
+def _counters_copied(lerp: Any) -> Any:
+    """``lerp`` (a ``multi_avg_fn``) on floating-point tensors; integer ones are copied from the current model."""
 
     @torch.no_grad()
     def update(averaged: list[Tensor], current: list[Tensor], n_averaged: Tensor) -> None:
@@ -155,7 +191,7 @@ def recompute_batch_norm(model: Any, loader: Iterable[Any], device: torch.device
 
 
 class AveragedWeights(WeightAveraging):
-    """Lightning's :class:`~lightning.pytorch.callbacks.WeightAveraging` set up by :class:`Averaging` (EMA or SWA;
+    """Lightning's :class:`~lightning.pytorch.callbacks.WeightAveraging` set up by :class:`Averaging` (EMA, SWA or SMA;
     the maths in the module docstring), made to fit coretune's fits:
 
     * the averaged copy is made once the model is built (its heads exist only after ``FineTuner.setup``, which
@@ -169,11 +205,20 @@ class AveragedWeights(WeightAveraging):
 
     def __init__(self, settings: Averaging) -> None:
         if settings.kind is None:
-            raise ValueError("AveragedWeights needs an average: Averaging(ema_decay=…) or Averaging(swa_start=…)")
-        ema = settings.kind == "ema"
-        options: dict[str, Any] = {"multi_avg_fn": ema_multi_avg_fn(settings.ema_decay)} if ema else {}
+            raise ValueError(
+                "AveragedWeights needs an average: Averaging(ema_decay=…), Averaging(swa_start=…) or "
+                "Averaging(sma_start_step=…)"
+            )
+        kind = settings.kind
+        options: dict[str, Any] = (
+            {"multi_avg_fn": ema_multi_avg_fn(settings.ema_decay)}
+            if kind == "ema"
+            else {"multi_avg_fn": sma_multi_avg_fn()}
+            if kind == "sma"
+            else {}
+        )
         # SWA's buffers follow the trained model, then its BatchNorm statistics are recomputed (update_bn)
-        super().__init__(use_buffers=ema, **options)
+        super().__init__(use_buffers=kind != "swa", **options)
         self.settings = settings
         self._start: int | None = None  # SWA's first epoch, once the run's length is known
         self._latest_update_epoch = -1
@@ -215,11 +260,13 @@ class AveragedWeights(WeightAveraging):
         return 0 if self._average_model is None else int(self._average_model.n_averaged)
 
     def entry(self) -> dict[str, Any]:
-        """What the weights a checkpoint or the model holds now are: ``weights`` (``ema``, ``swa``, or ``trained``
-        before the first average), the settings, and the number of steps (EMA) or epochs (SWA) averaged."""
+        """What the weights a checkpoint or the model holds now are: ``weights`` (``ema``, ``swa``, ``sma``, or
+        ``trained`` before the first average), the settings, and the number of steps (EMA: updates, SMA: the weights
+        of ``steps_averaged`` steps) or epochs (SWA) averaged."""
         kind = self.settings.kind
         settings = {k: v for k, v in asdict(self.settings).items() if v is not None}
-        counted = {"updates": self.n_averaged} if kind == "ema" else {"epochs_averaged": self.n_averaged}
+        counted = {"ema": "updates", "swa": "epochs_averaged", "sma": "steps_averaged"}
+        counted = {counted[kind]: self.n_averaged}
         extra = {"start_epoch": self._start, "batch_norm": "recomputed on the training images"} if kind == "swa" else {}
         return {"weights": kind if self.n_averaged else "trained", **settings, **counted, **extra}
 
@@ -227,6 +274,8 @@ class AveragedWeights(WeightAveraging):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if self.settings.sma_start_step == 1 and trainer.global_step == 0 and not self.n_averaged:
+            self._ensure(pl_module).update_parameters(pl_module)  # SMA from step 1: the initial weights, theta_0
         lr = self.settings.swa_lr
         if lr is None or self._start is None or trainer.current_epoch < self._start:
             return
@@ -242,10 +291,16 @@ class AveragedWeights(WeightAveraging):
         if trainer.global_step <= self._latest_update_step:  # no optimiser step (inside an accumulation window)
             return
         averaged = self._ensure(pl_module)
-        if self.settings.kind == "ema":
+        kind = self.settings.kind
+        if kind == "ema" or (kind == "sma" and trainer.global_step >= self.settings.sma_start_step - 1):
             averaged.update_parameters(pl_module)
             self._latest_update_step = trainer.global_step
-        elif trainer.is_last_batch and (self._start or 0) <= trainer.current_epoch and self._new_epoch(trainer):
+        elif (
+            kind == "swa"
+            and trainer.is_last_batch
+            and (self._start or 0) <= trainer.current_epoch
+            and self._new_epoch(trainer)
+        ):
             averaged.update_parameters(pl_module)
             self._latest_update_step = trainer.global_step
             self._latest_update_epoch = trainer.current_epoch

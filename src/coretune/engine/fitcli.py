@@ -93,7 +93,9 @@ class FitCLI(RunDirCLI):
             "averaging",
             help="Weight averaging: validate, checkpoint and end with an average of the weights, an EMA "
             "(--averaging.ema_decay 0.999) or SWA over the last epochs (--averaging.swa_start 0.75, BatchNorm "
-            "statistics recomputed; --averaging.swa_lr a constant lr from there) (docs/usage.md, Weight averaging).",
+            "statistics recomputed; --averaging.swa_lr a constant lr from there) or the equal average of every "
+            "step's weights from a step on (--averaging.sma_start_step 600, ERM++'s) (docs/usage.md, Weight "
+            "averaging).",
         )
         parser.link_arguments("seed_everything", "data.seed")
         parser.add_argument(

@@ -32,6 +32,7 @@ from coretune.sweeps import (
     write_summary,
 )
 from fit_flags import TINY_FIT
+from inprocess_fits import fits_in_process
 
 
 def test_resuming_refuses_other_arguments(tmp_path: Path) -> None:
@@ -139,8 +140,12 @@ def test_sweep_runs_fits_then_skips_finished_runs(image_tree: Path, tmp_path: Pa
     assert (spec.output / "summary.md").is_file() and (spec.output / "bars.png").is_file()
 
 
-def test_metric_val_tabulates_the_final_epoch_on_the_validation_split(image_tree: Path, tmp_path: Path) -> None:
+def test_metric_val_tabulates_the_final_epoch_on_the_validation_split(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rich.console import Console
+
+    fits_in_process(monkeypatch)  # the table of the fit's metrics, not its process
 
     spec = BenchSpec.from_dict(
         {
@@ -364,8 +369,9 @@ def test_epoch_bars_follow_the_running_fits(tmp_path: Path) -> None:
 
 
 def test_a_spec_objective_other_than_its_base_configs_runs_with_its_own_defaults(
-    image_tree: Path, tmp_path: Path
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    fits_in_process(monkeypatch)  # the configurations the fits record, not their processes
     # the base config is Core-tuning's (eta 0.3): BSS's run took that eta (jsonargparse keeps the init_args the
     # new class also accepts); the spec's own objective args still win
     core = tmp_path / "core.yaml"

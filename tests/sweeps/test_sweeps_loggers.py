@@ -15,6 +15,7 @@ from coretune.cli import main
 from coretune.engine import read_metrics
 from coretune.runs.layout import RunDir
 from fit_flags import TINY_FIT
+from inprocess_fits import fits_in_process
 
 
 def test_two_runs_of_a_bench_spec_land_in_one_mlflow_experiment(
@@ -23,6 +24,7 @@ def test_two_runs_of_a_bench_spec_land_in_one_mlflow_experiment(
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
+    fits_in_process(monkeypatch)  # what the fits log, not their processes (each would import MLflow again)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's opt-in to the file store, for the client below
     # MLflow exports the tracking URI a logger used (an earlier test's) to the environment, where it would win
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "")

@@ -19,6 +19,7 @@ from coretune.runs.layout import RunDir
 from coretune.sweeps.launch import SweepInterrupted
 from coretune.sweeps.tune import TrialFailed, tune
 from fit_flags import TINY_FIT
+from inprocess_fits import fits_in_process
 
 pytest.importorskip("optuna")
 
@@ -587,11 +588,13 @@ def test_repeats_average_fits_over_seeds_and_splits(
 
 
 def test_segmentation_is_tuned_by_validation_miou_on_training_images(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 36: tune follows the task. Each trial holds out part of train.txt (--data.val_fraction) and is scored by
     its final val/miou; val.txt is the test split, which selection never reads."""
     from segmentation_sets import make_voc_set
+
+    fits_in_process(monkeypatch)  # the trials' task and scores, not their processes (grid trials: real ones)
 
     root = make_voc_set(tmp_path / "voc", {"train": 10, "val": 2}, size=(32, 40))
     out = tmp_path / "tune"

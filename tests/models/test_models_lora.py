@@ -163,6 +163,8 @@ def test_every_objective_trains_lora_and_its_heads_only(name: str) -> None:
     torch.manual_seed(0)
     cls, preset = objectives.get(name)
     model = lora_vit(LoRASettings(rank=2), cls(**preset))
+    if model.objective.needs_class_counts:  # logit adjustment: the training priors, as a fit observes them
+        model.objective.observe_class_counts(torch.tensor([2, 2, 2]))
     if name == "erm_pp":  # its head-only warm-up holds the backbone for linear_steps + 1 steps: start after it
         model.objective.steps.fill_(model.objective.linear_steps + 1)
     model.objective.attach_backbone(model.backbone)

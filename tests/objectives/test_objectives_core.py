@@ -179,6 +179,7 @@ PAPER_DEFAULTS = {
     "classifier_pairs": "both",
     "gather": True,  # global batch under DDP (coretune.distributed); a no-op in one process
     "same_domain_positives": False,  # domain generalization: positives by class across domains, as the paper
+    "label_smoothing": 0.0,  # the classifier CE's (timm's --smoothing): none, as the paper
 }
 
 

@@ -28,6 +28,8 @@ def test_each_objectives_ce_term_is_torchs_label_smoothed_ce(name: str) -> None:
         torch.manual_seed(1)
         objective = create(name, feature_dim=backbone.feature_dim, num_classes=K, label_smoothing=s)
         objective.attach_backbone(backbone)
+        if objective.needs_class_counts:  # logit adjustment: uniform priors shift every logit alike (CE unchanged)
+            objective.observe_class_counts(torch.ones(K, dtype=torch.int64))
         z = backbone(x)  # after attaching: DELTA reads the stage outputs of this forward
         out = objective(z, y, inputs=x)
         expected = F.cross_entropy(objective.classifier(z), y, label_smoothing=s)

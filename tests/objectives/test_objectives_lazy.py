@@ -38,6 +38,9 @@ def test_a_lazily_built_objective_gives_the_numbers_of_a_built_one(name: str, ti
     built.attach_backbone(backbone)
     lazy = objectives.create(name, num_classes=3)
     lazy.attach_backbone(backbone)
+    for objective in (built, lazy):
+        if objective.needs_class_counts:  # logit adjustment: the training priors, as a fit observes them
+            objective.observe_class_counts(torch.tensor([6, 3, 1]))
     assert not lazy.is_built and lazy.num_classes is None
     torch.manual_seed(5)  # the heads' initialisation draws from the global generator, as build() does
     logits = lazy.predict(backbone(x))  # the dry call that builds the heads

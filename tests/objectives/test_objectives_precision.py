@@ -27,6 +27,8 @@ def step(name: str, make: Factory, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     obj = objectives.create(name, 16, 3)
     obj.generator = torch.Generator().manual_seed(0)  # the mixup objectives' draws
     obj.attach_backbone(backbone)
+    if obj.needs_class_counts:  # logit adjustment: the training priors, as a fit observes them
+        obj.observe_class_counts(torch.tensor([6, 3, 1]))
     torch.manual_seed(1)
     obj.on_train_epoch_start(0, 4)
     x = torch.randn(12, 3, 8, 8, generator=torch.Generator().manual_seed(2))

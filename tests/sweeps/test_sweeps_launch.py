@@ -396,6 +396,8 @@ def test_a_spec_objective_other_than_its_base_configs_runs_with_its_own_defaults
     ]
     main(["bench", str(config), "--only_objectives=[bss, bss_k2]"])
     recorded = [yaml.safe_load((run.run_dir / "config.yaml").read_text())["objective"] for run in spec.runs()[:2]]
+    # label smoothing is shared by every objective (kept across a class switch: engine/fitargs.py), 0 here
+    assert [r["init_args"].pop("label_smoothing", 0.0) for r in recorded] == [0.0, 0.0]
     assert [r["init_args"] for r in recorded] == [{"eta": 0.001, "k": 1}, {"eta": 0.001, "k": 2}]
 
 

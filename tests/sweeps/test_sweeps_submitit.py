@@ -27,7 +27,7 @@ pytest.importorskip("submitit")
 TESTS = Path(__file__).resolve().parents[1]
 SPEC_ARGS = [*TINY_FIT, "--trainer.max_epochs=2", "--trainer.callbacks+=fit_flags.PauseForStopRequest"]
 LOCAL_JOBS = ["--launcher", "submitit", "--launcher.cluster", "local", "--launcher.gpus_per_run=0"]
-TIMES = ("wall_time_s", "cpu_time_s", "train_time_s", "images_per_s")
+TIMES = ("wall_time_s", "cpu_time_s", "train_time_s", "images_per_s", "train_images_per_s", "run_dir")
 
 
 def _spec(folder: Path, name: str, tree: Path, **entries: object) -> Path:

@@ -68,7 +68,7 @@ def test_refuses_to_select_on_the_test_split(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError,
         match=r"^--objective 'ce' declares no hyper-parameter to tune \(an empty search_space\); choose one of "
-        r"bi_tuning, bss, ce_con_mixh, core, delta, l2sp, manifold_mixup, mm, scl$",
+        r"bi_tuning, bss, ce_con_mixh, core, delta, l2sp, logit_adjusted, manifold_mixup, mm, scl$",
     ):
         tune([], output=tmp_path, objective="ce")
     # a preset whose η defines it, or that mixes nothing (α without effect): the grid would not tune that method
@@ -658,7 +658,7 @@ def test_an_objective_the_task_refuses_is_one_line_before_any_trial(
     # ce_mix (which segmentation also refuses) is refused by tune itself now: its η = 0 defines it
     assert str(info.value.code) == (
         "coretune tune: error: --objective 'ce_mix' fixes eta at 0.0 (it defines the method); choose one of "
-        "bi_tuning, bss, ce_con_mixh, core, delta, l2sp, manifold_mixup, mm, scl"
+        "bi_tuning, bss, ce_con_mixh, core, delta, l2sp, logit_adjusted, manifold_mixup, mm, scl"
     )
     assert launched == [] and not (tmp_path / "out").exists()
 

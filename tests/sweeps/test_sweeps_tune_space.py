@@ -117,7 +117,11 @@ def test_tpe_ranges_of_another_space_tie_the_study(
         tune([data_arg], output=tmp_path, objective=scl_lam, sampler="tpe", n_trials=3, space={"lam": [0.5, 0.7]})
 
 
-HYPERPARAMETER_FREE = {"ce": "cross-entropy has none", "rifle": "its n re-initialisations are an integer"}
+HYPERPARAMETER_FREE = {
+    "ce": "cross-entropy has none",
+    "rifle": "its n re-initialisations are an integer",
+    "erm_pp": "its linear_steps are an integer, fixed at 500 by DomainBed",
+}
 """The registered objectives whose declared search space is empty, and why (every other one declares its own)."""
 
 

@@ -47,10 +47,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Objective, ObjectiveOutput, register
+from .base import Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["ERMPlusPlus"]
 
@@ -64,8 +63,12 @@ class ERMPlusPlus(Objective):
     #: (``lambda r: 500``), and it is an integer (tune proposes floats); pass ``--objective.linear_steps``.
     search_space: ClassVar[dict[str, tuple[float, ...]]] = {}
 
-    def __init__(self, linear_steps: int = 500) -> None:
+    def __init__(self, linear_steps: int = 500, label_smoothing: float = 0.0) -> None:
+        """Args:
+        linear_steps: the optimiser steps of head-only warm-up after the first (DomainBed's ``linear_steps``).
+        label_smoothing: label smoothing of the cross-entropy (:attr:`Objective.label_smoothing`), in [0, 1)."""
         super().__init__()
+        self.label_smoothing = label_smoothing_setting(label_smoothing)
         if isinstance(linear_steps, bool) or not isinstance(linear_steps, int) or linear_steps < 0:
             raise ValueError(f"invalid ERM++ settings: linear_steps must be an int >= 0 (got {linear_steps!r})")
         self.linear_steps = linear_steps
@@ -84,7 +87,7 @@ class ERMPlusPlus(Objective):
         self._check_built()
         warming_up = self.warming_up
         logits = self.classifier(features.detach() if warming_up else features)
-        loss = F.cross_entropy(logits.float(), labels)
+        loss = self.cross_entropy(logits, labels)
         held = torch.tensor(float(warming_up), device=loss.device)
         terms = {"ce": loss.detach(), "loss": loss.detach(), "warmup": held}
         return ObjectiveOutput(loss, logits, terms)

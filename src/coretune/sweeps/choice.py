@@ -45,14 +45,17 @@ ALPHA = 0.05
 
 #: The registered methods from the simplest to the most elaborate: by the number of hyper-parameters each adds to
 #: CE-tuning (:func:`hyperparameters`: its declared search space less what its preset fixes; 0, then 1, then 2),
-#: and, among equals, by what it adds to CE: nothing (``ce``), a schedule (RIFLE's re-initialisations), a mixup
-#: (``manifold_mixup``, ``ce_mix``), a regulariser of the features or weights (BSS, DELTA), an extra loss with its
+#: and, among equals, by what it adds to CE: nothing (``ce``), a schedule (RIFLE's re-initialisations, ERM++'s
+#: head-only warm-up), a shift of the training logits (logit adjustment), a mixup (``manifold_mixup``, ``ce_mix``), a
+#: regulariser of the features or weights (BSS, DELTA), an extra loss with its
 #: own structure (M&M's triplets, Bi-tuning's contrast with a momentum head), then the two-parameter methods
 #: (``ce_con``, L2-SP, SCL, ``ce_con_mixh`` and Core-tuning last: focal contrast, mined hard pairs and mixup).
 #: A method not listed (a plug-in, a class path) comes after these, by its number of hyper-parameters.
 SIMPLICITY: tuple[str, ...] = (
     "ce",
     "rifle",
+    "erm_pp",
+    "logit_adjusted",
     "manifold_mixup",
     "ce_mix",
     "bss",

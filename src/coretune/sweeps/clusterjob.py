@@ -24,14 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import submitit
-
+from ..extras import need
 from ..runs.claim import read_claim
 from ..runs.layout import RunDir
 from ..runs.stopfile import request_stop
 from .launch import launch_fit
 
 __all__ = ["FitCall", "FitFailed", "fit_environment"]
+
+submitit = need("submitit", "coretune bench --launcher submitit")  # coretune[cluster]; imported by that launcher only
 
 _KEPT_SLURM = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NAME", "SLURM_SUBMIT_DIR")
 """The SLURM variables a job's fit keeps (which job it is); the rest describe an ``srun`` task, which it is not."""

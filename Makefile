@@ -34,7 +34,9 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The suite in worker processes, one per core up to 4 (pytest-xdist): about half the time on this 2-core machine.
-PYTEST_WORKERS := -n auto --maxprocesses 4
+# worksteal: a worker that runs out of tests takes some of another's queue, so a long test near the end of one
+# worker's share does not leave the other idle.
+PYTEST_WORKERS := -n auto --maxprocesses 4 --dist worksteal
 
 test: lint docs
 	$(PY) -m pytest -q $(PYTEST_WORKERS)

@@ -3,13 +3,16 @@ loops written from their equations, resumed runs, and what validation, checkpoin
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor, nn
 
 from coretune.cli import main
@@ -227,9 +230,11 @@ def _domainbed_sma(steps: list[dict[str, Tensor]], start: int) -> dict[str, Tens
 @pytest.mark.parametrize("start", [3, 1], ids=["from-step-3", "from-step-1"])
 def test_sma_is_domainbeds_moving_average_of_every_step(image_tree: Path, tmp_path: Path, start: int) -> None:
     """``--averaging.sma_start_step s`` is DomainBed's ERM++ average (buffers included) against its recurrence over
-    per-step snapshots; the last validation scores it and the checkpoint records it."""
+    per-step snapshots; the last validation scores it and the checkpoint records it. Without DomainBed's BatchNorm
+    pass (``sma_bn_pass`` False) the BatchNorm statistics are the plain mean too."""
     snaps = _Snapshots()
-    model, trainer, data = _fit(image_tree, tmp_path / "run", Averaging(sma_start_step=start), snaps, epochs=2)
+    settings = Averaging(sma_start_step=start, sma_bn_pass=False)
+    model, trainer, data = _fit(image_tree, tmp_path / "run", settings, snaps, epochs=2)
     assert len(snaps.steps) == trainer.global_step == 8
     thetas = [snaps.initial, *snaps.steps]  # thetas[t]: the weights after optimiser step t
     expected = _domainbed_sma(thetas, start)
@@ -247,7 +252,89 @@ def test_sma_is_domainbeds_moving_average_of_every_step(image_tree: Path, tmp_pa
     logged = float(read_metrics(tmp_path / "run" / "metrics.csv")[-1]["val/loss"])
     assert logged == pytest.approx(_val_loss(model, data), rel=1e-5)
     entry = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["coretune"]["averaging"]
-    assert entry == {"weights": "sma", "sma_start_step": start, "steps_averaged": len(window)}
+    assert entry == {"weights": "sma", "sma_start_step": start, "sma_bn_pass": False, "steps_averaged": len(window)}
+
+
+class _Batches(L.Callback):
+    """Each optimiser step's training images, as the network took them."""
+
+    def __init__(self) -> None:
+        self.images: list[Tensor] = []
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
+    ) -> None:
+        self.images.append(pl_module.task.unpack(batch).inputs.detach().clone())
+
+
+def _domainbed_sma_with_batch_norm_pass(
+    model: FineTuner, steps: list[dict[str, Tensor]], images: list[Tensor], start: int
+) -> dict[str, Tensor]:
+    """DomainBed's ``ERMPlusPlus.update`` after each optimiser step, written out: ``update_sma`` (a copy of the
+    weights before ``start``, then ``(count·sma + w_t) / (count + 1)`` over the averaged network's *current* state,
+    BatchNorm statistics included; counters not averaged), then ``network_sma.train(); network_sma(x_t)``, which
+    moves the averaged network's running statistics toward its own statistics of batch ``t``."""
+    sma = copy.deepcopy(model)
+    sma.load_state_dict(steps[0])
+    count = 0
+    for t in range(1, len(steps)):
+        current = sma.state_dict()
+        if t >= start:
+            count += 1
+            new = {k: (current[k] * count + w) / (1.0 + count) if w.is_floating_point() else current[k]
+                   for k, w in steps[t].items()}  # fmt: skip
+        else:
+            new = {k: w.clone() if w.is_floating_point() else current[k] for k, w in steps[t].items()}
+        sma.load_state_dict(new)
+        sma.train()
+        with torch.no_grad():
+            sma(images[t - 1])
+    return sma.state_dict()
+
+
+@pytest.mark.parametrize("start", [3, 1], ids=["from-step-3", "from-step-1"])
+def test_sma_passes_each_batch_through_the_average_as_domainbed(image_tree: Path, tmp_path: Path, start: int) -> None:
+    """With the BatchNorm pass (the default, DomainBed's ``freeze_bn`` False) the weights are still the plain mean
+    of every step's, and the running statistics are DomainBed's: its update and pass written out step by step."""
+    snaps, batches = _Snapshots(), _Batches()
+    model, trainer, _ = _fit(image_tree, tmp_path / "run", Averaging(sma_start_step=start), snaps, batches, epochs=2)
+    assert len(batches.images) == trainer.global_step == 8
+    thetas = [snaps.initial, *snaps.steps]
+    expected = _domainbed_sma_with_batch_norm_pass(model, thetas, batches.images, start)
+    plain = _domainbed_sma(thetas, start)
+    final = model.state_dict()
+    statistics = [k for k in final if "running_" in k]
+    assert statistics
+    for key, value in expected.items():
+        if value.is_floating_point():
+            torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6, msg=key)
+    for key in (k for k in final if k.endswith("weight") or k.endswith("bias")):
+        torch.testing.assert_close(final[key], plain[key], rtol=1e-5, atol=1e-6, msg=key)  # weights: plain mean
+    assert any(not torch.allclose(final[k], plain[k], rtol=1e-4, atol=1e-5) for k in statistics)  # the pass counts
+
+
+def test_the_batch_norm_pass_moves_statistics_and_leaves_the_random_state_and_mode_alone() -> None:
+    """The pass runs the batch through the averaged network in training mode (its running statistics move by the
+    layer's momentum toward the batch's), forks the random state (a dropout in the network draws nothing from the
+    run's stream) and puts the network back in the mode it was in."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn, self.drop = nn.BatchNorm1d(4), nn.Dropout(0.5)
+            self.task = SimpleNamespace(unpack=lambda batch: SimpleNamespace(inputs=batch[0]))
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.drop(self.bn(x))
+
+    net = Net().eval()
+    x = torch.randn(16, 4) * 3 + 1
+    state = torch.random.get_rng_state()
+    AveragedWeights._batch_norm_pass(SimpleNamespace(precision_plugin=Precision()), net, (x, torch.zeros(16)))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert not net.training
+    torch.testing.assert_close(net.bn.running_mean, 0.1 * x.mean(dim=0))
+    torch.testing.assert_close(net.bn.running_var, 0.9 + 0.1 * x.var(dim=0, unbiased=True))
 
 
 def test_sma_before_its_start_validates_the_trained_weights(image_tree: Path, tmp_path: Path) -> None:
@@ -257,7 +344,7 @@ def test_sma_before_its_start_validates_the_trained_weights(image_tree: Path, tm
     model.load_state_dict(snaps.epochs[0])
     logged = float(read_metrics(tmp_path / "run" / "metrics.csv")[0]["val/loss"])
     assert logged == pytest.approx(_val_loss(model, data), rel=1e-5)
-    assert model.averaging == {"weights": "sma", "sma_start_step": 6, "steps_averaged": 4}  # steps 5 to 8
+    assert model.averaging == {"weights": "sma", "sma_start_step": 6, "sma_bn_pass": True, "steps_averaged": 4}
 
 
 def test_coretune_fit_records_which_weights_it_tested(image_tree: Path, tmp_path: Path) -> None:
@@ -283,6 +370,7 @@ def test_coretune_fit_records_which_weights_it_tested(image_tree: Path, tmp_path
         (["--averaging.ema_decay=0.9", "--averaging.swa_start=0.5"], "choose one"),
         (["--averaging.sma_start_step=600", "--averaging.swa_start=0.5"], "swa_start and sma_start_step are 2"),
         (["--averaging.sma_start_step=0"], "sma_start_step must be an optimiser step >= 1 (got 0)"),
+        (["--averaging.sma_bn_pass=false"], "sma_bn_pass false needs sma_start_step"),
         (["--averaging.swa_lr=0.1"], "swa_lr needs swa_start"),
         (["--averaging.swa_start=2.5"], "swa_start must be a whole number"),
         (["--averaging.swa_start=1"], "at or after the run's last epoch"),

@@ -330,7 +330,8 @@ def test_a_bench_spec_runs_every_split_objective_and_seed_in_table7(
 def test_the_erm_pp_recipe_parses_and_a_tiny_fit_evaluates_its_moving_average(tree: Path, tmp_path: Path) -> None:
     """configs/dg/erm_pp.yaml (ERM++ as one recipe: the erm_pp objective, the SMA from step 600, DomainBed's Adam
     settings), scaled to 6 steps of a small CNN: the warm-up holds the backbone for 2 steps, the average starts at
-    step 4, and the test scores the average of the weights of steps 3 to 6."""
+    step 4 (the last checkpoint: the weights of steps 3 to 6), and the test scores the average the checkpoint chosen
+    on the held-out parts holds."""
     config = REPO / "configs" / "dg" / "erm_pp.yaml"
     raw = yaml.safe_load(config.read_text())
     assert raw["objective"] == {"class_path": "coretune.objectives.ERMPlusPlus", "init_args": {"linear_steps": 500}}
@@ -341,7 +342,12 @@ def test_the_erm_pp_recipe_parses_and_a_tiny_fit_evaluates_its_moving_average(tr
     main(["fit", f"--config={config}", *TINY, f"--data.root={tree}", "--data.test_domains=photo", f"--run_dir={run}",
           "--trainer.max_epochs=2", "--objective.linear_steps=1", "--averaging.sma_start_step=4"])  # fmt: skip
     results = json.loads((run / "results.json").read_text())
-    assert results["averaging"] == {"weights": "sma", "sma_start_step": 4, "steps_averaged": 4}
+    # the test scores the checkpoint the training domains' held-out parts chose (best.ckpt), with its average
+    tested = torch.load(results["best_checkpoint"], weights_only=True)["coretune"]["averaging"]
+    assert results["averaging"] == tested
+    assert tested["weights"] == "sma" and tested["sma_start_step"] == 4 and tested["sma_bn_pass"] is True
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["coretune"]["averaging"]
+    assert last["steps_averaged"] == 4  # steps 3 to 6
     assert set(results["test"]["test_domains"]) == {"photo"}
     written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert written["model"]["optim"]["schedule"] == "constant" and written["model"]["backbone"] == "small_cnn"

@@ -34,10 +34,14 @@ from optimiser step ``s`` on, the equal average of the weights after every optim
 where :math:`\theta_k` is the model after optimiser step ``k`` (:math:`\theta_0`: before the first); as in
 DomainBed, whose average at its step ``sma_start_iter`` pairs that step's weights with the previous step's copy, the
 first average (step ``s``) holds :math:`\theta_{s-1}` and :math:`\theta_s`. Floating-point buffers (BatchNorm's
-running statistics) are averaged like the parameters, integer ones copied (DomainBed keeps its own counter). One
-difference: DomainBed then passes each training batch through the averaged network in training mode, which moves
-its BatchNorm statistics toward that batch's (momentum 0.1) before the next average; here they are the plain mean of
-the trained network's. Before step ``s`` the trained weights stand in (DomainBed: a copy of them).
+running statistics) are averaged like the parameters, integer ones copied (DomainBed keeps its own counter). Then,
+as DomainBed's ``ERMPlusPlus.update`` does (its ``freeze_bn`` False, the default), the step's training batch passes
+through the averaged network in training mode, without gradients, so each BatchNorm layer's running statistics move
+toward the averaged network's own statistics of that batch (the layer's momentum, 0.1 by default):
+:math:`\bar\mu \leftarrow (1 - m)\,\bar\mu + m\,\mu_{\text{batch}}(\bar\theta_t)`, and the next average starts
+from these (``--averaging.sma_bn_pass false``: the plain mean of the trained network's statistics). The pass runs
+under the run's precision, with the random state forked (dropout or drop path in the pass leave the run's draws as
+they were). Before step ``s`` the trained weights stand in (DomainBed: a copy of them).
 
 With any of them, validation and the checkpoints hold the averaged weights (a checkpoint's ``state_dict``: what
 ``coretune test``, ``predict`` and ``export`` read; the trained ones are its ``current_model_state``, which a resume
@@ -80,6 +84,9 @@ class Averaging:
         sma_start_step: the equal average of the weights after every optimiser step from this step on (>= 1),
             buffers included: DomainBed's ERM++ average (``sma_start_iter`` 600; its first average, at this step,
             also holds the previous step's weights).
+        sma_bn_pass: with ``sma_start_step``, pass each step's training batch through the averaged network in
+            training mode after the average (DomainBed's ERM++, its ``freeze_bn`` False): BatchNorm statistics of
+            the averaged weights; False keeps the plain mean of the trained network's statistics.
 
     Raises:
         ValueError: one line naming the bad setting.
@@ -89,6 +96,7 @@ class Averaging:
     swa_start: float | None = None
     swa_lr: float | None = None
     sma_start_step: int | None = None
+    sma_bn_pass: bool = True
 
     def __post_init__(self) -> None:
         problems = []
@@ -106,6 +114,13 @@ class Averaging:
         sma = self.sma_start_step
         if sma is not None and (isinstance(sma, bool) or not isinstance(sma, int) or sma < 1):
             problems.append(f"sma_start_step must be an optimiser step >= 1 (got {sma!r}), e.g. 600 (ERM++'s)")
+        if not isinstance(self.sma_bn_pass, bool):
+            problems.append(f"sma_bn_pass must be true or false (got {self.sma_bn_pass!r})")
+        elif not self.sma_bn_pass and sma is None:
+            problems.append(
+                "sma_bn_pass false needs sma_start_step (the BatchNorm pass is part of the SMA average), e.g. "
+                "--averaging.sma_start_step 600"
+            )
         chosen = [k for k in ("ema_decay", "swa_start", "sma_start_step") if getattr(self, k) is not None]
         if len(chosen) > 1:
             problems.append(f"{' and '.join(chosen)} are {len(chosen)} averages: choose one")
@@ -175,6 +190,17 @@ def _counters_copied(lerp: Any) -> Any:
     return update
 
 
+def _has_running_statistics(model: torch.nn.Module) -> bool:
+    """Whether a BatchNorm-like layer of ``model`` keeps running statistics (a ViT has none: no pass needed)."""
+    return any(isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats for m in model.modules())
+
+
+def _images(task: Any, batch: Any) -> Tensor:
+    """A training batch's images, as the network takes them (a two-view batch: its first view)."""
+    inputs = task.unpack(batch).inputs
+    return inputs[0] if isinstance(inputs, list | tuple) else inputs
+
+
 def recompute_batch_norm(model: Any, loader: Iterable[Any], device: torch.device) -> None:
     """``model``'s (a FineTuner's) BatchNorm statistics from one pass over ``loader``'s training batches (their
     training transform, as ``update_bn`` and the SWA paper do; a two-view batch: its first view) on ``device``:
@@ -183,8 +209,7 @@ def recompute_batch_norm(model: Any, loader: Iterable[Any], device: torch.device
 
     def images() -> Iterator[Tensor]:
         for batch in loader:
-            inputs = task.unpack(batch).inputs
-            yield inputs[0] if isinstance(inputs, list | tuple) else inputs
+            yield _images(task, batch)
 
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         update_bn(images(), model, device=device)
@@ -265,6 +290,8 @@ class AveragedWeights(WeightAveraging):
         of ``steps_averaged`` steps) or epochs (SWA) averaged."""
         kind = self.settings.kind
         settings = {k: v for k, v in asdict(self.settings).items() if v is not None}
+        if kind != "sma":
+            del settings["sma_bn_pass"]
         counted = {"ema": "updates", "swa": "epochs_averaged", "sma": "steps_averaged"}
         counted = {counted[kind]: self.n_averaged}
         extra = {"start_epoch": self._start, "batch_norm": "recomputed on the training images"} if kind == "swa" else {}
@@ -295,6 +322,8 @@ class AveragedWeights(WeightAveraging):
         if kind == "ema" or (kind == "sma" and trainer.global_step >= self.settings.sma_start_step - 1):
             averaged.update_parameters(pl_module)
             self._latest_update_step = trainer.global_step
+            if kind == "sma" and self.settings.sma_bn_pass and _has_running_statistics(averaged.module):
+                self._batch_norm_pass(trainer, averaged.module, batch)
         elif (
             kind == "swa"
             and trainer.is_last_batch
@@ -305,6 +334,25 @@ class AveragedWeights(WeightAveraging):
             self._latest_update_step = trainer.global_step
             self._latest_update_epoch = trainer.current_epoch
             self._recompute_batch_norm(trainer, pl_module)
+
+    @staticmethod
+    def _batch_norm_pass(trainer: L.Trainer, averaged: Any, batch: Any) -> None:
+        """DomainBed's ERM++ pass of the step's batch through the averaged network (a FineTuner) in training mode,
+        without gradients, under the run's precision and with the random state forked: its BatchNorm running
+        statistics move toward the averaged weights' statistics of the batch."""
+        inputs = _images(averaged.task, batch)
+        device = inputs.device
+        was_training = averaged.training
+        averaged.train()
+        try:
+            with (
+                torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+                torch.no_grad(),
+                trainer.precision_plugin.forward_context(),
+            ):
+                averaged(inputs)
+        finally:
+            averaged.train(was_training)
 
     def _new_epoch(self, trainer: L.Trainer) -> bool:
         """Whether this epoch is not yet in the SWA average (a run resumed at its end has it)."""

@@ -11,17 +11,11 @@ from torch import Tensor, nn
 
 from ..distributed import batch_sizes, gather_rows, gather_with_grad, rank
 from ..losses import soft_cross_entropy
+from ..momentum import momentum_update
 from ._backbone import frozen_copy, mirror_modes, move_to
 from .base import Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["BiTuning"]
-
-
-@torch.no_grad()
-def _momentum_update(online: nn.Module, key: nn.Module, momentum: float) -> None:
-    """``θ_k ← m θ_k + (1 − m) θ_q`` over matching parameters (MoCo's key-encoder update)."""
-    for p_q, p_k in zip(online.parameters(), key.parameters(), strict=True):
-        p_k.mul_(momentum).add_(p_q.detach().to(p_k.device), alpha=1 - momentum)
 
 
 @register("bi_tuning", doc="Bi-tuning (Zhong et al., 2020): CE + contrastive CE to prototypes + categorical CL.")
@@ -226,9 +220,9 @@ class BiTuning(Objective):
     def on_after_optimizer_step(self) -> None:
         """Momentum update of the key projector (and key backbone)."""
         self._check_built()
-        _momentum_update(self.projector, self._key_projector[0], self.momentum)
+        momentum_update(self.projector, self._key_projector[0], self.momentum)
         if self._key_backbone:
-            _momentum_update(self._backbone[0], self._key_backbone[0], self.momentum)
+            momentum_update(self._backbone[0], self._key_backbone[0], self.momentum)
 
     @torch.no_grad()
     def keys(self, features: Tensor, inputs: Tensor | None) -> tuple[Tensor, Tensor]:

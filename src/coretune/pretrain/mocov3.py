@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ..engine.optim import OptimizerName, Schedule
+from ..momentum import momentum_update
 from .losses import global_moco_v3_infonce
 from .module import ContrastivePretrainer
 
@@ -216,10 +217,8 @@ class MoCoV3(ContrastivePretrainer):
 
     @torch.no_grad()
     def _momentum_update(self, m: float) -> None:
-        pairs = ((self.backbone, self.momentum_backbone), (self.projector, self.momentum_projector))
-        for online, target in pairs:
-            for p_q, p_k in zip(online.parameters(), target.parameters(), strict=True):
-                p_k.mul_(m).add_(p_q.detach(), alpha=1 - m)
+        momentum_update(self.backbone, self.momentum_backbone, m)
+        momentum_update(self.projector, self.momentum_projector, m)
 
     def queries(self, x: Tensor) -> Tensor:
         """The predictor's outputs ``q`` of a batch of views."""

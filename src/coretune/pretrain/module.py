@@ -42,6 +42,7 @@ from ..engine.optim import OptimizerName, Schedule, build_schedule, diverged_fix
 from ..engine.preflight import check_images_vary
 from ..heads import ProjectionHead
 from ..models import create_backbone
+from ..momentum import momentum_update
 from ..runs.layout import RunDir
 from .losses import KeyQueue, global_nt_xent, moco_infonce, nt_xent
 
@@ -355,10 +356,8 @@ class MoCoV2(ContrastivePretrainer):
     @torch.no_grad()
     def _momentum_update(self) -> None:
         m = self.hparams.key_momentum
-        pairs = ((self.backbone, self.momentum_backbone), (self.projector, self.momentum_projector))
-        for online, target in pairs:
-            for p_q, p_k in zip(online.parameters(), target.parameters(), strict=True):
-                p_k.mul_(m).add_(p_q.detach(), alpha=1 - m)
+        momentum_update(self.backbone, self.momentum_backbone, m)
+        momentum_update(self.projector, self.momentum_projector, m)
 
     @torch.no_grad()
     def keys(self, x: Tensor) -> Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -205,6 +206,52 @@ def test_the_table4_specs_vit_column_fine_tunes_with_the_vit_recipe_in_every_row
             0.75,
         )
         assert optim["warmup_epochs"] == 1.5 and config["data"]["auto_augment"] == "rand-m9-mstd0.5-inc1"
+        assert config["objective"]["init_args"]["label_smoothing"] == 0.1, run.objective
+
+
+def test_the_table4_resnet_records_are_the_runs_of_its_resnet_column() -> None:
+    """The ResNet column's committed records (copied from the strength study) have exactly the fit arguments of the
+    spec's runs, so a sweep given them skips those cells (docs/records/README.md, "Copies")."""
+    root = Path(__file__).parents[2]
+    spec = BenchSpec.from_yaml(root / "configs" / "bench" / "cifar10_cpu_10pct_table4.yaml")
+    records = root / "docs" / "records" / "cifar10-cpu-10pct-table4"
+    resnet = [r for r in spec.runs() if r.dataset == "resnet18_simclr_e15"]
+    assert len(resnet) == 9
+    for run in resnet:
+        folder = records / run.label
+        assert json.loads((folder / "fit_args.json").read_text()) == list(run.args), run.label
+        assert json.loads((folder / "results.json").read_text())["test"]["top1"] > 0
+
+
+def test_the_table4_lora_spec_is_the_vit_column_with_lora_at_its_own_rate(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """configs/bench/cifar10_cpu_10pct_table4_lora.yaml: the ViT column of Table 4's spec (same data, checkpoint,
+    epochs, recipe) with peft's LoRA (rank 16 on qkv) at 2.5e-3 and without layer decay, rows LoRA-CE and LoRA-Core
+    as each fit parses them."""
+    root = Path(__file__).parents[2]
+    monkeypatch.chdir(root)
+    table4 = BenchSpec.from_yaml(root / "configs" / "bench" / "cifar10_cpu_10pct_table4.yaml")
+    lora = BenchSpec.from_yaml(root / "configs" / "bench" / "cifar10_cpu_10pct_table4_lora.yaml")
+    assert lora.base_args == table4.base_args and list(lora.datasets) == ["vit_tiny_moco_v3"]
+    changed = {"--model.optim.lr", "--model.optim.layer_decay", "--model.optim.lora.rank"}
+    full = [a for a in table4.datasets["vit_tiny_moco_v3"] if a.split("=", 1)[0] not in changed]
+    assert [a for a in lora.datasets["vit_tiny_moco_v3"] if a.split("=", 1)[0] not in changed] == full
+    runs = lora.runs()
+    assert {(r.objective, r.seed) for r in runs} == {(o, s) for o in ("lora_ce", "lora_core") for s in range(3)}
+    for run in lora.subset(seeds=[0]).runs():
+        args = [a for a in run.args if not a.startswith("--model.weights=")]  # not on this machine
+        with pytest.raises(SystemExit) as done:
+            main(["fit", *args, "--print_config"])
+        assert done.value.code in (None, 0)
+        config = yaml.safe_load(capsys.readouterr().out)
+        optim = config["model"]["optim"]
+        assert (optim["lr"], optim["layer_decay"], optim["lora"]["rank"], optim["lora"]["targets"]) == (
+            2.5e-3,
+            None,
+            16,
+            "qkv",
+        )
         assert config["objective"]["init_args"]["label_smoothing"] == 0.1, run.objective
 
 

@@ -336,7 +336,10 @@ def test_the_erm_pp_recipe_parses_and_a_tiny_fit_evaluates_its_moving_average(tr
     raw = yaml.safe_load(config.read_text())
     assert raw["objective"] == {"class_path": "coretune.objectives.ERMPlusPlus", "init_args": {"linear_steps": 500}}
     assert raw["averaging"] == {"sma_start_step": 600}
-    assert raw["model"]["optim"] == {"optimizer": "adam", "lr": 5e-5, "weight_decay": 0.0, "schedule": "constant"}
+    assert raw["model"]["optim"] == {
+        "optimizer": "adam", "lr": 5e-5, "weight_decay": 0.0, "schedule": "constant",
+        "plateau_patience": 1, "plateau_stop": 3,  # train_autolr.py's first run
+    }  # fmt: skip
     assert raw["trainer"]["max_epochs"] * raw["data"]["steps_per_epoch"] == 20_000  # 4x DomainBed's 5,001
     run = tmp_path / "run"
     main(["fit", f"--config={config}", *TINY, f"--data.root={tree}", "--data.test_domains=photo", f"--run_dir={run}",

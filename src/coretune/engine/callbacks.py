@@ -319,6 +319,8 @@ class RunArtifacts(L.Callback):
             # a fine-tuning's pre-trained file (None: a random initialisation); pre-training records none
             **({"weights_sha256": pl_module.weights_sha256} if hasattr(pl_module, "weights_sha256") else {}),
             provenance=provenance(),
+            # --model.optim.plateau_patience: the decays made, the final factor, whether plateau_stop ended the run
+            **({"plateau": plateau.entry()} if (plateau := getattr(pl_module, "plateau", None)) else {}),
             # --model.compile: "compiled", or "eager: <why compilation failed>"; 16-mixed: the scaler's skipped steps
             **({"compile": status} if (status := getattr(pl_module, "compile_status", None)) else {}),
             **({"grad_scaler": record} if (record := grad_scaler_record(trainer)) else {}),

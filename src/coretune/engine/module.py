@@ -27,6 +27,7 @@ from .datachecks import check_data
 from .ftp import FTPProjection
 from .health import GradScalerWatch, NonFiniteLossError, OutputHealth, training_blowup
 from .optim import OptimSettings, build_optimizer, build_schedule, layer_decay_groups, resume_schedule
+from .plateau import PlateauDecay
 from .seeds import epoch_seed, run_seed, step_seed
 from .speed import ChannelsLast, CompileGuard, channels_last_problem, compile_in_place, resolve_channels_last
 
@@ -256,6 +257,7 @@ class FineTuner(L.LightningModule):
         check_data(self, datamodule, stage)
         if stage == "fit":
             self._check_lp_strategy()
+            self._check_plateau(datamodule)
             self._observe_training_labels(datamodule)
         self.task.train_class_counts = self.train_class_counts  # the task takes the shot thresholds in check_data
         if stage == "fit":
@@ -274,6 +276,21 @@ class FineTuner(L.LightningModule):
             raise ValueError(
                 "--model.optim.lp_epochs under DDP: the linear-probing phase leaves the backbone without "
                 "gradients, which DDP waits for; use --trainer.strategy ddp_find_unused_parameters_true"
+            )
+
+    def _check_plateau(self, datamodule: Any) -> None:
+        """Refuse a plateau decay that would read the test split (validation on the test images) or that SWA's
+        constant rate would override."""
+        if self.optim.plateau_patience is None:
+            return
+        if datamodule is not None and datamodule.validates_on_test:
+            raise ValueError(
+                "--model.optim.plateau_patience decays the learning rate on the validation loss, and this run "
+                "validates on the test images: hold out part of the training set (--data.val_fraction 0.1)"
+            )
+        if any(getattr(getattr(c, "settings", None), "swa_lr", None) is not None for c in self.trainer.callbacks):
+            raise ValueError(
+                "--model.optim.plateau_patience and --averaging.swa_lr both set the learning rate: drop one"
             )
 
     def _observe_training_labels(self, datamodule: Any) -> None:
@@ -297,11 +314,20 @@ class FineTuner(L.LightningModule):
         return None if self.compile_guard is None else self.compile_guard.status
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """:class:`~coretune.engine.health.OutputHealth` (non-finite, collapsed or exploded evaluation outputs) and
-        :class:`~coretune.engine.health.GradScalerWatch` (a 16-mixed scaler that keeps skipping steps), each unless
-        the trainer already has one (``coretune fit`` then tests on the same trainer)."""
+        """:class:`~coretune.engine.health.OutputHealth` (non-finite, collapsed or exploded evaluation outputs),
+        :class:`~coretune.engine.health.GradScalerWatch` (a 16-mixed scaler that keeps skipping steps) and, with
+        ``plateau_patience``, :class:`~coretune.engine.plateau.PlateauDecay`, each unless the trainer already has one
+        (``coretune fit`` then tests on the same trainer)."""
         have = self.trainer.callbacks if self._trainer is not None else []
-        return [kind() for kind in (OutputHealth, GradScalerWatch) if not any(isinstance(c, kind) for c in have)]
+        added: list[L.Callback] = [
+            kind() for kind in (OutputHealth, GradScalerWatch) if not any(isinstance(c, kind) for c in have)
+        ]
+        if self.optim.plateau_patience is not None:
+            self.plateau = next((c for c in have if isinstance(c, PlateauDecay)), None)
+            if self.plateau is None:
+                self.plateau = PlateauDecay(self.optim.plateau_patience, self.optim.plateau_stop)
+                added.append(self.plateau)
+        return added
 
     @property
     def num_classes(self) -> int | None:
@@ -494,8 +520,15 @@ class FineTuner(L.LightningModule):
         if optim.ftp:  # the projection after each step, anchored at the backbone's weights now (the pre-trained ones)
             optimizer.register_step_post_hook(FTPProjection(self._trainable_backbone, optim.ftp_k))
         lp_scale = 1.0 if optim.lp_lr is None else optim.lp_lr / optim.lr
+        plateau = getattr(self, "plateau", None)
         scheduler = build_schedule(
-            optimizer, self.trainer, optim.warmup_epochs, optim.schedule, lp_epochs=optim.lp_epochs, lp_scale=lp_scale
+            optimizer,
+            self.trainer,
+            optim.warmup_epochs,
+            optim.schedule,
+            lp_epochs=optim.lp_epochs,
+            lp_scale=lp_scale,
+            scale=None if plateau is None else (lambda: plateau.scale),
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -4,7 +4,7 @@ with exponential decay (domain generalization); DeepLab's poly decay for segment
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -95,6 +95,12 @@ class OptimSettings:
             torchvision ResNets (timm's ResNet grouping).
         lora: LoRA on the backbone (:class:`~coretune.models.lora.LoRASettings`, ``--model.optim.lora.rank 8``): only
             its low-rank weights train in the backbone; off by default (rank 0).
+        plateau_patience: decay every learning rate tenfold after more than this many validations in a row without
+            a lower validation loss (torch's ``ReduceLROnPlateau``, DomainBed's ERM++: 1), on top of ``schedule``
+            (:mod:`coretune.engine.plateau`); None (default): off. Needs a validation split that is not the test
+            split.
+        plateau_stop: with ``plateau_patience``, end the run at the epoch of this many decays (DomainBed's ERM++
+            ``train_autolr.py``: 3); None (default): the run's length.
     """
 
     optimizer: OptimizerName = "sgd"
@@ -112,6 +118,8 @@ class OptimSettings:
     ftp: bool = False
     ftp_k: float = 1.0
     lora: LoRASettings = LoRASettings()  # noqa: RUF009  (frozen: never changed)
+    plateau_patience: int | None = None
+    plateau_stop: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.lora, dict):  # a checkpoint's settings: the group as a dict
@@ -142,7 +150,18 @@ class OptimSettings:
             problems.append(f"ftp_k must lie in [0, 1] (got {self.ftp_k})")
         elif self.ftp_k != 1.0 and not self.ftp:
             problems.append("ftp_k is FTP's gradient annealing: give ftp true too, or drop ftp_k")
-        return problems + self.lora.problems()
+        return problems + self._plateau_problems() + self.lora.problems()
+
+    def _plateau_problems(self) -> list[str]:
+        patience, stop = self.plateau_patience, self.plateau_stop
+        problems = []
+        if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 0):
+            problems.append(f"plateau_patience must be an int >= 0 (got {patience!r}), e.g. 1 (ERM++'s)")
+        if stop is not None and (isinstance(stop, bool) or not isinstance(stop, int) or stop < 1):
+            problems.append(f"plateau_stop must be an int >= 1 (got {stop!r}), e.g. 3 (ERM++'s)")
+        elif stop is not None and patience is None:
+            problems.append("plateau_stop counts plateau decays: give plateau_patience too (e.g. 1), or drop it")
+        return problems
 
     @property
     def backbone_rate(self) -> float:
@@ -319,16 +338,21 @@ def build_schedule(
     option: str = SCHEDULE_OPTION,
     lp_epochs: int = 0,
     lp_scale: float = 1.0,
+    scale: Callable[[], float] | None = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """The per-step ``LambdaLR`` of ``schedule`` over a Lightning ``trainer``'s run, after a linear warm-up of
     ``warmup_epochs`` (:func:`schedule_steps`, which raises ``ValueError`` for a run without a length, naming the
-    schedule's ``option``); with ``lp_epochs``, LP-FT's two phases (:func:`lp_ft_factor`)."""
+    schedule's ``option``); with ``lp_epochs``, LP-FT's two phases (:func:`lp_ft_factor`); with ``scale``, each
+    step's factor times ``scale()`` (a plateau decay's, :mod:`coretune.engine.plateau`)."""
     total, warmup = schedule_steps(trainer, warmup_epochs, schedule, option)
+    scaled = scale or (lambda: 1.0)
     if lp_epochs == 0:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, schedule, warmup))
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(step, total, schedule, warmup) * scaled()
+        )
     _, lp_steps = schedule_steps(trainer, lp_epochs, schedule, option)
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lp_ft_factor(step, total, schedule, warmup, lp_steps, lp_scale)
+        optimizer, lambda step: lp_ft_factor(step, total, schedule, warmup, lp_steps, lp_scale) * scaled()
     )
 
 

@@ -24,9 +24,10 @@ validation, the checkpoints and the test use). ``configs/dg/erm_pp.yaml`` is ERM
 average, DomainBed's ERM++ hyper-parameters (Adam at a constant 5e-5, no weight decay, 32 images per training
 domain) and part 3's longer training as a step count (20,000 steps, 4x DomainBed's 5,001; the authors' repository
 trains long, chooses the step count on the held-out 20% and retrains on all the data, which is not automated here).
-Part 3's plateau decay (``train_autolr.py``: ReduceLROnPlateau on the averaged network's held-out loss, found in one
-run, stopped after three changes and replayed in a second) is absent: the lr is constant (or any
-``--model.optim.schedule``).
+Part 3's plateau decay is the engine's too (``--model.optim.plateau_patience 1 --model.optim.plateau_stop 3``,
+:mod:`coretune.engine.plateau`, in the recipe): ``train_autolr.py``'s first run, ReduceLROnPlateau on the averaged
+network's held-out loss, stopped at the third change; its second run, that schedule replayed on all the data, is not
+automated.
 
 Differences from DomainBed: one optimiser (the run's) rather than a second Adam for the warm-up, so the
 classifier's warm-up lr is ``--model.optim.lr`` (DomainBed's ``linear_lr`` defaults to 5e-5, its ``lr`` too) and its

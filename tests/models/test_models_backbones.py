@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torchvision
@@ -153,3 +155,64 @@ def test_register_backbone_adds_a_factory_and_refuses_duplicates(monkeypatch: py
     for name in ("timm/mine", "hf-hub:me/mine"):
         with pytest.raises(ValueError, match="are timm's"):
             register_backbone(name)
+
+
+def test_the_cifar_stem_keeps_32_px_images_at_full_resolution_into_layer1() -> None:
+    """``cifar_stem``: SimCLR's and solo-learn's CIFAR ResNet stem (3×3 stride-1 conv1, no max pooling): layer1 sees
+    32×32 and layer4 4×4 (ImageNet's stem: 8×8 and 1×1); the tensor names stay torchvision's."""
+    sizes: dict[str, dict[str, tuple[int, ...]]] = {}
+    for cifar in (False, True):
+        encoder = create_backbone("resnet18", cifar_stem=cifar).eval()
+        seen = sizes.setdefault(str(cifar), {})
+        for name in ("layer1", "layer4"):
+            getattr(encoder.body, name).register_forward_hook(
+                lambda _m, _i, out, name=name, seen=seen: seen.__setitem__(name, tuple(out.shape[-2:]))
+            )
+        assert encoder(torch.randn(2, 3, 32, 32)).shape == (2, 512)
+        names = {k: v.shape for k, v in encoder.body.state_dict().items()}
+        reference = {
+            k: v.shape for k, v in torchvision.models.resnet18().state_dict().items() if not k.startswith("fc.")
+        }
+        assert names.keys() == reference.keys()
+        assert names["conv1.weight"] == ((64, 3, 3, 3) if cifar else (64, 3, 7, 7))
+        assert isinstance(encoder.body.maxpool, nn.Identity) == cifar
+        assert (encoder.timm_model is None) == cifar  # timm's resnet18 has ImageNet's stem
+    assert sizes == {"False": {"layer1": (8, 8), "layer4": (1, 1)}, "True": {"layer1": (32, 32), "layer4": (4, 4)}}
+
+
+def test_a_cifar_stem_checkpoint_loads_into_a_cifar_stem_and_not_into_imagenets(tmp_path: Path) -> None:
+    source = create_backbone("resnet18", cifar_stem=True)
+    path = tmp_path / "cifar_resnet18.pth"
+    torch.save(source.body.state_dict(), path)
+    loaded = create_backbone("resnet18", weights=path, verbose=False, cifar_stem=True)
+    for key, value in source.body.state_dict().items():
+        assert torch.equal(loaded.body.state_dict()[key], value), key
+    with pytest.raises(ValueError, match=r"conv1\.weight"):
+        create_backbone("resnet18", weights=path, verbose=False)
+
+
+def test_the_cifar_stem_reaches_resnets_through_backbone_args_and_takes_only_a_bool() -> None:
+    from coretune.engine import FineTuner
+
+    model = FineTuner(backbone="resnet50", backbone_args={"cifar_stem": True})
+    assert model.backbone.body.conv1.kernel_size == (3, 3) and model.backbone.feature_dim == 2048
+    with pytest.raises(ValueError, match=r"backbone 'resnet18': cifar_stem must be true or false \(got 'yes'\)"):
+        create_backbone("resnet18", cifar_stem="yes")
+
+
+def test_a_cifar_stem_fit_is_tested_from_its_checkpoint_with_the_same_backbone(
+    image_tree: Path, tmp_path: Path
+) -> None:
+    """``coretune fit --model.backbone_args '{cifar_stem: true}'`` records the option: ``coretune test`` of its
+    checkpoint rebuilds the CIFAR stem and scores what the fit scored."""
+    import json
+
+    from coretune.cli import main
+    from fit_flags import QUIET, TINY_FIT
+
+    run, out = tmp_path / "run", tmp_path / "test.json"
+    main(["fit", *TINY_FIT, *QUIET, "--model.backbone=resnet18", "--model.backbone_args={cifar_stem: true}",
+          f"--data.root={image_tree}", f"--run_dir={run}"])  # fmt: skip
+    main(["test", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"--data.root={image_tree}", f"--output={out}"])
+    fitted = json.loads((run / "results.json").read_text())["test"]
+    assert json.loads(out.read_text())["test"]["top1"] == pytest.approx(fitted["top1"])

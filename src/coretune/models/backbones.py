@@ -235,12 +235,32 @@ def _timm_encoder(model_name: str, name: str, **kwargs: Any) -> Encoder:
     )
 
 
-def _torchvision_resnet(arch: str, **kwargs: Any) -> Encoder:
-    """A torchvision ResNet/ResNeXt/Wide-ResNet with ``fc`` replaced by identity (``d = fc.in_features``)."""
+CIFAR_STEM_OPTION = "cifar_stem"
+"""The constructor option of coretune's ResNets that builds the CIFAR stem (``--model.backbone_args '{cifar_stem:
+true}'``)."""
+
+
+def _torchvision_resnet(arch: str, cifar_stem: bool = False, **kwargs: Any) -> Encoder:
+    """A torchvision ResNet/ResNeXt/Wide-ResNet with ``fc`` replaced by identity (``d = fc.in_features``).
+
+    ``cifar_stem``: the stem of the CIFAR ResNets of SimCLR (Chen et al., 2020, Appendix B.9), MoCo's CIFAR-10 demo
+    and solo-learn, for 32-px images: ``conv1`` a 3×3 convolution with stride 1 (ImageNet's: 7×7, stride 2) and no
+    max pooling, so ``layer1`` sees the image at full resolution (32×32 rather than 8×8) and ``layer4`` at 4×4
+    (rather than 1×1), for about 15 times the computation at a given image size. Tensor names are unchanged:
+    ``conv1.weight`` is ``(64, 3, 3, 3)``, so checkpoints of such networks (solo-learn's CIFAR ones) load, and an
+    ImageNet ResNet's 7×7 ``conv1`` does not (its shape differs: the load report names it).
+    """
+    if not isinstance(cifar_stem, bool):
+        raise ValueError(f"backbone {arch!r}: {CIFAR_STEM_OPTION} must be true or false (got {cifar_stem!r})")
     body = getattr(torchvision.models, arch)(weights=None, **kwargs)
+    if cifar_stem:
+        body.conv1 = nn.Conv2d(3, body.conv1.out_channels, kernel_size=3, stride=1, padding=1, bias=False)
+        nn.init.kaiming_normal_(body.conv1.weight, mode="fan_out", nonlinearity="relu")  # torchvision's init
+        body.maxpool = nn.Identity()
     feature_dim = body.fc.in_features
     body.fc = nn.Identity()
-    timm_model = (arch, {}) if not kwargs else None  # timm's model of that name: the same tensors and outputs
+    # timm's model of that name has the same tensors and outputs (not with a CIFAR stem or other options)
+    timm_model = (arch, {}) if not kwargs and not cifar_stem else None
     return Encoder(body, feature_dim, arch, ("fc",), ("layer1", "layer2", "layer3", "layer4"), timm_model=timm_model)
 
 

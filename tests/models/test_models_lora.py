@@ -14,7 +14,7 @@ from coretune import objectives
 from coretune.engine import FineTuner, OptimSettings
 from coretune.extras import MissingExtra
 from coretune.models import Encoder, create_backbone
-from coretune.models.lora import LoRASettings, apply_lora, lora_layer_names, merge_lora
+from coretune.models.lora import LoRASettings, apply_lora, lora_layer_names, merge_lora, merged_lora_state
 
 DEPTH = 2
 TINY_VIT = {"img_size": 32, "patch_size": 8, "depth": DEPTH}
@@ -244,3 +244,59 @@ def test_a_missing_peft_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
     assert str(info.value) == (
         "LoRA (--model.optim.lora.rank) needs peft, which is not installed: pip install 'coretune[peft]'"
     )
+
+
+@pytest.mark.parametrize(
+    ("backbone", "options", "targets"),
+    [("vit_tiny_patch16_224", TINY_VIT, "qkv,attn.proj"), ("resnet18", {}, "conv1,conv2")],
+    ids=["vit-linear", "resnet-conv"],
+)
+def test_the_state_dict_merge_is_pefts_merge(backbone: str, options: dict[str, Any], targets: str) -> None:
+    """:func:`merged_lora_state` (a checkpoint's LoRA tensors merged without peft) gives the tensors, names and
+    outputs of peft's own merge (:func:`merge_lora`), for linear layers and convolutions."""
+    torch.manual_seed(0)
+    settings = LoRASettings(rank=3, alpha=6.0, targets=targets)
+    encoder = create_backbone(backbone, verbose=False, **options)
+    apply_lora(encoder, settings)
+    state = {k: v.clone() for k, v in _with_random_b(encoder).body.state_dict().items()}
+    merged, layers = merged_lora_state(state, settings.alpha)
+    assert layers == len(lora_layer_names(encoder.body)) > 0
+    merge_lora(encoder)
+    reference = encoder.body.state_dict()
+    assert merged.keys() == reference.keys()
+    for key, value in reference.items():
+        torch.testing.assert_close(merged[key], value, atol=1e-6, rtol=1e-6, msg=key)
+
+
+def test_incomplete_lora_tensors_are_named() -> None:
+    state = {"qkv.base_layer.weight": torch.zeros(6, 2), "qkv.lora_A.default.weight": torch.zeros(1, 2)}
+    with pytest.raises(ValueError, match=r"LoRA layer qkv lacks qkv\.lora_B\.default\.weight"):
+        merged_lora_state(state, 1.0)
+
+
+def test_a_lora_fine_tunings_checkpoint_starts_another_fit_with_the_merged_weights(tmp_path: Any) -> None:
+    """``--model.weights`` of a LoRA run's ``last.ckpt``: its LoRA is merged into the backbone's weights (the load
+    report says so), as ``coretune export`` would, and the new fit starts from them."""
+    from coretune.cli import main
+    from coretune.models.checkpoints import load_pretrained
+    from fit_flags import QUIET
+    from image_trees import make_image_tree
+
+    tree = make_image_tree(tmp_path / "data", size=32)
+    run = tmp_path / "lora"
+    vit = ["--model.backbone=vit_tiny_patch16_224", f"--model.backbone_args={TINY_VIT}", "--data.image_size=32",
+           "--data.batch_size=8", "--trainer.max_epochs=1", f"--data.root={tree}", *QUIET]  # fmt: skip
+    main(["fit", *vit, "--model.optim.lora.rank=4", "--model.optim.lora.alpha=8", "--model.optim.lr=0.05",
+          f"--run_dir={run}", "--test=false"])  # fmt: skip
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    body = {k[len("backbone.body.") :]: v for k, v in ckpt["state_dict"].items() if k.startswith("backbone.body.")}
+    expected, layers = merged_lora_state(body, 8.0)
+    assert layers == DEPTH
+    encoder = create_backbone("vit_tiny_patch16_224", verbose=False, **TINY_VIT)
+    report = load_pretrained(encoder, run / "checkpoints" / "last.ckpt")
+    assert any("LoRA merged into the weights of 2 layers" in note for note in report.notes)
+    for key, value in encoder.body.state_dict().items():
+        torch.testing.assert_close(value, expected[key], msg=key)
+    main(["fit", *vit, f"--model.weights={run / 'checkpoints' / 'last.ckpt'}", f"--run_dir={tmp_path / 'next'}",
+          "--test=false"])  # fmt: skip
+    assert (tmp_path / "next" / "results.json").is_file()

@@ -20,11 +20,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from ..extras import need
 
-__all__ = ["LORA_OPTION", "LoRASettings", "apply_lora", "lora_layer_names", "merge_lora"]
+__all__ = ["LORA_OPTION", "LoRASettings", "apply_lora", "lora_layer_names", "merge_lora", "merged_lora_state"]
 
 LORA_OPTION = "--model.optim.lora"
 """The ``coretune fit`` options of :class:`LoRASettings` (``--model.optim.lora.rank 8``)."""
@@ -164,6 +165,40 @@ def lora_layer_names(module: nn.Module) -> list[str]:
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     return [name for name, m in module.named_modules() if isinstance(m, BaseTunerLayer)]
+
+
+#: What a LoRA layer's tensors are named in a state dict (peft's adapter ``default``).
+_BASE, _A, _B = ".base_layer.", ".lora_A.default.", ".lora_B.default."
+
+
+def merged_lora_state(state: dict[str, Tensor], alpha: float) -> tuple[dict[str, Tensor], int]:
+    """A state dict with LoRA layers (``…qkv.base_layer.weight`` beside ``…qkv.lora_A.default.weight`` and
+    ``…qkv.lora_B.default.weight``, as a LoRA fine-tuning's checkpoint holds them) turned into the plain network's:
+    each ``W`` merged, ``W + (alpha / r) · B A`` (``r`` the rank, ``A``'s first dimension; peft's ``merge``: a
+    linear layer's ``B @ A``, a convolution's ``A`` convolved with ``B``), its base layer's other tensors (``bias``)
+    renamed back; what peft and torch need not be installed for. Returns the state and the number of layers merged.
+
+    Raises:
+        ValueError: a layer with a LoRA tensor but not the other, or without its base weight.
+    """
+    merged: dict[str, Tensor] = {}
+    layers = {key.split(_A)[0] for key in state if _A in key} | {key.split(_B)[0] for key in state if _B in key}
+    for layer in sorted(layers):
+        names = (f"{layer}{_A}weight", f"{layer}{_B}weight", f"{layer}{_BASE}weight")
+        if missing := [name for name in names if name not in state]:
+            raise ValueError(f"LoRA layer {layer} lacks {missing[0]}: the checkpoint's LoRA tensors are incomplete")
+        a, b, base = (state[name] for name in names)
+        scale = alpha / a.shape[0]
+        if base.ndim == 2:  # nn.Linear: (out, in) += B (out, r) @ A (r, in)
+            delta = b.float() @ a.float()
+        else:  # nn.Conv2d: A is (r, in, kh, kw), B is (out, r, 1, 1): peft's conv merge
+            delta = torch.nn.functional.conv2d(a.float().permute(1, 0, 2, 3), b.float()).permute(1, 0, 2, 3)
+        merged[f"{layer}.weight"] = (base.float() + scale * delta).to(base.dtype)
+    for key, value in state.items():
+        if any(part in key for part in (_A, _B)) or (_BASE in key and key.endswith(f"{_BASE}weight")):
+            continue
+        merged[key.replace(_BASE, ".") if _BASE in key else key] = value
+    return merged, len(layers)
 
 
 def merge_lora(module: nn.Module) -> int:

@@ -290,3 +290,27 @@ def test_issue_66s_specs_expand_and_share_the_runs_their_headers_copy(
         else:
             assert tuple(args[: len(spec.base_args)]) == tuple(base.base_args), key  # the shared settings first
     assert spec.base_args == base.base_args and spec.datasets == base.datasets
+
+
+def test_the_long_simclr_pretraining_is_the_strength_studys_recipe_run_longer(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """configs/pretrain/cifar10_r18_simclr_long.yaml (issue 65): every model and data setting of the strength
+    study's SimCLR pre-training (its committed config.yaml) but the length: 200 epochs, a snapshot every 25."""
+    root = Path(__file__).parents[2]
+    monkeypatch.chdir(root)
+    with pytest.raises(SystemExit) as done:
+        main(["pretrain", "--config", "configs/pretrain/cifar10_r18_simclr_long.yaml", "--print_config"])
+    assert done.value.code in (None, 0)
+    config = yaml.safe_load(capsys.readouterr().out)
+    record = root / "docs" / "records" / "cifar10-cpu-strength-pretrain" / "cifar10-simclr-r18-32px" / "config.yaml"
+    recorded = yaml.safe_load(record.read_text())
+    assert config["model"] == recorded["model"] | {
+        "init_args": recorded["model"]["init_args"] | {"backbone_args": None}
+    }
+    loading = {"num_workers", "pin_memory", "persistent_workers"}  # how images are loaded, not which (defaults since)
+    assert {k: v for k, v in config["data"].items() if k not in loading} == {
+        k: v for k, v in recorded["data"].items() if k not in loading
+    }
+    assert (config["seed_everything"], config["trainer"]["precision"]) == (0, recorded["trainer"]["precision"])
+    assert config["trainer"]["max_epochs"] == 200 and config["snapshot_epochs"] == list(range(25, 201, 25))

@@ -232,10 +232,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="cpu: the process's CPU seconds")
     parser.add_argument("--out", type=Path, default=None, help="a folder for vit_speed.json and vit_speed.md")
-    parser.add_argument("--smoke", action="store_true", help="tiny models, batch 4 at 8 px, 2 steps each")
+    parser.add_argument("--smoke", action="store_true", help="tiny models, batch 16 at 32 px, 2 steps each")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.repeats, args.warmup, args.batch_size, args.image_size = 1, 1, 4, 8
+        # not smaller: at 8 px and batch 4 ResNet-18's last stages normalise 4 values a channel (1x1 maps), and one
+        # SGD step then turned the network's outputs NaN in about 1 run of 8 (bf16 kernels are not bit-exact)
+        args.repeats, args.warmup, args.batch_size, args.image_size = 1, 1, 16, 32
     if "ce" not in args.variants:
         parser.error("--variants must include ce: every ratio is to the CE step")
     for name in ("repeats", "batch_size", "image_size", "classes"):

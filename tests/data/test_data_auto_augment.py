@@ -50,3 +50,36 @@ def test_a_bad_auto_augment_is_refused_before_any_work(tmp_path: Path, value: st
     with pytest.raises(DataError, match=message) as info:
         ImageClassificationData(root=str(tmp_path / "absent"), auto_augment=value)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("bits", range(9))
+def test_posterize_keeps_the_top_bits_of_each_channel_for_every_count_timm_draws(bits: int) -> None:
+    """``bits`` most significant bits kept (a slow loop over the pixels); 0 bits: a black image, as Pillow before 13
+    gave it (13 refuses 0, which ``rand-…-inc1`` draws at magnitude 10)."""
+    from PIL import Image, ImageOps
+
+    from coretune.data.transforms import posterize_any_bits
+
+    pixels = np.random.default_rng(bits).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    kept = np.asarray(posterize_any_bits(image, bits))
+    expected = pixels & (0xFF ^ (2 ** (8 - bits) - 1)) if bits < 8 else pixels
+    assert (kept == expected).all()
+    if bits >= 1:
+        assert (kept == np.asarray(ImageOps.posterize(image, bits))).all()
+
+
+def test_mae_randaugment_at_magnitude_10_posterizes_to_0_bits_without_error() -> None:
+    """MAE's ``rand-m9-mstd0.5-inc1`` reaches magnitude 10 (the noise's upper clip) in ~2% of its draws, where
+    timm's increasing posterize keeps 0 bits: every such draw runs (here forced: magnitude 10, posterize only)."""
+    from PIL import Image
+
+    from coretune.data.transforms import auto_augment_transform
+
+    transform = auto_augment_transform("rand-m10-n1-inc1", 32)
+    posterize = [op for op in transform.transform.ops if op.name == "PosterizeIncreasing"]
+    assert len(posterize) == 1
+    posterize[0].prob = 1.0
+    transform.transform.ops = posterize
+    image = Image.fromarray(np.full((32, 32, 3), 200, dtype=np.uint8))
+    assert (np.asarray(transform(image)) == 0).all()  # 4 - int(10 / 10 * 4) = 0 bits: black

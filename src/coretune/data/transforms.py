@@ -31,6 +31,7 @@ __all__ = [
     "normalisation_problems",
     "option_values",
     "other_normalisation",
+    "posterize_any_bits",
     "random_steps",
     "resize_transform",
     "train_draft_size",
@@ -134,7 +135,22 @@ def auto_augment_transform(name: str, image_size: int, mean: Sequence[float] = I
     from timm.data.auto_augment import rand_augment_transform
 
     hparams = {"translate_const": int(image_size * 0.45), "img_mean": fill}
-    return _SeededFromTorch(rand_augment_transform(name, hparams))
+    transform = rand_augment_transform(name, hparams)
+    for op in getattr(transform, "ops", ()):  # RandAugment's AugmentOps
+        if op.name.startswith("Posterize"):
+            op.aug_fn = posterize_any_bits
+    return _SeededFromTorch(transform)
+
+
+def posterize_any_bits(image: Any, bits_to_keep: int, **_: Any) -> Any:
+    """timm's RandAugment ``posterize``, keeping ``bits_to_keep`` most significant bits of each channel, for every
+    count it draws, 0 included. ``rand-…-inc1`` (MAE's ``--aa``) keeps ``4 - int(magnitude / 10 * 4)`` bits, so 0
+    when a noisy magnitude (``mstd``) reaches 10: Pillow 13's ``ImageOps.posterize`` refuses 0 and the run stopped
+    in its first epoch; earlier Pillows masked every bit (a black image), which is what is done here."""
+    if bits_to_keep >= 8:
+        return image
+    mask = ~(2 ** (8 - max(0, bits_to_keep)) - 1) & 0xFF
+    return image.point([value & mask for value in range(256)] * len(image.getbands()))
 
 
 def auto_augment_problem(name: object) -> str | None:

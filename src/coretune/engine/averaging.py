@@ -250,6 +250,8 @@ class AveragedWeights(WeightAveraging):
         self._swapped = False
         self._loaded_entry: dict[str, Any] | None = None  # the averaging entry of the checkpoint a test loaded
         self._resumed_state: dict[str, Any] | None = None  # the average a resumed fit restores at its start
+        # SMA: whether the averaged network has BatchNorm statistics to pass batches for (found once, at its first)
+        self._bn_pass: bool | None = None if settings.kind == "sma" and settings.sma_bn_pass else False
         self._ended = False
 
     # -- set-up -----------------------------------------------------------------------------------------------
@@ -322,7 +324,9 @@ class AveragedWeights(WeightAveraging):
         if kind == "ema" or (kind == "sma" and trainer.global_step >= self.settings.sma_start_step - 1):
             averaged.update_parameters(pl_module)
             self._latest_update_step = trainer.global_step
-            if kind == "sma" and self.settings.sma_bn_pass and _has_running_statistics(averaged.module):
+            if self._bn_pass is None:
+                self._bn_pass = _has_running_statistics(averaged.module)
+            if self._bn_pass:
                 self._batch_norm_pass(trainer, averaged.module, batch)
         elif (
             kind == "swa"

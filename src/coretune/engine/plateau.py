@@ -106,6 +106,5 @@ class PlateauDecay(L.Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.rule.load_state_dict(state_dict["rule"])
-        self._holder.param_groups[0]["lr"] = state_dict["scale"]
-        self.rule._last_lr = [state_dict["scale"]]
+        self._holder.param_groups[0]["lr"] = state_dict["scale"]  # the rule's state holds all but its optimiser's
         self.decays, self.stopped = state_dict["decays"], state_dict["stopped"]

@@ -57,6 +57,17 @@ class StopBeforeTraining(L.Callback):
         trainer.should_stop = True
 
 
+class StopAfterEpoch(L.Callback):
+    """Stops a fit at the end of epoch ``epoch`` (0-based): an interrupted run that a resume continues."""
+
+    def __init__(self, epoch: int = 0) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == self.epoch:
+            trainer.should_stop = True
+
+
 class PauseForStopRequest(L.Callback):
     """Pauses a sweep's fit after the first batch of its second epoch, once, when its run folder holds a file
     ``pause_here`` (renamed ``paused`` then): until the sweep asks it to stop (its stop file), at most 120 s. A test

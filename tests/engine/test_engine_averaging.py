@@ -20,7 +20,7 @@ from coretune.data import ImageClassificationData
 from coretune.engine import FineTuner, make_trainer, read_metrics
 from coretune.engine.averaging import AveragedWeights, Averaging, ema_multi_avg_fn
 from coretune.objectives import create
-from fit_flags import QUIET, TINY_FIT, error
+from fit_flags import QUIET, TINY_FIT, StopAfterEpoch, error
 
 
 class _Snapshots(L.Callback):
@@ -45,15 +45,6 @@ class _Snapshots(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after the averaging callback's epoch end: a validation swap is over, these are the trained weights
         self.epochs.append({k: v.detach().clone() for k, v in pl_module.state_dict().items()})
-
-
-class _StopAfterEpoch(L.Callback):
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.current_epoch == self.epoch:
-            trainer.should_stop = True
 
 
 def _fit(
@@ -154,7 +145,7 @@ def test_a_resumed_run_has_the_average_of_the_uninterrupted_one(
     """Cut after the first of 2 epochs, with an average holding 4 steps (EMA), 1 epoch (SWA from epoch 0) or the
     weights of steps 2 to 4 (SMA from step 3)."""
     whole, _, _ = _fit(image_tree, tmp_path / "whole", averaging, epochs=2)
-    _fit(image_tree, tmp_path / "cut", averaging, _StopAfterEpoch(0), epochs=2)
+    _fit(image_tree, tmp_path / "cut", averaging, StopAfterEpoch(0), epochs=2)
     cut = torch.load(tmp_path / "cut" / "checkpoints" / "last.ckpt", weights_only=True)
     assert cut["epoch"] == 0 and cut["coretune"]["averaging"]["weights"] == averaging.kind
     resumed, _, _ = _fit(image_tree, tmp_path / "cut", averaging, ckpt_path="last", epochs=2)

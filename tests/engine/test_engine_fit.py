@@ -25,7 +25,7 @@ from coretune.engine import FineTuner, epoch_summary, make_trainer, read_metrics
 from coretune.engine.fitcli import _print_run_summary
 from coretune.memory import CrossBatchMemory
 from coretune.objectives import create
-from fit_flags import QUIET, TINY_FIT
+from fit_flags import QUIET, TINY_FIT, StopAfterEpoch
 
 
 def fit_args(tree: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -303,11 +303,6 @@ def test_coretune_test_and_validate_score_one_labelled_folder_without_training_d
         main(["test", f"--ckpt_path={ckpt}", f"--data.root={other / 'val'}"])
 
 
-class _StopAfterFirstEpoch(L.Callback):
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        trainer.should_stop = True
-
-
 def _run(
     tree: Path,
     run_dir: Path,
@@ -367,7 +362,7 @@ def test_resume_repeats_the_uninterrupted_run(
     memory and its warm-up count)."""
     kw = {"val_every": val_every, "objective": objective, "hparams": hparams}
     whole = _run(image_tree, tmp_path / "whole", [], **kw)
-    _run(image_tree, tmp_path / "cut", [_StopAfterFirstEpoch()], **kw)
+    _run(image_tree, tmp_path / "cut", [StopAfterEpoch(0)], **kw)
     assert [r["epoch"] for r in read_metrics(tmp_path / "cut" / "metrics.csv")] == ["0"]
     assert torch.load(tmp_path / "cut" / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] == 0
     if hparams:  # the memory is in use when the run is cut (the resumed run restores it: checked below)

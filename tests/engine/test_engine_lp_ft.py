@@ -16,7 +16,7 @@ from coretune.data import ImageClassificationData
 from coretune.engine import FineTuner, make_trainer, read_metrics
 from coretune.engine.optim import OptimSettings, lp_ft_factor, lr_factor
 from coretune.objectives import create
-from fit_flags import QUIET, TINY_FIT
+from fit_flags import QUIET, TINY_FIT, StopAfterEpoch
 
 
 def _reference_factor(step: int, total: int, schedule: str, warmup: int, lp: int, scale: float) -> float:
@@ -39,11 +39,6 @@ def test_the_schedule_restarts_after_the_probe(schedule: Any) -> None:
         got = lp_ft_factor(step, 30, schedule, warmup_steps=3, lp_steps=10, lp_scale=5.0)
         assert got == pytest.approx(_reference_factor(step, 30, schedule, 3, 10, 5.0)), step
         assert lp_ft_factor(step, 30, schedule, 3, lp_steps=0) == lr_factor(step, 30, schedule, 3)  # no probe
-
-
-class _StopAfterFirstEpoch(L.Callback):
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        trainer.should_stop = True
 
 
 class _HeadsAtStart(L.Callback):
@@ -79,7 +74,7 @@ def test_the_probe_leaves_the_backbone_bit_identical_and_fine_tuning_then_moves_
     L.seed_everything(3)
     start = _backbone_state(FineTuner(create("core"), backbone="small_cnn"))  # the same seed: the same init
     at_start = _HeadsAtStart()
-    probed = _fit(image_tree, tmp_path / "cut", epochs=2, callbacks=[at_start, _StopAfterFirstEpoch()])
+    probed = _fit(image_tree, tmp_path / "cut", epochs=2, callbacks=[at_start, StopAfterEpoch(0)])
     for key, value in probed.backbone.state_dict().items():
         assert torch.equal(value, start[key]), key
     assert all(p.requires_grad is False for p in probed.backbone.parameters())  # frozen in the probe's epoch

@@ -18,7 +18,7 @@ from coretune.engine import FineTuner, make_trainer, read_metrics
 from coretune.engine.optim import OptimSettings
 from coretune.engine.plateau import PlateauDecay
 from coretune.objectives import create
-from fit_flags import QUIET, TINY_FIT, error
+from fit_flags import QUIET, TINY_FIT, StopAfterEpoch, error
 
 LR = 0.05
 
@@ -37,15 +37,6 @@ class _Rates(L.Callback):
 def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule reads ``LOSSES[epoch]`` as each epoch's validation loss instead of the logged one."""
     monkeypatch.setattr(PlateauDecay, "monitored", staticmethod(lambda trainer: LOSSES[trainer.current_epoch]))
-
-
-class _StopAfterEpoch(L.Callback):
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.current_epoch == self.epoch:
-            trainer.should_stop = True
 
 
 def _fit(
@@ -121,7 +112,7 @@ def test_a_resumed_run_goes_on_with_the_factor_and_decays_of_the_interrupted_one
     whole = _Rates()
     _fit(image_tree, tmp_path / "whole", optim, whole, epochs=7)
     first = _Rates()
-    _fit(image_tree, tmp_path / "part", optim, first, _StopAfterEpoch(3), epochs=7)
+    _fit(image_tree, tmp_path / "part", optim, first, StopAfterEpoch(3), epochs=7)
     second = _Rates()
     last = str(tmp_path / "part" / "checkpoints" / "last.ckpt")
     model, _ = _fit(image_tree, tmp_path / "part", optim, second, epochs=7, ckpt_path=last)

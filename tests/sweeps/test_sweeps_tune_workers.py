@@ -212,6 +212,36 @@ def test_a_journal_trial_without_a_heartbeat_for_the_grace_period_is_queued_agai
     assert trials[2].params == trials[1].params and trials[2].system_attrs["retry_history"] == [1]
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "journal"])
+def test_a_trial_whose_worker_died_before_its_first_heartbeat_is_queued_again(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A worker killed between starting a trial and its heartbeat thread's first write (the killed-worker test hit it
+    under load): Optuna's RDB storage skips a trial without a heartbeat, so the trial would stay RUNNING for ever and
+    its point never run. Its age counts from its start, on every storage."""
+    from coretune.sweeps.storage import open_storage
+    from coretune.sweeps.study import fail_stale
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}" if kind == "sqlite" else storage_of(kind, tmp_path, request)
+    workers = [open_storage(optuna, storage, grace_period=1)[0] for _ in range(2)]
+    studies = [optuna.create_study(study_name="s", storage=workers[0])]
+    studies.append(optuna.load_study(study_name="s", storage=workers[1]))
+    silent = studies[0].ask()  # its worker dies now: no heartbeat was ever recorded
+    silent.suggest_float("eta", 0.1, 10.0, log=True)
+    beating = studies[0].ask()
+    beating.suggest_float("eta", 0.1, 10.0, log=True)
+    workers[0].record_heartbeat(beating._trial_id)
+    assert workers[1]._get_stale_trial_ids(studies[1]._study_id) == []  # younger than the grace period
+    time.sleep(0.7)
+    workers[0].record_heartbeat(beating._trial_id)
+    time.sleep(0.6)  # silent started 1.3 s ago; beating's heartbeat is 0.6 s old
+    assert workers[1]._get_stale_trial_ids(studies[1]._study_id) == [silent._trial_id]
+    fail_stale(optuna, studies[1])
+    trials = studies[0].get_trials()
+    assert [t.state.name for t in trials] == ["FAIL", "RUNNING", "WAITING"]
+    assert trials[2].params == trials[0].params and trials[2].system_attrs["retry_history"] == [0]
+
+
 def test_the_scaling_page_commands_parse() -> None:
     """docs/scaling.md's "One study, many workers": each ``coretune tune`` command's options parse, and its fit
     arguments are ones tune accepts."""

@@ -12,6 +12,9 @@ died: kill -9, a lost machine) and queues each again with the same point and ret
 (:class:`optuna.storages.RetryHeartbeatStaleTrialCallback`), so a live worker resumes it, in its folder, from its
 checkpoint. The RDB storage has it built in; the journal file gets it here (:func:`_journal_with_heartbeat`: the
 heartbeat is a system attribute of the trial, and a trial's age is counted from its latest heartbeat or start).
+Optuna's RDB storage never takes a trial without a heartbeat for dead, so a worker killed between starting a trial and
+its heartbeat thread's first write (milliseconds, but a fit may already run) would leave the trial RUNNING for ever:
+here such a trial's age is counted from its start, as the journal's is (:func:`_rdb_with_heartbeat`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import functools
 import re
 import time
 import warnings
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -144,7 +148,7 @@ def open_storage(optuna: Any, storage: str, grace_period: int = GRACE_PERIOD_S) 
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                    db = optuna.storages.RDBStorage(
+                    db = _rdb_with_heartbeat(optuna)(
                         url,
                         engine_kwargs={"pool_pre_ping": True, "connect_args": connect} if postgres else None,
                         heartbeat_interval=interval,
@@ -211,3 +215,38 @@ def _journal_with_heartbeat(optuna: Any) -> type:
             return self._callback
 
     return JournalWithHeartbeat
+
+
+@functools.cache
+def _rdb_with_heartbeat(optuna: Any) -> type:
+    """Optuna's ``RDBStorage`` whose stale trials also include the RUNNING ones that never recorded a heartbeat and
+    started more than ``grace_period`` seconds ago (Optuna's skips them). A trial's start is the clock of the worker
+    that started it (Optuna writes ``datetime.now()``): workers' clocks must agree within the grace period."""
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+    from optuna.trial import TrialState
+
+    class RDBWithHeartbeat(optuna.storages.RDBStorage):  # type: ignore[misc,name-defined]
+        def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+            return [*super()._get_stale_trial_ids(study_id), *self._silent_since_start(study_id)]
+
+        def _silent_since_start(self, study_id: int) -> list[int]:
+            running = self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
+            with _create_scoped_session(self.scoped_session) as session:
+                beating = {
+                    trial
+                    for (trial,) in session.query(models.TrialHeartbeatModel.trial_id).filter(
+                        models.TrialHeartbeatModel.trial_id.in_([t._trial_id for t in running])
+                    )
+                }
+            now = datetime.now()  # a FrozenTrial's datetime_start is naive local time
+            grace = self.grace_period if self.grace_period is not None else 2 * self.heartbeat_interval
+            return [
+                t._trial_id
+                for t in running
+                if t._trial_id not in beating
+                and t.datetime_start is not None
+                and (now - t.datetime_start).total_seconds() > grace
+            ]
+
+    return RDBWithHeartbeat

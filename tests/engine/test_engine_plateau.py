@@ -40,11 +40,18 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _fit(
-    tree: Path, run_dir: Path, optim: OptimSettings, *callbacks: L.Callback, epochs: int, ckpt_path: str | None = None
+    tree: Path,
+    run_dir: Path,
+    optim: OptimSettings,
+    *callbacks: L.Callback,
+    epochs: int,
+    ckpt_path: str | None = None,
+    objective: str = "ce",
+    **objective_args: Any,
 ) -> tuple[FineTuner, L.Trainer]:
     L.seed_everything(3)
     data = ImageClassificationData(root=str(tree), image_size=16, batch_size=8, seed=3, val_fraction=0.25)
-    model = FineTuner(create("ce"), backbone="small_cnn", optim=optim)
+    model = FineTuner(create(objective, **objective_args), backbone="small_cnn", optim=optim)
     trainer = make_trainer(
         run_dir, progress=False, max_epochs=epochs, precision="32-true", callbacks=list(callbacks),
         enable_model_summary=False, num_sanity_val_steps=0,
@@ -85,8 +92,30 @@ def test_each_step_runs_at_the_schedule_times_torchs_plateau_factor_and_the_run_
         assert lr == pytest.approx(LR * cosine * scales[epoch], rel=1e-6), (step, epoch)
     assert model.plateau.entry() == {
         "patience": 1, "stop": 2, "factor": 0.1, "monitor": "val/loss", "decays": 2,
-        "lr_scale": pytest.approx(0.01), "stopped": True,
+        "lr_scale": pytest.approx(0.01), "stopped": True, "skipped_warmup": 0,
     }  # fmt: skip
+
+
+def test_the_validations_of_erm_pp_s_head_only_warm_up_do_not_count(
+    image_tree: Path, tmp_path: Path, scripted: None
+) -> None:
+    """DomainBed's ``set_lr`` steps the rule only once ``global_iter > linear_steps``: with a warm-up of two epochs'
+    steps, the validations after epochs 0 and 1 are skipped and the rule reads the losses from epoch 2 on."""
+    probe = _Rates()
+    _fit(image_tree, tmp_path / "probe", OptimSettings(lr=LR), probe, epochs=1)
+    per_epoch = len(probe.rates)
+    rates = _Rates()
+    optim = OptimSettings(lr=LR, schedule="constant", plateau_patience=1)
+    model, _ = _fit(
+        image_tree, tmp_path / "run", optim, rates, epochs=8, objective="erm_pp", linear_steps=2 * per_epoch
+    )
+    assert model.objective.steps == 8 * per_epoch
+    scales = [1.0, 1.0, *_torch_scales(LOSSES[2:], patience=1)]  # epoch e >= 2: the rule fed epochs 2 to e-1
+    assert scales[:8] == [1.0] * 6 + [pytest.approx(0.1)] * 2  # LOSSES[2:]: one decay, after epoch 5
+    for epoch, lr in rates.rates:
+        assert lr == pytest.approx(LR * scales[epoch], rel=1e-6), epoch
+    entry = model.plateau.entry()
+    assert entry["skipped_warmup"] == 2 and entry["decays"] == 1
 
 
 def test_real_validation_losses_drive_the_factor_as_torchs_rule(image_tree: Path, tmp_path: Path) -> None:

@@ -18,9 +18,13 @@ The rule is torch's own, run on a one-parameter optimiser whose learning rate is
 checkpointed with the callback's state: a resumed run goes on with them). ``results.json`` records ``plateau``
 (:meth:`PlateauDecay.entry`): the settings, the decays, the final factor and whether the stop ended the run.
 
-Differences from DomainBed: its rule reads the held-out loss every ``checkpoint_freq`` steps after the head-only
-warm-up, here every validation of the run (``--trainer.check_val_every_n_epoch``, ``val_check_interval``); its
-second run (the schedule found, replayed on all the data) is not automated.
+The validations during an objective's head-only warm-up (ERM++'s ``linear_steps``: an objective whose
+``warming_up`` is true) do not count, as DomainBed's ``ERMPlusPlus.set_lr`` reads the loss only once
+``global_iter > linear_steps``; ``results.json``'s ``plateau.skipped_warmup`` counts them.
+
+Differences from DomainBed: its rule reads the held-out loss every ``checkpoint_freq`` steps, here at every
+validation of the run (``--trainer.check_val_every_n_epoch``, ``val_check_interval``); its second run (the schedule
+found, replayed on all the data) is not automated.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class PlateauDecay(L.Callback):
         self.rule = ReduceLROnPlateau(self._holder, mode="min", factor=PLATEAU_FACTOR, patience=patience)
         self.decays = 0
         self.stopped = False
+        self.skipped_warmup = 0
 
     @property
     def state_key(self) -> str:
@@ -70,6 +75,9 @@ class PlateauDecay(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        if getattr(getattr(pl_module, "objective", None), "warming_up", False):
+            self.skipped_warmup += 1  # DomainBed's set_lr: no plateau step before global_iter > linear_steps
             return
         loss = self.monitored(trainer)
         if loss is None or not math.isfinite(loss):
@@ -99,12 +107,20 @@ class PlateauDecay(L.Callback):
             "decays": self.decays,
             "lr_scale": self.scale,
             "stopped": self.stopped,
+            "skipped_warmup": self.skipped_warmup,
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule.state_dict(), "scale": self.scale, "decays": self.decays, "stopped": self.stopped}
+        return {
+            "rule": self.rule.state_dict(),
+            "scale": self.scale,
+            "decays": self.decays,
+            "stopped": self.stopped,
+            "skipped_warmup": self.skipped_warmup,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.rule.load_state_dict(state_dict["rule"])
         self._holder.param_groups[0]["lr"] = state_dict["scale"]  # the rule's state holds all but its optimiser's
         self.decays, self.stopped = state_dict["decays"], state_dict["stopped"]
+        self.skipped_warmup = state_dict.get("skipped_warmup", 0)  # absent from checkpoints before it was counted

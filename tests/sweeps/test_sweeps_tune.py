@@ -424,6 +424,31 @@ def test_tpe_workers_sharing_a_study_run_distinct_start_up_points(
     assert all(0.1 <= eta <= 10 and 0.1 <= alpha <= 10 for eta, alpha in single(tmp_path / "three"))
 
 
+def test_tpe_workers_that_pass_the_n_trials_check_at_once_run_n_trials_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_arg: str
+) -> None:
+    """Every worker's ``tpe_left`` says yes (as two workers checking at the same moment both see one trial left): the
+    trials started after ``--n_trials`` others fail as surplus without a fit, and the study holds n_trials results."""
+    launched: list[str] = []
+    tpe = {"output": tmp_path, "sampler": "tpe", "n_trials": 2}
+
+    def fake_fit(args: list[str], run_dir: Path, stop: object = None, log_args: object = ()) -> int:
+        launched.append(run_dir.name)
+        if len(launched) == 1:  # while the first worker's first fit runs, a second worker joins the study
+            tune([data_arg], **tpe)
+        finish(run_dir, [0.5])
+        return 0
+
+    monkeypatch.setattr(tune_module, "launch_fit", fake_fit)
+    monkeypatch.setattr(tune_module, "tpe_left", lambda study, target: True)
+    study = tune([data_arg], **tpe)
+    assert launched == ["trial0000", "trial0001"]
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "FAIL", "FAIL"]
+    rows = list(csv.DictReader((tmp_path / "trials.csv").open()))
+    assert [r["failure"] for r in rows[2:]] == ["surplus: 2 trials of --n_trials 2 started before it"] * 2
+    assert sorted(p.name for p in (tmp_path / "trials").iterdir()) == ["trial0000", "trial0001"]
+
+
 def test_refuses_fit_arguments_that_leave_the_final_epoch_unvalidated(
     image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

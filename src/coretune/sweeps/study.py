@@ -40,6 +40,7 @@ __all__ = [
     "resume_interrupted",
     "retry_history",
     "tpe_left",
+    "tpe_surplus",
     "trial_rows",
 ]
 
@@ -127,6 +128,16 @@ def tpe_left(study: Any, target: int) -> bool:
     return states.count(TrialState.COMPLETE) + states.count(TrialState.RUNNING) < target
 
 
+def tpe_surplus(study: Any, number: int, target: int) -> bool:
+    """Whether TPE trial ``number`` is one more than ``--n_trials``: ``target`` trials started before it run or
+    finished. Two workers that pass :func:`tpe_left` at once both start a trial; the later one (the larger number)
+    then fails without a fit, so the study never overshoots."""
+    from optuna.trial import TrialState
+
+    busy = (TrialState.RUNNING, TrialState.COMPLETE)
+    return sum(t.number < number and t.state in busy for t in study.get_trials(deepcopy=False)) >= target
+
+
 def grid_duplicate(study: Any, number: int) -> int | None:
     """The earlier trial that runs or finished the grid point of trial ``number`` (two workers drew the point at
     once, or both queued its retry), else None: the later trial fails without a fit."""
@@ -191,14 +202,15 @@ def interrupted_by(trial: Any) -> str | None:
 
 
 def failure(trial: Any) -> str:
-    """``trials.csv``'s ``failure``: ``diverged: <the fit's message>``, ``interrupted by SIGINT`` or empty."""
+    """``trials.csv``'s ``failure``: ``diverged: <the fit's message>``, ``interrupted by SIGINT``, a duplicate's or a
+    surplus trial's reason, or empty."""
     if trial.state.name == "COMPLETE":
         return ""
     if "diverged" in trial.user_attrs:
         return f"diverged: {trial.user_attrs['diverged']}"
     if (signal_name := interrupted_by(trial)) is not None:
         return f"interrupted by {signal_name}"
-    return trial.user_attrs.get("duplicate", "")
+    return trial.user_attrs.get("duplicate", "") or trial.user_attrs.get("surplus", "")
 
 
 def check_repeats(study: Any, repeats: int) -> None:

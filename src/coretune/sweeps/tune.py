@@ -74,6 +74,7 @@ from .study import (
     resume_interrupted,
     retry_history,
     tpe_left,
+    tpe_surplus,
     trial_rows,
 )
 from .trialargs import check_fit_args, check_trial_args
@@ -202,12 +203,16 @@ def tune(
     def folder_of(trial: Any, params: dict[str, float]) -> str:
         """A grid point's folder, or the TPE trial's, named after the trial it retries (resumed from its
         checkpoint). A TPE retry whose original another worker's copy already finished fails as a duplicate: two
-        workers resuming at once may both queue it, and a trial counted twice would skew ``--n_trials`` and TPE."""
+        workers resuming at once may both queue it, and a trial counted twice would skew ``--n_trials`` and TPE. A
+        TPE trial started after ``--n_trials`` others fails as surplus (two workers passed ``tpe_left`` at once)."""
         if sampler == "grid":
             if (earlier := grid_duplicate(study, trial.number)) is not None:
                 trial.set_user_attr("duplicate", f"duplicate of trial {earlier}, which runs or finished its point")
                 raise TrialFailed(f"trial {trial.number}: {trial.user_attrs['duplicate']}")
             return trial_folder(params)
+        if tpe_surplus(study, trial.number, target):
+            trial.set_user_attr("surplus", f"surplus: {target} trials of --n_trials {target} started before it")
+            raise TrialFailed(f"trial {trial.number}: {trial.user_attrs['surplus']}")
         trials = study.get_trials(deepcopy=False)
         origin = {t.number: (retry_history(optuna, t) or [t.number])[0] for t in trials}
         first = origin.get(trial.number, trial.number)

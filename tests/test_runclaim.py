@@ -60,6 +60,28 @@ def test_the_claim_follows_the_fit_and_lapses_when_it_exits(tmp_path: Path, othe
     assert read_claim(tmp_path) == RunClaim.of(os.getpid())
 
 
+@pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="a zombie is told from /proc")
+def test_a_killed_fit_left_as_a_zombie_holds_no_claim(tmp_path: Path) -> None:
+    """A fit killed with its sweep (kill -9 of the process group) is a zombie until process 1 reaps it, which a
+    container's may never do: its /proc entry stays, but it runs no more (the killed-worker test's flake under load)."""
+    claim_run(tmp_path)
+    fit = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    point_claim(tmp_path, fit.pid)
+    assert live_claim(tmp_path) == RunClaim.of(fit.pid)
+    release_claim(tmp_path)
+    fit.kill()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{fit.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":  # not reaped: no wait()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        assert read_claim(tmp_path) is not None and live_claim(tmp_path) is None
+        claim_run(tmp_path)  # the zombie's claim is replaced
+        assert read_claim(tmp_path) == RunClaim.of(os.getpid())
+    finally:
+        fit.wait()
+
+
 def test_claimed_holds_the_run_for_the_block(tmp_path: Path) -> None:
     with pytest.raises(KeyError), claimed(tmp_path):
         assert live_claim(tmp_path) == RunClaim.of(os.getpid())

@@ -62,9 +62,15 @@ class RunInUse(RuntimeError):
     """The run directory is claimed by another live process (:data:`CLAIM_FILE`)."""
 
 
+_EXITED = ("Z", "X", "x")
+"""The states of ``/proc/PID/stat`` of a process that has exited: zombie, dead."""
+
+
 def process_started(pid: int) -> float:
     """When process ``pid`` of this host started (seconds since the epoch); ``ProcessLookupError`` when none runs,
-    ``PermissionError`` when it runs but may not be inspected. Read from ``/proc`` on Linux (as psutil does). Elsewhere
+    ``PermissionError`` when it runs but may not be inspected. Read from ``/proc`` on Linux (as psutil does), where a
+    zombie (a killed fit whose parent died too, left for an init that has not reaped it yet, or never will in a
+    container whose process 1 reaps nothing) runs no more: its claim is stale. Elsewhere
     only whether the process exists is known (POSIX: signal 0) and the start time is 0: a pid reused after a killed
     sweep then counts as its claim's process; on Windows, where signal 0 would interrupt the process, a claim's
     process always counts as running (the refusal names the claim file to delete)."""
@@ -74,6 +80,8 @@ def process_started(pid: int) -> float:
             fields = stat.read_text().rpartition(")")[2].split()  # after the command name, which may hold spaces
         except FileNotFoundError:
             raise ProcessLookupError(pid) from None
+        if fields[0] in _EXITED:
+            raise ProcessLookupError(pid)
         return _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
     if os.name == "nt":
         raise PermissionError(pid)

@@ -34,7 +34,8 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The suite in worker processes (pytest-xdist), one more than the cores, up to 4: many tests wait on processes they
-# start, so a third worker on this 2-core machine keeps both cores busy (515 s against 584 s with two, stop 63).
+# start, so a third worker on this 2-core machine keeps both cores busy (pytest 515 s with three workers at stop 63;
+# 584 s with two on stop 62's code, which had 6 more fits: not side by side).
 # worksteal: a worker that runs out of tests takes some of another's queue, so a long test near the end of one
 # worker's share does not leave the other idle.
 PYTEST_WORKERS := -n $(shell $(PYTHON) -c 'import os; n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1; print(min(4, n + 1))') --dist worksteal

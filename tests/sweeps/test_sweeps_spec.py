@@ -314,3 +314,31 @@ def test_the_long_simclr_pretraining_is_the_strength_studys_recipe_run_longer(
     }
     assert (config["seed_everything"], config["trainer"]["precision"]) == (0, recorded["trainer"]["precision"])
     assert config["trainer"]["max_epochs"] == 200 and config["snapshot_epochs"] == list(range(25, 201, 25))
+
+
+@pytest.mark.parametrize(
+    ("spec_file", "study_file"),
+    [
+        ("cifar10_cpu_strength_long.yaml", "cifar10_cpu_strength.yaml"),
+        ("cifar10_cpu_strength_long_1pct.yaml", "cifar10_cpu_strength_1pct.yaml"),
+    ],
+)
+def test_the_long_checkpoints_specs_extend_the_strength_study(spec_file: str, study_file: str) -> None:
+    """Issue 65's specs: the strength study's base arguments and rows, argument for argument (their points extend its
+    series), plus LP-FT probing for an eighth of the run; every column reads a snapshot the long pre-training writes."""
+    root = Path(__file__).parents[2]
+    spec, study = (BenchSpec.from_yaml(root / "configs" / "bench" / name) for name in (spec_file, study_file))
+    assert spec.base_args == study.base_args and tuple(spec.seeds) == tuple(study.seeds) == (0, 1, 2)
+    assert spec.label_fractions == study.label_fractions
+    shared = {o.name: o for o in study.objectives}
+    assert [o.name for o in spec.objectives] == [*shared, "lp_ft"]
+    for objective in spec.objectives[:-1]:
+        assert objective == shared[objective.name]
+    lp_ft = spec.objectives[-1]
+    epochs = int(next(a for a in spec.base_args if a.startswith("--trainer.max_epochs=")).split("=")[1])
+    assert lp_ft.objective == "ce" and lp_ft.args == (f"--model.optim.lp_epochs={round(epochs / 8)}",)
+    pretraining = yaml.safe_load((root / "configs" / "pretrain" / "cifar10_r18_simclr_long.yaml").read_text())
+    written = {f"{pretraining['run_dir']}/pretrained-epoch{e}.pth.tar" for e in pretraining["snapshot_epochs"]}
+    for name, args in spec.datasets.items():
+        (weights,) = [a.split("=", 1)[1] for a in args if a.startswith("--model.weights=")]
+        assert weights in written and name == f"simclr_e{weights.rsplit('epoch', 1)[1].split('.')[0]}", name

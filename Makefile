@@ -33,12 +33,11 @@ lint: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-# The suite in worker processes (pytest-xdist), one more than the cores, up to 4: many tests wait on processes they
-# start, so a third worker on this 2-core machine keeps both cores busy (pytest 515 s with three workers at stop 63;
-# 584 s with two on stop 62's code, which had 6 more fits: not side by side).
+# The suite in worker processes, one per core up to 4 (pytest-xdist): about half the time on this 2-core machine.
+# (A third worker on 2 cores gave no gain on a fresh clone: pytest 594 s at stop 63 against 584 s with two at stop 62.)
 # worksteal: a worker that runs out of tests takes some of another's queue, so a long test near the end of one
 # worker's share does not leave the other idle.
-PYTEST_WORKERS := -n $(shell $(PYTHON) -c 'import os; n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1; print(min(4, n + 1))') --dist worksteal
+PYTEST_WORKERS := -n auto --maxprocesses 4 --dist worksteal
 
 test: lint docs
 	$(PY) -m pytest -q $(PYTEST_WORKERS)

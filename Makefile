@@ -34,7 +34,8 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The suite in worker processes, one per core up to 4 (pytest-xdist): about half the time on this 2-core machine.
-# (A third worker on 2 cores gave no gain on a fresh clone: pytest 594 s at stop 63 against 584 s with two at stop 62.)
+# (A third worker on 2 cores gave no gain on a fresh clone: pytest 594 s at stop 63 against 584 s with two at stop 62,
+# whose code had 6 more fits: not side by side.)
 # worksteal: a worker that runs out of tests takes some of another's queue, so a long test near the end of one
 # worker's share does not leave the other idle.
 PYTEST_WORKERS := -n auto --maxprocesses 4 --dist worksteal

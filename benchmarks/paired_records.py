@@ -20,35 +20,37 @@ arguments and seeds), as those two specs' do.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import math
+import os
 import re
 from pathlib import Path
 
+from coretune.engine import read_metrics
+from coretune.sweeps.records import percent, run_top1
 from coretune.sweeps.stats import Cell, compare
 
 SEED_DIR = re.compile(r"^seed(\d+)$")
 
 
 def read_cell(folder: Path) -> tuple[Cell, dict[int, float]]:
-    """The finished runs under ``folder``: a :class:`Cell` of test top-1 (%) by seed, and training top-1 (%) at each
-    run's last epoch by seed (absent where its ``metrics.csv`` has none)."""
+    """The finished runs under ``folder``: a :class:`Cell` of test top-1 (%) by seed (:func:`run_top1`, as
+    ``coretune bench`` reads it: a run without a test score is left out), and training top-1 (%) at each run's last
+    epoch by seed (absent where its ``metrics.csv`` has none)."""
     values: dict[int, float] = {}
     train: dict[int, float] = {}
     for results in sorted(folder.rglob("results.json")):
-        match = SEED_DIR.match(results.parent.name)
-        test = json.loads(results.read_text()).get("test") if match else None
-        if not test:
+        run = results.parent
+        match = SEED_DIR.match(run.name)
+        top1 = run_top1(run) if match else None
+        if top1 is None:
             continue  # not a seed's run, or a run that did not finish
         seed = int(match.group(1))
         if seed in values:
             raise SystemExit(f"paired_records: {folder} holds two runs of seed {seed}: name one cell per folder")
-        values[seed] = 100 * float(test["top1"])
-        metrics = results.parent / "metrics.csv"
-        rows = [r for r in csv.DictReader(metrics.open()) if r.get("train/top1")] if metrics.is_file() else []
-        if rows:
-            train[seed] = 100 * float(rows[-1]["train/top1"])
+        values[seed] = top1
+        rows = [r for r in read_metrics(run / "metrics.csv") if r.get("train/top1")]
+        if rows and (trained := percent(rows[-1]["train/top1"])) is not None:
+            train[seed] = trained
     if not values:
         raise SystemExit(f"paired_records: no finished run (seedN/results.json with test results) under {folder}")
     seeds = tuple(sorted(values))
@@ -62,7 +64,7 @@ def _label(folder: Path, root: Path) -> str:
 def table(folders: list[Path]) -> str:
     """The markdown table described in the module docstring."""
     cells = [read_cell(f) for f in folders]
-    root = Path(*_common_parts(folders))
+    root = Path(os.path.commonpath(folders))
     base = cells[0][0]
     lines = [
         f"Cells under {root}; differences from {_label(folders[0], root)}, paired by seed.",
@@ -86,16 +88,6 @@ def table(folders: list[Path]) -> str:
             f"{', '.join(map(str, cell.seeds))}) | {trained} | {diff} | {test} |"
         )
     return "\n".join(lines)
-
-
-def _common_parts(folders: list[Path]) -> tuple[str, ...]:
-    parts = [f.resolve().parts for f in folders]
-    common: list[str] = []
-    for group in zip(*parts, strict=False):
-        if len(set(group)) != 1:
-            break
-        common.append(group[0])
-    return tuple(common) or ("/",)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -308,7 +308,8 @@ def test_the_long_simclr_pretraining_is_the_strength_studys_recipe_run_longer(
     assert config["model"] == recorded["model"] | {
         "init_args": recorded["model"]["init_args"] | {"backbone_args": None}
     }
-    loading = {"num_workers", "pin_memory", "persistent_workers"}  # how images are loaded, not which (defaults since)
+    # how images are loaded, not which (the loader defaults since; decoding once, added at a resume: the same pixels)
+    loading = {"num_workers", "pin_memory", "persistent_workers", "cache_images"}
     assert {k: v for k, v in config["data"].items() if k not in loading} == {
         k: v for k, v in recorded["data"].items() if k not in loading
     }

@@ -292,15 +292,23 @@ def test_issue_66s_specs_expand_and_share_the_runs_their_headers_copy(
     assert spec.base_args == base.base_args and spec.datasets == base.datasets
 
 
-def test_the_long_simclr_pretraining_is_the_strength_studys_recipe_run_longer(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("config_file", "epochs", "snapshots"),
+    [("cifar10_r18_simclr_long.yaml", 200, list(range(25, 201, 25))), ("cifar10_r18_simclr_e40.yaml", 40, [20, 40])],
+)
+def test_the_long_simclr_pretrainings_are_the_strength_studys_recipe_run_longer(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    config_file: str,
+    epochs: int,
+    snapshots: list[int],
 ) -> None:
-    """configs/pretrain/cifar10_r18_simclr_long.yaml (issue 65): every model and data setting of the strength
-    study's SimCLR pre-training (its committed config.yaml) but the length: 200 epochs, a snapshot every 25."""
+    """configs/pretrain/cifar10_r18_simclr_long.yaml and _e40.yaml (issue 65): every model and data setting of the
+    strength study's SimCLR pre-training (its committed config.yaml) but the length and the snapshots."""
     root = Path(__file__).parents[2]
     monkeypatch.chdir(root)
     with pytest.raises(SystemExit) as done:
-        main(["pretrain", "--config", "configs/pretrain/cifar10_r18_simclr_long.yaml", "--print_config"])
+        main(["pretrain", "--config", f"configs/pretrain/{config_file}", "--print_config"])
     assert done.value.code in (None, 0)
     config = yaml.safe_load(capsys.readouterr().out)
     record = root / "docs" / "records" / "cifar10-cpu-strength-pretrain" / "cifar10-simclr-r18-32px" / "config.yaml"
@@ -314,7 +322,26 @@ def test_the_long_simclr_pretraining_is_the_strength_studys_recipe_run_longer(
         k: v for k, v in recorded["data"].items() if k not in loading
     }
     assert (config["seed_everything"], config["trainer"]["precision"]) == (0, recorded["trainer"]["precision"])
-    assert config["trainer"]["max_epochs"] == 200 and config["snapshot_epochs"] == list(range(25, 201, 25))
+    assert config["trainer"]["max_epochs"] == epochs and config["snapshot_epochs"] == snapshots
+
+
+def _kept_snapshots() -> dict[str, str]:
+    """configs/pretrain/cifar10_r18_simclr_e40.yaml's header: each ``keep_snapshot.py SNAPSHOT DEST`` command, DEST →
+    SNAPSHOT, where SNAPSHOT must be an epoch snapshot the pre-training writes."""
+    from coretune.pretrain import PRETRAINED_FILENAME, snapshot_path
+
+    text = (Path(__file__).parents[2] / "configs" / "pretrain" / "cifar10_r18_simclr_e40.yaml").read_text()
+    pretraining = yaml.safe_load(text)
+    header = " ".join(line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#"))
+    pretrained = Path(pretraining["run_dir"]) / PRETRAINED_FILENAME
+    written = {str(snapshot_path(pretrained, e)) for e in pretraining["snapshot_epochs"]}
+    kept = {}
+    for command in header.split("benchmarks/keep_snapshot.py")[1:]:
+        source, dest = command.replace("\\", " ").split()[:2]  # paths without spaces
+        assert source in written, source
+        kept[dest] = source
+    assert kept
+    return kept
 
 
 @pytest.mark.parametrize(
@@ -326,7 +353,8 @@ def test_the_long_simclr_pretraining_is_the_strength_studys_recipe_run_longer(
 )
 def test_the_long_checkpoints_specs_extend_the_strength_study(spec_file: str, study_file: str) -> None:
     """Issue 65's specs: the strength study's base arguments and rows, argument for argument (their points extend its
-    series), plus LP-FT probing for an eighth of the run; every column reads a snapshot the long pre-training writes."""
+    series), plus LP-FT probing for an eighth of the run; every column reads the kept (half-precision) copy of a
+    snapshot the 40-epoch pre-training writes, as its header's keep_snapshot.py command makes it."""
     root = Path(__file__).parents[2]
     spec, study = (BenchSpec.from_yaml(root / "configs" / "bench" / name) for name in (spec_file, study_file))
     assert spec.base_args == study.base_args and tuple(spec.seeds) == tuple(study.seeds) == (0, 1, 2)
@@ -338,8 +366,8 @@ def test_the_long_checkpoints_specs_extend_the_strength_study(spec_file: str, st
     lp_ft = spec.objectives[-1]
     epochs = int(next(a for a in spec.base_args if a.startswith("--trainer.max_epochs=")).split("=")[1])
     assert lp_ft.objective == "ce" and lp_ft.args == (f"--model.optim.lp_epochs={round(epochs / 8)}",)
-    pretraining = yaml.safe_load((root / "configs" / "pretrain" / "cifar10_r18_simclr_long.yaml").read_text())
-    written = {f"{pretraining['run_dir']}/pretrained-epoch{e}.pth.tar" for e in pretraining["snapshot_epochs"]}
+    kept = _kept_snapshots()
     for name, args in spec.datasets.items():
         (weights,) = [a.split("=", 1)[1] for a in args if a.startswith("--model.weights=")]
-        assert weights in written and name == f"simclr_e{weights.rsplit('epoch', 1)[1].split('.')[0]}", name
+        assert weights in kept and name == f"simclr_e{weights.rsplit('epoch', 1)[1].split('.')[0]}", name
+        assert Path(weights).parent.name == Path(kept[weights]).parent.name  # the record folder is the run's

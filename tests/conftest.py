@@ -45,3 +45,15 @@ def other_process() -> Iterator[subprocess.Popen]:
     yield proc
     proc.kill()
     proc.wait()
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    """With ``CORETUNE_TEST_ORDER_DIR`` set, append each test's id to ``<dir>/<worker>.txt`` as it starts: the order
+    each xdist worker ran its tests in, to find the earlier test whose leftover state tips a later one (a flaky
+    failure seen only in the whole suite; ``main.txt``: the controller's, every test as reported). Unset (the
+    default), nothing is written."""
+    folder = os.environ.get("CORETUNE_TEST_ORDER_DIR")
+    if folder:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(Path(folder) / f"{worker}.txt", "a", encoding="utf-8") as order:
+            order.write(nodeid + "\n")

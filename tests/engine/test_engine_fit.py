@@ -149,16 +149,26 @@ def test_epoch_summary_shows_loss_and_top1_of_the_row() -> None:
 
 
 def test_rerunning_the_command_resumes_its_run_directory(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, recwarn: pytest.WarningsRecorder
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, recwarn: pytest.WarningsRecorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without --ckpt_path, a run directory with checkpoints/last.ckpt is resumed, never restarted and overwritten."""
+    """Without --ckpt_path, a run directory with checkpoints/last.ckpt is resumed, never restarted and overwritten;
+    its provenance names the commit it started from, and every commit its sessions ran."""
+    from coretune.engine import callbacks
     from image_trees import make_image_tree
 
+    head = ["1111111"]  # the checkout's HEAD, as each session (and the end of each fit) reads it
+    real = callbacks.provenance
+    monkeypatch.setattr(callbacks, "provenance", lambda: real() | {"commit": head[0]})
     tree, run = make_image_tree(tmp_path / "data"), tmp_path / "run"
     main(fit_args(tree, run, "--trainer.max_epochs=1"))
+    assert "commits" not in (made := json.loads((run / "results.json").read_text())["provenance"])
+    assert made["commit"] == "1111111"
     (first,) = read_metrics(run / "metrics.csv")
+    head[0] = "2222222"  # a commit lands before the run is resumed
     with caplog.at_level(logging.INFO):
         main(fit_args(tree, run))  # the same command for 2 epochs: continues from epoch 1
+    made = json.loads((run / "results.json").read_text())["provenance"]
+    assert made["commit"] == "1111111" and made["commits"] == ["1111111", "2222222"]
     assert f"Restored all states from the checkpoint at {run / 'checkpoints' / 'last.ckpt'}" in caplog.text
     assert f"resuming the run in {run} from {run / 'checkpoints' / 'last.ckpt'}" in caplog.text
     rows = read_metrics(run / "metrics.csv")
@@ -570,3 +580,18 @@ def test_cpu_time_does_not_grow_while_the_process_waits(tmp_path: Path) -> None:
     older.load_state_dict({k: v for k, v in state.items() if k != "cpu_time_s"})
     older.on_fit_start(L.Trainer(logger=False, enable_progress_bar=False), L.LightningModule())
     assert older.state_dict()["cpu_time_s"] is None
+
+
+def test_a_run_records_the_commit_it_started_from_when_head_moves_during_the_fit(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit landing while a run trains does not become the run's: ``commit`` is read when the fit starts, and
+    ``commits`` shows that HEAD moved (stop 67's pre-training recorded the commit of its end)."""
+    from coretune.engine import callbacks
+
+    heads = iter(["aaaaaaa", "bbbbbbb"])  # at the fit's start, then at its end
+    real = callbacks.provenance
+    monkeypatch.setattr(callbacks, "provenance", lambda: real() | {"commit": next(heads)})
+    main(["fit", f"--data.root={image_tree}", *TINY_FIT, f"--run_dir={tmp_path / 'run'}", *QUIET])
+    made = json.loads((tmp_path / "run" / "results.json").read_text())["provenance"]
+    assert made["commit"] == "aaaaaaa" and made["commits"] == ["aaaaaaa", "bbbbbbb"]

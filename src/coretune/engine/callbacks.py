@@ -94,6 +94,11 @@ def provenance() -> dict[str, Any]:
     }
 
 
+def _seen(commits: Sequence[str | None], commit: str | None) -> list[str | None]:
+    """``commits`` with ``commit`` appended unless it is the last one already (the commits a run was made from)."""
+    return [*commits, commit] if not commits or commits[-1] != commit else list(commits)
+
+
 def read_metrics(path: str | Path) -> list[dict[str, str]]:
     """The rows of a run's ``metrics.csv`` (empty when absent)."""
     path = Path(path)
@@ -195,6 +200,7 @@ class RunArtifacts(L.Callback):
         self._in_epoch = False
         self._epoch_lr = float("nan")
         self._validated = False  # this epoch ran validation (Lightning keeps the last val/* in callback_metrics)
+        self._commits: list[str | None] = []  # the commit at each session's start (a resumed run's earlier ones too)
 
     def run_dir(self, trainer: L.Trainer) -> Path:
         return self._run_dir if self._run_dir is not None else Path(trainer.default_root_dir)
@@ -204,6 +210,8 @@ class RunArtifacts(L.Callback):
         self._fit_start = self._epoch_start = self._epoch_wall_start = time.perf_counter()
         self._cpu_start = time.process_time()
         self._in_epoch = True  # until the first epoch ends (a mid-epoch resume skips on_train_epoch_start)
+        if trainer.is_global_zero:  # the code that trains: read now, not when the run ends (HEAD may move meanwhile)
+            self._commits = _seen(self._commits, provenance()["commit"])
         if trainer.is_global_zero and RunDir(self.run_dir(trainer)).results.is_file():
             # fit again after a failure, or extend a finished run (--trainer.max_epochs): until this fit tests
             # again, the run is not finished, and its old test score must not stand for the weights it trains on
@@ -242,6 +250,7 @@ class RunArtifacts(L.Callback):
             "wall_time_s": self._earlier_wall + now - self._fit_start,
             "cpu_time_s": self._cpu_time(),
             "train_images": self._images,
+            "commits": self._commits,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -252,6 +261,8 @@ class RunArtifacts(L.Callback):
         # a checkpoint of older code has no CPU time: unknown, rather than the last session's alone
         self._earlier_cpu = state_dict.get("cpu_time_s")
         self._images = state_dict.get("train_images", 0)
+        # on_fit_start runs after a resume restores this: the first session's commit comes first
+        self._commits = list(state_dict.get("commits", []))
 
     def _cpu_time(self) -> float | None:
         """The CPU seconds this process has spent fitting (from fit start to fit end, as ``wall_time_s``), every
@@ -318,7 +329,7 @@ class RunArtifacts(L.Callback):
             **_train_class_counts(pl_module),
             # a fine-tuning's pre-trained file (None: a random initialisation); pre-training records none
             **({"weights_sha256": pl_module.weights_sha256} if hasattr(pl_module, "weights_sha256") else {}),
-            provenance=provenance(),
+            provenance=self._provenance(),
             # --model.optim.plateau_patience: the decays made, the final factor, whether plateau_stop ended the run
             **({"plateau": plateau.entry()} if (plateau := getattr(pl_module, "plateau", None)) else {}),
             # --model.compile: "compiled", or "eager: <why compilation failed>"; 16-mixed: the scaler's skipped steps
@@ -330,6 +341,14 @@ class RunArtifacts(L.Callback):
             if (last := RunDir(run_dir).last_checkpoint).is_file()
             else None,
         )
+
+    def _provenance(self) -> dict[str, Any]:
+        """:func:`provenance` with ``commit`` the one the run started from (a resumed run: its first session's),
+        and ``commits``, every session's start commit and the one at the end in order, when they are not all one."""
+        made = provenance()
+        commits = _seen(self._commits, made["commit"])
+        made["commit"] = commits[0]
+        return made | ({"commits": commits} if len(commits) > 1 else {})
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         results = getattr(pl_module, "test_results", None)

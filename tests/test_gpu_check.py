@@ -3,7 +3,6 @@ check cannot rot before it next runs on a GPU; and its ratios, targets, budget a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,16 +11,12 @@ from types import ModuleType
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture
 def gpu_check(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its package, gpucheck
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
+    yield load_benchmark("gpu_check", monkeypatch)  # with benchmarks/ on sys.path: its package, gpucheck
     for name in [n for n in sys.modules if n == "gpucheck" or n.startswith("gpucheck.")]:
         del sys.modules[name]
 

@@ -6,27 +6,21 @@ another network are refused in one line, nothing written."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
+from benchmark_scripts import load_benchmark
 from coretune.models import create_backbone, load_checkpoint_file, load_pretrained
 
-ROOT = Path(__file__).resolve().parents[1]
 NORMALIZATION = {"mean": [0.4914, 0.4822, 0.4465], "std": [0.247, 0.2435, 0.2616]}
 
 
 @pytest.fixture
 def keep_snapshot(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("keep_snapshot", ROOT / "benchmarks" / "keep_snapshot.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "keep_snapshot", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("keep_snapshot", monkeypatch)
 
 
 def _snapshot(path: Path, backbone: str = "resnet18", **overrides: float) -> dict[str, torch.Tensor]:

@@ -4,26 +4,20 @@ against numbers worked out by hand from the records it reads; bad folders are re
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from scipy.stats import ttest_rel
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture
 def paired_records(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("paired_records", ROOT / "benchmarks" / "paired_records.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "paired_records", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("paired_records", monkeypatch)
 
 
 def _record(cell: Path, seed: int, top1: float | None, train: list[float]) -> None:

@@ -4,7 +4,6 @@ and writes the JSON record and the Markdown table docs/benchmarks.md quotes; bad
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,15 +14,14 @@ from types import ModuleType
 import pytest
 import torch
 
+from benchmark_scripts import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def vit_speed(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vit_speed", ROOT / "benchmarks" / "vit_speed.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "vit_speed", module)  # its dataclass resolves its annotations there
-    spec.loader.exec_module(module)
+    module = load_benchmark("vit_speed", monkeypatch)
     threads = torch.get_num_threads()
     yield module
     torch.set_num_threads(threads)

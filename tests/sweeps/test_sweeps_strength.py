@@ -4,11 +4,9 @@ spec, and each method's paired gain over CE-tuning against the checkpoint's kNN 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import re
-import sys
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +17,7 @@ import pytest
 import yaml
 from sweep_helpers import data_root, fabricate
 
+from benchmark_scripts import load_benchmark
 from coretune.sweeps import BenchSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,13 +33,8 @@ TOP1 = {
 
 
 @pytest.fixture
-def strength() -> ModuleType:
-    module_spec = importlib.util.spec_from_file_location("strength_gain", ROOT / "benchmarks" / "strength_gain.py")
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules["strength_gain"] = module  # its dataclasses resolve their annotations through it
-    module_spec.loader.exec_module(module)
-    return module
+def strength(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_benchmark("strength_gain", monkeypatch)
 
 
 def _spec(tmp_path: Path, name: str = "strength", fraction: float = 0.1, strong: str = "strong.pth") -> BenchSpec:

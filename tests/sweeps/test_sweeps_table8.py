@@ -4,7 +4,6 @@ records with --aggregate_only; and benchmarks/robust_table.py's evaluate, which 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -14,6 +13,7 @@ import pytest
 import yaml
 from scipy.stats import ttest_rel
 
+from benchmark_scripts import load_benchmark
 from coretune.cli import main
 from coretune.sweeps import BenchSpec
 
@@ -209,9 +209,7 @@ def test_a_robust_results_file_of_weights_the_run_trained_on_from_is_refused(tmp
 def test_robust_table_evaluate_scores_each_finished_unscored_run_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    module_spec = importlib.util.spec_from_file_location("robust_table", ROOT / "benchmarks" / "robust_table.py")
-    robust_table = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(robust_table)
+    robust_table = load_benchmark("robust_table", monkeypatch)
     calls: list[list[str]] = []
     monkeypatch.setattr(robust_table, "coretune", calls.append)
     assert (
@@ -248,9 +246,7 @@ def test_robust_table_evaluate_scores_each_finished_unscored_run_once(
 def test_robust_table_evaluate_goes_on_past_a_run_it_cannot_score(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    module_spec = importlib.util.spec_from_file_location("robust_table", ROOT / "benchmarks" / "robust_table.py")
-    robust_table = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(robust_table)
+    robust_table = load_benchmark("robust_table", monkeypatch)
     spec_file = adversarial_spec(tmp_path)
     spec = BenchSpec.from_yaml(spec_file).subset(["ce"], [0, 1])
     fabricate(spec, {"ce": RECORDS["ce"][:2]})

@@ -19,13 +19,15 @@ copies of the weights, whose rounding is 8 times coarser. A finite value beyond 
 command, nothing written. The kept file is the checkpoint: score it (``coretune eval knn``) and fine-tune it, and
 record its SHA-256 (printed here; a fit's ``results.json`` names it as ``weights_sha256``), not the snapshot's.
 
-DEST must not exist (no file is replaced); the write is atomic. The command checks its own output: DEST is read
-back into a fresh backbone and must equal the snapshot's tensors rounded to float16.
+DEST must not exist (no file is replaced) and its folder must be writable; the write is atomic (a disk that fills
+mid-write leaves nothing and says so in one line). The command checks its own output: DEST is read back into a fresh
+backbone and must equal the snapshot's tensors rounded to float16.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -43,13 +45,15 @@ class KeepError(ValueError):
 
 
 def check_paths(snapshot: Path, dest: Path) -> None:
-    """Refuse a missing snapshot, an existing destination and a destination outside an existing folder."""
+    """Refuse a missing snapshot, an existing destination and a destination outside an existing, writable folder."""
     if not snapshot.is_file():
         raise KeepError(f"snapshot {snapshot} not found: give the pre-training's pretrained-epochE.pth.tar")
     if dest.exists():
         raise KeepError(f"{dest} exists: this command writes new files only; choose another name or remove it")
     if not dest.parent.is_dir():
         raise KeepError(f"folder {dest.parent} does not exist: create it first")
+    if not os.access(dest.parent, os.W_OK | os.X_OK):
+        raise KeepError(f"folder {dest.parent} is not writable: choose a folder you can write to")
 
 
 def check_range(state: dict[str, torch.Tensor]) -> None:
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         kept = keep(args.snapshot, args.dest, args.backbone)
-    except (KeepError, CheckpointError) as err:
+    except (KeepError, CheckpointError, OSError) as err:  # OSError: a disk that fills or fails mid-write
         print(f"keep_snapshot: {err}", file=sys.stderr)
         return 2
     print(

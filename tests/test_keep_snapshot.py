@@ -84,9 +84,9 @@ def test_the_kept_file_is_the_snapshot_in_half_precision(keep_snapshot: ModuleTy
     assert float(encoder.body.state_dict()["layer1.0.bn1.running_mean"].view(-1)[0]) == 0.0
 
 
-@pytest.mark.parametrize("problem", ["missing", "exists", "overflow", "other_network"])
+@pytest.mark.parametrize("problem", ["missing", "exists", "overflow", "other_network", "unwritable", "disk_full"])
 def test_refusals_are_one_line_and_write_nothing(
-    keep_snapshot: ModuleType, tmp_path: Path, capsys, problem: str
+    keep_snapshot: ModuleType, tmp_path: Path, capsys, problem: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source, dest = tmp_path / "snapshot.pth.tar", tmp_path / "kept.pth.tar"
     backbone = "small_cnn"
@@ -96,6 +96,15 @@ def test_refusals_are_one_line_and_write_nothing(
         dest.write_text("someone's file\n")
     if problem == "other_network":
         backbone = "resnet18"
+    if problem == "unwritable":  # a folder without write permission (chmod does not stop root, who runs the tests)
+        access = keep_snapshot.os.access
+        monkeypatch.setattr(keep_snapshot.os, "access", lambda p, mode: Path(p) != tmp_path and access(p, mode))
+    if problem == "disk_full":
+
+        def full(obj: object, path: Path) -> None:
+            raise OSError(28, "No space left on device", str(path))
+
+        monkeypatch.setattr(keep_snapshot, "atomic_torch_save", full)
     code = keep_snapshot.main([str(source), str(dest), "--backbone", backbone])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("keep_snapshot: "), err
@@ -104,6 +113,8 @@ def test_refusals_are_one_line_and_write_nothing(
         "exists": "writes new files only",
         "overflow": "beyond float16's range",
         "other_network": "resnet18",
+        "unwritable": "is not writable",
+        "disk_full": "No space left on device",
     }[problem]
     assert expected in err
     if problem == "exists":

@@ -55,5 +55,6 @@ def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) 
     folder = os.environ.get("CORETUNE_TEST_ORDER_DIR")
     if folder:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        Path(folder).mkdir(parents=True, exist_ok=True)  # made by the first test to start (workers race: exist_ok)
         with open(Path(folder) / f"{worker}.txt", "a", encoding="utf-8") as order:
             order.write(nodeid + "\n")

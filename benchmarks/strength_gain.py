@@ -535,6 +535,16 @@ def markdown(rows: list[Row], baseline: str = "ce") -> str:
     return "\n".join(lines) + "\n"
 
 
+def dodge(keys: Sequence[tuple[str, float]], xs: Sequence[float], step: float = 0.01) -> dict[tuple[str, float], float]:
+    """Each line's sideways offset in the figure, so that the points of one checkpoint (the same kNN score on every
+    line) do not hide one another: the lines, in the order drawn, spaced ``step`` of the drawn kNN range apart and
+    centred on the true score (0 for a single line, or when every point has one score)."""
+    known = [x for x in xs if not math.isnan(x)]
+    width = step * (max(known) - min(known)) if len(known) > 1 else 0.0
+    middle = (len(keys) - 1) / 2
+    return {key: (i - middle) * width for i, key in enumerate(keys)}
+
+
 def figure(
     rows: list[Row],
     path: Path,
@@ -546,7 +556,8 @@ def figure(
     line per (method, label fraction): one colour per comparison (Core-tuning's gain over ``ce_mix`` in black), one
     line style and marker per label fraction (10%: solid, circles; 1%: dashed, squares). A point resting on fewer
     paired seeds than the most any point has is hollow; a series whose runs (or its reference's) diverged says how many
-    (``diverged``: :func:`diverged_runs`); the checkpoints are named along the top, the legend stands to the right of
+    (``diverged``: :func:`diverged_runs`); the lines are set apart sideways (:func:`dodge`, said in the title) so that
+    no point hides another; the checkpoints are named along the top, the legend stands to the right of
     the axes; ``footnote`` goes underneath."""
     import matplotlib
 
@@ -559,8 +570,11 @@ def figure(
     colours = {f"ce_mix − {baseline}": "C0", f"core − {baseline}": "C1", "core − ce_mix": "black"}
     for label, _ in series:  # another method of a spec: a colour of its own, never one of the three above
         colours.setdefault(label, f"C{len(colours) - 1}")
-    for (label, fraction), points in sorted(series.items(), key=lambda item: (-item[0][1], item[0][0])):
+    ordered = sorted(series.items(), key=lambda item: (-item[0][1], item[0][0]))
+    shift = dodge([key for key, _ in ordered], [x for _, points in ordered for _, x, _ in points])
+    for (label, fraction), points in ordered:
         shown = sorted(((x, g) for _, x, g in points if not math.isnan(x) and g.pairs), key=lambda p: p[0])
+        shown = [(x + shift[label, fraction], g) for x, g in shown]
         if not shown:
             continue
         lost = sum(1 for _, m, f, _, _ in diverged if f == fraction and m in label.split(" − "))
@@ -586,6 +600,9 @@ def figure(
         top = ax.secondary_xaxis("top")
         top.set_xticks([x for x, _ in named], labels=[n for _, n in named], fontsize=7, rotation=30, ha="left")
     title = f"Fine-tuning gain against pre-training strength (mean ± std over seeds; hollow: < {most} pairs)"
+    spread = max((abs(v) for v in shift.values()), default=0.0)
+    if spread:
+        title += f"\nthe lines are set apart sideways by up to ±{spread:.2g} kNN points so that none hides another"
     ax.set_title(title, fontsize=9)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)  # beside: covers no point

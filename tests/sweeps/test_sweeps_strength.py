@@ -279,13 +279,27 @@ def test_the_figure_marks_few_seeds_diverged_runs_the_checkpoints_and_the_caveat
         "core − ce_mix, 10% labels (1 diverged run(s) on this line)",
     }
     hollow = [line for line in ax.get_lines() if line.get_markerfacecolor() == "white"]
-    # weak's core rests on 2 paired seeds where every other point has 3: hollow on both of core's lines
-    assert sorted(tuple(line.get_xydata()[0]) for line in hollow) == [(20.0, -0.5), (20.0, 0.0)]
+    # weak's core rests on 2 paired seeds where every other point has 3: hollow on both of core's lines, which are
+    # drawn second and third of three and so set 0 and +0.4 (1% of the kNN range 20-60) to the side of kNN 20
+    hollow_points = sorted(tuple(line.get_xydata()[0]) for line in hollow)
+    assert hollow_points == [(20.0, -0.5), (pytest.approx(20.4), 0.0)]
+    assert "set apart sideways by up to ±0.4 kNN points" in ax.get_title()
     assert [t.get_text() for t in top.get_xticklabels()] == ["weak", "strong"]
     assert [t.get_text() for t in drawn[0].texts] == ["weak: a caveat"]
     # one colour per comparison, Core-tuning's own contribution (over ce_mix) in black; 10% of the labels solid
     series = {(line.get_color(), line.get_linestyle()) for line in ax.get_lines() if _a_series(line)}
     assert series == {("C0", "-"), ("C1", "-"), ("black", "-")}
+
+
+def test_the_lines_are_set_apart_around_the_true_score(strength: ModuleType) -> None:
+    """Dodging: the lines are spaced 1% of the kNN range apart in the order drawn, centred on the true score; one line,
+    or one score only, is not moved."""
+    keys = [("a", 0.1), ("b", 0.1), ("c", 0.01), ("d", 0.01)]
+    shift = strength.dodge(keys, [30.0, 70.0, math.nan])
+    assert [shift[k] for k in keys] == pytest.approx([-0.6, -0.2, 0.2, 0.6])
+    assert sum(shift.values()) == pytest.approx(0.0)
+    assert strength.dodge([("a", 0.1)], [30.0, 70.0]) == {("a", 0.1): 0.0}
+    assert set(strength.dodge(keys, [50.0, 50.0]).values()) == {0.0}
 
 
 def _a_series(line: Any) -> bool:

@@ -291,15 +291,16 @@ def test_the_figure_marks_few_seeds_diverged_runs_the_checkpoints_and_the_caveat
     assert series == {("C0", "-"), ("C1", "-"), ("black", "-")}
 
 
-def test_the_lines_are_set_apart_around_the_true_score(strength: ModuleType) -> None:
+def test_the_lines_are_set_apart_around_the_true_score(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dodging: the lines are spaced 1% of the kNN range apart in the order drawn, centred on the true score; one line,
     or one score only, is not moved."""
+    dodge = load_benchmark("strength_figure", monkeypatch).dodge
     keys = [("a", 0.1), ("b", 0.1), ("c", 0.01), ("d", 0.01)]
-    shift = strength.dodge(keys, [30.0, 70.0, math.nan])
+    shift = dodge(keys, [30.0, 70.0, math.nan])
     assert [shift[k] for k in keys] == pytest.approx([-0.6, -0.2, 0.2, 0.6])
     assert sum(shift.values()) == pytest.approx(0.0)
-    assert strength.dodge([("a", 0.1)], [30.0, 70.0]) == {("a", 0.1): 0.0}
-    assert set(strength.dodge(keys, [50.0, 50.0]).values()) == {0.0}
+    assert dodge([("a", 0.1)], [30.0, 70.0]) == {("a", 0.1): 0.0}
+    assert set(dodge(keys, [50.0, 50.0]).values()) == {0.0}
 
 
 def _a_series(line: Any) -> bool:

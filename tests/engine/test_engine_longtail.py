@@ -1,6 +1,7 @@
 """A long-tailed fit end to end: `--data.imbalance_ratio` recorded, the training images per class in results.json and
-the checkpoint, logit adjustment's priors from them, the many/medium/few-shot top-1 in the results (test, and
-validation when the classes fall into several groups) and in `coretune test`'s file."""
+the checkpoint, logit adjustment's priors from them (the objective's, or Core-tuning's ``logit_adjustment``), the
+many/medium/few-shot top-1 in the results (test, and validation when the classes fall into several groups) and in
+`coretune test`'s file."""
 
 from __future__ import annotations
 
@@ -18,11 +19,16 @@ from fit_flags import QUIET, TINY_FIT
 from image_trees import make_image_tree
 
 
-def test_a_long_tailed_fit_records_its_counts_and_scores_each_shot_group(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "objective",
+    [["--objective=logit_adjusted"], ["--objective=core", "--objective.logit_adjustment=1"]],
+    ids=["logit_adjusted", "core-adjusted"],
+)
+def test_a_long_tailed_fit_records_its_counts_and_scores_each_shot_group(tmp_path: Path, objective: list[str]) -> None:
     tree = make_image_tree(tmp_path / "data", classes=("a", "b", "c", "d"), per_class=24, val_per_class=3, size=16)
     run = tmp_path / "run"
     main([
-        "fit", *TINY_FIT, *QUIET, f"--data.root={tree}", f"--run_dir={run}", "--objective=logit_adjusted",
+        "fit", *TINY_FIT, *QUIET, f"--data.root={tree}", f"--run_dir={run}", *objective,
         "--data.imbalance_ratio=8", "--data.val_fraction=0.25", "--data.shot_thresholds=[12, 4]",
     ])  # fmt: skip
     # 24 · 8^(−i/3) = 24, 12, 6, 3 long-tailed, then a quarter of each held out for validation: 6, 3, 2 (1.5 up), 1

@@ -1005,6 +1005,10 @@ def test_unknown_objective_lists_the_registered_names(tree: Path, tmp_path: Path
             "invalid Core-tuning settings: temperature must be > 0 (got -0.07)",
         ),
         (
+            ["--objective=ce_mix", "--objective.logit_adjustment=-1"],
+            "invalid Core-tuning settings: logit_adjustment must be >= 0 (got -1.0; 1: balanced softmax, 0: none)",
+        ),
+        (
             ["--objective=core", "--objective.miner.lambda_n=1.5"],
             "invalid hard-pair miner settings: lambda_n must lie in [0, 1] (got 1.5)",
         ),

@@ -180,6 +180,7 @@ PAPER_DEFAULTS = {
     "gather": True,  # global batch under DDP (coretune.distributed); a no-op in one process
     "same_domain_positives": False,  # domain generalization: positives by class across domains, as the paper
     "label_smoothing": 0.0,  # the classifier CE's (timm's --smoothing): none, as the paper
+    "logit_adjustment": 0.0,  # the CEs' class-prior correction (class-imbalanced data): none, as the paper
 }
 
 

@@ -209,6 +209,11 @@ def test_config_of_another_task_is_refused(trained: tuple[Path, Path], image_tre
             "'core' with a cross-batch memory (memory.size 64)",
             "its cross-batch memory is for classification only",
         ),
+        (
+            ["--objective=core", "--objective.logit_adjustment=1"],
+            "'core' with logit_adjustment 1",
+            "it adjusts the classifier's cross-entropy by the class prior, not the pixel-wise one",
+        ),
     ],
 )
 def test_objectives_that_cannot_apply_are_refused(

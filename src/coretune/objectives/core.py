@@ -19,6 +19,7 @@ from ..losses import (
 )
 from ..memory import CrossBatchMemory, FeatureMemory
 from ..mining import HardPairMiner, beta_draws, mine_hard_positives, representable
+from ._prior import ClassPrior
 from .base import MovedSetting, Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["TABLE2_ROWS", "CoreTuning", "dense_contrastive_loss"]
@@ -39,7 +40,7 @@ def _old_mixing(mixing: Any) -> dict[str, Any]:
 @register("ce_mix", {"eta": 0.0, "miner": None, "manifold_mixup": True}, "Table 2 row 3: CE + manifold mixup.")
 @register("ce_con", {"focal": False, "miner": None}, "Table 2 row 2: CE + L_con (SupCon).")
 @register("core", doc="Core-tuning: focal contrastive loss + hardness-directed mixup + smooth classifier.")
-class CoreTuning(Objective):
+class CoreTuning(ClassPrior, Objective):
     r"""Core-tuning: :math:`\mathcal{L} = \mathcal{L}^m_{ce} + \eta\,\mathcal{L}^f_{con}` (paper §4.2).
 
     For a batch ``z = G_e(x)`` with labels ``y``:
@@ -99,6 +100,14 @@ class CoreTuning(Objective):
     ``memory`` logs how many memory rows a step used. The memory is only used in training mode; with
     no memory, during the warm-up and while it is empty, the loss is exactly the in-batch one.
 
+    Class-imbalanced data (beyond the paper, whose §5.1 fine-tunes on iNaturalist-18 with plain CE): with
+    ``logit_adjustment=τ_a > 0`` both cross-entropies of ``L^m_ce`` read the logits shifted by ``τ_a · log π``, ``π``
+    the training split's class prior (Menon et al., ICLR 2021, eq. 10, as :class:`~coretune.objectives.LogitAdjusted`;
+    for a generated row of soft target ``t``, ``−Σ_k t_k log softmax(G_y(b) + τ_a log π)_k``); the contrastive term is
+    unchanged, and evaluation and prediction read the plain logits (the balanced posterior). ``τ_a = 1`` is the
+    balanced softmax. ``coretune fit`` counts ``π`` from the training split; the priors are kept in checkpoints. Not
+    for segmentation (the pixel-wise cross-entropy is the task's).
+
     Args:
         eta: trade-off ``η >= 0`` of the contrastive term.
         temperature: ``τ > 0``.
@@ -120,6 +129,8 @@ class CoreTuning(Objective):
         label_smoothing: label smoothing of the classifier's cross-entropy, in [0, 1) (0: none;
             :attr:`Objective.label_smoothing`): ``CE(G_y(z), y)`` with torch's ``label_smoothing``, the generated
             rows' soft targets ``t`` as ``(1 - s) · t + s / K`` (timm's ``Mixup(label_smoothing=s)`` targets).
+        logit_adjustment: the logit adjustment ``τ_a >= 0`` of both cross-entropies (see above; 0, the default: none;
+            1: balanced softmax), for class-imbalanced data.
     """
 
     #: The flat settings of earlier versions, read for one release (``--objective.lambda_n`` …).
@@ -159,10 +170,13 @@ class CoreTuning(Objective):
         gather: bool = True,
         same_domain_positives: bool = False,
         label_smoothing: float = 0.0,
+        logit_adjustment: float = 0.0,
     ) -> None:
         super().__init__()
         self.label_smoothing = label_smoothing_setting(label_smoothing)
         problems = []
+        if isinstance(logit_adjustment, bool) or not isinstance(logit_adjustment, int | float) or logit_adjustment < 0:
+            problems.append(f"logit_adjustment must be >= 0 (got {logit_adjustment!r}; 1: balanced softmax, 0: none)")
         if eta < 0:
             problems.append(f"eta must be >= 0 (got {eta})")
         if temperature <= 0:
@@ -197,9 +211,15 @@ class CoreTuning(Objective):
         self.focal, self.manifold_mixup, self.smooth_classifier = focal, manifold_mixup, smooth_classifier
         self.classifier_pairs, self.gather = classifier_pairs, gather
         self.same_domain_positives = same_domain_positives
+        self.logit_adjustment = float(logit_adjustment)
         self.generator: torch.Generator | None = None
 
     takes_domains = True  # same_domain_positives reads them
+
+    @property  # type: ignore[override]
+    def needs_class_counts(self) -> bool:  # the class prior of logit_adjustment > 0
+        return self.logit_adjustment > 0
+
     dense = True  # segmentation: pixel-wise CE + η × dense_contrastive_loss
 
     @property
@@ -217,6 +237,9 @@ class CoreTuning(Objective):
         return self.cross_batch if name == "memory" else super().setting(name, default)
 
     def dense_problem(self) -> tuple[str, str] | None:
+        if self.logit_adjustment > 0:
+            what = f"{self.name!r} with logit_adjustment {self.logit_adjustment:g}"
+            return what, "it adjusts the classifier's cross-entropy by the class prior, not the pixel-wise one"
         if self.manifold_mixup:
             return f"{self.name!r} with manifold_mixup (as ce_mix)", (
                 "it mixes features to train the classifier, which has no pixels to mix"
@@ -230,11 +253,19 @@ class CoreTuning(Objective):
     def dense_weight(self) -> float:
         return self.eta
 
+    def _adjusted(self, logits: Tensor) -> Tensor:
+        """``logits + τ · log π`` in float32 (``logit_adjustment`` τ > 0), else ``logits`` as they are."""
+        if self.logit_adjustment == 0:
+            return logits
+        return logits.float() + self.logit_adjustment * self.log_prior.float()
+
     def dense_loss(self, pooled: Tensor, labels: Tensor) -> Tensor:
         """:func:`dense_contrastive_loss` of the pooled feature maps, drawing from :attr:`generator`."""
         return dense_contrastive_loss(self, pooled, labels, self.generator)
 
     def build_heads(self, feature_dim: int, num_classes: int) -> None:
+        if self.logit_adjustment > 0:
+            self.build_prior(num_classes)
         if self.eta > 0:
             self.projector = ProjectionHead(feature_dim, self.proj_dim, self.proj_depth)
         if self.cross_batch is not None:
@@ -269,6 +300,8 @@ class CoreTuning(Objective):
     ) -> ObjectiveOutput:
         """The training loss; ``domains`` ``(B,)`` are the rows' domain labels (used by ``same_domain_positives``)."""
         self._check_built()
+        if self.logit_adjustment > 0:
+            self.require_prior()
         if self.same_domain_positives and domains is None:
             raise ValueError(
                 "same_domain_positives needs the batches' domain labels: fine-tune with --task domain_generalization"
@@ -301,11 +334,12 @@ class CoreTuning(Objective):
 
         all_logits = self.classifier(torch.cat([features, *generated]))
         logits = all_logits[:b]
-        ce = self.cross_entropy(logits, labels)
+        trained = self._adjusted(all_logits)  # the cross-entropies' logits (+ τ log π); evaluation reads `logits`
+        ce = self.cross_entropy(trained[:b], labels)
         loss = ce
         terms = {"ce": ce.detach()}
         if generated:
-            ce_mix = self.soft_cross_entropy(all_logits[b:], torch.cat(targets))
+            ce_mix = self.soft_cross_entropy(trained[b:], torch.cat(targets))
             loss = loss + ce_mix
             terms["ce_mix"] = ce_mix.detach()
         if self.eta > 0:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import torch
 from torch import Tensor
 
+from ._prior import ClassPrior
 from .base import Objective, ObjectiveOutput, label_smoothing_setting, register
 
 __all__ = ["LogitAdjusted"]
@@ -16,7 +16,7 @@ __all__ = ["LogitAdjusted"]
     "logit_adjusted",
     doc="Logit adjustment (Menon et al., 2021): CE on logits + τ·log(class prior); τ = 1 is balanced softmax.",
 )
-class LogitAdjusted(Objective):
+class LogitAdjusted(ClassPrior, Objective):
     r"""The logit-adjusted loss of "Long-tail learning via logit adjustment" (Menon et al., ICLR 2021, eq. 10):
 
     .. math:: \ell(y, f(x)) = -\log \frac{e^{f_y(x) + \tau \log \pi_y}}{\sum_{y'} e^{f_{y'}(x) + \tau \log \pi_{y'}}}
@@ -32,7 +32,9 @@ class LogitAdjusted(Objective):
     Differences from the reference code (google-research ``logit_adjustment``): none in the loss (its
     ``base_probs`` are these priors, and it adds ``τ · log(base_probs)`` to the logits); the optimiser and schedule
     are the engine's. The paper's post-hoc variant (train with CE, predict ``argmax f_y − τ log π_y``) is not
-    offered. The priors are a buffer of the objective, kept in its checkpoints.
+    offered. The priors are a buffer of the objective, kept in its checkpoints (:class:`ClassPrior`). Core-tuning
+    takes the same adjustment in both its cross-entropies: ``--objective.logit_adjustment τ`` of ``core``,
+    ``ce_mix``.
 
     Terms: ``ce`` (the adjusted cross-entropy), ``loss``.
 
@@ -52,44 +54,9 @@ class LogitAdjusted(Objective):
         if isinstance(tau, bool) or not isinstance(tau, int | float) or not tau >= 0:
             raise ValueError(f"invalid logit adjustment settings: tau must be >= 0 (got {tau!r}; 1: balanced softmax)")
         self.tau = float(tau)
-        self._priors_known = False
-        self._pending_counts: Tensor | None = None
 
     def build_heads(self, feature_dim: int, num_classes: int) -> None:
-        self.register_buffer("log_prior", torch.zeros(num_classes))
-        if self._pending_counts is not None:  # observed before a lazily built objective's first call
-            counts, self._pending_counts = self._pending_counts, None
-            self.observe_class_counts(counts)
-
-    def observe_class_counts(self, counts: Tensor) -> None:
-        """Set the class priors ``π = counts / Σ counts`` from the training images per class ``(K,)``.
-
-        Raises:
-            ValueError: ``counts`` is not one count per class, or a class has no training image (its prior would be
-                0 and its adjustment −∞).
-        """
-        counts = torch.as_tensor(counts).reshape(-1)
-        if self.num_classes is None:  # a lazily built objective: applied when its heads are built
-            self._pending_counts = counts.clone()
-            return
-        if counts.numel() != self.num_classes:
-            raise ValueError(
-                f"logit adjustment got {counts.numel()} class counts for {self.num_classes} classes: pass the training "
-                "images of every class, in class-index order"
-            )
-        if (empty := torch.nonzero(counts <= 0).flatten()).numel():
-            raise ValueError(
-                f"logit adjustment needs training images of every class: class {int(empty[0])} has none (its prior "
-                "would be 0 and its logit −∞); add images of it, or fine-tune with another objective"
-            )
-        prior = counts.double() / counts.double().sum()
-        self.log_prior.copy_(prior.log().to(self.log_prior))
-        self._priors_known = True
-
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        if f"{prefix}log_prior" in state_dict:  # a checkpoint's priors (a resumed run, coretune test)
-            self._priors_known = True
+        self.build_prior(num_classes)
 
     def adjusted_logits(self, logits: Tensor) -> Tensor:
         """``logits + τ · log π`` (float32)."""
@@ -97,11 +64,7 @@ class LogitAdjusted(Objective):
 
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
         self._check_built()
-        if not self._priors_known:
-            raise RuntimeError(
-                "logit adjustment has no class priors: call objective.observe_class_counts(training images per class) "
-                "before training (coretune fit does it from the training split)"
-            )
+        self.require_prior()
         logits = self.classifier(features)
         ce = self.cross_entropy(self.adjusted_logits(logits), labels)
         return ObjectiveOutput(ce, logits, {"ce": ce.detach(), "loss": ce.detach()})

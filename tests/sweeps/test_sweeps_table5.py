@@ -18,13 +18,18 @@ from coretune.sweeps.measures import collect_measures, shot_measures
 LT = Path(__file__).resolve().parents[2] / "configs" / "bench" / "cifar10_cpu_lt.yaml"
 
 
-def test_the_lt_spec_expands_to_four_methods_two_ratios_three_seeds() -> None:
+def test_the_lt_spec_expands_to_five_methods_two_ratios_three_seeds() -> None:
     spec = BenchSpec.from_yaml(LT)
     runs = spec.runs()
-    assert spec.table == "table5" and len(runs) == 2 * 4 * 3
+    methods = ("ce", "ce_mix", "core", "logit_adjusted", "core_la")
+    assert spec.table == "table5" and len(runs) == 2 * 5 * 3
     assert {(r.dataset, r.objective) for r in runs} == {
-        (d, o) for d in ("cifar10_lt100", "cifar10_lt10") for o in ("ce", "ce_mix", "core", "logit_adjusted")
+        (d, o) for d in ("cifar10_lt100", "cifar10_lt10") for o in methods
     }
+    for run in runs:  # Core-tuning with logit-adjusted cross-entropies: core's settings and τ = 1
+        if run.objective == "core_la":
+            assert run.job.objective == "core" and "--objective.logit_adjustment=1.0" in run.args, run.args
+            assert {"--objective.eta=0.1", "--objective.alpha=10"} <= set(run.args)
     for run in runs:
         assert f"--data.imbalance_ratio={run.dataset.removeprefix('cifar10_lt')}" in run.args
         assert "--model.weights=../shared/checkpoints/simclr_resnet18_in20_64px.pth.tar" in run.args

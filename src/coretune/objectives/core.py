@@ -215,12 +215,12 @@ class CoreTuning(ClassPrior, Objective):
         self.generator: torch.Generator | None = None
 
     takes_domains = True  # same_domain_positives reads them
+    dense = True  # segmentation: pixel-wise CE + η × dense_contrastive_loss
 
     @property  # type: ignore[override]
-    def needs_class_counts(self) -> bool:  # the class prior of logit_adjustment > 0
+    def needs_class_counts(self) -> bool:
+        """Whether ``coretune fit`` must count the training images per class: for ``logit_adjustment > 0``."""
         return self.logit_adjustment > 0
-
-    dense = True  # segmentation: pixel-wise CE + η × dense_contrastive_loss
 
     @property
     def mixing(self) -> Mixing:

@@ -33,8 +33,8 @@ class LogitAdjusted(ClassPrior, Objective):
     ``base_probs`` are these priors, and it adds ``τ · log(base_probs)`` to the logits); the optimiser and schedule
     are the engine's. The paper's post-hoc variant (train with CE, predict ``argmax f_y − τ log π_y``) is not
     offered. The priors are a buffer of the objective, kept in its checkpoints (:class:`ClassPrior`). Core-tuning
-    takes the same adjustment in both its cross-entropies: ``--objective.logit_adjustment τ`` of ``core``,
-    ``ce_mix``.
+    takes the same adjustment in both its cross-entropies: ``--objective.logit_adjustment τ`` of ``core`` and its
+    presets (``ce_mix`` …).
 
     Terms: ``ce`` (the adjusted cross-entropy), ``loss``.
 

@@ -16,7 +16,7 @@ class ClassPrior(nn.Module):
     ``log_prior`` (kept in checkpoints), ``π = counts / Σ counts`` from :meth:`observe_class_counts` (which ``coretune
     fit`` calls with the training split's images per class). Call :meth:`build_prior` from ``build_heads`` (a lazily
     built objective takes counts observed before it), :meth:`require_prior` before the loss; the logit-adjusted
-    cross-entropy is the cross-entropy of ``logits + τ · log_prior``."""
+    cross-entropy is the cross-entropy of :meth:`prior_adjusted` logits, ``logits + τ · log_prior``."""
 
     num_classes: int | None
     _priors_known: bool = False
@@ -67,6 +67,12 @@ class ClassPrior(nn.Module):
                 "logit adjustment has no class priors: call objective.observe_class_counts(training images per class) "
                 "before training (coretune fit does it from the training split)"
             )
+
+    def prior_adjusted(self, logits: Tensor, tau: float) -> Tensor:
+        """``logits + τ · log π`` in float32; ``logits`` as they are at ``τ = 0`` (no prior needed then)."""
+        if tau == 0:
+            return logits
+        return logits.float() + tau * self.log_prior.float()
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -253,12 +253,6 @@ class CoreTuning(ClassPrior, Objective):
     def dense_weight(self) -> float:
         return self.eta
 
-    def _adjusted(self, logits: Tensor) -> Tensor:
-        """``logits + τ · log π`` in float32 (``logit_adjustment`` τ > 0), else ``logits`` as they are."""
-        if self.logit_adjustment == 0:
-            return logits
-        return logits.float() + self.logit_adjustment * self.log_prior.float()
-
     def dense_loss(self, pooled: Tensor, labels: Tensor) -> Tensor:
         """:func:`dense_contrastive_loss` of the pooled feature maps, drawing from :attr:`generator`."""
         return dense_contrastive_loss(self, pooled, labels, self.generator)
@@ -334,7 +328,8 @@ class CoreTuning(ClassPrior, Objective):
 
         all_logits = self.classifier(torch.cat([features, *generated]))
         logits = all_logits[:b]
-        trained = self._adjusted(all_logits)  # the cross-entropies' logits (+ τ log π); evaluation reads `logits`
+        # the cross-entropies' logits (+ τ log π at logit_adjustment τ > 0); evaluation reads the plain `logits`
+        trained = self.prior_adjusted(all_logits, self.logit_adjustment)
         ce = self.cross_entropy(trained[:b], labels)
         loss = ce
         terms = {"ce": ce.detach()}

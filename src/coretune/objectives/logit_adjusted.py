@@ -60,7 +60,7 @@ class LogitAdjusted(ClassPrior, Objective):
 
     def adjusted_logits(self, logits: Tensor) -> Tensor:
         """``logits + τ · log π`` (float32)."""
-        return logits.float() + self.tau * self.log_prior.float()
+        return self.prior_adjusted(logits, self.tau).float()
 
     def forward(self, features: Tensor, labels: Tensor, *, inputs: Tensor | None = None) -> ObjectiveOutput:
         self._check_built()

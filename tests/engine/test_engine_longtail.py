@@ -21,8 +21,12 @@ from image_trees import make_image_tree
 
 @pytest.mark.parametrize(
     "objective",
-    [["--objective=logit_adjusted"], ["--objective=core", "--objective.logit_adjustment=1"]],
-    ids=["logit_adjusted", "core-adjusted"],
+    [
+        ["--objective=logit_adjusted"],
+        ["--objective=core", "--objective.logit_adjustment=1"],
+        ["--objective=ce_mix", "--objective.logit_adjustment=1"],  # the LT spec's ce_mix_la row
+    ],
+    ids=["logit_adjusted", "core-adjusted", "ce_mix-adjusted"],
 )
 def test_a_long_tailed_fit_records_its_counts_and_scores_each_shot_group(tmp_path: Path, objective: list[str]) -> None:
     tree = make_image_tree(tmp_path / "data", classes=("a", "b", "c", "d"), per_class=24, val_per_class=3, size=16)

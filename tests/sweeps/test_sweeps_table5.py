@@ -18,18 +18,21 @@ from coretune.sweeps.measures import collect_measures, shot_measures
 LT = Path(__file__).resolve().parents[2] / "configs" / "bench" / "cifar10_cpu_lt.yaml"
 
 
-def test_the_lt_spec_expands_to_five_methods_two_ratios_three_seeds() -> None:
+def test_the_lt_spec_expands_to_six_methods_two_ratios_three_seeds() -> None:
     spec = BenchSpec.from_yaml(LT)
     runs = spec.runs()
-    methods = ("ce", "ce_mix", "core", "logit_adjusted", "core_la")
-    assert spec.table == "table5" and len(runs) == 2 * 5 * 3
+    methods = ("ce", "ce_mix", "core", "logit_adjusted", "core_la", "ce_mix_la")
+    assert spec.table == "table5" and len(runs) == 2 * 6 * 3
     assert {(r.dataset, r.objective) for r in runs} == {
         (d, o) for d in ("cifar10_lt100", "cifar10_lt10") for o in methods
     }
-    for run in runs:  # Core-tuning with logit-adjusted cross-entropies: core's settings and τ = 1
+    for run in runs:  # logit-adjusted cross-entropies (τ = 1) inside Core-tuning and inside ce_mix, their settings kept
         if run.objective == "core_la":
             assert run.job.objective == "core" and "--objective.logit_adjustment=1.0" in run.args, run.args
             assert {"--objective.eta=0.1", "--objective.alpha=10"} <= set(run.args)
+        if run.objective == "ce_mix_la":  # core_la without the contrastive term
+            assert run.job.objective == "ce_mix" and "--objective.logit_adjustment=1.0" in run.args, run.args
+            assert "--objective.alpha=10" in run.args and "--objective.eta=0.1" not in run.args
     for run in runs:
         assert f"--data.imbalance_ratio={run.dataset.removeprefix('cifar10_lt')}" in run.args
         assert "--model.weights=../shared/checkpoints/simclr_resnet18_in20_64px.pth.tar" in run.args

@@ -207,8 +207,8 @@ def _mean_sd(values: list[float], sign: str = "") -> str:
 
 
 def tables(report: dict[tuple[str, int], dict], pairs: dict[str, list[dict]]) -> str:
-    """Markdown: each method's mean over seeds at δ = 0, δ = 1, best δ on the test set and cross-fitted; then the
-    paired differences."""
+    """Markdown: each method's mean over seeds at δ = 0, δ = 1, best δ on the test set and cross-fitted; the
+    cross-fitted top-1 of each shot group; then the paired differences."""
     lines = [
         "| Method (seeds) | δ = 0 (as trained) | δ = 1 | best δ on test (δ) | cross-fitted (δ chosen per half) |",
         "|---|:-:|:-:|:-:|:-:|",
@@ -223,6 +223,11 @@ def tables(report: dict[tuple[str, int], dict], pairs: dict[str, list[dict]]) ->
             f"{_mean_sd([r['best_on_test']['top1'] for r in runs])} ({deltas}) | "
             f"{_mean_sd([r['cross_fitted']['top1'] for r in runs])} ({chosen}) |"
         )
+    lines += ["", "| Method, cross-fitted | top-1 | many-shot | medium-shot | few-shot |", "|---|:-:|:-:|:-:|:-:|"]
+    for m in sorted({m for m, _ in report}):
+        fitted = [report[(m, s)]["cross_fitted"] for s in sorted(s for mm, s in report if mm == m)]
+        cells = [_mean_sd([f[k] for f in fitted]) if fitted[0][k] is not None else "–" for k in ("top1", *GROUPS)]
+        lines.append(f"| {m} | {' | '.join(cells)} |")
     lines += ["", "| Comparison | reading | mean ± sd | per seed | paired p |", "|---|---|:-:|:-:|:-:|"]
     for reading, rows in pairs.items():
         for r in rows:

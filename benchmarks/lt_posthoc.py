@@ -17,8 +17,8 @@ of δ: the test images are split per class into two halves (alternate files in p
 most accurate; ties to the smallest |δ|) is scored on the other, and the two scores are averaged. The cross-fitted
 top-1 is what a user with a balanced held-out set of 5,000 images would get; the same number for every method makes
 their comparison fair. Paired differences (seed by seed, :func:`coretune.sweeps.stats.compare`'s t-test) of the
-cross-fitted top-1 and of δ = 1 follow. ``--out`` writes everything as strict JSON (the record); the markdown tables
-go to stdout.
+cross-fitted top-1 (over all classes, then each group's), of δ = 0 and of δ = 1 follow. ``--out`` writes everything
+as strict JSON (the record); the markdown tables go to stdout.
 
     .venv/bin/python benchmarks/lt_posthoc.py runs/bench/cifar10-cpu-lt/cifar10_lt100 \\
         --test /work/data/cifar10/test --cache runs/lt-posthoc/lt100 --logits \\
@@ -266,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         "δ = 1": paired(report, lambda r: r["delta1"]["top1"]),
         "cross-fitted": paired(report, lambda r: r["cross_fitted"]["top1"]),
     }
+    for g in GROUPS:  # a group without classes (R = 10's few-shot) has no pairs
+        if all(r["cross_fitted"][g] is not None for r in report.values()):
+            pairs[f"cross-fitted, {g}-shot"] = paired(report, lambda r, g=g: r["cross_fitted"][g])
     print(tables(report, pairs))
     if args.out is not None:
         record = {

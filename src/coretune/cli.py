@@ -59,6 +59,7 @@ def validate(args: list[str]) -> None:
 
 def _predict_parser() -> ArgumentParser:
     from .apps.devices import add_trainer_arguments
+    from .apps.posthoc import add_posthoc_argument
     from .data.datasets import OnBadImage
     from .data.loading import NumWorkers
     from .runs.config import add_config_argument
@@ -107,6 +108,7 @@ def _predict_parser() -> ArgumentParser:
         help="Unreadable image files: 'error' stops at the first (the output file is left as it was); 'skip' decodes "
         "every file first, leaves the unreadable ones out of the CSV and lists them in one warning.",
     )
+    add_posthoc_argument(parser)
     add_trainer_arguments(parser, what="the model")
     return parser
 
@@ -131,6 +133,7 @@ def predict(args: list[str]) -> None:
         accelerator=cfg.trainer.accelerator,
         devices=cfg.trainer.devices,
         precision=cfg.trainer.precision,
+        posthoc_adjustment=cfg.posthoc_adjustment,
     )
     print(f"predictions: {out}")
 

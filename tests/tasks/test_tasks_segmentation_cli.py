@@ -191,6 +191,10 @@ def test_config_of_another_task_is_refused(trained: tuple[Path, Path], image_tre
         "--data.image_size 32: a segmentation model predicts each image at its own size (its mask has the image's "
         "size); drop --data.image_size"
     )
+    assert error(["predict", f"--ckpt_path={segmenter}", f"--input={image_tree}", "--posthoc_adjustment=1"]) == (
+        f"--posthoc_adjustment applies to classifiers; checkpoint {segmenter} is a segmentation model (its logits are "
+        "per pixel): drop --posthoc_adjustment"
+    )
 
 
 # -- bad inputs through coretune fit ------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from ..runs.config import check_config_task
 from ..runs.outputs import check_file_output, check_folder_output, check_output_path, mark_folder, trained_data_paths
 from ..tasks import Task
 from .devices import Placement, placement
+from .posthoc import check_posthoc_adjustment, posthoc_shift
 
 __all__ = ["default_output", "predict_folder", "predict_masks"]
 
@@ -51,6 +52,7 @@ def predict_folder(
     accelerator: str = "auto",
     devices: Any = "auto",
     precision: Any = "32-true",
+    posthoc_adjustment: float = 0.0,
 ) -> Path:
     """Predict every image under ``folder`` (or the one image file it names) with the checkpoint's task; return what
     was written (default :func:`default_output`).
@@ -65,6 +67,8 @@ def predict_folder(
     on the CPU none).
 
     The image size and normalisation default to those the model was fine-tuned with (stored in the checkpoint).
+    ``posthoc_adjustment`` τ > 0 (classification): predict ``argmax f(x) − τ · log π`` (π the checkpoint's
+    training class frequencies; :mod:`~coretune.apps.posthoc`); the probabilities are the softmax of those logits.
     The CSV is written to a temporary file that replaces ``output`` only once every image is predicted: an error
     leaves an existing ``output`` as it was. ``on_bad_image="skip"`` decodes every file first and leaves the
     unreadable ones out, with one warning listing them.
@@ -78,10 +82,12 @@ def predict_folder(
     if not is_auto(num_workers) and (not isinstance(num_workers, int) or num_workers < 0):
         raise ValueError(f"--data.num_workers must be >= 0 or auto (got {num_workers!r})")
     place = placement(accelerator, devices, precision, command="predict")
+    check_posthoc_adjustment(posthoc_adjustment)
     reads = [("the checkpoint", ckpt_path), *(("a --config file", path) for path in config_files)]
     trained = trained_data_paths(ckpt_path)
     check_output_path(output, "predict", reads=reads, data=[Path(folder), *trained])  # before the checkpoint is read
     model = FineTuner.from_checkpoint(ckpt_path, map_location=str(place.device)).eval()
+    model.logit_shift = posthoc_shift(model, posthoc_adjustment, ckpt_path)
     for config in config_files:
         check_config_task(config, model.task.name, str(ckpt_path))
     output = Path(output if output is not None else default_output(model.task))

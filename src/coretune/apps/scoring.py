@@ -5,6 +5,7 @@ classification). The image size and normalisation default to those the model was
 checkpoint), the classes must be those it was fine-tuned on; ``--data.*`` (or a run's ``config.yaml`` through
 ``--config``) overrides the first two. The results go to a JSON file of their own in the checkpoint's run
 directory (``test_results.json``, ``val_results.json``); the fit's ``results.json`` is left as it is.
+``--posthoc_adjustment τ`` scores the classifier's post-hoc logit-adjusted predictions (:mod:`.posthoc`).
 
 A classification checkpoint is also scored on one labelled folder without training data: ``--data.root DIR`` whose
 class folders stand in ``DIR`` itself (or in ``DIR/test``, ``DIR/val``, with no ``DIR/train``), or
@@ -27,6 +28,7 @@ from ..runs.layout import RunDir
 from ..runs.outputs import check_file_output, data_paths, trained_data_paths
 from ..tasks import DEFAULT_TASK, TASKS, Task
 from .devices import add_trainer_arguments
+from .posthoc import add_posthoc_argument, posthoc_shift
 from .vocabulary import translate
 
 __all__ = ["Split", "arg_value", "check_classes", "results_output", "score", "score_parser", "written_by"]
@@ -55,6 +57,7 @@ def score_parser(command: Split, task: type[Task] | Task = TASKS[DEFAULT_TASK]) 
         help=f"JSON file to write the results to (default: {_results_name(command)} in the checkpoint's run "
         "directory, the folder holding its checkpoints/ folder, or beside the checkpoint).",
     )
+    add_posthoc_argument(parser)
     add_trainer_arguments(parser, precision=default_precision(), what="the checkpoint is scored")
     return parser
 
@@ -85,6 +88,7 @@ def score(command: Split, args: Sequence[str]) -> Path:
     data_read = [*data_paths(cfg.data.as_dict()), *trained_data_paths(ckpt)]
     output = results_output(cfg.output, ckpt, results, command, reads=reads, data=data_read, ours=ours)
     trainer = _trainer(cfg.trainer, output.parent)  # its settings checked before any image is read
+    model.logit_shift = posthoc_shift(model, cfg.posthoc_adjustment, cfg.ckpt_path)  # as are the counts it needs
     options = cfg.data.as_dict()
     standalone = model.task.scored_folder_options(command, options)
     data = model.task.data_class(**(standalone or options))
@@ -94,6 +98,8 @@ def score(command: Split, args: Sequence[str]) -> Path:
     results: dict[str, Any] = {"checkpoint": str(ckpt), "data": options}
     if standalone:
         results["scored_folder"] = standalone["train_dir"]
+    if cfg.posthoc_adjustment:
+        results["posthoc_adjustment"] = cfg.posthoc_adjustment
     if command == "test":
         trainer.test(model, datamodule=data)
         results["test"] = model.test_results

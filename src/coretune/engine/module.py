@@ -198,6 +198,9 @@ class FineTuner(L.LightningModule):
         #: many/medium/few-shot groups of the results and the objective's :meth:`~Objective.observe_class_counts`.
         self.train_class_counts: list[int] | None = None
         self.checkpoint_meta: CheckpointMeta | None = None  # the checkpoint's 'coretune' entry (from_checkpoint)
+        #: Added to the class logits :meth:`forward` returns (``(K,)``; None: nothing): ``coretune test`` and
+        #: ``predict``'s ``--posthoc_adjustment`` (:func:`coretune.apps.posthoc.posthoc_shift`). Never set in a fit.
+        self.logit_shift: Tensor | None = None
         self.loaded_checkpoint: dict[str, Any] = {}  # the path, epoch and step of the checkpoint last loaded
         # which weights its checkpoints hold under weight averaging (engine.averaging sets it; None: the trained)
         self.averaging: dict[str, Any] | None = None
@@ -386,9 +389,11 @@ class FineTuner(L.LightningModule):
         return x
 
     def forward(self, x: Tensor) -> Tensor:
-        """The task's logits of a batch of images (class logits ``(B, K)`` for classification)."""
+        """The task's logits of a batch of images (class logits ``(B, K)`` for classification), plus
+        :attr:`logit_shift` (in float32) when one is set."""
         x = self._images(x)
-        return self.task.predict(self.objective, self.task.features(self.backbone, x), x)
+        logits = self.task.predict(self.objective, self.task.features(self.backbone, x), x)
+        return logits if self.logit_shift is None else logits.float() + self.logit_shift.to(logits.device)
 
     def transform_batch(self, batch: Batch) -> Batch:
         """The training batch the backbone sees: :attr:`batch_transform`'s result, or ``batch`` itself."""

@@ -149,6 +149,7 @@ def export(args: list[str]) -> None:
 
     from .apps.devices import add_trainer_arguments
     from .apps.export import DEFAULT_FORMATS, EXPORT_FORMATS, export_checkpoint
+    from .apps.posthoc import add_posthoc_argument
     from .runs.config import add_config_argument, config_files, parse_with_config
 
     parser = ArgumentParser(
@@ -171,6 +172,7 @@ def export(args: list[str]) -> None:
     )
     add_trainer_arguments(parser, what="the read-back check (ONNX's on the CPU; the files are float32 either way)")
     parser.set_defaults({"trainer.accelerator": "cpu"})
+    add_posthoc_argument(parser)
     for flag in _LEGACY_EXPORT_FLAGS:  # deprecated: not in --help
         parser.add_argument(f"--{flag}", type=bool | None, default=None, help=argparse.SUPPRESS)
     if sum(arg == "--format" or arg.startswith("--format=") for arg in args) > 1:
@@ -204,6 +206,7 @@ def export(args: list[str]) -> None:
         accelerator=trainer.accelerator,
         devices=trainer.devices,
         precision=trainer.precision,
+        posthoc_adjustment=cfg.posthoc_adjustment,
     )
     for path in written:
         print(path)

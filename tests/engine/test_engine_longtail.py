@@ -1,8 +1,8 @@
 """A long-tailed fit end to end: `--data.imbalance_ratio` recorded, the training images per class in results.json and
 the checkpoint, logit adjustment's priors from them (the objective's, or Core-tuning's ``logit_adjustment``), the
 many/medium/few-shot top-1 in the results (test, and validation when the classes fall into several groups) and in
-`coretune test`'s file; post-hoc logit adjustment (`--posthoc_adjustment` of `coretune test` and `predict`) against the
-shifted logits computed here, and what it refuses."""
+`coretune test`'s file; post-hoc logit adjustment (`--posthoc_adjustment` of `coretune test`, `predict` and `export`)
+against the shifted logits computed here, and what it refuses."""
 
 from __future__ import annotations
 
@@ -118,6 +118,36 @@ def test_posthoc_adjustment_scores_and_predicts_the_shifted_logits(tmp_path: Pat
         assert [float(rows[path][f"p_{n}"]) for n in names] == pytest.approx(probs[i].tolist(), abs=1e-5)
 
 
+def test_export_folds_the_posthoc_adjustment_into_every_format(tmp_path: Path) -> None:
+    from coretune.apps.export import load_exported
+    from coretune.engine import FineTuner
+
+    _, ckpt = _long_tailed_fit(tmp_path, "--objective=ce")
+    x = torch.randn(5, 3, 16, 16)
+    with torch.inference_mode():
+        logits = FineTuner.from_checkpoint(ckpt).eval()(x).float()
+    adjusted = logits - 2.0 * (torch.tensor([18.0, 9.0, 4.0, 2.0]) / 33).log()
+    out = tmp_path / "export"
+    main(["export", f"--ckpt_path={ckpt}", f"--output={out}", "--posthoc_adjustment=2"])
+    net, config = load_exported(out)
+    assert config["posthoc_adjustment"] == 2.0 and config["formats"] == ["safetensors", "pt2"]
+    program = torch.export.load(str(out / "model.pt2")).module()
+    with torch.inference_mode():
+        for written in (net(x), program(x)):  # the written files, each read back
+            assert written == pytest.approx(adjusted, abs=1e-4)
+    plain = tmp_path / "plain"
+    main(["export", f"--ckpt_path={ckpt}", f"--output={plain}", "--format=safetensors"])  # 0: as trained
+    net, config = load_exported(plain)
+    assert config["posthoc_adjustment"] == 0.0
+    with torch.inference_mode():
+        assert net(x) == pytest.approx(logits, abs=1e-4)
+    refused = tmp_path / "refused"
+    assert error(["export", f"--ckpt_path={ckpt}", f"--output={refused}", "--posthoc_adjustment=-1"]).startswith(
+        "--posthoc_adjustment must be a number >= 0 (got -1.0;"
+    )
+    assert not refused.exists()
+
+
 def test_posthoc_adjustment_refuses_what_it_cannot_adjust_in_one_line(tmp_path: Path, capsys) -> None:
     tree, ckpt = _long_tailed_fit(tmp_path, "--objective=logit_adjusted")
     predict = ["predict", f"--ckpt_path={ckpt}", f"--input={tree / 'val'}", f"--output={tmp_path / 'p.csv'}"]
@@ -145,3 +175,6 @@ def test_posthoc_adjustment_refuses_what_it_cannot_adjust_in_one_line(tmp_path: 
                          f"--output={tmp_path / 'x.json'}"])  # fmt: skip
         assert message.startswith(f"checkpoint {altered}") and problem in message
         assert not (tmp_path / "x.json").exists()
+        message = error(["export", f"--ckpt_path={altered}", f"--output={tmp_path / 'x'}", "--posthoc_adjustment=1"])
+        assert message.startswith(f"checkpoint {altered}") and problem in message
+        assert not (tmp_path / "x").exists()

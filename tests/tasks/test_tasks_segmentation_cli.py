@@ -191,10 +191,12 @@ def test_config_of_another_task_is_refused(trained: tuple[Path, Path], image_tre
         "--data.image_size 32: a segmentation model predicts each image at its own size (its mask has the image's "
         "size); drop --data.image_size"
     )
-    assert error(["predict", f"--ckpt_path={segmenter}", f"--input={image_tree}", "--posthoc_adjustment=1"]) == (
-        f"--posthoc_adjustment applies to classifiers; checkpoint {segmenter} is a segmentation model (its logits are "
-        "per pixel): drop --posthoc_adjustment"
-    )
+    for command in (["predict", f"--input={image_tree}"], ["export", f"--output={run / 'x'}"]):
+        assert error([*command, f"--ckpt_path={segmenter}", "--posthoc_adjustment=1"]) == (
+            f"--posthoc_adjustment applies to classifiers; checkpoint {segmenter} is a segmentation model (its logits "
+            "are per pixel): drop --posthoc_adjustment"
+        )
+    assert not (run / "x").exists()
 
 
 # -- bad inputs through coretune fit ------------------------------------------------------------------------

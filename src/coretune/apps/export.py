@@ -34,6 +34,7 @@ from ..runs.config import check_config_task
 from ..runs.outputs import check_folder_output, trained_data_paths
 from ..tasks import DEFAULT_TASK, get_task
 from .devices import placement
+from .posthoc import check_posthoc_adjustment, posthoc_shift
 from .timm_export import TIMM_CONFIG, TIMM_WEIGHTS, check_timm_exportable, load_timm_export, write_timm_export
 
 __all__ = [
@@ -143,6 +144,7 @@ def export_checkpoint(
     accelerator: str = "cpu",
     devices: Any = "auto",
     precision: Any = "32-true",
+    posthoc_adjustment: float = 0.0,
 ) -> list[Path]:
     """Write the files of ``formats`` (:data:`EXPORT_FORMATS`, default :data:`DEFAULT_FORMATS`) and
     ``config.json`` into ``output``; return their paths.
@@ -170,8 +172,13 @@ def export_checkpoint(
     holds no file of a format not written this time (an earlier export's). ``accelerator`` and ``devices``
     (``--trainer.*``, :func:`~coretune.apps.devices.placement`; default the CPU) are where that check runs (ONNX's on
     the CPU, onnxruntime's), in float32 (TF32 off): ``precision`` is ``32-true``, the files' own.
+    ``posthoc_adjustment`` τ > 0 (a classifier's): every format predicts the post-hoc logit-adjusted logits
+    ``f(x) − τ · log π`` (:mod:`~coretune.apps.posthoc`; π the checkpoint's training class frequencies), the shift
+    folded into the classifier's bias — what ``coretune test`` / ``predict`` score with the same option;
+    ``config.json`` records τ (0: the logits as trained).
     """
     formats = check_formats(formats)
+    check_posthoc_adjustment(posthoc_adjustment)
     place = placement(accelerator, devices, precision, command="export")
     if place.dtype is not None:
         raise ValueError(
@@ -195,8 +202,11 @@ def export_checkpoint(
     merge_lora(model.backbone)  # a LoRA fine-tuning's: the plain backbone, its low-rank updates in its weights
     for config_file in config_files:
         check_config_task(config_file, model.task.name, str(ckpt_path))
+    shift = posthoc_shift(model, posthoc_adjustment, ckpt_path)  # refuses a segmentation model, missing counts
     dense = model.task.dense_logits
     net = model.task.export_network(model)
+    if shift is not None:
+        _fold_logit_shift(net, shift)
     if "timm" in formats:
         check_timm_exportable(net, dense)
     net.eval()
@@ -219,6 +229,7 @@ def export_checkpoint(
         "std": data.get("std"),
         "formats": formats,
         "input_shape": ["batch", 3, "height", "width"],
+        "posthoc_adjustment": float(posthoc_adjustment),
     }
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
@@ -229,6 +240,14 @@ def export_checkpoint(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return [output / name for name in names]
+
+
+def _fold_logit_shift(net: nn.Module, shift: Tensor) -> None:
+    """Add ``shift`` ``(K,)`` to the bias of ``net``'s classifier (an :class:`ExportedClassifier`'s ``nn.Linear``):
+    its logits become ``f(x) + shift`` in every format written from it."""
+    classifier = net.classifier
+    with torch.no_grad():
+        classifier.bias.add_(shift.to(classifier.bias))
 
 
 def _write_formats(

@@ -5,9 +5,10 @@ A classifier fine-tuned on class-imbalanced data predicts the head classes too o
 ``f_y(x)`` estimates the training distribution's ``P(y | x)``, which carries the prior ``π_y``. Predicting
 ``argmax_y f_y(x) − τ · log π_y`` instead (τ = 1: the rule that minimises the balanced error when the softmax is
 exact) removes the prior after training: no retraining, one number. ``coretune test``, ``validate`` and ``predict``
-take it as ``--posthoc_adjustment τ``; ``π`` is the training split's class frequencies, which every ``coretune fit``
-checkpoint records (``train_class_counts``). On long-tailed CIFAR-10 (``docs/results.md`` section 15b) it gave a
-CE-tuned model 12.5 of the 12.8 points that training with the logit-adjusted loss gave.
+take it as ``--posthoc_adjustment τ``, and ``coretune export`` folds it into the classifier's bias; ``π`` is the
+training split's class frequencies, which every ``coretune fit`` checkpoint records (``train_class_counts``). On
+long-tailed CIFAR-10 (``docs/results.md`` section 15b) it gave a CE-tuned model 12.5 of the 12.8 points that training
+with the logit-adjusted loss gave.
 """
 
 from __future__ import annotations

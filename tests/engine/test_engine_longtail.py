@@ -118,7 +118,7 @@ def test_posthoc_adjustment_scores_and_predicts_the_shifted_logits(tmp_path: Pat
         assert [float(rows[path][f"p_{n}"]) for n in names] == pytest.approx(probs[i].tolist(), abs=1e-5)
 
 
-def test_export_folds_the_posthoc_adjustment_into_every_format(tmp_path: Path) -> None:
+def test_export_folds_the_posthoc_adjustment_into_the_classifiers_bias(tmp_path: Path) -> None:
     from coretune.apps.export import load_exported
     from coretune.engine import FineTuner
 
